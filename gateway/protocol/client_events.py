@@ -1,0 +1,148 @@
+"""Client -> server Realtime events (OpenAI GA names), validated with pydantic."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from gateway.protocol.session_config import FunctionTool, OutputModality
+
+
+class _Event(BaseModel):
+    # Unknown fields are tolerated on events (clients add their own), but not inside the session
+    # object, where a typo silently ignored would be worse than an error.
+    model_config = ConfigDict(extra="ignore")
+    event_id: str | None = Field(None, max_length=512)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["input_text", "text", "output_text", "input_audio", "output_audio"]
+    text: str | None = None
+    transcript: str | None = None
+    audio: str | None = None
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    type: Literal["message"]
+    role: Literal["user", "assistant", "system"]
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    content: list[ContentPart] = Field(min_length=1)
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    type: Literal["function_call"]
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = ""
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    type: Literal["function_call_output"]
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    call_id: str = Field(min_length=1)
+    output: str
+
+
+ItemParam = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+ITEM_TYPES: frozenset[str] = frozenset({"message", "function_call", "function_call_output"})
+
+
+class SessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: dict[str, Any]
+
+
+class InputAudioBufferAppend(_Event):
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+
+
+class InputAudioBufferCommit(_Event):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class InputAudioBufferClear(_Event):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ConversationItemCreate(_Event):
+    type: Literal["conversation.item.create"]
+    previous_item_id: str | None = None
+    item: ItemParam
+
+
+class ConversationItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
+class ConversationItemDelete(_Event):
+    type: Literal["conversation.item.delete"]
+    item_id: str
+
+
+class ConversationItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class ResponseParams(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    instructions: str | None = None
+    output_modalities: list[OutputModality] | None = Field(None, min_length=1, max_length=1)
+    max_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    conversation: Literal["auto", "none"] | str = "auto"
+    input: list[ItemParam] | None = None
+    metadata: dict[str, str] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class ResponseCreate(_Event):
+    type: Literal["response.create"]
+    response: ResponseParams = Field(default_factory=ResponseParams)
+
+
+class ResponseCancel(_Event):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+class OutputAudioBufferClear(_Event):
+    type: Literal["output_audio_buffer.clear"]
+
+
+ClientEvent = Annotated[
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | ConversationItemCreate
+    | ConversationItemRetrieve
+    | ConversationItemDelete
+    | ConversationItemTruncate
+    | ResponseCreate
+    | ResponseCancel
+    | OutputAudioBufferClear,
+    Field(discriminator="type"),
+]
+
+CLIENT_EVENT_ADAPTER: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
+CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
+    get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ClientEvent)[0])
+)

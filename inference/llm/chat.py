@@ -1,0 +1,95 @@
+"""Chat messages to prompt tokens: the tokenizer's own chat template, and trimming to the context window."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
+
+
+class ContextOverflow(ValueError):
+    """The instructions plus the newest message do not fit in the context window."""
+
+
+@dataclass
+class RenderedPrompt:
+    token_ids: list[int]
+    dropped_messages: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Map OpenAI roles onto what small chat templates know.
+
+    System and developer instructions are merged into one leading system message, because many
+    templates (SmolLM2's among them) only honour a system message in first position. Tool results
+    and assistant tool calls are rendered as plain text the model can read.
+    """
+    instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
+    rendered: list[dict[str, Any]] = []
+    if instructions:
+        rendered.append({"role": "system", "content": "\n\n".join(instructions)})
+    for message in messages:
+        if message.role in ("system", "developer"):
+            continue
+        if message.role == "tool":
+            rendered.append({"role": "user", "content": f"Tool result ({message.tool_call_id}): {message.content}"})
+        elif message.role == "assistant" and message.tool_calls:
+            calls = "; ".join(json.dumps(call.get("function", call)) for call in message.tool_calls)
+            text = f"{message.content}\n" if message.content else ""
+            rendered.append({"role": "assistant", "content": f"{text}Tool calls: {calls}"})
+        else:
+            rendered.append({"role": message.role, "content": message.content})
+    return rendered
+
+
+def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    *,
+    context_window: int,
+    reserve_tokens: int,
+    tools: list[dict[str, Any]] | None = None,
+) -> RenderedPrompt:
+    """Tokenize a conversation, dropping its oldest turns until `reserve_tokens` fit after it.
+
+    Instructions (system, developer) are always kept, and so is the newest message.
+    """
+    budget = context_window - reserve_tokens
+    if budget <= 0:
+        raise ContextOverflow(f"max tokens ({reserve_tokens}) leaves no room in the {context_window}-token context")
+    templated = _template_messages(messages)
+    has_system = bool(templated) and templated[0]["role"] == "system"
+    head = templated[:1] if has_system else []
+    turns = templated[1:] if has_system else templated
+    dropped = 0
+    while True:
+        kept = head + turns[dropped:]
+        ids = _encode(tokenizer, kept, tools)
+        if len(ids) <= budget:
+            return RenderedPrompt(token_ids=ids, dropped_messages=dropped, messages=kept)
+        if dropped >= len(turns) - 1:
+            raise ContextOverflow(
+                f"the prompt needs {len(ids)} tokens but only {budget} fit "
+                f"(context {context_window}, {reserve_tokens} reserved for the answer)"
+            )
+        dropped += 1
+        # Never start the kept history with an orphan assistant reply.
+        while dropped < len(turns) - 1 and turns[dropped]["role"] == "assistant":
+            dropped += 1
