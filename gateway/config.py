@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
     ssl_certfile: Path | None = Field(None, description="PEM certificate: serve https and wss.")
     ssl_keyfile: Path | None = Field(None, description="PEM private key for --ssl-certfile.")
-    api_keys: list[str] = Field(
+    api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Accepted API keys (Authorization: Bearer). Comma-separated in the environment. Empty: no auth, loopback only.",
     )
@@ -86,15 +86,14 @@ class Settings(BaseSettings):
     )
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
     idempotency_ttl_s: float = Field(600.0, gt=0, description="How long Idempotency-Key answers are kept.")
-    resume_window_s: float = Field(60.0, ge=0, description="How long a dropped Realtime session can be resumed.")
 
     # WebRTC
     client_secret_ttl_s: int = Field(600, ge=10, le=7200, description="Lifetime of ephemeral client secrets.")
-    ice_host_addresses: list[str] = Field(
+    ice_host_addresses: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host addresses offered as ICE candidates (empty: the machine's interfaces). Add 127.0.0.1 for loopback.",
     )
-    ice_servers: list[str] = Field(
+    ice_servers: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="STUN/TURN URLs (turn:user:pass@host:port). None by default."
     )
 
@@ -105,6 +104,13 @@ class Settings(BaseSettings):
     min_barge_in_speech_ms: int = Field(
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
+
+    @field_validator("api_keys", "ice_host_addresses", "ice_servers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
 
 def is_loopback(host: str) -> bool:

@@ -51,6 +51,14 @@ class Item:
                 parts.append(value)
         return " ".join(parts)
 
+    def cut_audio(self, heard_ms: float) -> str:
+        """Keep only the audio before `heard_ms` (clamped to what was sent); returns the text heard."""
+        heard_ms = max(0.0, min(heard_ms, self.audio_ms_sent))
+        text = heard_text(self.spoken, heard_ms)
+        self.spoken = [segment for segment in self.spoken if segment.start_ms < heard_ms]
+        self.audio_ms_sent = heard_ms
+        return text
+
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
         if self.type == "message":
@@ -141,10 +149,7 @@ class Conversation:
             raise invalid_value(
                 f"audio_end_ms {audio_end_ms} is past the item's audio ({item.audio_ms_sent:.0f} ms).", "audio_end_ms"
             )
-        cut_ms = min(audio_end_ms, item.audio_ms_sent)
-        item.content[content_index]["transcript"] = heard_text(item.spoken, cut_ms)
-        item.spoken = [seg for seg in item.spoken if seg.start_ms < cut_ms]
-        item.audio_ms_sent = cut_ms
+        item.content[content_index]["transcript"] = item.cut_audio(audio_end_ms)
         item.status = "incomplete"
         return item
 

@@ -21,6 +21,7 @@ class ApiError(Exception):
     status: int = 400
     event_id: str | None = None
     retry_after_s: float | None = None
+    headers: dict[str, str] | None = None
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -1,0 +1,134 @@
+"""The ASGI application: routes, error shape, request ids, model loading in the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import metrics
+from gateway.config import Settings
+from gateway.protocol.errors import ApiError
+from gateway.services import Services
+from gateway.transports import chat_http, realtime_ws
+
+log = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    all_headers = dict(headers or {})
+    all_headers.update(error.headers or {})
+    if error.retry_after_s is not None:
+        all_headers["retry-after"] = str(max(1, round(error.retry_after_s)))
+    metrics.ERRORS.labels("http", error.code).inc()
+    return JSONResponse({"error": error.body()}, status_code=error.status, headers=all_headers)
+
+
+class RequestIdMiddleware:
+    """Echo X-Request-ID (or make one) on every HTTP response, and count requests by status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope["headers"]).get(b"x-request-id", b"")
+        request_id = incoming.decode("latin-1")[:128] if incoming else "req_" + secrets.token_hex(12)
+        route = scope["path"] if scope["path"].startswith("/v1/") else "other"
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+                metrics.HTTP_REQUESTS.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
+    svc = services or Services.create(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(svc.runtime.load(), name="model loader")
+        try:
+            yield
+        finally:
+            await shutdown(svc, loader)
+
+    app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.services = svc
+    app.add_middleware(RequestIdMiddleware)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+        return error_response(ApiError("invalid_value", str(first.get("msg", "invalid request")), param, status=422))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(ApiError(code, str(exc.detail), status=exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(ApiError("internal_error", "The server failed to handle the request.", type="server_error", status=500))
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        runtime = svc.runtime
+        body: dict[str, Any] = {
+            "status": "ready" if runtime.ready.is_set() else ("failed" if runtime.load_error else "loading"),
+            "model": settings.model_name,
+            "device": runtime.device,
+            "voice": runtime.voice_ready,
+            "load_seconds": vars(runtime.load_times),
+        }
+        if runtime.load_error:
+            body["error"] = runtime.load_error
+        return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.include_router(chat_http.router)
+    app.include_router(realtime_ws.router)
+    return app
+
+
+async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
+    """Close sessions, stop background work, then free the models: every task is cancelled and awaited."""
+    loader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loader
+    await asyncio.gather(*(session.close() for session in list(svc.sessions)), return_exceptions=True)
+    for task in list(svc.background):
+        task.cancel()
+    if svc.background:
+        await asyncio.wait(svc.background, timeout=5)
+    await asyncio.to_thread(svc.runtime.close)

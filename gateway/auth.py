@@ -1,0 +1,96 @@
+"""API keys from the configuration, and short-lived client secrets that open one Realtime session."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.protocol.errors import ApiError
+
+EPHEMERAL_PREFIX = "ek_"
+# Browsers cannot set headers on a WebSocket; OpenAI's clients pass the key as a subprotocol.
+WS_KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: an API key (by a short, non-secret id) or an ephemeral secret."""
+
+    key_id: str
+    ephemeral_session: dict[str, Any] | None = None
+
+
+@dataclass
+class _ClientSecret:
+    session: dict[str, Any]
+    expires_at: float
+    owner: str
+
+
+@dataclass
+class Authenticator:
+    api_keys: list[str]
+    _secrets: dict[str, _ClientSecret] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    def authenticate(self, token: str | None, *, allow_ephemeral: bool = False) -> Principal:
+        """Check a bearer token. With no keys configured every caller is anonymous and allowed."""
+        if token and allow_ephemeral and token.startswith(EPHEMERAL_PREFIX):
+            return self._redeem(token)
+        if not self.enabled:
+            return Principal("anonymous")
+        if not token:
+            raise _unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        for key in self.api_keys:
+            if hmac.compare_digest(token.encode(), key.encode()):
+                return Principal(key_id=f"key_{hash_prefix(key)}")
+        raise _unauthorized("Incorrect API key provided.")
+
+    def mint(self, owner: Principal, session: dict[str, Any], ttl_s: float) -> tuple[str, float]:
+        self._forget_expired()
+        value = EPHEMERAL_PREFIX + secrets.token_urlsafe(24)
+        expires_at = time.time() + ttl_s
+        self._secrets[value] = _ClientSecret(session=session, expires_at=expires_at, owner=owner.key_id)
+        return value, expires_at
+
+    def _redeem(self, token: str) -> Principal:
+        """A client secret opens exactly one session, before it expires."""
+        self._forget_expired()
+        secret = self._secrets.pop(token, None)
+        if secret is None:
+            raise _unauthorized("The client secret is unknown, expired or already used.")
+        return Principal(key_id=secret.owner, ephemeral_session=secret.session)
+
+    def _forget_expired(self) -> None:
+        now = time.time()
+        for value in [value for value, secret in self._secrets.items() if secret.expires_at <= now]:
+            del self._secrets[value]
+
+
+def hash_prefix(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def token_from_subprotocols(subprotocols: list[str]) -> str | None:
+    for protocol in subprotocols:
+        if protocol.startswith(WS_KEY_SUBPROTOCOL):
+            return protocol[len(WS_KEY_SUBPROTOCOL) :]
+    return None
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError("invalid_api_key", message, status=401)

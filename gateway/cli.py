@@ -1,0 +1,66 @@
+"""`gateway serve [options]`: every option is also a GATEWAY_* environment variable."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from pydantic import BaseModel
+from pydantic_settings import CliApp, CliSubCommand, SettingsConfigDict
+
+from gateway.config import Settings, is_loopback
+
+log = logging.getLogger("gateway")
+
+
+class Serve(Settings):
+    """Start the gateway (HTTP, WebSocket and WebRTC on one port)."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore")
+
+    def cli_cmd(self) -> None:
+        serve(Settings.model_validate(self.model_dump()))
+
+
+class Gateway(BaseModel):
+    """Realtime voice and text gateway: OpenAI Realtime API and Chat Completions on local models."""
+
+    serve: CliSubCommand[Serve]
+
+    def cli_cmd(self) -> None:
+        CliApp.run_subcommand(self)
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.api_keys:
+        if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
+            sys.exit(
+                f"refusing to bind {settings.host} with no API key: set --api-keys (GATEWAY_API_KEYS), "
+                "bind 127.0.0.1, or pass --allow-unauthenticated-public-bind"
+            )
+        log.warning("no API key configured: anyone who can reach %s:%s can use the gateway", settings.host, settings.port)
+    from gateway.app import build_app
+
+    app = build_app(settings)
+    scheme = "https" if settings.ssl_certfile else "http"
+    log.info("gateway starting on %s://%s:%s (page at /, API under /v1)", scheme, settings.host, settings.port)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        # Bigger than the event cap, so an oversized event gets an `error` event rather than a close.
+        ws_max_size=settings.max_event_bytes + 1024 * 1024,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    CliApp.run(Gateway, cli_args=argv if argv is not None else sys.argv[1:], cli_prog_name="gateway")

@@ -1,0 +1,65 @@
+"""Idempotency-Key on POST: a retried request gets the first answer again instead of a second run."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from gateway.protocol.errors import ApiError
+
+
+@dataclass
+class StoredResponse:
+    status: int
+    media_type: str
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class _Entry:
+    fingerprint: str
+    created: float
+    response: StoredResponse | None = None  # None while the first request is still running
+
+
+@dataclass
+class IdempotencyStore:
+    ttl_s: float
+    max_entries: int = 10_000
+    _entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
+
+    def begin(self, caller: str, key: str, body: bytes) -> StoredResponse | None:
+        """The stored answer for a replay, None for a first request (which must then `finish`)."""
+        self._expire()
+        fingerprint = hashlib.sha256(body).hexdigest()
+        entry = self._entries.get((caller, key))
+        if entry is None:
+            if len(self._entries) >= self.max_entries:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[(caller, key)] = _Entry(fingerprint=fingerprint, created=time.monotonic())
+            return None
+        if entry.fingerprint != fingerprint:
+            raise ApiError(
+                "idempotency_key_reused", "This Idempotency-Key was used with a different request body.", "Idempotency-Key", status=422
+            )
+        if entry.response is None:
+            raise ApiError(
+                "idempotency_key_in_use", "A request with this Idempotency-Key is still in progress.", "Idempotency-Key", status=409
+            )
+        return entry.response
+
+    def finish(self, caller: str, key: str, response: StoredResponse | None) -> None:
+        """Store the answer; None (the request failed on our side) lets the client retry for real."""
+        if response is None:
+            self._entries.pop((caller, key), None)
+            return
+        entry = self._entries.get((caller, key))
+        if entry is not None:
+            entry.response = response
+
+    def _expire(self) -> None:
+        horizon = time.monotonic() - self.ttl_s
+        for key in [key for key, entry in self._entries.items() if entry.created < horizon]:
+            del self._entries[key]

@@ -1,0 +1,50 @@
+"""Prometheus metrics, served at GET /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry()
+
+_LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+HTTP_REQUESTS = Counter(
+    "gateway_http_requests_total", "HTTP requests by route and status", ["route", "status"], registry=REGISTRY
+)
+ERRORS = Counter("gateway_errors_total", "Errors sent to clients", ["surface", "code"], registry=REGISTRY)
+CLIENT_EVENTS = Counter("gateway_realtime_client_events_total", "Realtime client events", ["type"], registry=REGISTRY)
+ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", ["transport"], registry=REGISTRY)
+RESPONSES = Counter("gateway_realtime_responses_total", "Realtime responses by final status", ["status"], registry=REGISTRY)
+STAGE_SECONDS = Histogram(
+    "gateway_turn_stage_seconds",
+    "Per-turn latency of each stage (asr, llm_first_token, tts_first_audio, voice_to_voice)",
+    ["stage"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+CHAT_TTFT_SECONDS = Histogram(
+    "gateway_chat_time_to_first_token_seconds", "Chat completions time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
+)
+
+
+class EngineCollector(Collector):
+    """Reads the LLM engine's counters (prefix cache hits, queue depth, ...) at scrape time."""
+
+    def __init__(self) -> None:
+        self.stats: Callable[[], dict[str, float]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self.stats() if self.stats is not None else {}
+        for name, value in sorted(stats.items()):
+            yield GaugeMetricFamily(f"gateway_engine_{name}", f"LLM engine: {name.replace('_', ' ')}", value=float(value))
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+ENGINE = EngineCollector()
+REGISTRY.register(ENGINE)

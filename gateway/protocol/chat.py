@@ -1,0 +1,140 @@
+"""Chat Completions request model and response/chunk shapes (OpenAI's)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from inference.llm.chat import ChatMessage
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class MessageParam(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+    @model_validator(mode="after")
+    def _has_content(self) -> MessageParam:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool messages need 'tool_call_id'")
+        if self.role == "assistant" and self.tool_calls:
+            return self
+        if not self.text().strip():
+            raise ValueError(f"{self.role} message has empty content")
+        return self
+
+    def to_chat(self) -> ChatMessage:
+        return ChatMessage(self.role, self.text(), tuple(self.tool_calls or ()), self.tool_call_id)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    messages: list[MessageParam] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # not in OpenAI's API; accepted like vLLM does
+    repetition_penalty: float | None = Field(None, ge=1.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    user: str | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > 4 or any(not stop for stop in stops):
+            raise ValueError("up to 4 non-empty stop sequences")
+        return stops
+
+    def wanted_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def usage_object(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def completion_object(
+    cid: str, model: str, text: str, finish_reason: str, usage: dict[str, Any], fingerprint: str
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage,
+    }
+
+
+def chunk_object(
+    cid: str,
+    model: str,
+    created: int,
+    fingerprint: str,
+    *,
+    delta: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    chunk: dict[str, Any] = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": choices,
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk

@@ -1,0 +1,54 @@
+"""Requests per minute per caller, as a token bucket, with OpenAI's x-ratelimit-* headers."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from gateway.protocol.errors import ApiError
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+@dataclass
+class RateLimiter:
+    requests_per_minute: int  # 0: unlimited
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+    def check(self, caller: str) -> dict[str, str]:
+        """Take one request from the caller's bucket; returns headers, or raises 429."""
+        if self.requests_per_minute <= 0:
+            return {}
+        capacity = float(self.requests_per_minute)
+        rate = capacity / 60.0
+        now = time.monotonic()
+        bucket = self._buckets.setdefault(caller, _Bucket(tokens=capacity, updated=now))
+        bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            wait = (1.0 - bucket.tokens) / rate
+            error = ApiError(
+                "rate_limit_exceeded",
+                f"Rate limit of {self.requests_per_minute} requests per minute reached; retry in {wait:.1f} s.",
+                type="requests",
+                status=429,
+                retry_after_s=wait,
+                headers={
+                    "x-ratelimit-limit-requests": str(self.requests_per_minute),
+                    "x-ratelimit-remaining-requests": "0",
+                    "x-ratelimit-reset-requests": f"{wait:.3f}s",
+                },
+            )
+            raise error
+        bucket.tokens -= 1.0
+        reset = (capacity - bucket.tokens) / rate
+        return {
+            "x-ratelimit-limit-requests": str(self.requests_per_minute),
+            "x-ratelimit-remaining-requests": str(math.floor(bucket.tokens)),
+            "x-ratelimit-reset-requests": f"{reset:.3f}s",
+        }

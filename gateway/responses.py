@@ -1,0 +1,110 @@
+"""Running one Realtime response: prompt, token stream, text deltas, and speech clause by clause."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from gateway.conversation import SpokenSegment
+from gateway.latency import TurnMarks
+from gateway.protocol.errors import ApiError, overloaded
+from gateway.protocol.response_events import Event, ResponseEvents
+from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
+from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
+from inference.text import ClauseSplitter
+from inference.tts import TtsEngine
+
+
+class SpeechStream(Protocol):
+    """Where one response's audio goes: WebSocket deltas, or the WebRTC playout buffer."""
+
+    def write(self, pcm: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ResponseJob:
+    messages: list[ChatMessage]
+    sampling: SamplingParams
+    tools: list[dict[str, Any]] | None = None
+    conversation_key: str | None = None
+    marks: TurnMarks = field(default_factory=TurnMarks)
+
+
+class ResponseRunner:
+    def __init__(
+        self,
+        *,
+        engine: LLMEngine,
+        tts: TtsEngine | None,
+        job: ResponseJob,
+        events: ResponseEvents,
+        send: Callable[[list[Event]], None],
+        speech: SpeechStream | None,
+    ) -> None:
+        self.engine = engine
+        self.tts = tts
+        self.job = job
+        self.events = events
+        self.send = send
+        self.speech = speech
+        self.stream: GenerationStream | None = None
+
+    async def run(self) -> GenerationResult:
+        prompt_ids = await asyncio.to_thread(self._render)
+        try:
+            self.stream = self.engine.submit(prompt_ids, self.job.sampling, conversation_id=self.job.conversation_key)
+        except EngineOverloaded as exc:
+            raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
+        if self.speech is None:
+            async for delta in self.stream:
+                self.job.marks.mark("first_token")
+                self.send(self.events.text_delta(delta))
+            return await self.stream.result()
+        clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._speak(clauses))
+            splitter = ClauseSplitter()
+            async for delta in self.stream:
+                self.job.marks.mark("first_token")
+                self.send(self.events.text_delta(delta))
+                for clause in splitter.push(delta):
+                    clauses.put_nowait(clause)
+            for clause in splitter.flush():
+                clauses.put_nowait(clause)
+            clauses.put_nowait(None)
+        return await self.stream.result()
+
+    def cancel_generation(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+
+    def _render(self) -> list[int]:
+        lm = self.engine.lm
+        try:
+            prompt = render_prompt(
+                lm.tokenizer,
+                self.job.messages,
+                context_window=lm.context_window,
+                reserve_tokens=self.job.sampling.max_tokens,
+                tools=self.job.tools,
+            )
+        except ContextOverflow as exc:
+            raise ApiError("context_length_exceeded", str(exc)) from None
+        return prompt.token_ids
+
+    async def _speak(self, clauses: asyncio.Queue[str | None]) -> None:
+        assert self.tts is not None and self.speech is not None
+        item = self.events.item
+        while (clause := await clauses.get()) is not None:
+            start_ms = item.audio_ms_sent
+            async for pcm in self.tts.synthesize(clause):
+                self.speech.write(pcm)
+                item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate
+            item.spoken.append(SpokenSegment(clause, start_ms, item.audio_ms_sent))
+        self.speech.close()

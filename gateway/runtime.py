@@ -1,0 +1,119 @@
+"""The models every session shares: loaded once, in the background, while /healthz says 503."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway import metrics
+from gateway.config import Settings
+from inference.models import ModelPaths, resolve_device, resolve_model_paths
+
+if TYPE_CHECKING:
+    from inference.asr import AsrEngine
+    from inference.llm.engine import LLMEngine
+    from inference.tts import TtsEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadTimes:
+    llm_s: float = 0.0
+    asr_s: float = 0.0
+    tts_s: float = 0.0
+    total_s: float = 0.0
+    llm_converted: bool = False
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    device: str = "cpu"
+    paths: ModelPaths | None = None
+    engine: LLMEngine | None = None
+    asr: AsrEngine | None = None
+    tts: TtsEngine | None = None
+    load_error: str | None = None
+    load_times: LoadTimes = field(default_factory=LoadTimes)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def voice_ready(self) -> bool:
+        return self.asr is not None and self.tts is not None
+
+    async def load(self) -> None:
+        """Load the three models side by side in worker threads; never raises (see load_error)."""
+        started = time.monotonic()
+        try:
+            self.device = resolve_device(self.settings.device)
+            self.paths = resolve_model_paths(self.settings.llm_model, self.settings.asr_model, self.settings.tts_voice)
+            loads = [asyncio.to_thread(self._load_llm)]
+            if self.settings.load_voice_models:
+                loads += [asyncio.to_thread(self._load_asr), asyncio.to_thread(self._load_tts)]
+            await asyncio.gather(*loads)
+        except Exception as exc:  # a failed load is reported by /healthz, not by a crash
+            log.exception("model loading failed")
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.load_times.total_s = time.monotonic() - started
+        log.info(
+            "models ready in %.1f s (llm %.1f s%s, asr %.1f s, tts %.1f s) on %s",
+            self.load_times.total_s,
+            self.load_times.llm_s,
+            ", converted from GGUF" if self.load_times.llm_converted else "",
+            self.load_times.asr_s,
+            self.load_times.tts_s,
+            self.device,
+        )
+        self.ready.set()
+
+    def _load_llm(self) -> None:
+        from inference.llm.engine import EngineConfig, LLMEngine
+        from inference.llm.loader import load_lm
+
+        assert self.paths is not None
+        lm = load_lm(
+            self.paths.llm,
+            device=self.device,
+            dtype=self.settings.llm_dtype,
+            cache_dir=self.settings.cache_dir,
+            threads=self.settings.llm_threads,
+            max_context_tokens=self.settings.max_context_tokens,
+        )
+        self.load_times.llm_s = lm.load_seconds
+        self.load_times.llm_converted = lm.converted
+        engine = LLMEngine(
+            lm,
+            EngineConfig(
+                max_batch_size=self.settings.max_batch_size,
+                max_queued_requests=self.settings.max_queued_requests,
+                prefill_chunk_tokens=self.settings.prefill_chunk_tokens,
+                prefix_cache_bytes=self.settings.prefix_cache_mb * 1024 * 1024,
+            ),
+        )
+        engine.start()
+        metrics.ENGINE.stats = engine.stats
+        self.engine = engine
+
+    def _load_asr(self) -> None:
+        from inference.asr import AsrEngine
+
+        assert self.paths is not None
+        self.asr = AsrEngine.load(self.paths.asr, device=self.device, threads=self.settings.asr_threads)
+        self.load_times.asr_s = self.asr.load_seconds
+
+    def _load_tts(self) -> None:
+        from inference.tts import TtsEngine
+
+        assert self.paths is not None
+        self.tts = TtsEngine.load(self.paths.tts_model, self.paths.tts_config, threads=self.settings.tts_threads)
+        self.load_times.tts_s = self.tts.load_seconds
+
+    def close(self) -> None:
+        for component in (self.engine, self.asr, self.tts):
+            if component is not None:
+                component.close()

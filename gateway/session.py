@@ -1,0 +1,345 @@
+"""One Realtime conversation: it owns its items, its response task and its voice pipeline.
+
+Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive()` and drain
+`outbox`. Every state change and the events announcing it happen without an await in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway import metrics
+from gateway.config import Settings
+from gateway.conversation import Conversation, Item, item_from_param, new_id
+from gateway.latency import TurnMarks
+from gateway.outbox import Outbox
+from gateway.protocol import client_events as ev
+from gateway.protocol.codec import decode_client_event
+from gateway.protocol.errors import ApiError
+from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
+from gateway.protocol.session_config import SessionConfig, apply_session_update
+from gateway.responses import ResponseJob, ResponseRunner, SpeechStream
+from gateway.runtime import Runtime
+from inference.llm.engine import GenerationResult, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# How long a cancelled response task may take to unwind before the session stops waiting.
+CANCEL_TIMEOUT_S = 2.0
+
+TransportKind = Literal["websocket", "webrtc"]
+SpeechFactory = Callable[["RealtimeSession", ResponseEvents, TurnMarks], SpeechStream]
+
+
+@dataclass
+class ActiveResponse:
+    events: ResponseEvents
+    runner: ResponseRunner
+    marks: TurnMarks
+    writes_conversation: bool
+    task: asyncio.Task[None] | None = None
+    cancelling: bool = False
+    result: GenerationResult | None = field(default=None)
+
+
+class RealtimeSession:
+    def __init__(
+        self,
+        runtime: Runtime,
+        settings: Settings,
+        *,
+        transport: TransportKind,
+        speech_factory: SpeechFactory | None,
+        initial_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.transport = transport
+        self.speech_factory = speech_factory
+        self.id = new_id("sess")
+        self.outbox = Outbox()
+        self.conversation = Conversation()
+        self.active: ActiveResponse | None = None
+        self.pending_marks: TurnMarks | None = None  # set by the voice path for the next response
+        # ms of an item's audio the user has heard; WebRTC knows it from its playout buffer.
+        self.played_ms: Callable[[str], float] | None = None
+        default_modality = "audio" if runtime.voice_ready and speech_factory is not None else "text"
+        config = SessionConfig(
+            id=self.id,
+            model=settings.model_name,
+            instructions=settings.default_instructions,
+            output_modalities=[default_modality],
+            max_output_tokens=settings.default_max_tokens,
+            expires_at=int(time.time()) + 3600,
+        )
+        self.config = apply_session_update(config, initial_config) if initial_config else config
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        metrics.ACTIVE_SESSIONS.labels(self.transport).inc()
+        self.send({"type": "session.created", "session": self.config.model_dump()})
+
+    async def close(self) -> None:
+        """The transport is gone: stop the response quietly and release the conversation's cache."""
+        if self._closed:
+            return
+        self._closed = True
+        metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
+        self.outbox.close()
+        if self.active is not None:
+            await self._stop_active(self.active)
+        if self.runtime.engine is not None:
+            self.runtime.engine.end_conversation(self.conversation.id)
+
+    def send(self, event: Event) -> None:
+        self.outbox.send(event)
+
+    def send_all(self, events: list[Event]) -> None:
+        for event in events:
+            self.outbox.send(event)
+
+    def send_error(self, error: ApiError) -> None:
+        metrics.ERRORS.labels("realtime", error.code).inc()
+        self.send({"type": "error", "error": error.body()})
+
+    # -- client events --------------------------------------------------------------------------
+
+    async def receive(self, raw: str | bytes) -> None:
+        """Handle one client message. Errors become `error` events; the session goes on."""
+        try:
+            event = decode_client_event(raw, max_bytes=self.settings.max_event_bytes)
+        except ApiError as error:
+            self.send_error(error)
+            return
+        metrics.CLIENT_EVENTS.labels(event.type).inc()
+        try:
+            await self._dispatch(event)
+        except ApiError as error:
+            error.event_id = event.event_id
+            self.send_error(error)
+
+    async def _dispatch(self, event: ev.ClientEvent) -> None:
+        match event:
+            case ev.SessionUpdate():
+                self._update_session(event.session)
+            case ev.ConversationItemCreate():
+                self._create_item(event)
+            case ev.ConversationItemRetrieve():
+                item = self.conversation.get(event.item_id)
+                self.send({"type": "conversation.item.retrieved", "item": item.to_wire()})
+            case ev.ConversationItemDelete():
+                self._delete_item(event.item_id)
+            case ev.ConversationItemTruncate():
+                self._truncate_item(event)
+            case ev.ResponseCreate():
+                self.create_response(event.response)
+            case ev.ResponseCancel():
+                await self._cancel_from_client(event.response_id)
+            case _:
+                await self._dispatch_audio(event)
+
+    async def _dispatch_audio(self, event: ev.ClientEvent) -> None:
+        raise ApiError(
+            "unsupported_event", f"'{event.type}' needs the voice pipeline, which this session does not have.", "type"
+        )
+
+    def _update_session(self, update: dict[str, Any]) -> None:
+        model = update.get("model")
+        if model is not None and model != self.settings.model_name:
+            raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
+        config = apply_session_update(self.config, update)
+        if config.wants_audio() and not self._can_speak():
+            raise ApiError(
+                "invalid_value",
+                "Audio output needs the voice models (start without --no-load-voice-models).",
+                "session.output_modalities",
+            )
+        self.config = config
+        self.on_config_changed()
+        self.send({"type": "session.updated", "session": self.config.model_dump()})
+
+    def on_config_changed(self) -> None:
+        """Hook for the voice pipeline to pick up new turn-detection and audio settings."""
+
+    def _can_speak(self) -> bool:
+        return self.runtime.tts is not None and self.speech_factory is not None
+
+    def _create_item(self, event: ev.ConversationItemCreate) -> None:
+        item = item_from_param(event.item)
+        self.add_item(item, event.previous_item_id)
+
+    def add_item(self, item: Item, previous_item_id: str | None = None) -> None:
+        previous = self.conversation.add(item, previous_item_id)
+        self.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
+        self.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+
+    def _delete_item(self, item_id: str) -> None:
+        if self.active is not None and self.active.events.item.id == item_id:
+            raise ApiError("item_in_use", "The item belongs to the response in progress; cancel it first.", "item_id")
+        self.conversation.delete(item_id)
+        self.send({"type": "conversation.item.deleted", "item_id": item_id})
+
+    def _truncate_item(self, event: ev.ConversationItemTruncate) -> None:
+        item = self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        self.send(
+            {
+                "type": "conversation.item.truncated",
+                "item_id": item.id,
+                "content_index": event.content_index,
+                "audio_end_ms": round(item.audio_ms_sent),
+            }
+        )
+
+    # -- responses ------------------------------------------------------------------------------
+
+    def create_response(self, params: ev.ResponseParams) -> None:
+        """Start a response now (synchronously), or raise if one is already running."""
+        if self.active is not None:
+            raise ApiError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.active.events.response_id}. "
+                "Wait until the response is finished before creating a new one.",
+            )
+        engine = self.runtime.engine
+        if engine is None:
+            raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
+        modalities = params.output_modalities or self.config.output_modalities
+        audio = "audio" in modalities
+        if audio and not self._can_speak():
+            raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
+        instructions = params.instructions if params.instructions is not None else self.config.instructions
+        writes_conversation = params.conversation != "none"
+        if params.input is not None:
+            context = Conversation()
+            for param in params.input:
+                context.add(item_from_param(param))
+            messages = context.chat_messages(instructions)
+        else:
+            messages = self.conversation.chat_messages(instructions)
+        if not any(message.role != "system" for message in messages):
+            raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
+        max_tokens = params.max_output_tokens or self.config.max_output_tokens
+        if max_tokens == "inf":
+            max_tokens = engine.lm.context_window // 2
+        temperature = params.temperature if params.temperature is not None else self.config.temperature
+        marks = self.pending_marks or TurnMarks()
+        self.pending_marks = None
+        marks.mark("response_created")
+        item = Item(id=new_id("item"), type="message", role="assistant", status="in_progress")
+        output_format = self.config.audio.output.format
+        events = ResponseEvents(
+            response_id=new_id("resp"),
+            conversation_id=self.conversation.id if writes_conversation else None,
+            item=item,
+            audio=audio,
+            audio_format=output_format.model_dump(),
+            voice=self.config.audio.output.voice,
+            max_output_tokens=params.max_output_tokens or self.config.max_output_tokens,
+            metadata=dict(params.metadata) if params.metadata else None,
+        )
+        job = ResponseJob(
+            messages=messages,
+            sampling=SamplingParams(
+                temperature=temperature,
+                max_tokens=int(max_tokens),
+                repetition_penalty=self.settings.repetition_penalty,
+            ),
+            tools=[tool.model_dump() for tool in (params.tools or self.config.tools)] or None,
+            conversation_key=self.conversation.id if writes_conversation else None,
+            marks=marks,
+        )
+        speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
+        runner = ResponseRunner(
+            engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all, speech=speech
+        )
+        active = ActiveResponse(events=events, runner=runner, marks=marks, writes_conversation=writes_conversation)
+        self.active = active
+        self.send_all(events.created())
+        previous = self.conversation.add(item) if writes_conversation else None
+        self.send_all(events.open_item(previous))
+        active.task = asyncio.create_task(self._run_response(active), name=f"response {events.response_id}")
+
+    async def _run_response(self, active: ActiveResponse) -> None:
+        # A cancelled run sends nothing more: whoever cancelled it ends the response (see cancel_response).
+        try:
+            result = await active.runner.run()
+        except ApiError as error:
+            self.send_error(error)
+            self._finish(active, "failed", error=error.body())
+        except Exception as exc:
+            log.exception("response %s failed", active.events.response_id)
+            self._finish(active, "failed", error={"type": "server_error", "code": "internal_error", "message": str(exc)})
+        else:
+            status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"
+            self._finish(active, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
+
+    def _finish(
+        self,
+        active: ActiveResponse,
+        status: ResponseStatus,
+        *,
+        reason: str | None = None,
+        result: GenerationResult | None = None,
+        error: dict[str, Any] | None = None,
+        final_text: str | None = None,
+    ) -> None:
+        if self.active is not active:
+            return
+        self.active = None
+        active.marks.mark("done")
+        usage = None
+        if result is not None:
+            usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
+        metadata = dict(active.events.metadata or {})
+        metadata["gateway_latency"] = active.marks.to_wire()
+        active.events.metadata = metadata
+        self.send_all(active.events.finish(status, reason=reason, usage=usage, error=error, final_text=final_text))
+        metrics.RESPONSES.labels(status).inc()
+        for stage, seconds in active.marks.stage_durations().items():
+            metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+
+    async def _cancel_from_client(self, response_id: str | None) -> None:
+        active = self.active
+        if active is None or (response_id is not None and response_id != active.events.response_id):
+            raise ApiError("response_cancel_not_active", "There is no active response to cancel.")
+        await self.cancel_response("client_cancelled")
+
+    async def cancel_response(self, reason: str) -> None:
+        """Stop the active response at once and end it with status `cancelled`.
+
+        Order matters: generation is told to stop (next engine step), the task is cancelled and
+        awaited, then the owner (this coroutine, never the cancelled task) sends the tail events.
+        """
+        active = self.active
+        if active is None or active.cancelling:
+            return
+        active.cancelling = True
+        await self._stop_active(active)
+        result = await self._final_result(active)
+        final_text = None
+        if active.events.audio:
+            # Trim the interrupted reply to the audio the user got: played (WebRTC) or sent (WebSocket).
+            item = active.events.item
+            final_text = item.cut_audio(self.played_ms(item.id) if self.played_ms is not None else item.audio_ms_sent)
+        self._finish(active, "cancelled", reason=reason, result=result, final_text=final_text)
+
+    async def _stop_active(self, active: ActiveResponse) -> None:
+        active.runner.cancel_generation()
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
+            await asyncio.wait({active.task}, timeout=CANCEL_TIMEOUT_S)
+
+    async def _final_result(self, active: ActiveResponse) -> GenerationResult | None:
+        if active.runner.stream is None:
+            return None
+        try:
+            return await asyncio.wait_for(active.runner.stream.result(), timeout=CANCEL_TIMEOUT_S)
+        except Exception:  # usage is best effort for a cancelled response
+            return None

@@ -1,0 +1,98 @@
+"""GET /v1/realtime: the Realtime API over a WebSocket, one JSON event per text frame."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from gateway.auth import bearer_token, token_from_subprotocols
+from gateway.outbox import SlowConsumer
+from gateway.protocol.errors import ApiError
+from gateway.services import Services
+from gateway.session import RealtimeSession
+from gateway.speech_out import WebSocketSpeech
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+# Close codes: 1008 policy violation (auth), 1011 server error, 1013 try again later.
+CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
+
+
+@router.websocket("/v1/realtime")
+async def realtime_websocket(websocket: WebSocket) -> None:
+    svc: Services = websocket.app.state.services
+    subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
+    accept_subprotocol = "realtime" if "realtime" in subprotocols else None
+    try:
+        principal = svc.auth.authenticate(token, allow_ephemeral=True)
+        svc.limiter.check(principal.key_id)
+        model = websocket.query_params.get("model")
+        if model is not None:
+            svc.require_model(model)
+        svc.require_ready()
+    except ApiError as error:
+        # Accept, say why in an `error` event (clients show it), then close.
+        await websocket.accept(subprotocol=accept_subprotocol)
+        await websocket.send_json({"type": "error", "event_id": None, "error": error.body()})
+        await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)
+        return
+    await websocket.accept(subprotocol=accept_subprotocol)
+    session = RealtimeSession(
+        svc.runtime,
+        svc.settings,
+        transport="websocket",
+        speech_factory=WebSocketSpeech.create,
+        initial_config=principal.ephemeral_session,
+    )
+    svc.sessions.add(session)
+    session.start()
+    writer = asyncio.create_task(_write_events(websocket, session), name=f"ws writer {session.id}")
+    try:
+        await _read_events(websocket, session)
+    except SlowConsumer as exc:
+        log.warning("closing session %s: %s", session.id, exc)
+    finally:
+        svc.sessions.discard(session)
+        await session.close()
+        await _drain(writer)
+        if websocket.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await websocket.close()
+
+
+async def _read_events(websocket: WebSocket, session: RealtimeSession) -> None:
+    while True:
+        try:
+            message = await websocket.receive()
+        except WebSocketDisconnect:
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        raw = message.get("text")
+        if raw is None:
+            raw = message.get("bytes") or b""
+        await session.receive(raw)
+
+
+async def _write_events(websocket: WebSocket, session: RealtimeSession) -> None:
+    try:
+        while (wire := await session.outbox.next()) is not None:
+            await websocket.send_text(wire)
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        session.outbox.close()
+
+
+async def _drain(writer: asyncio.Task[None], timeout_s: float = 2.0) -> None:
+    """Let queued events (the final `response.done`, errors) go out, then stop the writer."""
+    done, _ = await asyncio.wait({writer}, timeout=timeout_s)
+    if not done:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
