@@ -1,0 +1,223 @@
+"""Speech to text with faster-whisper on a worker thread of its own, partial and final transcripts.
+
+Scheduling, because one tiny.en call costs >= ~0.4 s on CPU whatever the audio length:
+- finals run before any queued partial;
+- a queued partial of a stream is replaced by a newer one of the same stream (the old one
+  resolves to None): a partial is only worth having while it is the latest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+ASR_RATE = 16000
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    final: bool
+    audio_ms: float  # length of the audio transcribed
+    seconds: float  # time spent in the model
+    waited_seconds: float  # time queued before the worker took it
+
+
+@dataclass(eq=False)
+class _Job:
+    audio: np.ndarray
+    final: bool
+    prompt: str | None
+    stream: str
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Transcript | None]
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class AsrEngine:
+    def __init__(self, model: object, *, language: str | None, final_beam_size: int, load_seconds: float) -> None:
+        self._model = model  # faster_whisper.WhisperModel
+        self.language = language
+        self.final_beam_size = final_beam_size
+        self.load_seconds = load_seconds
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        self._lock = threading.Lock()
+        self._finals: deque[_Job] = deque()
+        self._partials: dict[str, _Job] = {}  # insertion order = submission order
+        self._closed = False
+
+    @classmethod
+    def load(
+        cls,
+        path: Path | str,
+        device: Literal["cpu", "cuda"] = "cpu",
+        threads: int = 2,
+        *,
+        language: str | None = None,
+        final_beam_size: int = 1,
+        warmup: bool = True,
+    ) -> AsrEngine:
+        """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
+        from faster_whisper import WhisperModel
+
+        started = time.perf_counter()
+        compute_type = "float16" if device == "cuda" else "int8"
+        model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
+        if language is None and not model.model.is_multilingual:
+            language = "en"
+        engine = cls(model, language=language, final_beam_size=final_beam_size, load_seconds=0.0)
+        if warmup:
+            # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
+            engine._run(np.zeros(ASR_RATE, dtype=np.float32), final=True, prompt=None)
+        engine.load_seconds = time.perf_counter() - started
+        return engine
+
+    async def transcribe(
+        self, audio: np.ndarray, *, final: bool, prompt: str | None = None, stream: str = ""
+    ) -> Transcript | None:
+        """audio: float32 mono 16 kHz. None for a partial superseded before it ran, or a job still queued at close()."""
+        if self._closed:
+            raise RuntimeError("AsrEngine is closed")
+        if audio.ndim != 1:
+            raise ValueError(f"ASR takes mono audio, got shape {audio.shape}")
+        loop = asyncio.get_running_loop()
+        job = _Job(np.asarray(audio, dtype=np.float32), final, prompt, stream, loop, loop.create_future())
+        with self._lock:
+            if final:
+                self._finals.append(job)
+            else:
+                old = self._partials.pop(stream, None)
+                if old is not None:
+                    self._resolve(old, None)
+                self._partials[stream] = job
+        self._executor.submit(self._run_next)
+        try:
+            return await job.future
+        finally:
+            # Cancelled while still queued: drop it so the worker never spends time on it.
+            if job.future.cancelled():
+                self._discard(job)
+
+    def _discard(self, job: _Job) -> None:
+        with self._lock:
+            if job in self._finals:
+                self._finals.remove(job)
+            if self._partials.get(job.stream) is job:
+                del self._partials[job.stream]
+
+    def _take(self) -> _Job | None:
+        with self._lock:
+            if self._finals:
+                return self._finals.popleft()
+            if self._partials:
+                stream = next(iter(self._partials))
+                return self._partials.pop(stream)
+            return None
+
+    def _run_next(self) -> None:
+        """Runs on the worker: one submit per job, but superseded jobs leave some calls with nothing to do."""
+        job = self._take()
+        if job is None:
+            return
+        waited = time.perf_counter() - job.submitted
+        try:
+            text, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
+        except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
+            log.exception("ASR failed")
+            _deliver(job, _set_exception, exc)
+            return
+        audio_ms = 1000.0 * job.audio.shape[0] / ASR_RATE
+        self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited))
+
+    @staticmethod
+    def _resolve(job: _Job, result: Transcript | None) -> None:
+        _deliver(job, _set_result, result)
+
+    def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None) -> tuple[str, float]:
+        started = time.perf_counter()
+        segments, _info = self._model.transcribe(  # type: ignore[attr-defined]
+            audio,
+            language=self.language,
+            beam_size=self.final_beam_size if final else 1,
+            best_of=1,
+            temperature=0.0,  # fallback re-decodes cost 1-2.6 s spikes on short audio
+            without_timestamps=True,
+            condition_on_previous_text=False,
+            vad_filter=False,  # we run our own VAD
+            initial_prompt=prompt or None,
+        )
+        # segments is lazy: decoding happens while it is consumed, so consume it here on the worker.
+        text = " ".join(segment.text.strip() for segment in segments).strip()
+        return text, time.perf_counter() - started
+
+    def close(self) -> None:
+        """Queued jobs resolve to None; the job running finishes in the background."""
+        self._closed = True
+        with self._lock:
+            pending = list(self._finals) + list(self._partials.values())
+            self._finals.clear()
+            self._partials.clear()
+        for job in pending:
+            self._resolve(job, None)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _deliver(job: _Job, setter: Callable[[asyncio.Future[Transcript | None], Any], None], value: Any) -> None:
+    try:
+        job.loop.call_soon_threadsafe(setter, job.future, value)
+    except RuntimeError:
+        pass  # the loop is closed: nobody is waiting any more
+
+
+def _set_result(future: asyncio.Future[Transcript | None], result: Transcript | None) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Transcript | None], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+_WORD_EDGES = "\"'.,!?;:()[]…-—"
+
+
+class TranscriptStabilizer:
+    """The words two successive partials agree on, from the start: safe to prefill into the LLM early.
+
+    The prefix can shrink when a later partial revises an earlier word; callers that prefill
+    must compare with what they already sent.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._previous: list[str] = []
+        self.stable = ""
+
+    def update(self, partial: str) -> str:
+        words = partial.split()
+        agreed = 0
+        for old, new in zip(self._previous, words):
+            if _norm(old) != _norm(new):
+                break
+            agreed += 1
+        self._previous = words
+        self.stable = " ".join(words[:agreed])
+        return self.stable
+
+
+def _norm(word: str) -> str:
+    return word.strip(_WORD_EDGES).lower()

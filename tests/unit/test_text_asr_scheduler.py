@@ -1,0 +1,135 @@
+"""AsrEngine's queueing rules with a stand-in model (the real one is exercised in tests/voice)."""
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from inference.asr import AsrEngine, TranscriptStabilizer
+
+
+class GatedModel:
+    """Each call blocks until released; the text says which audio it was (its length in samples)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Semaphore(0)
+        self.started = threading.Event()
+        self.calls: list[int] = []
+        self.kwargs: list[dict] = []
+
+    def transcribe(self, audio: np.ndarray, **kwargs: object):
+        self.calls.append(audio.shape[0])
+        self.kwargs.append(kwargs)
+        self.started.set()
+        self.gate.acquire()
+
+        def segments():
+            yield SimpleNamespace(text=f" n{audio.shape[0]}")
+
+        return segments(), None
+
+
+def audio(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.float32)
+
+
+@pytest.fixture
+def model_engine():
+    model = GatedModel()
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0)
+    yield model, engine
+    for _ in range(10):
+        model.gate.release()
+    engine.close()
+
+
+async def started(model: GatedModel) -> None:
+    await asyncio.to_thread(model.started.wait, 5)
+    model.started.clear()
+
+
+async def test_final_jumps_ahead_of_queued_partials_and_partials_are_superseded(model_engine) -> None:
+    model, engine = model_engine
+    busy = asyncio.create_task(engine.transcribe(audio(1), final=False))
+    await started(model)  # the worker is now busy with partial 1
+    p2 = asyncio.create_task(engine.transcribe(audio(2), final=False))
+    await asyncio.sleep(0)
+    p3 = asyncio.create_task(engine.transcribe(audio(3), final=False))
+    await asyncio.sleep(0)
+    final = asyncio.create_task(engine.transcribe(audio(4), final=True))
+    await asyncio.sleep(0.01)
+    assert await p2 is None  # replaced by p3 before it ever ran
+    for _ in range(3):
+        model.gate.release()
+    results = await asyncio.gather(busy, final, p3)
+    assert [r.text for r in results] == ["n1", "n4", "n3"]
+    assert model.calls == [1, 4, 3]  # the final ran before the newer partial; p2 never ran
+    assert results[1].final and not results[2].final
+    assert results[1].audio_ms == pytest.approx(4 / 16)
+
+
+async def test_partials_of_different_streams_do_not_replace_each_other(model_engine) -> None:
+    model, engine = model_engine
+    busy = asyncio.create_task(engine.transcribe(audio(1), final=False, stream="x"))
+    await started(model)
+    a = asyncio.create_task(engine.transcribe(audio(2), final=False, stream="a"))
+    b = asyncio.create_task(engine.transcribe(audio(3), final=False, stream="b"))
+    await asyncio.sleep(0.01)
+    for _ in range(3):
+        model.gate.release()
+    assert [r.text for r in await asyncio.gather(busy, a, b)] == ["n1", "n2", "n3"]
+
+
+async def test_a_cancelled_queued_job_never_runs(model_engine) -> None:
+    model, engine = model_engine
+    busy = asyncio.create_task(engine.transcribe(audio(1), final=True))
+    await started(model)
+    doomed = asyncio.create_task(engine.transcribe(audio(2), final=True))
+    await asyncio.sleep(0.01)
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    kept = asyncio.create_task(engine.transcribe(audio(3), final=True))
+    for _ in range(2):
+        model.gate.release()
+    assert [(await busy).text, (await kept).text] == ["n1", "n3"]
+    assert model.calls == [1, 3]
+
+
+async def test_decoding_options(model_engine) -> None:
+    model, engine = model_engine
+    model.gate.release()
+    await engine.transcribe(audio(5), final=False, prompt="Paris")
+    kw = model.kwargs[0]
+    assert kw["temperature"] == 0.0 and kw["beam_size"] == 1 and kw["language"] == "en"
+    assert kw["vad_filter"] is False and kw["condition_on_previous_text"] is False and kw["without_timestamps"] is True
+    assert kw["initial_prompt"] == "Paris"
+
+
+async def test_model_errors_reach_the_caller() -> None:
+    class Broken:
+        def transcribe(self, audio, **kwargs):
+            raise RuntimeError("boom")
+
+    engine = AsrEngine(Broken(), language="en", final_beam_size=1, load_seconds=0.0)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            await engine.transcribe(audio(1), final=True)
+    finally:
+        engine.close()
+
+
+def test_stabilizer_returns_the_words_two_partials_agree_on() -> None:
+    s = TranscriptStabilizer()
+    assert s.update("What is") == ""
+    assert s.update("What is the cap") == "What is"
+    assert s.update("What is the capital of") == "What is the"
+    assert s.update("What is the capital of France?") == "What is the capital of"
+    # Case and punctuation do not count as disagreement; the latest wording is returned.
+    assert s.update("what is the capital of France") == "what is the capital of France"
+    # A revision shrinks the prefix.
+    assert s.update("What was the capital") == "What"
+    s.reset()
+    assert s.stable == "" and s.update("Hello") == ""

@@ -1,0 +1,139 @@
+"""Piper speech -> VAD -> Whisper, with the real models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from inference.asr import AsrEngine, TranscriptStabilizer
+from inference.tts import TtsEngine
+from media.frames import AudioChunk
+from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
+
+LEAD_MS = 1000
+TRAIL_MS = 1200
+
+
+def contains_words(text: str, *words: str) -> bool:
+    return all(word.lower() in text.lower() for word in words)
+
+
+def with_silence(pcm16k: np.ndarray) -> np.ndarray:
+    lead = np.zeros(16 * LEAD_MS, dtype=np.int16)
+    trail = np.zeros(16 * TRAIL_MS, dtype=np.int16)
+    return np.concatenate([lead, pcm16k, trail])
+
+
+def speech_bounds_ms(pcm16k: np.ndarray) -> tuple[float, float]:
+    """Where the synthetic speech really is: first and last sample above ~-40 dBFS."""
+    loud = np.nonzero(np.abs(pcm16k.astype(np.int32)) > 300)[0]
+    return 1000 * loud[0] / 16000, 1000 * loud[-1] / 16000
+
+
+def run_vad(vad: StreamingVad, audio: np.ndarray) -> list[object]:
+    events: list[object] = []
+    for i in range(0, audio.size, 320):  # 20 ms chunks, as the inbound reader delivers them
+        events += vad.process(AudioChunk(audio[i : i + 320], 16000))
+    return events
+
+
+async def test_vad_finds_one_turn_and_whisper_transcribes_it(silero: SileroVad, asr: AsrEngine, question_16k: np.ndarray) -> None:
+    audio = with_silence(question_16k)
+    vad = StreamingVad(silero, VadSettings(silence_duration_ms=500))
+    events = await asyncio.to_thread(run_vad, vad, audio)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped], events
+    started, stopped = events
+    onset, offset = speech_bounds_ms(audio)
+    assert abs(started.audio_start_ms - onset) <= 100
+    assert abs(stopped.audio_end_ms - offset) <= 150
+    assert stopped.detected_ms - stopped.audio_end_ms >= 500
+
+    segment = audio[16 * started.padded_start_ms : 16 * stopped.audio_end_ms + 16 * 200]
+    transcript = await asr.transcribe(AudioChunk(segment, 16000).to_float32(), final=True)
+    assert transcript is not None and transcript.final
+    assert contains_words(transcript.text, "capital", "France"), transcript.text
+
+
+async def test_partials_on_a_growing_buffer(asr: AsrEngine, question_16k: np.ndarray) -> None:
+    audio = AudioChunk(with_silence(question_16k)[16 * (LEAD_MS - 300) :], 16000).to_float32()
+    stabilizer = TranscriptStabilizer()
+    partials = []
+    for end_ms in (700, 1300, 2000):
+        result = await asr.transcribe(audio[: 16 * end_ms], final=False)
+        assert result is not None and not result.final
+        partials.append(result.text)
+        stabilizer.update(result.text)
+        assert result.seconds < 2.0
+    assert contains_words(partials[-1], "capital"), partials
+    assert len(partials[0]) < len(partials[-1])
+    assert stabilizer.stable.lower().startswith("what is"), partials
+
+
+async def test_a_final_is_not_delayed_behind_queued_partials(asr: AsrEngine, question_16k: np.ndarray) -> None:
+    audio = AudioChunk(question_16k, 16000).to_float32()
+    order: list[str] = []
+
+    async def run(name: str, final: bool, stream: str):
+        result = await asr.transcribe(audio, final=final, stream=stream)
+        order.append(name)
+        return result
+
+    running = asyncio.create_task(run("running", False, "a"))
+    await asyncio.sleep(0.05)  # the worker has taken it
+    queued = [asyncio.create_task(run(f"partial-{s}", False, s)) for s in ("b", "c", "d")]
+    await asyncio.sleep(0)
+    final = asyncio.create_task(run("final", True, "a"))
+    first = await running
+    result = await final
+    await asyncio.gather(*queued)
+    assert order[:2] == ["running", "final"], order
+    assert first is not None and result is not None
+    # It waited for the call in progress only, not for the three partials queued before it.
+    assert result.waited_seconds < first.seconds + 0.3
+    assert contains_words(result.text, "capital", "France")
+
+
+async def test_tts_streams_and_cancels_between_chunks(tts: TtsEngine) -> None:
+    text = " ".join(
+        [
+            "The first sentence is short.",
+            "The second sentence is a good deal longer, so that it takes the voice some time to say.",
+            "A third sentence follows, and it is long as well, to give the worker plenty to do.",
+            "The fourth sentence should never be spoken at all, because we stop before it.",
+            "Nor should the fifth sentence, which is here only to make the whole text slow.",
+        ]
+    )
+    started = time.perf_counter()
+    whole = tts.synthesize_blocking(text)
+    whole_seconds = time.perf_counter() - started
+    assert whole.dtype == np.int16 and whole.size > tts.sample_rate * 10
+
+    got: list[np.ndarray] = []
+    first_chunk = asyncio.get_running_loop().create_future()
+
+    async def speak() -> None:
+        async for pcm in tts.synthesize(text):
+            got.append(pcm)
+            if not first_chunk.done():
+                first_chunk.set_result(time.perf_counter())
+            await asyncio.sleep(10)  # a slow consumer: the next chunk is not requested yet
+
+    t0 = time.perf_counter()
+    task = asyncio.create_task(speak())
+    first_at = await first_chunk
+    assert first_at - t0 < 1.0
+    assert got[0].dtype == np.int16 and got[0].size > tts.sample_rate // 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    # The worker is free at once: a new reply's first chunk does not wait for the rest of the text.
+    t1 = time.perf_counter()
+    async for pcm in tts.synthesize("Hello there."):
+        assert pcm.size > 0
+        break
+    assert time.perf_counter() - t1 < max(0.5, whole_seconds / 2), whole_seconds
+    assert len(got) == 1
