@@ -28,8 +28,8 @@ FRAME_MS = 20
 _MAX_LAG_S = 0.1
 
 PlayoutEvent = Literal["started", "stopped"]
-PlayoutCallback = Callable[[PlayoutEvent, "str | None"], None]
-ChunkCallback = Callable[[AudioChunk], "Awaitable[None] | None"]
+PlayoutCallback = Callable[[PlayoutEvent, str | None], None]
+ChunkCallback = Callable[[AudioChunk], Awaitable[None] | None]
 
 
 class OutboundAudioTrack(MediaStreamTrack):
