@@ -21,7 +21,7 @@ from gateway import metrics
 from gateway.config import Settings
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
-from gateway.transports import chat_http, realtime_ws
+from gateway.transports import chat_http, client_secrets, realtime_ws, webrtc
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -118,6 +118,9 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
 
     app.include_router(chat_http.router)
     app.include_router(realtime_ws.router)
+    app.include_router(client_secrets.router)
+    app.include_router(webrtc.router)
+    webrtc.configure_ice(settings)
     return app
 
 

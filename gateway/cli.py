@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 from pydantic import BaseModel
-from pydantic_settings import CliApp, CliSubCommand, SettingsConfigDict
+from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from gateway.config import Settings, is_loopback
 
@@ -63,4 +63,5 @@ def serve(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    CliApp.run(Gateway, cli_args=argv if argv is not None else sys.argv[1:], cli_prog_name="gateway")
+    source = CliSettingsSource(Gateway, cli_prog_name="gateway", cli_kebab_case=True, cli_implicit_flags=True)
+    CliApp.run(Gateway, cli_args=argv if argv is not None else sys.argv[1:], cli_settings_source=source)

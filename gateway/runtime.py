@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,10 @@ class Runtime:
     load_error: str | None = None
     load_times: LoadTimes = field(default_factory=LoadTimes)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Silero VAD for every session, one window batch per hop; kept apart from the model executors.
+    vad_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+    )
 
     @property
     def voice_ready(self) -> bool:
@@ -117,3 +122,4 @@ class Runtime:
         for component in (self.engine, self.asr, self.tts):
             if component is not None:
                 component.close()
+        self.vad_executor.shutdown(wait=False, cancel_futures=True)

@@ -15,6 +15,7 @@ from gateway.runtime import Runtime
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
+    from gateway.transports.webrtc import Call
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Services:
     limiter: RateLimiter
     idempotency: IdempotencyStore
     sessions: set[RealtimeSession] = field(default_factory=set)
+    calls: dict[str, Call] = field(default_factory=dict)  # live WebRTC calls by id
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
 

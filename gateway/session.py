@@ -7,6 +7,8 @@ Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from typing import Any, Literal
 from gateway import metrics
 from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
-from gateway.latency import TurnMarks
+from gateway.latency import TurnMarks, now
 from gateway.outbox import Outbox
 from gateway.protocol import client_events as ev
 from gateway.protocol.codec import decode_client_event
@@ -25,12 +27,19 @@ from gateway.protocol.response_events import Event, ResponseEvents, ResponseStat
 from gateway.protocol.session_config import SessionConfig, apply_session_update
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream
 from gateway.runtime import Runtime
+from gateway.turns import TurnMachine, TurnPolicy
+from gateway.voice import VoicePipeline
+from media.codecs import AudioFormatError, decode_input
+from media.frames import AudioChunk
+from media.playout import PlayoutBuffer
+from media.resample import Resampler
 from inference.llm.engine import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
 # How long a cancelled response task may take to unwind before the session stops waiting.
 CANCEL_TIMEOUT_S = 2.0
+INPUT_RATE = 16000  # what the VAD and Whisper take
 
 TransportKind = Literal["websocket", "webrtc"]
 SpeechFactory = Callable[["RealtimeSession", ResponseEvents, TurnMarks], SpeechStream]
@@ -66,8 +75,11 @@ class RealtimeSession:
         self.conversation = Conversation()
         self.active: ActiveResponse | None = None
         self.pending_marks: TurnMarks | None = None  # set by the voice path for the next response
-        # ms of an item's audio the user has heard; WebRTC knows it from its playout buffer.
-        self.played_ms: Callable[[str], float] | None = None
+        # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
+        self.playout: PlayoutBuffer | None = None
+        self._speaking_item: Item | None = None  # assistant item whose audio is still playing out
+        self._speaking_response_id: str | None = None
+        self.turns = TurnMachine()
         default_modality = "audio" if runtime.voice_ready and speech_factory is not None else "text"
         config = SessionConfig(
             id=self.id,
@@ -79,12 +91,17 @@ class RealtimeSession:
         )
         self.config = apply_session_update(config, initial_config) if initial_config else config
         self._closed = False
-
-    # -- lifecycle --------------------------------------------------------------------------
+        self._input_resampler: tuple[str, Resampler] | None = None
+        self.voice: VoicePipeline | None = None
 
     def start(self) -> None:
         metrics.ACTIVE_SESSIONS.labels(self.transport).inc()
+        if self.runtime.asr is not None:
+            self.voice = VoicePipeline(self)
+        self.on_config_changed()
         self.send({"type": "session.created", "session": self.config.model_dump()})
+
+    # -- lifecycle --------------------------------------------------------------------------
 
     async def close(self) -> None:
         """The transport is gone: stop the response quietly and release the conversation's cache."""
@@ -95,6 +112,8 @@ class RealtimeSession:
         self.outbox.close()
         if self.active is not None:
             await self._stop_active(self.active)
+        if self.voice is not None:
+            await self.voice.close()
         if self.runtime.engine is not None:
             self.runtime.engine.end_conversation(self.conversation.id)
 
@@ -146,9 +165,37 @@ class RealtimeSession:
                 await self._dispatch_audio(event)
 
     async def _dispatch_audio(self, event: ev.ClientEvent) -> None:
-        raise ApiError(
-            "unsupported_event", f"'{event.type}' needs the voice pipeline, which this session does not have.", "type"
-        )
+        if isinstance(event, ev.OutputAudioBufferClear):
+            if self.transport != "webrtc":
+                raise ApiError("invalid_value", "output_audio_buffer.clear is for WebRTC sessions only.", "type")
+            await self.interrupt("client_cancelled")
+            return
+        voice = self.voice
+        if voice is None:
+            raise ApiError("voice_unavailable", f"'{event.type}' needs the voice models, which are not loaded.", "type")
+        if isinstance(event, ev.InputAudioBufferAppend):
+            voice.append(self._decode_input_audio(event.audio))
+        elif isinstance(event, ev.InputAudioBufferCommit):
+            await voice.commit()
+        elif isinstance(event, ev.InputAudioBufferClear):
+            voice.clear()
+
+    def _decode_input_audio(self, audio_b64: str) -> AudioChunk:
+        """base64 in the session's input format -> 16 kHz mono, resampled with a per-stream resampler."""
+        try:
+            data = base64.b64decode(audio_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("invalid_audio", "'audio' is not valid base64.", "audio") from None
+        fmt = self.config.audio.input.format.type
+        try:
+            chunk = decode_input(fmt, data)
+        except AudioFormatError as exc:
+            raise ApiError("invalid_audio", f"Audio does not match the session's format {fmt}: {exc}.", "audio") from None
+        if chunk.sample_rate == INPUT_RATE:
+            return chunk
+        if self._input_resampler is None or self._input_resampler[0] != fmt:
+            self._input_resampler = (fmt, Resampler(chunk.sample_rate, INPUT_RATE))
+        return AudioChunk(self._input_resampler[1].process(chunk.pcm), INPUT_RATE)
 
     def _update_session(self, update: dict[str, Any]) -> None:
         model = update.get("model")
@@ -166,7 +213,14 @@ class RealtimeSession:
         self.send({"type": "session.updated", "session": self.config.model_dump()})
 
     def on_config_changed(self) -> None:
-        """Hook for the voice pipeline to pick up new turn-detection and audio settings."""
+        detection = self.config.audio.input.turn_detection
+        self.turns.policy = TurnPolicy(
+            create_response=detection.create_response if detection else False,
+            interrupt_response=detection.interrupt_response if detection else False,
+            echo_guard_ms=self.settings.echo_guard_ms,
+        )
+        if self.voice is not None:
+            self.voice.config_changed()
 
     def _can_speak(self) -> bool:
         return self.runtime.tts is not None and self.speech_factory is not None
@@ -232,6 +286,8 @@ class RealtimeSession:
         marks = self.pending_marks or TurnMarks()
         self.pending_marks = None
         marks.mark("response_created")
+        if audio:
+            self.interrupt_playout()  # a new reply replaces whatever is still playing
         item = Item(id=new_id("item"), type="message", role="assistant", status="in_progress")
         output_format = self.config.audio.output.format
         events = ResponseEvents(
@@ -261,6 +317,10 @@ class RealtimeSession:
         )
         active = ActiveResponse(events=events, runner=runner, marks=marks, writes_conversation=writes_conversation)
         self.active = active
+        self.turns.response_started()
+        if audio and self.playout is not None:
+            self.playout.set_producing(True)
+            self._speaking_item, self._speaking_response_id = item, events.response_id
         self.send_all(events.created())
         previous = self.conversation.add(item) if writes_conversation else None
         self.send_all(events.open_item(previous))
@@ -301,6 +361,10 @@ class RealtimeSession:
         metadata["gateway_latency"] = active.marks.to_wire()
         active.events.metadata = metadata
         self.send_all(active.events.finish(status, reason=reason, usage=usage, error=error, final_text=final_text))
+        if self.playout is not None:
+            self.playout.set_producing(False)
+        if not self.playout_busy():
+            self._reply_finished()
         metrics.RESPONSES.labels(status).inc()
         for stage, seconds in active.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
@@ -327,8 +391,59 @@ class RealtimeSession:
         if active.events.audio:
             # Trim the interrupted reply to the audio the user got: played (WebRTC) or sent (WebSocket).
             item = active.events.item
-            final_text = item.cut_audio(self.played_ms(item.id) if self.played_ms is not None else item.audio_ms_sent)
+            final_text = item.cut_audio(self.playout.played_ms(item.id) if self.playout is not None else item.audio_ms_sent)
         self._finish(active, "cancelled", reason=reason, result=result, final_text=final_text)
+
+    # -- interruption and playout ------------------------------------------------------------------
+
+    async def interrupt(self, reason: str) -> None:
+        """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
+        self.interrupt_playout()
+        if self.active is not None:
+            await self.cancel_response(reason)
+        self._reply_finished()
+
+    def interrupt_playout(self) -> None:
+        """Drop queued WebRTC audio; an item that had finished generating is cut to what was heard."""
+        if self.playout is None:
+            return
+        self.playout.clear()
+        item, response_id = self._speaking_item, self._speaking_response_id
+        self._speaking_item = self._speaking_response_id = None
+        if item is None:
+            return
+        self.send({"type": "output_audio_buffer.cleared", "response_id": response_id})
+        if self.active is None or self.active.events.item is not item:
+            # The reply was complete but not yet all heard: trim it now.
+            heard = item.cut_audio(self.playout.played_ms(item.id))
+            if item.content:
+                item.content[0]["transcript"] = heard
+            item.status = "incomplete"
+            self.send(
+                {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": round(item.audio_ms_sent)}
+            )
+
+    def playout_busy(self) -> bool:
+        return self.playout is not None and self._speaking_item is not None
+
+    def on_playout_event(self, kind: str, item_id: str | None) -> None:
+        """The WebRTC track started or finished playing a reply's audio (called on the event loop)."""
+        response_id = self._speaking_response_id
+        if kind == "started":
+            self.turns.playback_started(now() * 1000)
+            if self.active is not None:
+                self.active.marks.mark("first_audio")
+            self.send({"type": "output_audio_buffer.started", "response_id": response_id})
+        elif kind == "stopped" and self._speaking_item is not None and self._speaking_item.id == item_id:
+            self._speaking_item = self._speaking_response_id = None
+            self.send({"type": "output_audio_buffer.stopped", "response_id": response_id})
+            if self.active is None:
+                self._reply_finished()
+
+    def _reply_finished(self) -> None:
+        self.turns.reply_finished()
+        if self.voice is not None:
+            self.voice.reply_finished()
 
     async def _stop_active(self, active: ActiveResponse) -> None:
         active.runner.cancel_generation()

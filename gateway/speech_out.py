@@ -1,4 +1,4 @@
-"""Where a response's speech goes: `response.output_audio.delta` events (WebSocket)."""
+"""Where a response's speech goes: `response.output_audio.delta` events (WebSocket) or the WebRTC playout."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.latency import TurnMarks
+from gateway.latency import TurnMarks, now
 from gateway.protocol.response_events import ResponseEvents
 from media.codecs import encode_output
 from media.frames import AudioChunk
@@ -49,7 +49,30 @@ class WebSocketSpeech:
         for start in range(0, len(pcm), step):
             piece = AudioChunk(np.ascontiguousarray(pcm[start : start + step], dtype=np.int16), self.rate)
             payload = base64.b64encode(encode_output(self.format, piece)).decode("ascii")
-            self.marks.mark("first_audio")
+            if self.marks.first_audio is None:
+                self.marks.mark("first_audio")
+                self.session.turns.playback_started(now() * 1000)  # the echo guard starts here
             self.session.send_all(self.events.audio_delta(payload))
         if len(pcm):
             self.marks.mark("last_audio", latest=True)
+
+
+class PlayoutSpeech:
+    """Resamples Piper's output to 48 kHz into the WebRTC playout buffer; the track paces it out."""
+
+    def __init__(self, session: RealtimeSession, events: ResponseEvents, tts_rate: int) -> None:
+        assert session.playout is not None
+        self.playout = session.playout
+        self.item_id = events.item.id
+        self.resampler = Resampler(tts_rate, self.playout.sample_rate)
+
+    @classmethod
+    def create(cls, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks) -> PlayoutSpeech:
+        assert session.runtime.tts is not None
+        return cls(session, events, session.runtime.tts.sample_rate)
+
+    def write(self, pcm: np.ndarray) -> None:
+        self.playout.write(self.item_id, self.resampler.process(pcm))
+
+    def close(self) -> None:
+        self.playout.write(self.item_id, self.resampler.flush())

@@ -1,0 +1,226 @@
+"""WebRTC in OpenAI's browser flow: POST /v1/realtime/calls with an SDP offer, events on `oai-events`.
+
+The only aiortc signalling code. Each call is owned by a supervisor task (kept in
+Services.background) that closes the session and the peer connection when the call ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import aioice.ice
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtcdatachannel import RTCDataChannel
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.config import Settings
+from gateway.conversation import new_id
+from gateway.outbox import SlowConsumer
+from gateway.protocol.errors import ApiError
+from gateway.services import Services
+from gateway.session import RealtimeSession
+from gateway.speech_out import PlayoutSpeech
+from media.playout import PlayoutBuffer
+from media.tracks import InboundAudioReader, OutboundAudioTrack
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+EVENTS_CHANNEL = "oai-events"
+PLAYOUT_RATE = 48000
+FRAME_SAMPLES = PLAYOUT_RATE // 50  # 20 ms
+CONNECT_TIMEOUT_S = 30.0
+MAX_SDP_BYTES = 64 * 1024
+
+
+def configure_ice(settings: Settings) -> None:
+    """Offer the configured host addresses as ICE candidates (aioice never offers loopback itself)."""
+    addresses = list(settings.ice_host_addresses)
+    if addresses:
+        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [  # type: ignore[assignment]
+            address for address in addresses if (":" in address and use_ipv6) or (":" not in address and use_ipv4)
+        ]
+
+
+def ice_servers(settings: Settings) -> list[RTCIceServer]:
+    servers = []
+    for url in settings.ice_servers:
+        # turn:user:pass@host:port -> credentials apart, as RTCIceServer wants them
+        match = re.fullmatch(r"(turns?):([^:@]+):([^@]+)@(.+)", url)
+        if match:
+            scheme, user, password, host = match.groups()
+            servers.append(RTCIceServer(urls=f"{scheme}:{host}", username=user, credential=password))
+        else:
+            servers.append(RTCIceServer(urls=url))
+    return servers
+
+
+@dataclass
+class Call:
+    id: str
+    pc: RTCPeerConnection
+    session: RealtimeSession
+    playout: PlayoutBuffer
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    reader: InboundAudioReader | None = None
+    writer: asyncio.Task[None] | None = None
+
+    async def supervise(self, services: Services) -> None:
+        """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._connected(), CONNECT_TIMEOUT_S)
+            if self.pc.connectionState == "connected":
+                await self.ended.wait()
+        finally:
+            services.sessions.discard(self.session)
+            services.calls.pop(self.id, None)
+            if self.reader is not None:
+                await self.reader.close()
+            await self.session.close()
+            if self.writer is not None:
+                self.writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.writer
+            await self.pc.close()
+
+    async def _connected(self) -> None:
+        while self.pc.connectionState != "connected":
+            if self.pc.connectionState in ("failed", "closed") or self.ended.is_set():
+                return
+            await asyncio.sleep(0.05)
+
+    def attach_channel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL:
+            return
+
+        @channel.on("message")
+        def _on_message(message: str | bytes) -> None:
+            asyncio.ensure_future(self.session.receive(message))
+
+        @channel.on("close")
+        def _on_close() -> None:
+            self.ended.set()
+
+        self.writer = asyncio.create_task(self._write_events(channel), name=f"dc writer {self.id}")
+
+    async def _write_events(self, channel: RTCDataChannel) -> None:
+        while channel.readyState == "connecting":
+            await asyncio.sleep(0.01)
+        while (wire := await self.session.outbox.next()) is not None:
+            if channel.readyState != "open":
+                break
+            channel.send(wire)
+
+    def attach_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio" or self.reader is not None:
+            return
+        voice = self.session.voice
+
+        def on_chunk(chunk: Any) -> None:
+            if voice is not None:
+                try:
+                    voice.append(chunk)
+                except ApiError as error:
+                    self.session.send_error(error)
+
+        self.reader = InboundAudioReader(track, on_chunk, on_end=self.ended.set).start()
+
+
+def _validate_offer(sdp: str) -> None:
+    if not sdp.startswith("v=0") or "\nm=" not in sdp.replace("\r\n", "\n"):
+        raise ApiError("invalid_sdp", "The body is not an SDP offer.", "sdp")
+    if not re.search(r"^m=audio ", sdp, flags=re.MULTILINE):
+        raise ApiError("invalid_sdp", "The offer has no audio media section.", "sdp")
+
+
+async def _read_offer(request: Request) -> tuple[str, dict[str, Any] | None]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await request.body()
+    if len(body) > MAX_SDP_BYTES:
+        raise ApiError("request_too_large", f"The offer exceeds {MAX_SDP_BYTES} bytes.", status=413)
+    if content_type == "application/sdp":
+        return body.decode("utf-8", errors="replace"), None
+    if content_type == "multipart/form-data":
+        form = await request.form()
+        sdp = form.get("sdp")
+        session = form.get("session")
+        if not isinstance(sdp, str):
+            raise ApiError("missing_required_parameter", "Missing form field 'sdp'.", "sdp")
+        try:
+            parsed = json.loads(session) if isinstance(session, str) else None
+        except json.JSONDecodeError:
+            raise ApiError("invalid_json", "The 'session' field is not valid JSON.", "session") from None
+        return sdp, parsed
+    raise ApiError("unsupported_media_type", "Send the offer as application/sdp (or multipart with 'sdp').", status=415)
+
+
+@router.post("/v1/realtime/calls")
+async def create_call(request: Request) -> Response:
+    svc: Services = request.app.state.services
+    principal, headers = svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
+    svc.require_ready()
+    if not svc.runtime.voice_ready:
+        raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
+    sdp, session_config = await _read_offer(request)
+    _validate_offer(sdp)
+    initial = principal.ephemeral_session or {}
+    if session_config:
+        initial = {**initial, **session_config}
+        initial.pop("type", None)
+    if "model" in initial:
+        svc.require_model(str(initial["model"]), "session.model")
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
+    playout = PlayoutBuffer(PLAYOUT_RATE, FRAME_SAMPLES)
+    session = RealtimeSession(
+        svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None
+    )
+    session.playout = playout
+    call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout)
+    pc.on("datachannel", call.attach_channel)
+    pc.on("track", call.attach_track)
+
+    @pc.on("connectionstatechange")
+    def _on_state() -> None:
+        if pc.connectionState in ("failed", "closed"):
+            call.ended.set()
+
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        pc.addTrack(OutboundAudioTrack(playout, on_event=session.on_playout_event))
+        await pc.setLocalDescription(await pc.createAnswer())
+    except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
+        await pc.close()
+        raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
+    svc.sessions.add(session)
+    session.start()
+    svc.calls[call.id] = call
+    task = asyncio.create_task(call.supervise(svc), name=f"call {call.id}")
+    svc.background.add(task)
+    task.add_done_callback(svc.background.discard)
+    return Response(
+        pc.localDescription.sdp,
+        status_code=201,
+        media_type="application/sdp",
+        headers={**headers, "location": f"/v1/realtime/calls/{call.id}"},
+    )
+
+
+@router.post("/v1/realtime/calls/{call_id}/hangup")
+async def hang_up(call_id: str, request: Request) -> JSONResponse:
+    svc: Services = request.app.state.services
+    svc.authorize(request.headers.get("authorization"))
+    call = svc.calls.get(call_id)
+    if call is None:
+        raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
+    call.ended.set()
+    return JSONResponse({"id": call_id, "status": "ended"})

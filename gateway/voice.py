@@ -1,0 +1,342 @@
+"""A session's listening side: input audio, VAD turns, partial and final transcripts, barge-in.
+
+Audio arrives as 16 kHz chunks (WebRTC reader, or decoded `input_audio_buffer.append`). One
+task per session runs the VAD on a shared worker thread, in order; transcription jobs are tasks
+owned here, cancelled and awaited on close. To shorten the wait after the user stops:
+- partial transcripts run while the user speaks, and their stable words are prefilled into the
+  conversation's KV cache;
+- a speculative final transcript starts as soon as the VAD hears silence, and is used when the
+  turn really ends there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gateway.conversation import Item, new_id
+from gateway.input_buffer import RATE, InputAudioBuffer
+from gateway.latency import TurnMarks, now
+from gateway.protocol.client_events import ResponseParams
+from gateway.protocol.errors import ApiError
+from gateway.protocol.session_config import TurnDetection
+from gateway.turns import Action
+from inference.asr import Transcript, TranscriptStabilizer
+from inference.llm.chat import ChatMessage, draft_prompt_ids
+from media.frames import AudioChunk
+from inference.models import silero_vad_path
+from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
+
+if TYPE_CHECKING:
+    from gateway.session import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+PARTIAL_INTERVAL_S = 0.6  # a new partial transcript at most this often while the user speaks
+MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
+IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
+ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
+
+
+@dataclass
+class UserTurn:
+    item_id: str
+    start: int  # stream index where the committed audio begins (onset minus prefix padding)
+    stabilizer: TranscriptStabilizer = field(default_factory=TranscriptStabilizer)
+    sent_stable: str = ""
+    partial_task: asyncio.Task[None] | None = None
+    last_partial_at: float = 0.0
+    speculative: asyncio.Task[Transcript | None] | None = None
+    speculative_end: int = 0
+
+
+class VoicePipeline:
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.runtime = session.runtime
+        self.buffer = InputAudioBuffer()
+        self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
+        self.turn: UserTurn | None = None
+        self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._task = asyncio.create_task(self._run(), name=f"voice {session.id}")
+        self._idle_since = now()
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @property
+    def turn_detection(self) -> TurnDetection | None:
+        return self.session.config.audio.input.turn_detection
+
+    def _vad_settings(self) -> VadSettings:
+        detection = self.turn_detection or TurnDetection()
+        settings = self.session.settings
+        return VadSettings(
+            threshold=min(max(detection.threshold, 0.05), 0.95),
+            prefix_padding_ms=detection.prefix_padding_ms,
+            silence_duration_ms=detection.silence_duration_ms,
+            min_speech_ms=settings.min_barge_in_speech_ms,
+        )
+
+    def config_changed(self) -> None:
+        self.vad.detector.settings = self._vad_settings()
+
+    # -- input --------------------------------------------------------------------------------
+
+    def append(self, chunk: AudioChunk) -> None:
+        """Queue 16 kHz audio; cheap, so transports can call it for every 20 ms frame."""
+        if self.turn_detection is None:
+            cap = self.session.settings.max_input_audio_seconds * 1000
+            if self.buffer.held_ms + chunk.duration_ms > cap:
+                raise ApiError(
+                    "input_audio_buffer_full",
+                    f"The input audio buffer holds at most {cap / 1000:.0f} s; commit or clear it.",
+                )
+        self._queue.put_nowait(chunk.pcm)
+
+    async def commit(self) -> None:
+        """input_audio_buffer.commit: everything buffered becomes a user item (manual turns)."""
+        await self._drain_queue()
+        turn = self.turn
+        start = turn.start if turn is not None else self.buffer.start
+        if self.buffer.end - start <= 0:
+            raise ApiError("input_audio_buffer_commit_empty", "The input audio buffer is empty: nothing to commit.")
+        item_id = turn.item_id if turn is not None else new_id("item")
+        self._drop_turn()
+        self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
+        marks = TurnMarks()
+        marks.mark("speech_stopped")
+        audio = self.buffer.slice(start, self.buffer.end)
+        self.buffer.clear()
+        self._spawn(self._commit(item_id, audio, marks, speculative=None))
+
+    def clear(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._drop_turn()
+        self.buffer.clear()
+        self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
+        self.session.send({"type": "input_audio_buffer.cleared"})
+
+    async def close(self) -> None:
+        tasks = [self._task, *self._jobs]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=5)
+
+    async def _drain_queue(self) -> None:
+        """Let the processing task take in the audio already queued."""
+        while not self._queue.empty():
+            await asyncio.sleep(0.005)
+
+    # -- processing -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pieces = [await self._queue.get()]
+            while not self._queue.empty():
+                pieces.append(self._queue.get_nowait())
+            pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            self.buffer.append(pcm)
+            if self.turn_detection is None:
+                continue
+            try:
+                events = await loop.run_in_executor(self.runtime.vad_executor, self.vad.process, AudioChunk(pcm, RATE))
+            except Exception:
+                log.exception("VAD failed in session %s", self.session.id)
+                continue
+            for event in events:
+                await self._on_vad(event)
+            await self._after_audio()
+
+    async def _on_vad(self, event: VadEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
+            self.session.send(
+                {"type": "input_audio_buffer.speech_started", "audio_start_ms": event.audio_start_ms, "item_id": self.turn.item_id}
+            )
+            if Action.INTERRUPT in self.session.turns.speech_started(now() * 1000):
+                await self.session.interrupt("turn_detected")
+            self._prefill_draft("")
+        elif isinstance(event, SpeechStopped) and self.turn is not None:
+            turn = self.turn
+            self.turn = None
+            marks = TurnMarks()
+            marks.mark("speech_stopped")
+            self.session.send(
+                {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": event.audio_end_ms, "item_id": turn.item_id}
+            )
+            self.session.turns.speech_stopped()
+            end = min(self.buffer.ms_to_index(event.audio_end_ms + ASR_TAIL_MS), self.buffer.end)
+            audio = self.buffer.slice(turn.start, end)
+            speculative = turn.speculative if turn.speculative is not None and turn.speculative_end >= end - self.buffer.ms_to_index(ASR_TAIL_MS) else None
+            if turn.speculative is not None and speculative is None:
+                turn.speculative.cancel()
+            if turn.partial_task is not None:
+                turn.partial_task.cancel()
+            self._idle_since = now()
+            self._spawn(self._commit(turn.item_id, audio, marks, speculative=speculative))
+
+    async def _after_audio(self) -> None:
+        turn = self.turn
+        if turn is None:
+            self.buffer.discard_before(self.buffer.end - self.buffer.ms_to_index(IDLE_KEEP_MS))
+            self._check_idle_timeout()
+            return
+        if Action.INTERRUPT in self.session.turns.tick(now() * 1000, user_speaking=True):
+            await self.session.interrupt("turn_detected")
+        probability = self.vad.last_probability
+        settings = self.vad.detector.settings
+        if probability < settings.continue_threshold:
+            if turn.speculative is None:
+                # Silence began: transcribe now, so the transcript is ready when the turn ends here.
+                turn.speculative_end = self.buffer.end
+                audio = self.buffer.slice(turn.start, turn.speculative_end)
+                turn.speculative = self._spawn(self._transcribe(audio, final=True))
+        elif probability >= settings.threshold and turn.speculative is not None:
+            turn.speculative.cancel()  # the user went on speaking
+            turn.speculative = None
+        if (
+            turn.partial_task is None
+            and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
+            and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
+        ):
+            turn.last_partial_at = now()
+            turn.partial_task = self._spawn(self._partial(turn, self.buffer.slice(turn.start, self.buffer.end)))
+
+    def _check_idle_timeout(self) -> None:
+        detection = self.turn_detection
+        if detection is None or detection.idle_timeout_ms is None or self.session.active is not None:
+            return
+        if self.session.playout_busy() or now() - self._idle_since < detection.idle_timeout_ms / 1000:
+            return
+        self._idle_since = now()
+        end_ms = round(self.buffer.index_to_ms(self.buffer.end))
+        item_id = new_id("item")
+        self.session.send(
+            {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": end_ms, "audio_end_ms": end_ms, "item_id": item_id}
+        )
+        if detection.create_response:
+            self._create_response(TurnMarks())
+
+    def reply_finished(self) -> None:
+        """The idle timeout counts from the end of the assistant's reply."""
+        self._idle_since = now()
+
+    # -- transcription ------------------------------------------------------------------------
+
+    async def _transcribe(self, audio: np.ndarray, *, final: bool) -> Transcript | None:
+        assert self.runtime.asr is not None
+        pcm = AudioChunk(audio, RATE).to_float32()
+        prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
+        return await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
+
+    async def _partial(self, turn: UserTurn, audio: np.ndarray) -> None:
+        try:
+            transcript = await self._transcribe(audio, final=False)
+        finally:
+            turn.partial_task = None
+        if transcript is None or self.turn is not turn:
+            return
+        stable = turn.stabilizer.update(transcript.text)
+        delta = stable[len(turn.sent_stable) :] if stable.startswith(turn.sent_stable) else ""
+        if delta:
+            turn.sent_stable = stable
+            self._prefill_draft(stable)
+        self.session.send(
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": turn.item_id,
+                "content_index": 0,
+                "delta": delta,
+                # Not in OpenAI's event: the whole current hypothesis, which may still change.
+                "text": transcript.text,
+            }
+        )
+
+    async def _commit(
+        self, item_id: str, audio: np.ndarray, marks: TurnMarks, speculative: asyncio.Task[Transcript | None] | None
+    ) -> None:
+        session = self.session
+        conversation = session.conversation
+        previous = conversation.items[-1].id if len(conversation) else None
+        item = Item(id=item_id, type="message", role="user", status="in_progress")
+        item.content = [{"type": "input_audio", "transcript": None}]
+        conversation.add(item)
+        session.send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
+        session.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
+        transcript = None
+        if speculative is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                transcript = await speculative
+        if transcript is None:
+            transcript = await self._transcribe(audio, final=True)
+        text = transcript.text if transcript is not None else ""
+        marks.mark("transcript_final")
+        item.content[0]["transcript"] = text
+        item.status = "completed"
+        session.send(
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": item_id,
+                "content_index": 0,
+                "transcript": text,
+                "usage": {"type": "duration", "seconds": round(len(audio) / RATE, 3)},
+            }
+        )
+        session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+        if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
+            self._create_response(marks)
+
+    def _create_response(self, marks: TurnMarks) -> None:
+        self.session.pending_marks = marks
+        try:
+            self.session.create_response(ResponseParams())
+        except ApiError as error:
+            self.session.pending_marks = None
+            self.session.send_error(error)
+
+    def _prefill_draft(self, user_text: str) -> None:
+        """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
+        engine = self.runtime.engine
+        session = self.session
+        if engine is None or session.active is not None:
+            return
+        messages = session.conversation.chat_messages(session.config.instructions)
+        self._spawn(self._prefill(messages, user_text))
+
+    async def _prefill(self, messages: list[ChatMessage], user_text: str) -> None:
+        engine = self.runtime.engine
+        assert engine is not None
+        ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, messages, user_text)
+        if ids and len(ids) < engine.lm.context_window:
+            with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes
+                await engine.prefill(ids, conversation_id=self.session.conversation.id)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine)
+        self._jobs.add(task)
+        task.add_done_callback(self._job_done)
+        return task
+
+    def _job_done(self, task: asyncio.Task[Any]) -> None:
+        self._jobs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("voice job failed in session %s", self.session.id, exc_info=task.exception())
+
+    def _drop_turn(self) -> None:
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            for task in (turn.partial_task, turn.speculative):
+                if task is not None:
+                    task.cancel()
+
