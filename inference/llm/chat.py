@@ -59,6 +59,20 @@ def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def draft_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage], user_text: str) -> list[int]:
+    """Tokens of a conversation followed by the start of a user turn, ending right after `user_text`.
+
+    This is a prefix of the prompt the finished turn will have, so it can be prefilled early.
+    """
+    marker = "\u2063"  # invisible separator: found again after templating, then cut off
+    templated = _template_messages([*messages, ChatMessage("user", user_text + marker)])
+    text = tokenizer.apply_chat_template(templated, add_generation_prompt=False, tokenize=False)
+    cut = text.rfind(marker)
+    if cut < 0:
+        return []
+    return list(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+
+
 def render_prompt(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
