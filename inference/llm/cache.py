@@ -1,0 +1,288 @@
+"""Shared prefix KV cache: a token-granular radix tree keyed by token ids.
+
+Each node holds the KV of the tokens on its edge (a tensor whose ``token_dim`` axis runs along those
+tokens). A lookup returns the longest common prefix between a token sequence and the tree, at token
+granularity (a match may end in the middle of an edge: only that part of the node's KV is used). The
+KV of a token depends only on the tokens before it, so any prefix of a cached sequence is exact: reuse
+stops exactly at the first differing token, which is how a truncated conversation rolls back.
+
+Memory is bounded by ``max_bytes``: least-recently-used leaves are evicted first; pinned leaves
+(conversations that will come back) are evicted only when nothing else is left. Pins never affect
+correctness, only what stays cached.
+
+The cache is not thread-safe: the engine uses it from its scheduler thread only (``stats`` may be read
+from anywhere).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+KVSource = Callable[[int, int], torch.Tensor]
+"""``source(start, stop)`` returns the KV of tokens [start, stop) (it is copied by the cache)."""
+
+
+class RadixNode:
+    __slots__ = ("key", "kv", "children", "parent", "last_access", "pins", "nbytes", "__weakref__")
+
+    def __init__(self, key: tuple[int, ...], kv: torch.Tensor | None, parent: "RadixNode | None") -> None:
+        self.key = key
+        self.kv = kv
+        self.children: dict[int, RadixNode] = {}
+        self.parent = parent
+        self.last_access = 0
+        self.pins = 0
+        self.nbytes = 0 if kv is None else kv.numel() * kv.element_size()
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"RadixNode(len={len(self.key)}, children={len(self.children)}, pins={self.pins})"
+
+
+@dataclass
+class PrefixMatch:
+    """The longest cached prefix of a sequence: ``length`` tokens, found in ``parts``.
+
+    ``parts`` is a list of (node, n): the first ``n`` tokens of ``node``'s edge, in sequence order.
+    """
+
+    length: int = 0
+    parts: list[tuple[RadixNode, int]] = field(default_factory=list)
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0            # lookups that reused at least one token
+    misses: int = 0          # lookups that reused nothing
+    hit_tokens: int = 0      # tokens reused
+    miss_tokens: int = 0     # tokens looked up but not found (so computed)
+    inserted_tokens: int = 0
+    evictions: int = 0       # nodes evicted
+    evicted_tokens: int = 0
+    pinned_evictions: int = 0  # evictions of a pinned node (budget too small for the pins)
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int, *, token_dim: int = 3) -> None:
+        self.max_bytes = int(max_bytes)
+        self.token_dim = token_dim
+        self.root = RadixNode((), None, None)
+        self.bytes_used = 0
+        self.num_nodes = 0
+        self.num_tokens = 0
+        self.stats = CacheStats()
+        self._clock = itertools.count(1)
+
+    # -- lookup ---------------------------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], *, max_length: int | None = None, record: bool = True) -> PrefixMatch:
+        """Longest cached prefix of ``tokens`` (at most ``max_length`` tokens); touches the nodes (LRU)."""
+        limit = len(tokens) if max_length is None else max(0, min(len(tokens), max_length))
+        result = PrefixMatch()
+        node = self.root
+        i = 0
+        now = next(self._clock)
+        while i < limit:
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            key = child.key
+            n = min(len(key), limit - i)
+            c = 0
+            while c < n and key[c] == tokens[i + c]:
+                c += 1
+            if c == 0:  # pragma: no cover - children are keyed by their first token
+                break
+            child.last_access = now
+            result.parts.append((child, c))
+            i += c
+            if c < len(key):
+                break
+            node = child
+        # Touch the ancestors too, so a path in use never looks older than its leaves.
+        for part, _ in result.parts:
+            part.last_access = now
+        result.length = i
+        if record:
+            if i > 0:
+                self.stats.hits += 1
+            else:
+                self.stats.misses += 1
+            self.stats.hit_tokens += i
+            self.stats.miss_tokens += len(tokens) - i
+        return result
+
+    def gather(self, match: PrefixMatch) -> list[torch.Tensor]:
+        """The KV pieces of a match, in order (views: copy them before the cache changes)."""
+        out = []
+        for node, n in match.parts:
+            kv = node.kv
+            out.append(kv if n == len(node.key) else kv.narrow(self.token_dim, 0, n))
+        return out
+
+    # -- insertion ------------------------------------------------------------------------------------
+    def _split(self, node: RadixNode, c: int) -> RadixNode:
+        """Split ``node``'s edge after ``c`` tokens; returns the new upper node. ``node`` keeps the tail,
+        so pins and identities held on it still mean "the sequence ending where it ends"."""
+        parent = node.parent
+        assert parent is not None and 0 < c < len(node.key)
+        td = self.token_dim
+        upper = RadixNode(node.key[:c], node.kv.narrow(td, 0, c).clone(), parent)
+        tail_kv = node.kv.narrow(td, c, len(node.key) - c).clone()
+        self.bytes_used -= node.nbytes
+        node.key = node.key[c:]
+        node.kv = tail_kv
+        node.nbytes = tail_kv.numel() * tail_kv.element_size()
+        self.bytes_used += node.nbytes + upper.nbytes
+        upper.last_access = node.last_access
+        parent.children[upper.key[0]] = upper
+        upper.children[node.key[0]] = node
+        node.parent = upper
+        self.num_nodes += 1
+        return upper
+
+    def insert(self, tokens: Sequence[int], source: KVSource, *, pin: bool = False) -> RadixNode | None:
+        """Cache the KV of ``tokens`` (the part not cached yet is read from ``source`` and copied).
+
+        Returns the node where the sequence ends (pinned once more if ``pin``), or None for an empty
+        sequence or when the budget cannot hold it.
+        """
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens:
+            return None
+        now = next(self._clock)
+        node = self.root
+        i = 0
+        end_node: RadixNode | None = None
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                kv = source(i, len(tokens)).clone().contiguous()
+                if kv.shape[self.token_dim] != len(tokens) - i:
+                    raise ValueError(
+                        f"KV source returned {kv.shape[self.token_dim]} tokens, expected {len(tokens) - i}"
+                    )
+                leaf = RadixNode(tokens[i:], kv, node)
+                leaf.last_access = now
+                node.children[tokens[i]] = leaf
+                self.bytes_used += leaf.nbytes
+                self.num_nodes += 1
+                self.num_tokens += len(leaf.key)
+                self.stats.inserted_tokens += len(leaf.key)
+                end_node = leaf
+                break
+            key = child.key
+            n = min(len(key), len(tokens) - i)
+            c = 0
+            while c < n and key[c] == tokens[i + c]:
+                c += 1
+            child.last_access = now
+            if c < len(key) and i + c < len(tokens):
+                # Diverges inside this edge: split it, then add a new branch below the split point.
+                node = self._split(child, c)
+                node.last_access = now
+                i += c
+                continue
+            i += c
+            node = child
+            if i == len(tokens):
+                end_node = child  # the sequence ends at or inside this edge: already cached
+        if end_node is None:  # pragma: no cover
+            return None
+        if pin:
+            end_node.pins += 1
+        self.evict_to_budget()
+        if end_node.parent is None and end_node is not self.root:
+            # Evicted at once (budget smaller than this sequence).
+            return None
+        return end_node
+
+    # -- pins -----------------------------------------------------------------------------------------
+    def pin(self, node: RadixNode) -> None:
+        node.pins += 1
+
+    def unpin(self, node: RadixNode | None) -> None:
+        if node is not None and node.pins > 0:
+            node.pins -= 1
+
+    def is_cached(self, node: RadixNode) -> bool:
+        """Whether ``node`` is still in the tree (not evicted)."""
+        while node.parent is not None:
+            if node.parent.children.get(node.key[0]) is not node:
+                return False
+            node = node.parent
+        return node is self.root
+
+    # -- eviction -------------------------------------------------------------------------------------
+    def _leaves(self) -> list[RadixNode]:
+        out = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(n.children.values())
+            elif n is not self.root:
+                out.append(n)
+        return out
+
+    def _remove_leaf(self, leaf: RadixNode) -> None:
+        parent = leaf.parent
+        assert parent is not None and not leaf.children
+        del parent.children[leaf.key[0]]
+        leaf.parent = None
+        self.bytes_used -= leaf.nbytes
+        self.num_nodes -= 1
+        self.num_tokens -= len(leaf.key)
+        self.stats.evictions += 1
+        self.stats.evicted_tokens += len(leaf.key)
+        if leaf.pins:
+            self.stats.pinned_evictions += 1
+        leaf.kv = None
+
+    def evict(self, nbytes: int) -> int:
+        """Evict LRU leaves (unpinned first) until ``nbytes`` are freed; returns the bytes freed."""
+        freed = 0
+        for pinned_pass in (False, True):
+            if freed >= nbytes:
+                break
+            heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if (leaf.pins > 0) == pinned_pass]
+            heapq.heapify(heap)
+            while heap and freed < nbytes:
+                _, _, leaf = heapq.heappop(heap)
+                parent = leaf.parent
+                freed += leaf.nbytes
+                self._remove_leaf(leaf)
+                if parent is not None and parent is not self.root and not parent.children:
+                    if (parent.pins > 0) == pinned_pass:
+                        heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    def evict_to_budget(self) -> None:
+        if self.bytes_used > self.max_bytes:
+            self.evict(self.bytes_used - self.max_bytes)
+
+    def clear(self) -> None:
+        self.evict(self.bytes_used + 1)
+
+    def snapshot(self) -> dict[str, float]:
+        s = self.stats
+        return {
+            "cache_hits": s.hits,
+            "cache_misses": s.misses,
+            "cache_hit_tokens": s.hit_tokens,
+            "cache_miss_tokens": s.miss_tokens,
+            "cache_inserted_tokens": s.inserted_tokens,
+            "cache_evictions": s.evictions,
+            "cache_evicted_tokens": s.evicted_tokens,
+            "cache_pinned_evictions": s.pinned_evictions,
+            "cache_bytes": self.bytes_used,
+            "cache_budget_bytes": self.max_bytes,
+            "cache_nodes": self.num_nodes,
+            "cache_tokens": self.num_tokens,
+        }

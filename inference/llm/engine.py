@@ -1,0 +1,692 @@
+"""One LLM engine for all sessions: continuous batching, shared prefix KV cache, conversation cache,
+early prefill, cancellation and backpressure.
+
+Threads: the event loop calls :meth:`LLMEngine.submit` / :meth:`LLMEngine.prefill` (non-blocking: they
+only enqueue); one scheduler thread owns the model, the KV buffers and the prefix cache. Every step it
+
+1. drops cancelled requests and admits queued ones up to ``max_batch_size`` (prefix-cache lookup:
+   the longest cached prefix of the prompt is copied into the request's own KV buffer);
+2. builds one ragged batch: one token per decoding request plus prompt chunks of prefilling requests
+   (at most ``prefill_chunk_tokens`` prompt tokens per step, so a long prompt never stalls the others);
+3. runs one forward pass (:mod:`.forward`), samples one token for every row that needs it
+   (:mod:`.sampling`), and hands text deltas to the event loop with ``call_soon_threadsafe``.
+
+A request that finishes (any reason) leaves the KV of its prompt + generated tokens in the prefix cache.
+With a ``conversation_id`` that KV is also pinned for the conversation until its next request or
+:meth:`LLMEngine.end_conversation`. Reuse is always by token content (longest common prefix), so a
+truncated conversation reuses exactly the KV of the kept tokens and recomputes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import AsyncIterator, Literal, Sequence
+
+import torch
+
+from .cache import PrefixCache, RadixNode
+from .forward import KVBuffer, LeanForward, Segment
+from .loader import LoadedLM
+from .sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7  # 0 => greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 => off
+    repetition_penalty: float = 1.1
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()  # stop strings; never emitted to the client
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch_size: int = 16
+    max_queued_requests: int = 64
+    prefill_chunk_tokens: int = 256
+    prefix_cache_bytes: int = 1 << 30
+
+
+class EngineOverloaded(Exception):
+    """The admission queue is full. Map it to HTTP 429/503 with ``Retry-After`` or a WebSocket error event."""
+
+    def __init__(self, retry_after_s: float, message: str | None = None) -> None:
+        self.retry_after_s = float(retry_after_s)
+        super().__init__(message or f"LLM engine overloaded: admission queue full; retry after {retry_after_s:.1f} s")
+
+
+class EngineClosed(Exception):
+    """The engine is closed (or closing): no new requests."""
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # every sampled token, the final EOS token included
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    submitted_at: float
+    first_token_at: float | None
+    finished_at: float  # time.monotonic()
+
+
+_END = object()
+
+
+class GenerationStream:
+    """The client side of one generation request (lives on the event loop)."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._result: asyncio.Future = loop.create_future()
+        self._request: _Request | None = None
+        self._engine: LLMEngine | None = None
+
+    # Called on the event loop (scheduled by the scheduler thread).
+    def _deliver(self, delta: str | None, result: GenerationResult | None, error: BaseException | None) -> None:
+        if delta:
+            self._queue.put_nowait(delta)
+        if error is not None:
+            self._queue.put_nowait(error)
+            if not self._result.done():
+                self._result.set_exception(error)
+                self._result.exception()  # mark retrieved: the iterator may be the one that reports it
+        elif result is not None:
+            self._queue.put_nowait(_END)
+            if not self._result.done():
+                self._result.set_result(result)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[str]:
+        while True:
+            if self._result.done() and self._queue.empty():
+                if self._result.exception() is not None:
+                    raise self._result.exception()
+                return
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def result(self) -> GenerationResult:
+        return await asyncio.shield(self._result)
+
+    def cancel(self) -> None:
+        """Thread-safe, idempotent: generation stops at the next step (finish_reason "cancelled")."""
+        req, engine = self._request, self._engine
+        if req is not None and not req.cancelled:
+            req.cancel_at = time.monotonic()
+            req.cancelled = True
+            if engine is not None:
+                engine._wake()
+
+
+class _Request:
+    __slots__ = (
+        "id", "kind", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
+        "kv", "cached", "prefilled", "generated", "sampler", "detok", "stopper", "emitted_text",
+        "cancelled", "submitted_at", "first_token_at", "max_new", "finished", "admitted_at", "cancel_at",
+    )
+
+    def __init__(self, rid: str, kind: str, prompt: list[int], params: SamplingParams | None,
+                 conversation_id: str | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = rid
+        self.kind = kind  # "generate" | "prefill"
+        self.prompt = prompt
+        self.params = params
+        self.conversation_id = conversation_id
+        self.loop = loop
+        self.stream: GenerationStream | None = None
+        self.future: asyncio.Future | None = None
+        self.tokens: list[int] = list(prompt)  # prompt + generated
+        self.kv: KVBuffer | None = None
+        self.cached = 0  # prompt tokens reused from the prefix cache
+        self.prefilled = False
+        self.generated: list[int] = []
+        self.sampler: RowSampler | None = None
+        self.detok: IncrementalDetokenizer | None = None
+        self.stopper: StopChecker | None = None
+        self.emitted_text: list[str] = []
+        self.cancelled = False
+        self.cancel_at = 0.0
+        self.submitted_at = time.monotonic()
+        self.admitted_at = 0.0
+        self.first_token_at: float | None = None
+        self.max_new = 0
+        self.finished = False
+
+    @property
+    def computed(self) -> int:
+        return 0 if self.kv is None else self.kv.length
+
+
+class LLMEngine:
+    def __init__(self, lm: LoadedLM, config: EngineConfig = EngineConfig()) -> None:
+        if config.max_batch_size < 1 or config.max_queued_requests < 1 or config.prefill_chunk_tokens < 1:
+            raise ValueError(f"invalid engine config: {config}")
+        self.lm = lm
+        self.config = config
+        self.fwd = LeanForward.for_model(lm.model, lm.context_window)
+        self.cache = PrefixCache(config.prefix_cache_bytes, token_dim=3)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[_Request] = deque()
+        self._active: list[_Request] = []
+        self._pins: dict[str, RadixNode] = {}
+        self._conv_ops: deque[tuple[str, str]] = deque()  # (op, conversation_id) done on the scheduler thread
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._eos = lm.eos_token_ids
+        self._vocab = self.fwd.vocab_size
+        # Counters (written by the scheduler thread, read anywhere).
+        self._steps = 0
+        self._tokens_generated = 0
+        self._prefill_tokens = 0
+        self._requests_finished = 0
+        self._requests_cancelled = 0
+        self._requests_failed = 0
+        self._requests_rejected = 0
+        self._step_seconds = 0.0
+        self._avg_request_s = 2.0
+        self._last_free_latency = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            if self._thread is not None:
+                return
+            self._running = True
+            self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            if self._closed and self._thread is None:
+                return
+            self._closed = True
+            self._running = False
+            for r in list(self._queue) + list(self._active):
+                r.cancelled = True
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                log.warning("LLM engine thread did not stop within %.1f s", timeout)
+            self._thread = None
+        # Requests the thread did not get to (never started, or stopped): finish them here.
+        with self._lock:
+            leftovers = list(self._queue) + list(self._active)
+            self._queue.clear()
+            self._active.clear()
+        for r in leftovers:
+            self._finish(r, "cancelled")
+
+    def __enter__(self) -> "LLMEngine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- submission (event loop thread) ----------------------------------------------------------------
+    def _validate_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("empty prompt")
+        bad = [t for t in prompt if t < 0 or t >= self._vocab]
+        if bad:
+            raise ValueError(f"token ids out of the vocabulary (0..{self._vocab - 1}): {bad[:5]}")
+        if len(prompt) >= self.lm.context_window:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens does not fit the context window of {self.lm.context_window} tokens"
+            )
+        return prompt
+
+    def _enqueue(self, req: _Request) -> None:
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("engine is closed")
+            if len(self._queue) >= self.config.max_queued_requests:
+                self._requests_rejected += 1
+                raise EngineOverloaded(self._retry_after())
+            self._queue.append(req)
+            self._cond.notify_all()
+
+    def _retry_after(self) -> float:
+        per_slot = self._avg_request_s / max(1, self.config.max_batch_size)
+        return float(min(30.0, max(0.5, per_slot * (len(self._queue) + 1))))
+
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *,
+        conversation_id: str | None = None,
+    ) -> GenerationStream:
+        """Queue a generation; returns at once. Raises EngineOverloaded / EngineClosed / ValueError."""
+        loop = asyncio.get_running_loop()
+        prompt = self._validate_prompt(prompt_ids)
+        if params.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        rid = f"gen-{next(self._ids)}"
+        req = _Request(rid, "generate", prompt, params, conversation_id, loop)
+        req.max_new = min(params.max_tokens, self.lm.context_window - len(prompt))
+        # Build the sampler now: invalid parameters fail here, on the caller's side.
+        req.sampler = RowSampler(
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            repetition_penalty=params.repetition_penalty, seed=params.seed, prompt_ids=prompt,
+            device=self.fwd.device,
+        )
+        req.detok = IncrementalDetokenizer(self.lm.tokenizer)
+        req.stopper = StopChecker(tuple(params.stop))
+        stream = GenerationStream(rid, loop)
+        stream._request = req
+        stream._engine = self
+        req.stream = stream
+        self._enqueue(req)
+        return stream
+
+    def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str) -> "asyncio.Future[int]":
+        """Compute (and pin for the conversation) the KV of ``prompt_ids`` ahead of the request.
+
+        Resolves to the number of tokens whose KV this call computed (0 when all were cached).
+        Cancelling the returned future cancels the prefill.
+        """
+        loop = asyncio.get_running_loop()
+        prompt = self._validate_prompt(prompt_ids)
+        req = _Request(f"pre-{next(self._ids)}", "prefill", prompt, None, conversation_id, loop)
+        fut = loop.create_future()
+        req.future = fut
+
+        def _on_done(f: asyncio.Future) -> None:
+            if f.cancelled():
+                req.cancelled = True
+                self._wake()
+
+        fut.add_done_callback(_on_done)
+        self._enqueue(req)
+        return fut
+
+    def end_conversation(self, conversation_id: str) -> None:
+        """Unpin the conversation's KV (it stays cached as an ordinary LRU entry)."""
+        with self._cond:
+            self._conv_ops.append(("end", conversation_id))
+            self._cond.notify_all()
+        if self._thread is None:
+            self._apply_conv_ops()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prefix (pins included) at the next step boundary."""
+        with self._cond:
+            self._conv_ops.append(("clear", ""))
+            self._cond.notify_all()
+        if self._thread is None:
+            self._apply_conv_ops()
+
+    def stats(self) -> dict[str, float]:
+        s = dict(self.cache.snapshot())
+        steps = self._steps
+        s.update(
+            queue_depth=len(self._queue),
+            active=len(self._active),
+            conversations_pinned=len(self._pins),
+            steps=steps,
+            tokens_generated=self._tokens_generated,
+            prefill_tokens=self._prefill_tokens,
+            requests_finished=self._requests_finished,
+            requests_cancelled=self._requests_cancelled,
+            requests_failed=self._requests_failed,
+            requests_rejected=self._requests_rejected,
+            step_seconds_total=self._step_seconds,
+            avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
+            last_cancel_free_ms=self._last_free_latency * 1000.0,
+        )
+        return s
+
+    # -- scheduler thread ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while self._running and not self._queue and not self._active and not self._conv_ops:
+                    self._cond.wait()
+                if not self._running:
+                    break
+            try:
+                self._apply_conv_ops()
+                self._drop_cancelled()
+                self._admit()
+                if self._active:
+                    self._step()
+            except Exception:  # pragma: no cover - a bug; keep serving
+                log.exception("LLM engine step failed")
+        log.debug("LLM engine thread stopped")
+
+    def _apply_conv_ops(self) -> None:
+        while True:
+            with self._lock:
+                if not self._conv_ops:
+                    return
+                op, conv = self._conv_ops.popleft()
+            if op == "end":
+                node = self._pins.pop(conv, None)
+                self.cache.unpin(node)
+            elif op == "clear":
+                for node in self._pins.values():
+                    self.cache.unpin(node)
+                self._pins.clear()
+                self.cache.clear()
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            queued = [r for r in self._queue if r.cancelled]
+            for r in queued:
+                self._queue.remove(r)
+            active = [r for r in self._active if r.cancelled]
+            if active:
+                self._active = [r for r in self._active if not r.cancelled]
+        for r in queued + active:
+            self._finish(r, "cancelled")
+
+    def _admit(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue or len(self._active) >= self.config.max_batch_size:
+                    return
+                req = self._queue.popleft()
+            try:
+                self._start_request(req)
+            except Exception as exc:
+                log.exception("admission of %s failed", req.id)
+                self._fail(req, exc)
+                continue
+            if req.kind == "prefill" and req.kv.length == len(req.prompt):
+                req.prefilled = True  # everything was cached already
+                self._finish(req, "stop")
+                continue
+            with self._lock:
+                self._active.append(req)
+
+    def _start_request(self, req: _Request) -> None:
+        req.admitted_at = time.monotonic()
+        n = len(req.prompt)
+        # A generation must compute at least its last prompt token (its logits give the first token).
+        limit = n - 1 if req.kind == "generate" else n
+        match = self.cache.match(req.prompt, max_length=limit)
+        extra = min(req.max_new, 64) if req.kind == "generate" else 0
+        kv = self.fwd.new_kv(n + extra)
+        pos = 0
+        for piece in self.cache.gather(match):
+            kv.write(pos, piece)
+            pos += piece.shape[3]
+        req.kv = kv
+        req.cached = match.length
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        budget = self.config.prefill_chunk_tokens
+        segs: list[Segment] = []
+        rows: list[_Request] = []  # requests in segment order
+        feed: list[int] = []
+        positions: list[int] = []
+        logit_rows: list[int] = []
+        sample_reqs: list[_Request] = []
+        done_prefill: list[_Request] = []
+        r0 = 0
+        # Decoding requests first (one token each), then prompt chunks within the budget.
+        for req in self._active:
+            if req.prefilled:
+                p = req.kv.length
+                feed.append(req.tokens[p])
+                positions.append(p)
+                segs.append(Segment(req.kv, p, 1))
+                rows.append(req)
+                logit_rows.append(r0)
+                sample_reqs.append(req)
+                r0 += 1
+        for req in self._active:
+            if req.prefilled or budget <= 0:
+                continue
+            p = req.kv.length
+            n = min(len(req.prompt) - p, budget)
+            budget -= n
+            feed.extend(req.prompt[p : p + n])
+            positions.extend(range(p, p + n))
+            segs.append(Segment(req.kv, p, n))
+            rows.append(req)
+            if p + n == len(req.prompt):
+                done_prefill.append(req)
+                if req.kind == "generate":
+                    logit_rows.append(r0 + n - 1)
+                    sample_reqs.append(req)
+            r0 += n
+        if not segs:
+            return
+        logits = self._forward(segs, rows, feed, positions, logit_rows)
+        if logits is None:  # every request in the step failed
+            return
+        failed = {id(r) for r, ok in logits[1].items() if not ok}
+        logits = logits[0]
+        self._steps += 1
+        self._prefill_tokens += sum(s.n for s, r in zip(segs, rows) if not r.prefilled)
+        for req in done_prefill:
+            if id(req) in failed:
+                continue
+            req.prefilled = True
+            # The prompt's KV goes to the shared cache as soon as it exists: concurrent requests with
+            # the same prefix (system prompt) reuse it without waiting for this one to finish.
+            self._cache_insert(req, len(req.prompt), pin=False)
+            if req.kind == "prefill":
+                self._finish(req, "stop")
+        now = time.monotonic()
+        finished: list[tuple[_Request, FinishReason]] = []
+        if sample_reqs:
+            keep = [i for i, r in enumerate(sample_reqs) if id(r) not in failed]
+            if len(keep) != len(sample_reqs):
+                logits = logits[keep]
+                sample_reqs = [sample_reqs[i] for i in keep]
+            try:
+                toks = sample_rows(logits, [r.sampler for r in sample_reqs])
+            except Exception:
+                toks = []
+                for i, r in enumerate(sample_reqs):
+                    try:
+                        toks.append(r.sampler.sample(logits[i]))
+                    except Exception as exc:
+                        self._fail(r, exc)
+                        toks.append(-1)
+            for req, tok in zip(sample_reqs, toks):
+                if tok < 0 or req.finished:
+                    continue
+                try:
+                    reason = self._accept_token(req, tok, now)
+                except Exception as exc:
+                    log.exception("request %s failed after sampling", req.id)
+                    self._fail(req, exc)
+                    continue
+                if reason is not None:
+                    finished.append((req, reason))
+        for req, reason in finished:
+            self._finish(req, reason)
+        with self._lock:
+            self._active = [r for r in self._active if not r.finished]
+        self._step_seconds += time.perf_counter() - t0
+
+    def _forward(self, segs, rows, feed, positions, logit_rows):
+        """Run the step; if it fails, find the culprit by running each request alone (the KV writes of
+        a step are idempotent: nothing is committed before the pass completes)."""
+        dev = self.fwd.device
+        for s in segs:
+            s.kv.ensure_capacity(s.start + s.n)
+        try:
+            out = self.fwd.forward(
+                torch.tensor(feed, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev),
+                segs, logit_rows,
+            )
+            return out, {id(r): True for r in rows}
+        except Exception as exc:
+            if len(segs) == 1:
+                log.exception("forward failed for %s", rows[0].id)
+                self._fail(rows[0], exc)
+                return None
+            log.exception("batched forward failed; retrying requests one by one")
+        ok: dict[int, bool] = {}
+        pieces = []
+        r0 = 0
+        for seg, req in zip(segs, rows):
+            local = [lr - r0 for lr in logit_rows if r0 <= lr < r0 + seg.n]
+            try:
+                out = self.fwd.forward(
+                    torch.tensor(feed[r0 : r0 + seg.n], dtype=torch.long, device=dev),
+                    torch.tensor(positions[r0 : r0 + seg.n], dtype=torch.long, device=dev),
+                    [seg], local,
+                )
+                ok[id(req)] = True
+                pieces.append(out)
+            except Exception as exc:
+                self._fail(req, exc)
+                ok[id(req)] = False
+                if local:
+                    pieces.append(None)
+            r0 += seg.n
+        good = [p for p in pieces if p is not None and p.shape[0]]
+        logits = torch.cat(good) if good else torch.empty((0, self._vocab), device=dev)
+        # Keep rows aligned with the surviving sampling requests.
+        return logits, ok
+
+    def _accept_token(self, req: _Request, tok: int, now: float) -> FinishReason | None:
+        if req.first_token_at is None:
+            req.first_token_at = now
+        req.generated.append(tok)
+        req.tokens.append(tok)
+        req.sampler.observe(tok)
+        self._tokens_generated += 1
+        if tok in self._eos:
+            self._emit(req, req.stopper.feed(req.detok.flush())[0] + req.stopper.flush())
+            return "stop"
+        out, stopped = req.stopper.feed(req.detok.push(tok))
+        if stopped:
+            self._emit(req, out)
+            return "stop"
+        if len(req.generated) >= req.max_new:
+            tail, stopped = req.stopper.feed(req.detok.flush())
+            self._emit(req, out + tail + ("" if stopped else req.stopper.flush()))
+            return "stop" if stopped else "length"
+        self._emit(req, out)
+        return None
+
+    def _emit(self, req: _Request, delta: str) -> None:
+        if not delta:
+            return
+        req.emitted_text.append(delta)
+        self._call(req, req.stream._deliver, delta, None, None)
+
+    def _call(self, req: _Request, fn, *args) -> None:
+        try:
+            req.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            req.cancelled = True
+
+    def _cache_insert(self, req: _Request, upto: int, *, pin: bool) -> RadixNode | None:
+        if req.kv is None or upto <= 0:
+            return None
+        upto = min(upto, req.kv.length)
+        kv = req.kv
+        return self.cache.insert(req.tokens[:upto], lambda a, b: kv.slice(a, b), pin=pin)
+
+    def _finish(self, req: _Request, reason: FinishReason) -> None:
+        if req.finished:
+            return
+        req.finished = True
+        now = time.monotonic()
+        if reason == "cancelled":
+            self._requests_cancelled += 1
+        self._requests_finished += 1
+        try:
+            if req.kv is not None and req.kv.length > 0:
+                node = self._cache_insert(req, req.kv.length, pin=req.conversation_id is not None)
+                if req.conversation_id is not None:
+                    old = self._pins.pop(req.conversation_id, None)
+                    if node is not None:
+                        self._pins[req.conversation_id] = node
+                    self.cache.unpin(old)
+        except Exception:  # pragma: no cover - caching is best effort
+            log.exception("caching the KV of %s failed", req.id)
+        computed = req.computed
+        req.kv = None  # free the request's KV buffer
+        if req.cancelled and req.admitted_at and req.cancel_at:
+            self._last_free_latency = max(0.0, time.monotonic() - req.cancel_at)
+        dur = now - req.submitted_at
+        self._avg_request_s = 0.9 * self._avg_request_s + 0.1 * dur
+        if req.kind == "prefill":
+            fut = req.future
+            if reason == "cancelled":
+                self._call(req, _cancel_future, fut)
+            else:
+                self._call(req, _resolve_future, fut, max(0, computed - req.cached))
+            return
+        result = GenerationResult(
+            text="".join(req.emitted_text),
+            token_ids=list(req.generated),
+            finish_reason=reason,
+            prompt_tokens=len(req.prompt),
+            completion_tokens=len(req.generated),
+            cached_prompt_tokens=req.cached,
+            submitted_at=req.submitted_at,
+            first_token_at=req.first_token_at,
+            finished_at=now,
+        )
+        self._call(req, req.stream._deliver, None, result, None)
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        if req.finished:
+            return
+        req.finished = True
+        req.kv = None
+        self._requests_failed += 1
+        if req.kind == "prefill":
+            self._call(req, _fail_future, req.future, exc)
+        else:
+            self._call(req, req.stream._deliver, None, None, exc)
+
+
+def _resolve_future(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _cancel_future(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.cancel()
+
+
+def _fail_future(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,207 @@
+"""Load a causal LM once: a transformers folder, or a GGUF file converted once into a safetensors cache.
+
+Loading a GGUF file through transformers takes ~20 s here (parsing its metadata and de-quantizing), so
+the first load converts it into ``cache_dir/<stem>-<hash of size+mtime>/`` with ``save_pretrained`` and
+every later load reads that folder (< 1-2 s). The cache folder is written to a temporary directory and
+renamed into place, so a crash never leaves a half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+_EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+@dataclass
+class LoadedLM:
+    model: "PreTrainedModel"
+    tokenizer: "PreTrainedTokenizerBase"
+    device: torch.device
+    dtype: torch.dtype
+    context_window: int  # model's max positions, capped by the caller's setting
+    eos_token_ids: frozenset[int]  # from generation config + tokenizer (e.g. <|im_end|>)
+    source: Path
+    load_seconds: float
+    converted: bool  # True when this load did the GGUF -> safetensors conversion
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} was asked for, but torch sees no GPU")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        # CUDA: bfloat16. CPU: float32. Measured on this 2-vCPU Xeon (avx512_bf16), with the lean
+        # engine: see benchmarks/engine_options.py and the engine docs. bfloat16 halves the weight
+        # bytes, but the CPU kernels for small bf16 matmuls (M=1..16 rows) do not reach the
+        # bandwidth bound, and greedy outputs drift from float32 ones after a few dozen tokens;
+        # float32 was the faster *and* exact choice for the default.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {
+        "float32": torch.float32, "fp32": torch.float32,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+        "float16": torch.float16, "fp16": torch.float16,
+    }
+    try:
+        return table[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def gguf_cache_folder(path: Path, cache_dir: Path) -> Path:
+    """Where the converted copy of ``path`` lives: keyed by name, size and mtime of the GGUF file."""
+    st = path.stat()
+    digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"{path.stem}-{digest}"
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def _convert_gguf(path: Path, target: Path) -> None:
+    """GGUF -> safetensors (float32, de-quantized) + tokenizer, written atomically into ``target``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    t1 = time.perf_counter()
+    log.info("GGUF tokenizer parsed in %.2f s", t1 - t0)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    t2 = time.perf_counter()
+    log.info("GGUF model parsed and de-quantized in %.2f s", t2 - t1)
+    # save_pretrained refuses a model loaded from GGUF while it still carries the quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target):  # pragma: no cover - a non-empty leftover that is not a cache
+                raise
+            log.info("another process converted %s first; using its copy", path.name)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("GGUF converted to %s in %.2f s (save %.2f s)", target, time.perf_counter() - t0,
+             time.perf_counter() - t2)
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+
+    def add(value) -> None:
+        if value is None:
+            return
+        if isinstance(value, (list, tuple, set, frozenset)):
+            for v in value:
+                add(v)
+        else:
+            ids.add(int(value))
+
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        add(gen.eos_token_id)
+    add(model.config.eos_token_id)
+    add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    template = getattr(tokenizer, "chat_template", None) or ""
+    for tok in _EXTRA_EOS_TOKENS:
+        # A chat model ends its turn with the template's end-of-turn marker.
+        if tok in vocab and tok in template:
+            ids.add(int(vocab[tok]))
+    return frozenset(ids)
+
+
+def load_lm(
+    path: Path,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    cache_dir: Path,
+    threads: int = 0,
+    max_context_tokens: int = 0,
+) -> LoadedLM:
+    """Load the model at ``path`` (a .gguf file or a transformers folder) for inference."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t_start = time.perf_counter()
+    path = Path(path).expanduser()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dev = _resolve_device(device)
+    dt = _resolve_dtype(dtype, dev)
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+
+    converted = False
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a transformers folder")
+        folder = gguf_cache_folder(path, Path(cache_dir).expanduser())
+        if not _is_complete(folder):
+            log.info("converting %s once into %s", path.name, folder)
+            _convert_gguf(path, folder)
+            converted = True
+    else:
+        folder = path
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json; not a transformers model folder")
+
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    t1 = time.perf_counter()
+    log.info("tokenizer loaded in %.2f s", t1 - t0)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, attn_implementation="sdpa")
+    model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    t2 = time.perf_counter()
+    log.info("model loaded in %.2f s (%s, %s)", t2 - t1, dev, dt)
+
+    window = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
+    if max_context_tokens > 0:
+        window = min(window, int(max_context_tokens))
+    lm = LoadedLM(
+        model=model,
+        tokenizer=tokenizer,
+        device=dev,
+        dtype=dt,
+        context_window=window,
+        eos_token_ids=_eos_ids(model, tokenizer),
+        source=path,
+        load_seconds=time.perf_counter() - t_start,
+        converted=converted,
+    )
+    log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
+             sorted(lm.eos_token_ids))
+    return lm

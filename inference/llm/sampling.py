@@ -1,0 +1,227 @@
+"""Per-request sampling inside a batch, incremental detokenization and stop strings.
+
+Each row of a step's logits belongs to one request with its own parameters. The processors follow
+transformers' order and definitions (repetition penalty over prompt + generated tokens, temperature,
+top-k, top-p), so a request gives the same tokens as ``generate()`` would with the same settings.
+A seeded request draws from its own ``torch.Generator``, one draw per token, so its output does not
+depend on what else runs in the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+class RowSampler:
+    """Sampling state of one request: its parameters, generator and the token ids seen so far."""
+
+    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids", "_dirty")
+
+    def __init__(
+        self,
+        *,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        repetition_penalty: float,
+        seed: int | None,
+        prompt_ids: Sequence[int],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.repetition_penalty = float(repetition_penalty)
+        self.generator: torch.Generator | None = None
+        if not self.greedy:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(int(seed) if seed is not None else random.getrandbits(63))
+        self.seen: set[int] = set(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else set()
+        self._seen_ids: torch.Tensor | None = None
+        self._dirty = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def observe(self, token_id: int) -> None:
+        if self.repetition_penalty != 1.0 and token_id not in self.seen:
+            self.seen.add(token_id)
+            self._dirty = True
+
+    def seen_ids(self, device: torch.device) -> torch.Tensor:
+        if self._dirty or self._seen_ids is None or self._seen_ids.device != device:
+            self._seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long, device=device)
+            self._dirty = False
+        return self._seen_ids
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply the logits processors to one row (``[V]``, float32); returns the processed row."""
+        if self.repetition_penalty != 1.0 and self.seen:
+            ids = self.seen_ids(logits.device)
+            score = logits.gather(0, ids)
+            p = self.repetition_penalty
+            score = torch.where(score < 0, score * p, score / p)
+            logits = logits.scatter(0, ids, score)
+        if self.greedy:
+            return logits
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        if self.top_k > 0 and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sorted_logits, sorted_idx = torch.sort(logits, descending=False)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            remove = cum <= (1 - self.top_p)
+            remove[-1] = False  # always keep the most likely token
+            logits = logits.scatter(0, sorted_idx, sorted_logits.masked_fill(remove, float("-inf")))
+        return logits
+
+    def sample(self, logits: torch.Tensor) -> int:
+        row = self.process(logits)
+        if self.greedy:
+            return int(torch.argmax(row))
+        probs = torch.softmax(row, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[int]:
+    """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler."""
+    if logits.shape[0] != len(samplers):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
+    # Fast path: rows that are plain greedy (no penalty) share one argmax.
+    plain = [i for i, s in enumerate(samplers) if s.greedy and s.repetition_penalty == 1.0]
+    out: list[int] = [0] * len(samplers)
+    if plain:
+        if len(plain) == len(samplers):
+            return [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
+        idx = torch.argmax(logits[plain], dim=-1).tolist()
+        for i, t in zip(plain, idx):
+            out[i] = int(t)
+    plain_set = set(plain)
+    for i, s in enumerate(samplers):
+        if i not in plain_set:
+            out[i] = s.sample(logits[i])
+    return out
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas without ever cutting a UTF-8 character in two.
+
+    A delta is released only once the decoded text no longer ends in a replacement character (the
+    start of a multi-byte character whose other bytes are in later tokens). Text is decoded from a
+    short window of recent tokens, so each step costs O(1), not O(length).
+    """
+
+    __slots__ = ("tokenizer", "ids", "prefix_offset", "read_offset", "skip_special_tokens")
+
+    def __init__(self, tokenizer, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.skip_special_tokens = skip_special_tokens
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end), decoded as is."""
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        if len(new_text) > len(prefix_text):
+            return new_text[len(prefix_text) :].rstrip("\ufffd")
+        return ""
+
+
+@dataclass
+class StopChecker:
+    """Finds stop strings in generated text and holds back text that could be the start of one.
+
+    ``feed(delta)`` returns (text safe to emit now, stopped). Once stopped, the stop string and
+    everything after it are dropped; they are never emitted.
+    """
+
+    stops: tuple[str, ...] = ()
+    text: str = ""        # all text generated so far (before any cut)
+    emitted: int = 0      # characters of ``text`` already released
+    stopped: bool = False
+    _max_len: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.stops = tuple(s for s in self.stops if s)
+        self._max_len = max((len(s) for s in self.stops), default=0)
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not delta:
+            return "", False
+        self.text += delta
+        if not self.stops:
+            out = self.text[self.emitted :]
+            self.emitted = len(self.text)
+            return out, False
+        # A stop string can only start at or after ``emitted`` (a possible start is always held back).
+        search_from = self.emitted
+        first = -1
+        for s in self.stops:
+            pos = self.text.find(s, search_from)
+            if pos != -1 and (first == -1 or pos < first):
+                first = pos
+        if first != -1:
+            out = self.text[self.emitted : first]
+            self.emitted = first
+            self.text = self.text[:first]
+            self.stopped = True
+            return out, True
+        hold = self._held_back()
+        end = len(self.text) - hold
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out, False
+
+    def _held_back(self) -> int:
+        """Length of the longest suffix of the unreleased text that is a proper prefix of a stop string."""
+        tail = self.text[self.emitted :]
+        best = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(tail)), best, -1):
+                if tail.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        """Release the held-back text (the generation ended without completing a stop string)."""
+        if self.stopped:
+            return ""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out

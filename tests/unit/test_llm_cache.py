@@ -1,0 +1,126 @@
+"""Radix prefix cache, without a model: KV tensors whose values are the token ids they stand for."""
+
+from __future__ import annotations
+
+import torch
+
+from inference.llm.cache import PrefixCache
+
+BYTES_PER_TOKEN = 4 * 2  # float32, shape [1, 2, n]
+
+
+def kv_of(tokens):
+    """A fake KV for ``tokens``: [1, 2, n] float32, token dim 2; values identify the tokens."""
+    t = torch.tensor(tokens, dtype=torch.float32)
+    return torch.stack([t, -t]).unsqueeze(0)
+
+
+def source(tokens):
+    full = kv_of(tokens)
+    return lambda a, b: full[:, :, a:b]
+
+
+def gathered(cache, match):
+    pieces = cache.gather(match)
+    return torch.cat(pieces, dim=2) if pieces else torch.empty(1, 2, 0)
+
+
+def make(budget=1 << 20):
+    return PrefixCache(budget, token_dim=2)
+
+
+def test_match_empty_and_miss():
+    c = make()
+    m = c.match([1, 2, 3])
+    assert m.length == 0 and m.parts == []
+    assert c.stats.misses == 1 and c.stats.miss_tokens == 3
+
+
+def test_insert_and_longest_prefix_at_token_granularity():
+    c = make()
+    a = [1, 2, 3, 4, 5, 6]
+    c.insert(a, source(a))
+    m = c.match([1, 2, 3, 9, 9])
+    assert m.length == 3
+    assert torch.equal(gathered(c, m), kv_of([1, 2, 3]))
+    m = c.match(a + [7, 8])
+    assert m.length == 6
+    assert torch.equal(gathered(c, m), kv_of(a))
+    assert c.match(a, max_length=4).length == 4
+    assert c.stats.hits == 3 and c.stats.hit_tokens == 3 + 6 + 4
+
+
+def test_split_keeps_contents_and_pins():
+    c = make()
+    a = [1, 2, 3, 4, 5, 6]
+    b = [1, 2, 3, 7, 8]
+    na = c.insert(a, source(a), pin=True)
+    nb = c.insert(b, source(b))
+    assert c.num_nodes == 3  # [1,2,3] -> {[4,5,6], [7,8]}
+    assert c.num_tokens == 8 and c.bytes_used == 8 * BYTES_PER_TOKEN
+    assert na.pins == 1 and na.key == (4, 5, 6) and nb.key == (7, 8)
+    for seq in (a, b):
+        m = c.match(seq)
+        assert m.length == len(seq)
+        assert torch.equal(gathered(c, m), kv_of(seq))
+    # Inserting a sequence that is already cached adds nothing.
+    before = c.bytes_used
+    end = c.insert([1, 2, 3, 4], source([1, 2, 3, 4]))
+    assert end is na and c.bytes_used == before
+
+
+def test_lru_eviction_under_budget():
+    c = make(budget=10 * BYTES_PER_TOKEN)
+    c.insert([1, 2, 3, 4], source([1, 2, 3, 4]))
+    c.insert([5, 6, 7, 8], source([5, 6, 7, 8]))
+    c.match([1, 2, 3, 4])  # touch: [5..8] is now the least recently used
+    c.insert([9, 10, 11, 12], source([9, 10, 11, 12]))
+    assert c.bytes_used <= 10 * BYTES_PER_TOKEN
+    assert c.match([5, 6, 7, 8]).length == 0
+    assert c.match([1, 2, 3, 4]).length == 4
+    assert c.match([9, 10, 11, 12]).length == 4
+    assert c.stats.evictions == 1 and c.stats.evicted_tokens == 4
+
+
+def test_eviction_walks_up_to_parents():
+    c = make(budget=100 * BYTES_PER_TOKEN)
+    c.insert([1, 2, 3, 4], source([1, 2, 3, 4]))
+    c.insert([1, 2, 5, 6], source([1, 2, 5, 6]))
+    c.evict(c.bytes_used)
+    assert c.bytes_used == 0 and c.num_nodes == 0 and c.num_tokens == 0
+    assert c.match([1, 2]).length == 0
+
+
+def test_pinned_evicted_last():
+    c = make(budget=8 * BYTES_PER_TOKEN)
+    pinned = c.insert([1, 2, 3, 4], source([1, 2, 3, 4]), pin=True)
+    c.insert([5, 6, 7, 8], source([5, 6, 7, 8]))
+    c.match([5, 6, 7, 8])  # most recent, but not pinned
+    c.insert([9, 10, 11, 12], source([9, 10, 11, 12]))
+    assert c.match([1, 2, 3, 4]).length == 4
+    assert c.match([5, 6, 7, 8]).length == 0
+    assert c.is_cached(pinned)
+    c.unpin(pinned)
+    c.insert([13, 14, 15, 16, 17], source([13, 14, 15, 16, 17]))
+    assert not c.is_cached(pinned) and c.stats.pinned_evictions == 0
+    # A budget smaller than the pins: pinned entries go too (memory is a hard bound).
+    p2 = c.insert([20, 21, 22, 23, 24, 25, 26, 27, 28], source(list(range(20, 29))), pin=True)
+    assert p2 is None and c.bytes_used <= 8 * BYTES_PER_TOKEN
+    assert c.stats.pinned_evictions == 1
+
+
+def test_zero_budget_caches_nothing():
+    c = make(budget=0)
+    assert c.insert([1, 2, 3], source([1, 2, 3])) is None
+    assert c.bytes_used == 0 and c.match([1, 2, 3]).length == 0
+
+
+def test_snapshot_keys():
+    c = make()
+    c.insert([1, 2], source([1, 2]))
+    c.match([1, 2, 3])
+    s = c.snapshot()
+    for k in ("cache_hits", "cache_misses", "cache_hit_tokens", "cache_miss_tokens", "cache_evictions",
+              "cache_bytes", "cache_nodes"):
+        assert k in s
+    assert s["cache_hits"] == 1 and s["cache_miss_tokens"] == 1 and s["cache_bytes"] == 2 * BYTES_PER_TOKEN

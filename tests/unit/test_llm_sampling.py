@@ -1,0 +1,140 @@
+"""Per-request sampling, incremental detokenization and stop strings, without a model."""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from inference.llm.sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+
+
+def sampler(**kw):
+    args = dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=[])
+    args.update(kw)
+    return RowSampler(**args)
+
+
+def test_processors_match_transformers():
+    torch.manual_seed(0)
+    logits = torch.randn(64) * 3
+    prompt = [3, 5, 5, 9, 40]
+    s = sampler(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.3, prompt_ids=prompt)
+    s.observe(11)
+    ids = torch.tensor([prompt + [11]])
+    ref = logits.unsqueeze(0)
+    for proc in (RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7), TopKLogitsWarper(20),
+                 TopPLogitsWarper(0.8)):
+        ref = proc(ids, ref)
+    assert torch.equal(s.process(logits.clone()), ref[0])
+
+
+def test_greedy_and_penalty():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -1.0]])
+    assert sample_rows(logits, [sampler(temperature=0)]) == [1]
+    # token 1 was seen: 5.0 / 2 < 4.9
+    assert sample_rows(logits, [sampler(temperature=0, repetition_penalty=2.0, prompt_ids=[1])]) == [2]
+    assert sampler(temperature=0.8, top_k=1).greedy
+
+
+def test_seeded_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(1)
+    rows = torch.randn(3, 100)
+
+    def draw(batch_rows, seed_row):
+        samplers = [sampler(seed=7), sampler(seed=99), sampler(temperature=0)]
+        out = []
+        for _ in range(20):
+            toks = sample_rows(batch_rows, samplers)
+            out.append(toks[seed_row])
+        return out
+
+    alone = []
+    s = sampler(seed=7)
+    for _ in range(20):
+        alone.append(sample_rows(rows[:1], [s])[0])
+    assert draw(rows, 0) == alone
+    other = []
+    s = sampler(seed=8)
+    for _ in range(20):
+        other.append(sample_rows(rows[:1], [s])[0])
+    assert other != alone
+
+
+def test_top_p_keeps_the_most_likely_token():
+    logits = torch.tensor([10.0, 0.0, 0.0])
+    s = sampler(top_p=0.01)
+    out = s.process(logits)
+    assert out[0] == 10.0 and torch.isinf(out[1:]).all()
+    assert all(s.sample(logits) == 0 for _ in range(5))
+
+
+def test_invalid_params():
+    import pytest
+
+    for kw in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1), dict(repetition_penalty=0)):
+        with pytest.raises(ValueError):
+            sampler(**kw)
+
+
+class ByteTokenizer:
+    """Each token id is one byte: decode exposes broken UTF-8 as U+FFFD, as byte-level BPE does."""
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_incremental_detokenizer_never_splits_characters():
+    text = "héllo → wörld 🙂!"
+    data = text.encode()
+    d = IncrementalDetokenizer(ByteTokenizer())
+    deltas = [d.push(b) for b in data]
+    assert "".join(deltas) + d.flush() == text
+    assert all("\ufffd" not in x for x in deltas)
+    # The emoji is 4 bytes: nothing is released until its last byte.
+    i = data.index("🙂".encode())
+    assert deltas[i : i + 3] == ["", "", ""] and deltas[i + 3] == "🙂"
+
+
+def test_detokenizer_flush_drops_incomplete_tail():
+    d = IncrementalDetokenizer(ByteTokenizer())
+    out = [d.push(b) for b in "ab".encode() + "🙂".encode()[:2]]
+    assert "".join(out) == "ab" and d.flush() == ""
+
+
+def feed_all(stopper, pieces):
+    out, stopped = [], False
+    for p in pieces:
+        text, stopped = stopper.feed(p)
+        out.append(text)
+        if stopped:
+            break
+    return out, stopped
+
+
+def test_stop_string_across_deltas_is_never_emitted():
+    s = StopChecker(("STOP",))
+    out, stopped = feed_all(s, ["Hello S", "T", "OP and more"])
+    assert stopped and "".join(out) == "Hello "
+    assert out[0] == "Hello "  # "S" held back: it could start "STOP"
+
+
+def test_held_back_text_is_released_when_not_a_stop():
+    s = StopChecker(("STOP",))
+    out, stopped = feed_all(s, ["ab S", "TO", "x"])
+    assert not stopped and "".join(out) == "ab STOx"
+    s = StopChecker(("STOP",))
+    out, _ = feed_all(s, ["ab ST"])
+    assert out == ["ab "] and s.flush() == "ST"
+
+
+def test_earliest_of_several_stops_wins():
+    s = StopChecker(("world", "lo w"))
+    out, stopped = feed_all(s, ["hello world"])
+    assert stopped and "".join(out) == "hel"
+    s = StopChecker(())
+    assert feed_all(s, ["a", "b"]) == (["a", "b"], False)
