@@ -1,0 +1,35 @@
+"""One real gateway (embedded models) for the integration tests, and a second one with API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.gateway_process import GatewayProcess, start_gateway
+
+MODEL = "smollm2-135m-instruct"
+API_KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    process = start_gateway(log_path=tmp_path_factory.mktemp("gateway") / "gateway.log")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Text only, with an API key, a tiny rate limit and a small event cap."""
+    process = start_gateway(
+        "--api-keys",
+        API_KEY,
+        "--no-load-voice-models",
+        "--rate-limit-rpm",
+        "30",
+        log_path=tmp_path_factory.mktemp("secured") / "gateway.log",
+    )
+    yield process
+    process.stop()
+

@@ -1,0 +1,96 @@
+"""API keys, ephemeral client secrets and rate limits on a gateway started with --api-keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import API_KEY, MODEL
+from tests.integration.realtime_client import RealtimeClient
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+
+
+def test_missing_or_wrong_key_is_401(secured_gateway: GatewayProcess) -> None:
+    url = f"{secured_gateway.http_url}/v1/chat/completions"
+    for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"authorization": f"Basic {API_KEY}"}):
+        response = httpx.post(url, json=BODY, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    client = openai.OpenAI(base_url=f"{secured_gateway.http_url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+def test_right_key_works_and_reports_rate_limit_headers(secured_gateway: GatewayProcess) -> None:
+    response = httpx.post(
+        f"{secured_gateway.http_url}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
+    )
+    assert response.status_code == 200
+    assert response.headers["x-ratelimit-limit-requests"] == "30"
+    assert int(response.headers["x-ratelimit-remaining-requests"]) < 30
+
+
+async def test_websocket_needs_a_key(secured_gateway: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{secured_gateway.ws_url}/v1/realtime")
+    error = await client.recv()
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_api_key"
+    await asyncio.wait_for(client.connection.wait_closed(), 5)
+    client = await RealtimeClient.connect(f"{secured_gateway.ws_url}/v1/realtime", headers={"authorization": f"Bearer {API_KEY}"})
+    assert (await client.recv())["type"] == "session.created"
+    await client.close()
+
+
+async def test_client_secret_opens_exactly_one_session_with_its_configuration(secured_gateway: GatewayProcess) -> None:
+    url = f"{secured_gateway.http_url}/v1/realtime/client_secrets"
+    assert httpx.post(url, json={}).status_code == 401
+    minted = httpx.post(
+        url,
+        json={"session": {"type": "realtime", "instructions": "Speak like a pirate.", "output_modalities": ["text"]}},
+        headers={"authorization": f"Bearer {API_KEY}"},
+    )
+    assert minted.status_code == 200, minted.text
+    secret = minted.json()
+    assert secret["value"].startswith("ek_") and secret["expires_at"] > 0
+    assert secret["session"]["instructions"] == "Speak like a pirate."
+    # Browsers pass the key as a WebSocket subprotocol; a bearer header works too.
+    client = await RealtimeClient.connect(
+        f"{secured_gateway.ws_url}/v1/realtime", headers={"authorization": f"Bearer {secret['value']}"}
+    )
+    created = await client.recv()
+    assert created["type"] == "session.created"
+    assert created["session"]["instructions"] == "Speak like a pirate."
+    await client.close()
+    reused = await RealtimeClient.connect(
+        f"{secured_gateway.ws_url}/v1/realtime", headers={"authorization": f"Bearer {secret['value']}"}
+    )
+    assert (await reused.recv())["error"]["code"] == "invalid_api_key"
+    await reused.close()
+    # A bad session configuration fails when minting, not later in the browser.
+    bad = httpx.post(url, json={"session": {"output_modalities": ["smell"]}}, headers={"authorization": f"Bearer {API_KEY}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "session.output_modalities[0]"
+
+
+def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) -> None:
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    statuses = []
+    with httpx.Client(base_url=secured_gateway.http_url, headers=headers) as http:
+        for _ in range(40):
+            response = http.get("/v1/models")
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                break
+    assert statuses[-1] == 429
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> None:
+    health = httpx.get(f"{secured_gateway.http_url}/healthz").json()
+    assert health["status"] == "ready" and health["voice"] is False
+    assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.http_url}/metrics").text

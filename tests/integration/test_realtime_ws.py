@@ -1,0 +1,172 @@
+"""The Realtime API over WebSocket: plain websockets client and the official SDK, text turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import MODEL
+from tests.integration.realtime_client import RealtimeClient
+
+TEXT_ONLY = {"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 60}}
+
+
+@pytest.fixture
+async def client(gateway: GatewayProcess) -> AsyncIterator[RealtimeClient]:
+    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}")
+    created = await client.recv()
+    assert created["type"] == "session.created" and created["session"]["model"] == MODEL
+    await client.send(TEXT_ONLY)
+    await client.wait_for("session.updated")
+    yield client
+    await client.close()
+
+
+async def test_text_turn_with_the_full_event_sequence(client: RealtimeClient) -> None:
+    done = await client.ask("What is the capital of France?")
+    response = done["response"]
+    assert response["status"] == "completed"
+    text = response["output"][0]["content"][0]["text"]
+    assert "Paris" in text
+    assert response["usage"]["output_tokens"] > 0 and response["usage"]["input_tokens"] > 0
+    types = [event["type"] for event in client.events]
+    order = [
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    positions = [types.index(kind) for kind in order]
+    assert positions == sorted(positions)
+    assert "".join(e["delta"] for e in client.of_type("response.output_text.delta")) == text
+    latency = response["metadata"]["gateway_latency"]
+    assert latency["first_token_ms"] is not None and latency["first_token_ms"] >= 0
+    numbers = [event["sequence_number"] for event in client.events]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+
+
+async def test_second_turn_sees_the_history_and_items_can_be_read_and_deleted(client: RealtimeClient) -> None:
+    await client.ask("What is the capital of France?")
+    await client.ask("And what is the capital of Italy?")
+    added = [event["item"] for event in client.of_type("conversation.item.added")]
+    assert [item["role"] for item in added] == ["user", "assistant", "user", "assistant"]
+    await client.send({"type": "conversation.item.retrieve", "item_id": added[0]["id"], "event_id": "r1"})
+    retrieved = await client.wait_for("conversation.item.retrieved")
+    assert retrieved["item"]["content"][0]["text"] == "What is the capital of France?"
+    await client.send({"type": "conversation.item.delete", "item_id": added[0]["id"]})
+    assert (await client.wait_for("conversation.item.deleted"))["item_id"] == added[0]["id"]
+    await client.send({"type": "conversation.item.retrieve", "item_id": added[0]["id"], "event_id": "r2"})
+    error = await client.wait_for("error")
+    assert error["error"]["code"] == "item_not_found" and error["error"]["event_id"] == "r2"
+
+
+async def test_cancel_mid_stream_keeps_the_partial_text(client: RealtimeClient) -> None:
+    await client.send(
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story about a dragon."}]}}
+    )
+    await client.send({"type": "response.create", "response": {"max_output_tokens": 400}})
+    for _ in range(5):
+        await client.wait_for("response.output_text.delta")
+    sent_at = time.monotonic()
+    await client.send({"type": "response.cancel", "event_id": "cancel-1"})
+    done = await client.wait_for("response.done")
+    assert done["_received_at"] - sent_at < 0.2
+    response = done["response"]
+    assert response["status"] == "cancelled"
+    assert response["status_details"]["reason"] == "client_cancelled"
+    item = response["output"][0]
+    assert item["status"] == "incomplete" and item["content"][0]["text"]
+    # The partial reply is in the conversation, marked incomplete.
+    await client.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+    kept = (await client.wait_for("conversation.item.retrieved"))["item"]
+    assert kept["status"] == "incomplete" and kept["content"][0]["text"] == item["content"][0]["text"]
+    # A cancel with nothing in progress is an error, and the session goes on.
+    await client.send({"type": "response.cancel", "event_id": "cancel-2"})
+    error = await client.wait_for("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("response_cancel_not_active", "cancel-2")
+    assert "Paris" in (await client.ask("What is the capital of France?"))["response"]["output"][0]["content"][0]["text"]
+
+
+async def test_second_response_create_while_active_is_refused(client: RealtimeClient) -> None:
+    await client.send(
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Count from one to twenty."}]}}
+    )
+    await client.send({"type": "response.create"})
+    await client.send({"type": "response.create", "event_id": "second"})
+    error = await client.wait_for("error")
+    assert error["error"]["code"] == "conversation_already_has_active_response"
+    assert error["error"]["event_id"] == "second"
+    done = await client.wait_for("response.done")
+    assert done["response"]["status"] in ("completed", "incomplete")
+    assert len(client.of_type("response.created")) == 1
+
+
+BAD_EVENTS = [
+    ("{oops", "invalid_json"),
+    ('"just a string"', "invalid_json"),
+    ('{"type": "response.explode", "event_id": "e1"}', "unknown_event_type"),
+    ('{"event_id": "e2"}', "missing_required_parameter"),
+    ('{"type": "conversation.item.create", "event_id": "e3"}', "missing_required_parameter"),
+    ('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 42}]}}', "invalid_type"),
+    ('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "  "}]}}', "empty_content"),
+    ('{"type": "session.update", "session": {"output_modalities": ["video"]}}', "invalid_value"),
+    ('{"type": "session.update", "session": {"model": "gpt-17"}}', "model_not_found"),
+    ('{"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 10}', "item_not_found"),
+    ('{"type": "input_audio_buffer.append", "audio": "***not base64***"}', "invalid_audio"),
+    ('{"type": "input_audio_buffer.commit"}', "input_audio_buffer_commit_empty"),
+]
+
+
+async def test_bad_input_gets_errors_and_loses_nothing(client: RealtimeClient) -> None:
+    await client.ask("What is the capital of France?")
+    for raw, code in BAD_EVENTS:
+        await client.send(raw)
+        error = await client.wait_for("error")
+        assert error["error"]["code"] == code, (raw, error)
+        assert error["error"]["message"]
+    # An event over the size cap (15 MiB by default) is refused the same way.
+    await client.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (15 * 1024 * 1024)}))
+    assert (await client.wait_for("error"))["error"]["code"] == "message_too_large"
+    # The conversation is intact and the session still answers, with the history.
+    done = await client.ask("Repeat the name of that city.")
+    assert done["response"]["status"] in ("completed", "incomplete")
+    first_user = client.of_type("conversation.item.added")[0]["item"]
+    await client.send({"type": "conversation.item.retrieve", "item_id": first_user["id"]})
+    assert (await client.wait_for("conversation.item.retrieved"))["item"] == first_user
+
+
+async def test_unknown_model_in_the_url_is_refused(gateway: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model=gpt-17")
+    error = await client.recv()
+    assert error["type"] == "error" and error["error"]["code"] == "model_not_found"
+    await asyncio.wait_for(client.connection.wait_closed(), 5)
+
+
+async def test_official_sdk_realtime_client(gateway: GatewayProcess) -> None:
+    sdk = openai.AsyncOpenAI(base_url=f"{gateway.http_url}/v1", api_key="unused")
+    async with sdk.realtime.connect(model=MODEL) as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await connection.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is the capital of France?"}]}
+        )
+        await connection.response.create()
+        text = ""
+        async for event in connection:
+            if event.type == "response.output_text.delta":
+                text += event.delta
+            elif event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+            elif event.type == "error":
+                pytest.fail(f"error event: {event.error}")
+    assert "Paris" in text
