@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none.")
     repetition_penalty: float = Field(1.1, ge=1.0, le=2.0, description="Default repetition penalty.")
     default_instructions: str = Field(
-        "You are a helpful voice assistant. Answer briefly, in one or two short sentences.",
+        "You are a friendly voice assistant. Reply in plain English with one short sentence.",
         description="Realtime sessions' instructions unless the client sets its own.",
     )
 

@@ -64,6 +64,7 @@ class VoicePipeline:
         self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
         self.turn: UserTurn | None = None
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
+        self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
         self._task = asyncio.create_task(self._run(), name=f"voice {session.id}")
         self._idle_since = now()
@@ -93,11 +94,13 @@ class VoicePipeline:
         """Queue 16 kHz audio; cheap, so transports can call it for every 20 ms frame."""
         if self.turn_detection is None:
             cap = self.session.settings.max_input_audio_seconds * 1000
-            if self.buffer.held_ms + chunk.duration_ms > cap:
+            queued_ms = self.buffer.index_to_ms(self._queued_samples)
+            if self.buffer.held_ms + queued_ms + chunk.duration_ms > cap:
                 raise ApiError(
                     "input_audio_buffer_full",
                     f"The input audio buffer holds at most {cap / 1000:.0f} s; commit or clear it.",
                 )
+        self._queued_samples += chunk.samples
         self._queue.put_nowait(chunk.pcm)
 
     async def commit(self) -> None:
@@ -119,6 +122,7 @@ class VoicePipeline:
     def clear(self) -> None:
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._queued_samples = 0
         self._drop_turn()
         self.buffer.clear()
         self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
@@ -144,6 +148,7 @@ class VoicePipeline:
             while not self._queue.empty():
                 pieces.append(self._queue.get_nowait())
             pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            self._queued_samples -= len(pcm)
             self.buffer.append(pcm)
             if self.turn_detection is None:
                 continue

@@ -1,47 +1,13 @@
-"""Real models, loaded once per test session: Whisper tiny.en, the Piper voice, Silero VAD v6."""
+"""Silero VAD v6 for the voice tests (Whisper and Piper fixtures live in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import numpy as np
 import pytest
 
-from inference.asr import AsrEngine
-from inference.models import embedded_asr, embedded_tts, silero_vad_path
-from inference.tts import TtsEngine
-from media.resample import resample
+from inference.models import silero_vad_path
 from media.vad import SileroVad
-
-QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="session")
-def asr() -> Iterator[AsrEngine]:
-    engine = AsrEngine.load(embedded_asr(), "cpu", threads=2)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="session")
-def tts() -> Iterator[TtsEngine]:
-    engine = TtsEngine.load(embedded_tts(), threads=1)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture
 def silero() -> SileroVad:
     return SileroVad(silero_vad_path())
-
-
-@pytest.fixture(scope="session")
-def question_pcm(tts: TtsEngine) -> np.ndarray:
-    """Piper saying the question, int16 at the voice's rate (22050 Hz)."""
-    return tts.synthesize_blocking(QUESTION)
-
-
-@pytest.fixture(scope="session")
-def question_16k(tts: TtsEngine, question_pcm: np.ndarray) -> np.ndarray:
-    return resample(question_pcm, tts.sample_rate, 16000)
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import fractions
 import time
 
 import numpy as np
@@ -17,35 +16,10 @@ from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
 from media.resample import resample
 from media.tracks import InboundAudioReader, OutboundAudioTrack
+from tests.peers import PacedClipTrack
 
 RATE = 48000
 FRAME = 960
-
-
-class PacedClipTrack(MediaStreamTrack):
-    """Plays a clip in 20 ms frames by the wall clock, then silence: a stand-in for a microphone."""
-
-    kind = "audio"
-
-    def __init__(self, pcm48k: np.ndarray) -> None:
-        super().__init__()
-        padded = np.concatenate([pcm48k, np.zeros((-pcm48k.size) % FRAME, dtype=np.int16)])
-        self._frames = list(padded.reshape(-1, FRAME))
-        self._start: float | None = None
-        self._pts = 0
-
-    async def recv(self) -> AudioFrame:
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME
-            await asyncio.sleep(max(0.0, self._start + self._pts / RATE - time.monotonic()))
-        pcm = self._frames.pop(0) if self._frames else np.zeros(FRAME, dtype=np.int16)
-        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, RATE)
-        return frame
 
 
 @pytest.fixture

@@ -1,0 +1,135 @@
+"""Speaking to the gateway over the Realtime WebSocket: VAD turns, transcripts, spoken answers, barge-in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from inference.asr import AsrEngine
+from inference.tts import TtsEngine
+from media.resample import resample
+from tests.gateway_process import GatewayProcess
+from tests.integration.realtime_client import RealtimeClient
+from tests.integration.speech import decode_deltas, encode_chunks, transcribe, with_silence
+
+FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000}
+
+
+@pytest.fixture
+async def client(gateway: GatewayProcess) -> AsyncIterator[RealtimeClient]:
+    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime")
+    assert (await client.recv())["type"] == "session.created"
+    yield client
+    await client.close()
+
+
+async def stream_audio(client: RealtimeClient, payloads: list[str], chunk_s: float = 0.02) -> None:
+    """Send 20 ms chunks paced like a live microphone."""
+    started = time.monotonic()
+    for index, payload in enumerate(payloads):
+        await client.send({"type": "input_audio_buffer.append", "audio": payload})
+        await asyncio.sleep(max(0.0, started + (index + 1) * chunk_s - time.monotonic()))
+
+
+@pytest.mark.parametrize("fmt", ["audio/pcm", "audio/pcmu"])
+async def test_spoken_question_gets_a_spoken_answer(
+    client: RealtimeClient, fmt: str, tts: TtsEngine, asr: AsrEngine, question_pcm: np.ndarray
+) -> None:
+    rate = FORMAT_RATES[fmt]
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"temperature": 0, "audio": {"input": {"format": {"type": fmt}}, "output": {"format": {"type": fmt}}}},
+        }
+    )
+    await client.wait_for("session.updated")
+    speech = with_silence(resample(question_pcm, tts.sample_rate, rate), rate, 0.5, 1.5)
+    sender = asyncio.create_task(stream_audio(client, encode_chunks(speech, rate, fmt)))
+    done = await client.wait_for("response.done", timeout=90)
+    await sender
+    started = client.of_type("input_audio_buffer.speech_started")
+    stopped = client.of_type("input_audio_buffer.speech_stopped")
+    assert len(started) == 1 and len(stopped) == 1
+    assert 300 <= started[0]["audio_start_ms"] <= 800
+    final = client.of_type("conversation.item.input_audio_transcription.completed")
+    assert "capital" in final[0]["transcript"].lower() and "france" in final[0]["transcript"].lower()
+    assert done["response"]["status"] in ("completed", "incomplete")
+    transcript = done["response"]["output"][0]["content"][0]["transcript"]
+    assert "Paris" in transcript
+    # The answer audio, decoded and transcribed again, says Paris.
+    answer = decode_deltas([e["delta"] for e in client.of_type("response.output_audio.delta")], fmt)
+    assert answer.sample_rate == rate and answer.duration_ms > 500
+    assert "paris" in (await transcribe(asr, answer)).lower()
+    latency = done["response"]["metadata"]["gateway_latency"]
+    assert latency["speech_stopped_ms"] == 0 and latency["transcript_final_ms"] is not None
+    assert latency["first_audio_ms"] >= latency["first_token_ms"] >= latency["transcript_final_ms"]
+
+
+async def test_manual_turns_commit_and_clear(client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray) -> None:
+    await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "audio": {"input": {"turn_detection": None}}}})
+    await client.wait_for("session.updated")
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2)
+    for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
+        await client.send({"type": "input_audio_buffer.append", "audio": payload})
+    await client.send({"type": "input_audio_buffer.clear"})
+    await client.wait_for("input_audio_buffer.cleared")
+    await client.send({"type": "input_audio_buffer.commit", "event_id": "empty"})
+    assert (await client.wait_for("error"))["error"]["code"] == "input_audio_buffer_commit_empty"
+    for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
+        await client.send({"type": "input_audio_buffer.append", "audio": payload})
+    await client.send({"type": "input_audio_buffer.commit"})
+    completed = await client.wait_for("conversation.item.input_audio_transcription.completed")
+    assert "france" in completed["transcript"].lower()
+    assert not client.of_type("input_audio_buffer.speech_started")  # no VAD in manual mode
+    assert not client.of_type("response.created")  # and no automatic response
+    await client.send({"type": "response.create"})
+    done = await client.wait_for("response.done")
+    assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
+
+
+async def test_bad_audio_input(client: RealtimeClient) -> None:
+    await client.send({"type": "input_audio_buffer.append", "audio": "AAA"})  # 2 bytes short of pcm16 pairs
+    assert (await client.wait_for("error"))["error"]["code"] == "invalid_audio"
+    await client.send({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/ogg"}}}}})
+    assert (await client.wait_for("error"))["error"]["code"] == "invalid_value"
+    # Past the buffer cap (manual turns): refused with an error, the session goes on.
+    await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    await client.wait_for("session.updated")
+    second = encode_chunks(np.zeros(24000 * 10, np.int16), 24000, "audio/pcm", chunk_ms=10_000)[0]
+    for _ in range(13):
+        await client.send({"type": "input_audio_buffer.append", "audio": second})
+    assert (await client.wait_for("error"))["error"]["code"] == "input_audio_buffer_full"
+    await client.send({"type": "input_audio_buffer.clear"})
+    await client.wait_for("input_audio_buffer.cleared")
+
+
+async def test_barge_in_cancels_and_truncates(
+    client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    await client.send({"type": "session.update", "session": {"temperature": 0, "max_output_tokens": 300}})
+    await client.wait_for("session.updated")
+    await client.send(
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}}
+    )
+    await client.send({"type": "response.create"})
+    await client.wait_for("response.output_audio.delta")
+    interruption = with_silence(resample(tts.synthesize_blocking("Wait, stop please."), tts.sample_rate, 24000), 24000, 0.0, 1.5)
+    onset = time.monotonic()
+    sender = asyncio.create_task(stream_audio(client, encode_chunks(interruption, 24000, "audio/pcm")))
+    done = await client.wait_for("response.done", timeout=30)
+    response = done["response"]
+    assert response["status"] == "cancelled" and response["status_details"]["reason"] == "turn_detected"
+    audio_events = client.of_type("response.output_audio.delta")
+    assert audio_events[-1]["_received_at"] - onset < 1.0
+    # The reply is cut to the audio that was sent, so its transcript is shorter than the text generated.
+    generated = "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta"))
+    kept = response["output"][0]["content"][0]["transcript"]
+    assert response["output"][0]["status"] == "incomplete" and len(kept) < len(generated)
+    await sender
+    # The interruption itself is a turn: it is transcribed and answered.
+    await client.wait_for("conversation.item.input_audio_transcription.completed", timeout=30)
+    assert (await client.wait_for("response.done", timeout=60))["response"]["status"] in ("completed", "incomplete")

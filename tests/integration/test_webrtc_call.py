@@ -1,0 +1,177 @@
+"""A WebRTC call as a browser makes it, with an aiortc peer: SDP over HTTP, Opus both ways, oai-events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from inference.asr import AsrEngine
+from inference.tts import TtsEngine
+from media.frames import AudioChunk
+from media.resample import resample
+from tests.gateway_process import GatewayProcess
+from tests.integration.speech import transcribe, with_silence
+from tests.peers import PacedClipTrack
+
+RATE = 48000
+
+
+@pytest.fixture(autouse=True)
+def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # aioice never offers 127.0.0.1 by itself (the gateway has --ice-host-addresses for this).
+    monkeypatch.setattr("aioice.ice.get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+
+
+@dataclass
+class Caller:
+    """The browser's side of a call: a microphone track, the events channel, the received audio."""
+
+    pc: RTCPeerConnection
+    channel: Any = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    received: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (arrival time, 48 kHz mono)
+    call_url: str = ""
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["type"] == kind]
+
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while len(self.of_type(kind)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind} in {timeout} s; got {[e['type'] for e in self.events]}")
+            await asyncio.sleep(0.02)
+        return self.of_type(kind)[count - 1]
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(event))
+
+    def audio_between(self, start: float, end: float) -> np.ndarray:
+        frames = [pcm for at, pcm in self.received if start <= at <= end]
+        return np.concatenate(frames) if frames else np.zeros(0, np.int16)
+
+
+async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: dict[str, Any]) -> Caller:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("oai-events")
+    caller = Caller(pc, channel)
+    channel.on("message", lambda message: caller.events.append({**json.loads(message), "_at": time.monotonic()}))
+    opened = asyncio.Event()
+    channel.on("open", opened.set)
+    pc.addTrack(microphone)
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        async def listen() -> None:
+            try:
+                while True:
+                    frame = await track.recv()
+                    pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
+                    caller.received.append((time.monotonic(), resample(pcm, frame.sample_rate, RATE)))
+            except MediaStreamError:
+                return
+
+        asyncio.ensure_future(listen())
+
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(base_url=gateway.http_url, timeout=30) as http:
+        secret = (await http.post("/v1/realtime/client_secrets", json={"session": session})).json()["value"]
+        answer = await http.post(
+            "/v1/realtime/calls",
+            content=pc.localDescription.sdp,
+            headers={"content-type": "application/sdp", "authorization": f"Bearer {secret}"},
+        )
+    assert answer.status_code == 201, answer.text
+    assert answer.headers["content-type"].startswith("application/sdp")
+    caller.call_url = answer.headers["location"]
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
+    await asyncio.wait_for(opened.wait(), 10)
+    return caller
+
+
+@pytest.fixture
+async def hangups(gateway: GatewayProcess) -> AsyncIterator[list[Caller]]:
+    callers: list[Caller] = []
+    yield callers
+    async with httpx.AsyncClient(base_url=gateway.http_url) as http:
+        for caller in callers:
+            await http.post(f"{caller.call_url}/hangup")
+            await caller.pc.close()
+
+
+def loud(pcm: np.ndarray) -> bool:
+    return pcm.size > 0 and float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > 300
+
+
+async def test_spoken_question_over_webrtc(
+    gateway: GatewayProcess, hangups: list[Caller], tts: TtsEngine, asr: AsrEngine, question_pcm: np.ndarray
+) -> None:
+    speech = with_silence(resample(question_pcm, tts.sample_rate, RATE), RATE, 0.6, 0.0)
+    caller = await call(gateway, PacedClipTrack(speech), {"temperature": 0})
+    hangups.append(caller)
+    assert (await caller.wait_for("session.created"))["session"]["output_modalities"] == ["audio"]
+    final = await caller.wait_for("conversation.item.input_audio_transcription.completed")
+    assert "france" in final["transcript"].lower()
+    started = await caller.wait_for("output_audio_buffer.started")
+    stopped = await caller.wait_for("output_audio_buffer.stopped", timeout=60)
+    done = caller.of_type("response.done")[0]
+    assert done["response"]["status"] in ("completed", "incomplete")
+    assert "Paris" in done["response"]["output"][0]["content"][0]["transcript"]
+    # What came back over the audio track is the answer: transcribe it again.
+    answer = caller.audio_between(started["_at"], stopped["_at"] + 0.5)
+    assert loud(answer)
+    assert "paris" in (await transcribe(asr, AudioChunk(answer, RATE))).lower()
+    latency = done["response"]["metadata"]["gateway_latency"]
+    assert latency["first_audio_ms"] is not None and latency["first_audio_ms"] > latency["transcript_final_ms"]
+
+
+async def test_barge_in_over_webrtc_stops_audio_and_truncates(
+    gateway: GatewayProcess, hangups: list[Caller], tts: TtsEngine
+) -> None:
+    interruption = resample(tts.synthesize_blocking("Wait, stop please."), tts.sample_rate, RATE)
+    microphone = PacedClipTrack(np.zeros(0, np.int16))
+    caller = await call(gateway, microphone, {"temperature": 0, "max_output_tokens": 300})
+    hangups.append(caller)
+    await caller.wait_for("session.created")
+    caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}})
+    caller.send({"type": "response.create"})
+    started = await caller.wait_for("output_audio_buffer.started")
+    await asyncio.sleep(1.5)
+    onset = time.monotonic()
+    microphone.play(interruption)
+    done = await caller.wait_for("response.done", timeout=30)
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert await caller.wait_for("output_audio_buffer.cleared")
+    await asyncio.sleep(0.5)
+    # Audio stopped: the last loud frame came soon after the onset of the interrupting speech.
+    loud_times = [at for at, pcm in caller.received if at > started["_at"] and loud(pcm)]
+    assert loud_times and loud_times[-1] - onset < 0.6
+    generated = "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta"))
+    kept = done["response"]["output"][0]["content"][0]["transcript"]
+    assert 0 < len(kept) < len(generated)
+
+
+async def test_bad_offers_are_refused(gateway: GatewayProcess) -> None:
+    async with httpx.AsyncClient(base_url=gateway.http_url) as http:
+        garbage = await http.post("/v1/realtime/calls", content="hello", headers={"content-type": "application/sdp"})
+        assert garbage.status_code == 400 and garbage.json()["error"]["code"] == "invalid_sdp"
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        no_audio = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp, headers={"content-type": "application/sdp"})
+        await pc.close()
+        assert no_audio.status_code == 400 and "audio" in no_audio.json()["error"]["message"]
+        wrong_type = await http.post("/v1/realtime/calls", content="v=0", headers={"content-type": "text/plain"})
+        assert wrong_type.status_code == 415
+        assert (await http.get("/healthz")).status_code == 200  # still serving
