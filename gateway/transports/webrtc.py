@@ -123,9 +123,8 @@ class Call:
     def attach_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.reader is not None:
             return
-        voice = self.session.voice
-
         def on_chunk(chunk: Any) -> None:
+            voice = self.session.voice  # created when the session starts, after the offer is read
             if voice is not None:
                 try:
                     voice.append(chunk)
