@@ -18,6 +18,7 @@ class TurnMarks:
     transcript_final: float | None = None  # the final transcript of that turn
     response_created: float | None = None
     first_token: float | None = None
+    first_clause: float | None = None  # the first clause was complete and handed to TTS
     first_audio: float | None = None  # first answer audio handed to the transport
     last_audio: float | None = None
     done: float | None = None
@@ -43,7 +44,8 @@ class TurnMarks:
         pairs = (
             ("asr", self.speech_stopped, self.transcript_final),
             ("llm_first_token", self.response_created, self.first_token),
-            ("tts_first_audio", self.first_token, self.first_audio),
+            ("llm_first_clause", self.first_token, self.first_clause),
+            ("tts_first_audio", self.first_clause, self.first_audio),
             ("voice_to_voice", self.speech_stopped, self.first_audio),
         )
         for name, start, end in pairs:

@@ -74,8 +74,10 @@ class ResponseRunner:
                 self.job.marks.mark("first_token")
                 self.send(self.events.text_delta(delta))
                 for clause in splitter.push(delta):
+                    self.job.marks.mark("first_clause")
                     clauses.put_nowait(clause)
             for clause in splitter.flush():
+                self.job.marks.mark("first_clause")
                 clauses.put_nowait(clause)
             clauses.put_nowait(None)
         return await self.stream.result()
