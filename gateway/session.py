@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 # How long a cancelled response task may take to unwind before the session stops waiting.
 CANCEL_TIMEOUT_S = 2.0
+USAGE_WAIT_S = 0.15  # how long a cancel waits for the engine's token counts before answering
 INPUT_RATE = 16000  # what the VAD and Whisper take
 
 TransportKind = Literal["websocket", "webrtc"]
@@ -452,9 +453,10 @@ class RealtimeSession:
             await asyncio.wait({active.task}, timeout=CANCEL_TIMEOUT_S)
 
     async def _final_result(self, active: ActiveResponse) -> GenerationResult | None:
+        """The cancelled generation's usage; the engine stops within a step, and we wait no longer."""
         if active.runner.stream is None:
             return None
         try:
-            return await asyncio.wait_for(active.runner.stream.result(), timeout=CANCEL_TIMEOUT_S)
+            return await asyncio.wait_for(active.runner.stream.result(), timeout=USAGE_WAIT_S)
         except Exception:  # usage is best effort for a cancelled response
             return None

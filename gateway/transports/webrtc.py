@@ -71,7 +71,7 @@ class Call:
     playout: PlayoutBuffer
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     reader: InboundAudioReader | None = None
-    writer: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # event reader and writer
 
     async def supervise(self, services: Services) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
@@ -86,10 +86,9 @@ class Call:
             if self.reader is not None:
                 await self.reader.close()
             await self.session.close()
-            if self.writer is not None:
-                self.writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self.writer
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
             await self.pc.close()
 
     async def _connected(self) -> None:
@@ -102,15 +101,22 @@ class Call:
         if channel.label != EVENTS_CHANNEL:
             return
 
-        @channel.on("message")
-        def _on_message(message: str | bytes) -> None:
-            asyncio.ensure_future(self.session.receive(message))
+        inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
+        channel.on("message", inbox.put_nowait)
+        channel.on("close", self.ended.set)
+        self.tasks += [
+            asyncio.create_task(self._read_events(inbox), name=f"dc reader {self.id}"),
+            asyncio.create_task(self._write_events(channel), name=f"dc writer {self.id}"),
+        ]
 
-        @channel.on("close")
-        def _on_close() -> None:
-            self.ended.set()
-
-        self.writer = asyncio.create_task(self._write_events(channel), name=f"dc writer {self.id}")
+    async def _read_events(self, inbox: asyncio.Queue[str | bytes]) -> None:
+        """One event at a time, in order, as over the WebSocket."""
+        while True:
+            try:
+                await self.session.receive(await inbox.get())
+            except SlowConsumer:
+                self.ended.set()
+                return
 
     async def _write_events(self, channel: RTCDataChannel) -> None:
         while channel.readyState == "connecting":
@@ -119,6 +125,7 @@ class Call:
             if channel.readyState != "open":
                 break
             channel.send(wire)
+        self.ended.set()  # the outbox closed: the session is over (or its client stopped reading)
 
     def attach_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.reader is not None:
