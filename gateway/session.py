@@ -29,11 +29,11 @@ from gateway.responses import ResponseJob, ResponseRunner, SpeechStream
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
+from inference.llm.engine import GenerationResult, SamplingParams
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
 from media.resample import Resampler
-from inference.llm.engine import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 

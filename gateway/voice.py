@@ -29,8 +29,8 @@ from gateway.protocol.session_config import TurnDetection
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
-from media.frames import AudioChunk
 from inference.models import silero_vad_path
+from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
 
 if TYPE_CHECKING:
