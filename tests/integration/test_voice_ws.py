@@ -69,6 +69,22 @@ async def test_spoken_question_gets_a_spoken_answer(
     assert latency["first_audio_ms"] >= latency["first_token_ms"] >= latency["transcript_final_ms"]
 
 
+async def test_conversation_is_prefilled_while_the_user_speaks(
+    client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    # Instructions no other test uses: prompt tokens found cached can only come from early prefill.
+    instructions = "Early prefill check. Answer in one word."
+    await client.send(
+        {"type": "session.update", "session": {"instructions": instructions, "output_modalities": ["text"], "max_output_tokens": 4}}
+    )
+    await client.wait_for("session.updated")
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 1.5)
+    await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
+    done = await client.wait_for("response.done", timeout=60)
+    usage = done["response"]["usage"]
+    assert usage["input_token_details"]["cached_tokens"] >= 15, usage
+
+
 async def test_manual_turns_commit_and_clear(client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray) -> None:
     await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "audio": {"input": {"turn_detection": None}}}})
     await client.wait_for("session.updated")
