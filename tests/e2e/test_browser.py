@@ -1,0 +1,89 @@
+"""Headless Chromium speaks to the real gateway over WebRTC, through the page at `/`.
+
+Design: the whole run (gateway subprocess + Chromium + Playwright) happens in one child process,
+tests/e2e/browser_scenario.py, started inside `unshare -rn` when this test is not already in a
+network namespace: a fresh namespace holds only `lo`, so ICE can only pair 127.0.0.1 with
+127.0.0.1 and the result does not depend on the host's network cards (see TESTING.md). The
+child writes what it saw as JSON; the assertions live here, with that JSON in their messages.
+
+    pytest -m browser tests/e2e/test_browser.py            # about 20-30 s with cached models
+    GW_E2E_NETNS=0 pytest -m browser tests/e2e/...         # without the namespace
+
+Chromium's fake microphone plays a WAV of Piper saying "What is the capital of France?" with
+1.5 s of silence before and 20 s after it, once (`%noloop` is not relied upon: the page is
+stopped after the first answer, long before the file would loop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = Path(__file__).with_name("browser_scenario.py")
+RUN_TIMEOUT_S = 240  # 120 s for a cold gateway start, the rest for the call itself
+
+
+def run_scenario(tmp_path: Path, chromium: str, netns_prefix: list[str]) -> dict[str, Any]:
+    out = tmp_path / "result.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if netns_prefix:
+        env["GW_E2E_IN_NETNS"] = "1"
+    command = [*netns_prefix, sys.executable, str(SCENARIO), "--out", str(out), "--workdir", str(tmp_path), "--chromium", chromium]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if proc.returncode != 0 or not out.exists():
+        pytest.fail(f"the browser scenario crashed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}", pytrace=False)
+    return json.loads(out.read_text())
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What the assertion messages show: enough to tell where the call broke."""
+    page = result.get("page") or {}
+    brief = {
+        "failure": result.get("failure"),
+        "network_namespace": result.get("network_namespace"),
+        "timings_s": result.get("timings_s"),
+        "status": result.get("status_text"),
+        "event_counts": dict(Counter(page.get("events", []))),
+        "transcripts": page.get("transcripts"),
+        "partials": (page.get("partials") or [])[-3:],
+        "assistantText": page.get("assistantText"),
+        "latency": page.get("latency"),
+        "maxRemoteLevel": page.get("maxRemoteLevel"),
+        "maxMicLevel": page.get("maxMicLevel"),
+        "rtp": page.get("rtp"),
+        "page_errors": result.get("page_errors"),
+        "error_banners": result.get("error_banners"),
+    }
+    return json.dumps(brief, indent=1) + "\n--- gateway log (tail) ---\n" + "\n".join(
+        (result.get("gateway_log_tail") or "").splitlines()[-40:]
+    )
+
+
+def test_voice_turn_in_chromium(tmp_path: Path, chromium_path: str, netns_prefix: list[str]) -> None:
+    result = run_scenario(tmp_path, chromium_path, netns_prefix)
+    context = describe(result)
+    print(context)
+    page = result.get("page") or {}
+    assert result.get("failure") is None, context
+    assert page.get("connected") is not None, context
+    assert any("capital" in t.lower() for t in page["transcripts"]), "no final transcript with 'capital'\n" + context
+    assert page["assistantText"].strip(), "no assistant text\n" + context
+    assert page["maxRemoteLevel"] > 0.01, "the answer was not heard (remote peak level <= 0.01)\n" + context
+    voiced = [entry for entry in page["latency"] if entry.get("first_audio_ms") is not None]
+    assert voiced, "no latency entry with first audio\n" + context
+    assert voiced[0]["kind"] == "voice" and voiced[0]["transcript_final_ms"] is not None, context
+    assert result["latency_rows"] >= 1, "the latency panel stayed empty\n" + context
+    assert not result["page_errors"], context
+    assert not result["error_banners"], context
+    assert result["after_stop"] == {"connected": False, "state": "Idle"}, context
