@@ -11,8 +11,9 @@ What is measured (all clocks on this machine; the gateway's `gateway_latency.epo
   with Piper's trailing silence) to the first `response.output_audio.delta` received.
 - Stages of the same turn, from the `response.done` latency marks; they add up to voice-to-voice:
   vad_stop_wait (end of speech -> the gateway's speech_stopped), asr (-> final transcript),
-  response_start (-> response created), llm_first_token, tts_first_audio (first token -> first audio
-  handed to the socket: waiting for the first clause of text, then Piper), delivery (-> received here).
+  response_start (-> response created), llm_first_token, first_clause_wait (-> the first clause of
+  text is complete; when the gateway marks it), tts_first_audio (-> first audio handed to the
+  socket: Piper), delivery (-> received here).
 - Barge-in: a story is asked for; 1.5 s after its first audio arrives, "Wait, stop." is streamed.
   From the send time of the first non-silent chunk of that utterance to: the speech_started event
   (a WebSocket client flushes its playback there), the last audio delta of the story, and the
@@ -58,7 +59,7 @@ STORY_INSTRUCTIONS = (
     "You are a storyteller. When you are asked for a story, tell a long story of at least ten sentences. "
     "When you are asked to stop, answer in a few words."
 )
-STAGES = ("vad_stop_wait", "asr", "response_start", "llm_first_token", "tts_first_audio", "delivery")
+STAGES = ("vad_stop_wait", "asr", "response_start", "llm_first_token", "first_clause_wait", "tts_first_audio", "delivery")
 EVENT_TIMEOUT_S = 60.0
 
 
@@ -344,9 +345,11 @@ async def voice_turn(session: Session, clip: Clip) -> dict[str, Any]:
             "asr": marks["transcript_final_ms"],
             "response_start": round(marks["response_created_ms"] - marks["transcript_final_ms"], 1),
             "llm_first_token": round(marks["first_token_ms"] - marks["response_created_ms"], 1),
-            "tts_first_audio": round(marks["first_audio_ms"] - marks["first_token_ms"], 1),
+            "tts_first_audio": round(marks["first_audio_ms"] - (marks.get("first_clause_ms") or marks["first_token_ms"]), 1),
             "delivery": round(session.wall_ms(answer.first_audio) - (origin + marks["first_audio_ms"]), 1),
         }
+        if marks.get("first_clause_ms") is not None:
+            record["stages_ms"]["first_clause_wait"] = round(marks["first_clause_ms"] - marks["first_token_ms"], 1)
         record["gateway_latency"] = marks
     else:
         record["gateway_latency"] = marks or None
@@ -477,12 +480,12 @@ def aggregate(results: list[dict[str, Any]], args: argparse.Namespace, health: A
     runs = [b for r in results for b in r["barge_in"]]
     good = [t for t in turns if "voice_to_voice_ms" in t]
     staged = [t for t in good if "stages_ms" in t]
-    stages = {name: summary([t["stages_ms"][name] for t in staged]) for name in STAGES}
+    stages = {name: summary([t["stages_ms"][name] for t in staged if name in t["stages_ms"]]) for name in STAGES}
     # Share of each stage in the same turn's voice-to-voice time, then the median over turns.
-    shares = {
-        name: round(statistics.median(100 * t["stages_ms"][name] / t["voice_to_voice_ms"] for t in staged), 1) if staged else None
-        for name in STAGES
-    }
+    shares = {}
+    for name in STAGES:
+        values = [100 * t["stages_ms"][name] / t["voice_to_voice_ms"] for t in staged if name in t["stages_ms"]]
+        shares[name] = round(statistics.median(values), 1) if values else None
     cancelled = [b for b in runs if b.get("story_status") == "cancelled"]
     return {
         "benchmark": "voice",

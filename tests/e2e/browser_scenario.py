@@ -9,7 +9,8 @@ writes a result (with "failure" set when a step broke) and the test checks it.
 Steps: start the gateway (models load meanwhile) and have Piper say the question into a 48 kHz
 WAV; launch Chromium with that WAV as its fake microphone; open the page, press Start, and wait
 until the page has a final transcript, assistant text, an audible assistant level (peak > 0.01)
-and a latency entry with first audio; take a screenshot (page.png); press Stop; collect `window.__gw`, timings and the gateway log's tail.
+and a latency entry with first audio; take a screenshot (page.png); type a request for a story in
+the same call and press Interrupt 0.8 s into its audio (until the page hears silence); press Stop; collect `window.__gw`, timings and the gateway log's tail.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ LEAD_S = 1.5  # the page connects within about 1 s of opening the microphone
 # the question far from the first answer should a Chromium ignore that suffix.
 TRAIL_S = 20.0
 ANSWER_TIMEOUT_S = 40.0
+STORY = "Tell me a long story about a dragon."
+INTERRUPT_AFTER_MS = 800
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -71,6 +74,43 @@ def make_wav(path: Path) -> dict[str, Any]:
         speaker.close()
     write_wav(path, clip.pcm, WAV_RATE)
     return {"speech_onset_s": round(clip.onset / WAV_RATE, 3), "speech_end_s": round(clip.end / WAV_RATE, 3), "duration_s": round(clip.duration_s, 2)}
+
+
+def typed_turn_and_interrupt(page: Any) -> dict[str, Any]:
+    """Type a request for a long answer in the same call, then press Interrupt while it plays."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    out: dict[str, Any] = {"failure": None}
+    events_before = page.evaluate("() => window.__gw.events.length")
+    responses_before = page.evaluate("() => window.__gw.responses.length")
+    page.fill("#sayInput", STORY)
+    page.press("#sayInput", "Enter")
+    try:
+        page.wait_for_function(
+            "n => window.__gw.events.slice(n).includes('output_audio_buffer.started') && window.__gw.remoteLevel > 0.01",
+            arg=events_before, timeout=ANSWER_TIMEOUT_S * 1000, polling=50,
+        )
+        page.wait_for_timeout(INTERRUPT_AFTER_MS)
+        clicked = page.evaluate("() => { document.querySelector('#interruptBtn').click(); return performance.now(); }")
+        page.wait_for_function(
+            "n => window.__gw.responses.length > n && window.__gw.remoteLevel < 0.003", arg=responses_before, timeout=10000, polling=20
+        )
+        out["interrupt_to_silence_ms"] = round(page.evaluate("() => performance.now()") - clicked, 1)
+        page.wait_for_function("n => window.__gw.responses.length > n", arg=responses_before, timeout=10000)
+    except PlaywrightError as exc:
+        out["failure"] = f"typed turn: {str(exc).splitlines()[0]}"
+    state = page.evaluate(
+        "n => ({responses: window.__gw.responses.slice(n), events: window.__gw.events, interrupts: window.__gw.interrupts})",
+        responses_before,
+    )
+    out["interrupt"] = state["interrupts"][-1] if state["interrupts"] else None
+    out["responses"] = state["responses"]
+    out["events_after"] = state["events"][events_before:]
+    out["typed_bubbles"] = page.locator(".msg.user .who", has_text="typed").count()
+    out["interrupted_tags"] = page.locator(".msg.assistant .tag", has_text="interrupted").count()
+    page.wait_for_timeout(300)
+    out["error_banners"] = page.locator("#errors .error").all_inner_texts()
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -136,6 +176,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["failure"] = f"page: {str(exc).splitlines()[0]}"
                 result["page"] = page.evaluate("() => window.__gw")
                 page.screenshot(path=str(workdir / "page.png"), full_page=True)
+                if result["failure"] is None:
+                    result["typed"] = typed_turn_and_interrupt(page)
+                    lap("typed_turn_interrupted")
                 result["status_text"] = page.inner_text("#status")
                 result["latency_rows"] = page.locator("#latencyRows tr").count()
                 result["error_banners"] = page.locator("#errors .error").all_inner_texts()

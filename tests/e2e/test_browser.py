@@ -6,7 +6,7 @@ network namespace: a fresh namespace holds only `lo`, so ICE can only pair 127.0
 127.0.0.1 and the result does not depend on the host's network cards (see TESTING.md). The
 child writes what it saw as JSON; the assertions live here, with that JSON in their messages.
 
-    pytest -m browser tests/e2e/test_browser.py            # about 20-30 s with cached models
+    pytest -m browser tests/e2e/test_browser.py            # about 25-35 s with cached models
     GW_E2E_NETNS=0 pytest -m browser tests/e2e/...         # without the namespace
 
 Chromium's fake microphone plays a WAV of Piper saying "What is the capital of France?" with
@@ -70,8 +70,14 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
-def test_voice_turn_in_chromium(tmp_path: Path, chromium_path: str, netns_prefix: list[str]) -> None:
-    result = run_scenario(tmp_path, chromium_path, netns_prefix)
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory, chromium_path: str, netns_prefix: list[str]) -> dict[str, Any]:
+    """One run of the scenario (one gateway, one browser, one call) for both tests below."""
+    return run_scenario(tmp_path_factory.mktemp("browser"), chromium_path, netns_prefix)
+
+
+def test_voice_turn_in_chromium(scenario: dict[str, Any]) -> None:
+    result = scenario
     context = describe(result)
     print(context)
     page = result.get("page") or {}
@@ -87,3 +93,22 @@ def test_voice_turn_in_chromium(tmp_path: Path, chromium_path: str, netns_prefix
     assert not result["page_errors"], context
     assert not result["error_banners"], context
     assert result["after_stop"] == {"connected": False, "state": "Idle"}, context
+
+
+def test_typed_turn_and_interrupt_button(scenario: dict[str, Any]) -> None:
+    """In the same call: a typed request is answered aloud, and Interrupt silences it and cancels it."""
+    typed = scenario.get("typed")
+    if typed is None:
+        pytest.fail("not run: the voice turn failed first\n" + describe(scenario), pytrace=False)
+    context = json.dumps({k: v for k, v in typed.items() if k != "events_after"}, indent=1) + "\nevents: " + json.dumps(
+        dict(Counter(typed.get("events_after", [])))
+    )
+    assert typed["failure"] is None, context
+    assert typed["typed_bubbles"] == 1, context
+    statuses = [r["status"] for r in typed["responses"]]
+    assert statuses and statuses[-1] == "cancelled", context
+    assert typed["interrupted_tags"] >= 1, context
+    assert "output_audio_buffer.cleared" in typed["events_after"], context
+    assert typed["interrupt_to_silence_ms"] < 1000, context
+    assert typed["interrupt"]["cleared_ms"] is not None and typed["interrupt"]["done_ms"] is not None, context
+    assert not typed["error_banners"], context
