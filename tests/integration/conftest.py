@@ -21,13 +21,15 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="session")
 def secured_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """Text only, with an API key, a tiny rate limit and a small event cap."""
+    """Text only, with an API key, a small rate limit and a 1024-token context window."""
     process = start_gateway(
         "--api-keys",
         API_KEY,
         "--no-load-voice-models",
         "--rate-limit-rpm",
         "30",
+        "--max-context-tokens",
+        "1024",
         log_path=tmp_path_factory.mktemp("secured") / "gateway.log",
     )
     yield process

@@ -75,6 +75,25 @@ async def test_client_secret_opens_exactly_one_session_with_its_configuration(se
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "session.output_modalities[0]"
 
 
+def test_context_overflow_is_a_clear_400(secured_gateway: GatewayProcess) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "apple " * 1500}], "max_tokens": 10}
+    response = httpx.post(
+        f"{secured_gateway.http_url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_long_history_is_trimmed_to_the_context_window(secured_gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{secured_gateway.http_url}/v1", api_key=API_KEY, max_retries=0)
+    messages = [{"role": "system", "content": "Answer in English."}]
+    for index in range(8):
+        messages += [{"role": "user", "content": f"Note {index}: " + "banana " * 100}, {"role": "assistant", "content": "Okay."}]
+    messages += [{"role": "user", "content": "What is the capital of France?"}]
+    completion = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=30)
+    # 8 x 100 words do not fit in 1024 tokens: the oldest turns went, the rest was answered.
+    assert 500 < completion.usage.prompt_tokens <= 1024 - 30
+
+
 def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) -> None:
     headers = {"authorization": f"Bearer {API_KEY}"}
     statuses = []
