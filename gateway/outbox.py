@@ -26,6 +26,7 @@ class Outbox:
         self._max_pending_bytes = max_pending_bytes
         self._ready = asyncio.Event()
         self._closed = False
+        self.overflowed = False  # closed because the client stopped reading
         self._sequence = itertools.count(1)
         self._prefix = secrets.token_hex(4)
 
@@ -43,6 +44,7 @@ class Outbox:
         self._pending_bytes += len(wire)
         self._ready.set()
         if self._pending_bytes > self._max_pending_bytes:
+            self.overflowed = True
             self.close()
             raise SlowConsumer(f"more than {self._max_pending_bytes} bytes of events unread")
 

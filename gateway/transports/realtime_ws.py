@@ -85,9 +85,8 @@ async def _write_events(websocket: WebSocket, session: RealtimeSession) -> None:
     try:
         while (wire := await session.outbox.next()) is not None:
             await websocket.send_text(wire)
-        # The outbox closed while the client is still connected: it stopped reading.
-        if websocket.application_state == WebSocketState.CONNECTED:
-            await websocket.close(CLOSE_TRY_AGAIN, "slow consumer")
+        if session.outbox.overflowed and websocket.application_state == WebSocketState.CONNECTED:
+            await websocket.close(CLOSE_TRY_AGAIN, "slow consumer: events were not read")
     except (WebSocketDisconnect, RuntimeError, OSError):
         session.outbox.close()
 
