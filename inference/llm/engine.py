@@ -31,9 +31,10 @@ from typing import AsyncIterator, Literal, Sequence
 import torch
 
 from .cache import PrefixCache, RadixNode
-from .forward import KVBuffer, LeanForward, Segment
+from .forward import LeanForward, Segment
 from .loader import LoadedLM
 from .sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+from .threads import ThreadPolicy
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = ()  # stop strings; never emitted to the client
+    ignore_eos: bool = False  # addition: never sample EOS (fixed-length generations for benchmarks)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class EngineConfig:
     max_queued_requests: int = 64
     prefill_chunk_tokens: int = 256
     prefix_cache_bytes: int = 1 << 30
+    # Additions. Intra-op threads of the scheduler thread: 0 = adaptive between 1 and torch's thread
+    # count (see threads.py: measured per kind of step, because the CPU is shared); > 0 = fixed.
+    threads: int = 0
 
 
 class EngineOverloaded(Exception):
@@ -144,7 +149,7 @@ class GenerationStream:
 class _Request:
     __slots__ = (
         "id", "kind", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
-        "kv", "cached", "prefilled", "generated", "sampler", "detok", "stopper", "emitted_text",
+        "slot", "cached", "prefilled", "generated", "sampler", "detok", "stopper", "emitted_text",
         "cancelled", "submitted_at", "first_token_at", "max_new", "finished", "admitted_at", "cancel_at",
     )
 
@@ -159,7 +164,7 @@ class _Request:
         self.stream: GenerationStream | None = None
         self.future: asyncio.Future | None = None
         self.tokens: list[int] = list(prompt)  # prompt + generated
-        self.kv: KVBuffer | None = None
+        self.slot: int | None = None  # KV pool slot while admitted
         self.cached = 0  # prompt tokens reused from the prefix cache
         self.prefilled = False
         self.generated: list[int] = []
@@ -175,9 +180,6 @@ class _Request:
         self.max_new = 0
         self.finished = False
 
-    @property
-    def computed(self) -> int:
-        return 0 if self.kv is None else self.kv.length
 
 
 class LLMEngine:
@@ -187,6 +189,9 @@ class LLMEngine:
         self.lm = lm
         self.config = config
         self.fwd = LeanForward.for_model(lm.model, lm.context_window)
+        self.pool = self.fwd.new_pool(config.max_batch_size, lm.context_window)
+        on_cpu = self.fwd.device.type == "cpu"
+        self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1)
         self.cache = PrefixCache(config.prefix_cache_bytes, token_dim=3)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -301,7 +306,7 @@ class LLMEngine:
         req.sampler = RowSampler(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             repetition_penalty=params.repetition_penalty, seed=params.seed, prompt_ids=prompt,
-            device=self.fwd.device,
+            device=self.fwd.device, suppress_ids=tuple(sorted(self._eos)) if params.ignore_eos else (),
         )
         req.detok = IncrementalDetokenizer(self.lm.tokenizer)
         req.stopper = StopChecker(tuple(params.stop))
@@ -351,6 +356,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, float]:
         s = dict(self.cache.snapshot())
+        s.update(self.threads.snapshot())
         steps = self._steps
         s.update(
             queue_depth=len(self._queue),
@@ -364,6 +370,8 @@ class LLMEngine:
             requests_failed=self._requests_failed,
             requests_rejected=self._requests_rejected,
             step_seconds_total=self._step_seconds,
+            kv_pool_capacity_tokens=self.pool.capacity,
+            kv_pool_slots_used=self.pool.used,
             avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
             last_cancel_free_ms=self._last_free_latency * 1000.0,
         )
@@ -372,6 +380,8 @@ class LLMEngine:
     # -- scheduler thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.fwd.device.type != "cpu":
+            self.threads = ThreadPolicy(1, fixed=max(1, self.config.threads or torch.get_num_threads()))
         while True:
             with self._cond:
                 while self._running and not self._queue and not self._active and not self._conv_ops:
@@ -426,12 +436,15 @@ class LLMEngine:
                 log.exception("admission of %s failed", req.id)
                 self._fail(req, exc)
                 continue
-            if req.kind == "prefill" and req.kv.length == len(req.prompt):
+            if req.kind == "prefill" and self._computed(req) == len(req.prompt):
                 req.prefilled = True  # everything was cached already
                 self._finish(req, "stop")
                 continue
             with self._lock:
                 self._active.append(req)
+
+    def _computed(self, req: _Request) -> int:
+        return 0 if req.slot is None else self.pool.lengths[req.slot]
 
     def _start_request(self, req: _Request) -> None:
         req.admitted_at = time.monotonic()
@@ -439,60 +452,63 @@ class LLMEngine:
         # A generation must compute at least its last prompt token (its logits give the first token).
         limit = n - 1 if req.kind == "generate" else n
         match = self.cache.match(req.prompt, max_length=limit)
-        extra = min(req.max_new, 64) if req.kind == "generate" else 0
-        kv = self.fwd.new_kv(n + extra)
-        pos = 0
-        for piece in self.cache.gather(match):
-            kv.write(pos, piece)
-            pos += piece.shape[3]
-        req.kv = kv
+        slot = self.pool.acquire(req)
+        try:
+            pos = 0
+            for piece in self.cache.gather(match):
+                self.pool.write(slot, pos, piece)
+                pos += piece.shape[3]
+        except BaseException:
+            self.pool.release(req.slot)
+            req.slot = None
+            raise
         req.cached = match.length
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        pool = self.pool
         budget = self.config.prefill_chunk_tokens
+        # (request, start, n, tokens): one token per decoding request, prompt chunks within the budget.
+        parts: list[tuple[_Request, int, int, list[int]]] = []
+        for req in self._active:
+            p = pool.lengths[req.slot]
+            if req.prefilled:
+                parts.append((req, p, 1, [req.tokens[p]]))
+            elif budget > 0:
+                n = min(len(req.prompt) - p, budget)
+                budget -= n
+                parts.append((req, p, n, req.prompt[p : p + n]))
+        if not parts:
+            return
+        # Single-token segments first, by slot (they share one batched attention call), then chunks.
+        singles = sorted((x for x in parts if x[2] == 1), key=lambda x: x[0].slot)
+        chunks = [x for x in parts if x[2] > 1]
         segs: list[Segment] = []
-        rows: list[_Request] = []  # requests in segment order
+        rows: list[_Request] = []
         feed: list[int] = []
         positions: list[int] = []
         logit_rows: list[int] = []
         sample_reqs: list[_Request] = []
         done_prefill: list[_Request] = []
         r0 = 0
-        # Decoding requests first (one token each), then prompt chunks within the budget.
-        for req in self._active:
+        for req, p, n, toks in singles + chunks:
+            segs.append(Segment(req.slot, p, n))
+            rows.append(req)
+            feed.extend(toks)
+            positions.extend(range(p, p + n))
             if req.prefilled:
-                p = req.kv.length
-                feed.append(req.tokens[p])
-                positions.append(p)
-                segs.append(Segment(req.kv, p, 1))
-                rows.append(req)
                 logit_rows.append(r0)
                 sample_reqs.append(req)
-                r0 += 1
-        for req in self._active:
-            if req.prefilled or budget <= 0:
-                continue
-            p = req.kv.length
-            n = min(len(req.prompt) - p, budget)
-            budget -= n
-            feed.extend(req.prompt[p : p + n])
-            positions.extend(range(p, p + n))
-            segs.append(Segment(req.kv, p, n))
-            rows.append(req)
-            if p + n == len(req.prompt):
+            elif p + n == len(req.prompt):
                 done_prefill.append(req)
                 if req.kind == "generate":
                     logit_rows.append(r0 + n - 1)
                     sample_reqs.append(req)
             r0 += n
-        if not segs:
+        out = self._forward(segs, rows, feed, positions, logit_rows)
+        if out is None:  # every request in the step failed
             return
-        logits = self._forward(segs, rows, feed, positions, logit_rows)
-        if logits is None:  # every request in the step failed
-            return
-        failed = {id(r) for r, ok in logits[1].items() if not ok}
-        logits = logits[0]
+        logits, failed = out
         self._steps += 1
         self._prefill_tokens += sum(s.n for s, r in zip(segs, rows) if not r.prefilled)
         for req in done_prefill:
@@ -506,11 +522,9 @@ class LLMEngine:
                 self._finish(req, "stop")
         now = time.monotonic()
         finished: list[tuple[_Request, FinishReason]] = []
+        if failed:
+            sample_reqs = [r for r in sample_reqs if id(r) not in failed]
         if sample_reqs:
-            keep = [i for i, r in enumerate(sample_reqs) if id(r) not in failed]
-            if len(keep) != len(sample_reqs):
-                logits = logits[keep]
-                sample_reqs = [sample_reqs[i] for i in keep]
             try:
                 toks = sample_rows(logits, [r.sampler for r in sample_reqs])
             except Exception:
@@ -539,47 +553,55 @@ class LLMEngine:
         self._step_seconds += time.perf_counter() - t0
 
     def _forward(self, segs, rows, feed, positions, logit_rows):
-        """Run the step; if it fails, find the culprit by running each request alone (the KV writes of
-        a step are idempotent: nothing is committed before the pass completes)."""
+        """Run the step: (logits of the sampling rows, ids of failed requests), or None.
+
+        If the batched pass fails, each request runs alone to find the culprit (nothing is committed
+        before a pass completes, so re-running a segment is safe); the culprits fail, the others go on.
+        """
         dev = self.fwd.device
-        for s in segs:
-            s.kv.ensure_capacity(s.start + s.n)
+        pool = self.pool
+        rows_n = len(feed)
+        self.threads.before_step(rows_n)
+        t0 = time.perf_counter()
         try:
-            out = self.fwd.forward(
+            pool.ensure_capacity(max(s.start + s.n for s in segs))
+            logits = self.fwd.forward(
+                pool,
                 torch.tensor(feed, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev),
                 segs, logit_rows,
             )
-            return out, {id(r): True for r in rows}
+            if logits.device.type != "cpu":
+                torch.cuda.synchronize(logits.device)
+            self.threads.after_step(rows_n, time.perf_counter() - t0)
+            return logits, set()
         except Exception as exc:
             if len(segs) == 1:
                 log.exception("forward failed for %s", rows[0].id)
                 self._fail(rows[0], exc)
                 return None
             log.exception("batched forward failed; retrying requests one by one")
-        ok: dict[int, bool] = {}
+        failed: dict[int, tuple[_Request, BaseException]] = {}
         pieces = []
         r0 = 0
         for seg, req in zip(segs, rows):
             local = [lr - r0 for lr in logit_rows if r0 <= lr < r0 + seg.n]
             try:
                 out = self.fwd.forward(
+                    pool,
                     torch.tensor(feed[r0 : r0 + seg.n], dtype=torch.long, device=dev),
                     torch.tensor(positions[r0 : r0 + seg.n], dtype=torch.long, device=dev),
                     [seg], local,
                 )
-                ok[id(req)] = True
-                pieces.append(out)
-            except Exception as exc:
-                self._fail(req, exc)
-                ok[id(req)] = False
                 if local:
-                    pieces.append(None)
+                    pieces.append(out)
+            except Exception as exc:
+                failed[id(req)] = (req, exc)
             r0 += seg.n
-        good = [p for p in pieces if p is not None and p.shape[0]]
-        logits = torch.cat(good) if good else torch.empty((0, self._vocab), device=dev)
-        # Keep rows aligned with the surviving sampling requests.
-        return logits, ok
+        for req, exc in failed.values():  # only now: releasing a slot moves another request's slot
+            self._fail(req, exc)
+        logits = torch.cat(pieces) if pieces else torch.empty((0, self._vocab), device=dev)
+        return logits, set(failed)
 
     def _accept_token(self, req: _Request, tok: int, now: float) -> FinishReason | None:
         if req.first_token_at is None:
@@ -588,7 +610,7 @@ class LLMEngine:
         req.tokens.append(tok)
         req.sampler.observe(tok)
         self._tokens_generated += 1
-        if tok in self._eos:
+        if tok in self._eos and not req.params.ignore_eos:
             self._emit(req, req.stopper.feed(req.detok.flush())[0] + req.stopper.flush())
             return "stop"
         out, stopped = req.stopper.feed(req.detok.push(tok))
@@ -615,11 +637,16 @@ class LLMEngine:
             req.cancelled = True
 
     def _cache_insert(self, req: _Request, upto: int, *, pin: bool) -> RadixNode | None:
-        if req.kv is None or upto <= 0:
+        if req.slot is None or upto <= 0:
             return None
-        upto = min(upto, req.kv.length)
-        kv = req.kv
-        return self.cache.insert(req.tokens[:upto], lambda a, b: kv.slice(a, b), pin=pin)
+        upto = min(upto, self.pool.lengths[req.slot])
+        pool, slot = self.pool, req.slot
+        return self.cache.insert(req.tokens[:upto], lambda a, b: pool.view(slot, a, b), pin=pin)
+
+    def _release(self, req: _Request) -> None:
+        if req.slot is not None:
+            self.pool.release(req.slot)
+            req.slot = None
 
     def _finish(self, req: _Request, reason: FinishReason) -> None:
         if req.finished:
@@ -629,9 +656,10 @@ class LLMEngine:
         if reason == "cancelled":
             self._requests_cancelled += 1
         self._requests_finished += 1
+        computed = self._computed(req)
         try:
-            if req.kv is not None and req.kv.length > 0:
-                node = self._cache_insert(req, req.kv.length, pin=req.conversation_id is not None)
+            if computed > 0:
+                node = self._cache_insert(req, computed, pin=req.conversation_id is not None)
                 if req.conversation_id is not None:
                     old = self._pins.pop(req.conversation_id, None)
                     if node is not None:
@@ -639,8 +667,7 @@ class LLMEngine:
                     self.cache.unpin(old)
         except Exception:  # pragma: no cover - caching is best effort
             log.exception("caching the KV of %s failed", req.id)
-        computed = req.computed
-        req.kv = None  # free the request's KV buffer
+        self._release(req)  # the slot is free from here on
         if req.cancelled and req.admitted_at and req.cancel_at:
             self._last_free_latency = max(0.0, time.monotonic() - req.cancel_at)
         dur = now - req.submitted_at
@@ -669,7 +696,7 @@ class LLMEngine:
         if req.finished:
             return
         req.finished = True
-        req.kv = None
+        self._release(req)
         self._requests_failed += 1
         if req.kind == "prefill":
             self._call(req, _fail_future, req.future, exc)

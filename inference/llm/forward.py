@@ -84,59 +84,127 @@ def check_supported(model: nn.Module) -> None:
             raise UnsupportedModel(f"layer {i}: sliding-window attention is not supported")
 
 
-class KVBuffer:
-    """One request's keys and values for all layers: ``[layers, 2, kv_heads, capacity, head_dim]``.
+class KVPool:
+    """The KV of every active request, one *slot* per request, in one tensor per engine:
+    ``[layers, 2, slots, kv_heads, capacity, head_dim]``.
 
-    ``length`` tokens are valid. Capacity grows geometrically (one copy per growth, never per step).
+    One tensor lets a decoding step run attention for all decoding requests in one call per layer
+    (their slots are a contiguous range, padded to the longest, masked). Slots are kept compact
+    (``0..used-1``): freeing a slot moves the last slot's KV into it. Capacity (tokens per slot) grows
+    geometrically, for all slots at once; on CPU the memory of untouched positions is never committed.
     """
 
-    __slots__ = ("data", "length", "max_capacity")
-
-    def __init__(self, data: torch.Tensor, max_capacity: int) -> None:
-        self.data = data
-        self.length = 0
-        self.max_capacity = max_capacity
+    def __init__(self, fwd: "LeanForward", slots: int, *, max_capacity: int, capacity: int = 256) -> None:
+        self.fwd = fwd
+        self.slots = int(slots)
+        self.max_capacity = min(int(max_capacity), fwd.max_positions)
+        self.data: torch.Tensor | None = None
+        self._capacity = max(16, min(int(capacity), self.max_capacity))
+        self.lengths = [0] * self.slots
+        # Positions [0, clean) of a slot hold finite numbers (real KV, an old owner's KV, or zeros);
+        # attention over padded slots reads (masked) positions up to the longest slot.
+        self.clean = [0] * self.slots
+        self.owners: list[object | None] = [None] * self.slots
+        self.used = 0
 
     @property
     def capacity(self) -> int:
-        return self.data.shape[3]
+        return self._capacity
+
+    def _alloc(self, capacity: int) -> torch.Tensor:
+        f = self.fwd
+        return torch.empty((f.num_layers, 2, self.slots, f.num_kv_heads, capacity, f.head_dim),
+                           dtype=f.dtype, device=f.device)
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        return 0 if self.data is None else self.data.numel() * self.data.element_size()
 
     def ensure_capacity(self, needed: int) -> None:
-        cap = self.capacity
-        if needed <= cap:
-            return
         if needed > self.max_capacity:
             raise ValueError(f"sequence of {needed} tokens exceeds the context window ({self.max_capacity})")
-        new_cap = min(self.max_capacity, max(needed, cap * 2, 64))
-        new_cap = min(self.max_capacity, -(-new_cap // 64) * 64) if new_cap < self.max_capacity else new_cap
-        shape = list(self.data.shape)
-        shape[3] = new_cap
-        data = torch.empty(shape, dtype=self.data.dtype, device=self.data.device)
-        if self.length:
-            data[:, :, :, : self.length].copy_(self.data[:, :, :, : self.length])
-        self.data = data
+        if self.data is not None and needed <= self._capacity:
+            return
+        cap = self._capacity
+        while cap < needed:
+            cap *= 2
+        cap = min(cap, self.max_capacity)
+        new = self._alloc(cap)
+        longest = 0
+        if self.data is not None and self.used:
+            longest = max(self.lengths[: self.used])
+            if longest:
+                new[:, :, : self.used, :, :longest].copy_(self.data[:, :, : self.used, :, :longest])
+        self.clean = [min(c, longest) if i < self.used else 0 for i, c in enumerate(self.clean)]
+        self.data = new
+        self._capacity = cap
 
-    def slice(self, start: int, stop: int) -> torch.Tensor:
-        """A view of tokens [start, stop) for all layers: ``[layers, 2, kv_heads, n, head_dim]``."""
-        return self.data[:, :, :, start:stop]
+    def sanitize(self, slot: int, upto: int) -> None:
+        """Make positions [0, upto) of ``slot`` finite (zeros beyond what was ever written)."""
+        c = self.clean[slot]
+        if c >= upto:
+            return
+        hi = min(self._capacity, max(upto, c + 64))
+        self.data[:, :, slot, :, c:hi].zero_()
+        self.clean[slot] = hi
 
-    def write(self, start: int, kv: torch.Tensor) -> None:
-        """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``) to positions [start, start+n)."""
+    def acquire(self, owner: object) -> int:
+        """A free slot for ``owner`` (which gets a ``slot`` attribute, updated if its slot moves)."""
+        if self.used >= self.slots:
+            raise RuntimeError("no free KV slot")
+        if self.data is None:
+            self.data = self._alloc(self._capacity)
+            self.clean = [0] * self.slots
+        slot = self.used
+        self.used += 1
+        self.lengths[slot] = 0
+        self.owners[slot] = owner
+        owner.slot = slot
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free ``slot``; the last slot's KV moves into it so the used slots stay ``0..used-1``."""
+        last = self.used - 1
+        if slot < 0 or slot > last:
+            raise ValueError(f"slot {slot} is not in use")
+        if slot != last:
+            n = self.lengths[last]
+            if n:
+                self.data[:, :, slot, :, :n].copy_(self.data[:, :, last, :, :n])
+            self.lengths[slot] = n
+            self.clean[slot] = max(self.clean[slot], n)
+            moved = self.owners[last]
+            self.owners[slot] = moved
+            moved.slot = slot
+        self.owners[last] = None
+        self.lengths[last] = 0
+        self.used = last
+        if self.used == 0:
+            self.data = None  # idle: give the memory back
+
+    def length(self, slot: int) -> int:
+        return self.lengths[slot]
+
+    def view(self, slot: int, start: int, stop: int) -> torch.Tensor:
+        """KV of tokens [start, stop) of ``slot``: ``[layers, 2, kv_heads, n, head_dim]`` (a view)."""
+        return self.data[:, :, slot, :, start:stop]
+
+    def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
+        """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``) to positions [start, start+n) of ``slot``."""
         n = kv.shape[3]
         self.ensure_capacity(start + n)
-        self.data[:, :, :, start : start + n].copy_(kv)
-        self.length = max(self.length, start + n)
+        if start > self.lengths[slot]:
+            raise ValueError(f"write at {start} leaves a gap after {self.lengths[slot]} tokens")
+        self.data[:, :, slot, :, start : start + n].copy_(kv)
+        self.lengths[slot] = max(self.lengths[slot], start + n)
+        self.clean[slot] = max(self.clean[slot], start + n)
 
 
 @dataclass
 class Segment:
-    """One request's part of a step: ``n`` new tokens written to ``kv`` from position ``start``."""
+    """One request's part of a step: ``n`` new tokens written to ``slot`` from position ``start``."""
 
-    kv: KVBuffer
+    slot: int
     start: int
     n: int
 
@@ -146,55 +214,58 @@ class _Layer:
 
 
 def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights of ``modules`` and re-point each module at a view of the result.
+    """Fuse the weights of ``modules`` (same input) into one *transposed* ``[in, sum(out)]`` matrix.
 
-    Idempotent: weights that already are consecutive rows of one tensor are used in place.
+    ``x @ W_t`` with a row-major ``[in, out]`` matrix (an "NN" GEMM) runs 10-25% faster on this CPU's
+    MKL than ``F.linear``'s "NT" GEMM for 4-16 rows (decoding batches), and the same for 1 row or for
+    prefill chunks. Each module's weight is re-pointed at a (transposed) view of the fused matrix, so
+    the model keeps working unchanged and no weight memory is duplicated. Idempotent.
     """
+    marks = [getattr(m, "_lean_fused", None) for m in modules]
+    if all(mk is not None for mk in marks) and all(mk[0] is marks[0][0] for mk in marks):
+        fused_t = marks[0][0]
+        if fused_t.shape[1] == sum(m.out_features for m in modules):
+            return fused_t, marks[0][1]
     weights = [m.weight.data for m in modules]
     first = weights[0]
-    contiguous_run = all(w.is_contiguous() for w in weights) and all(
-        w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for w in weights
-    ) and all(
-        weights[i].data_ptr() + weights[i].numel() * weights[i].element_size() == weights[i + 1].data_ptr()
-        for i in range(len(weights) - 1)
-    )
-    if contiguous_run:
-        rows = sum(w.shape[0] for w in weights)
-        fused = first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]))
-    else:
-        fused = torch.cat(weights, dim=0).contiguous()
+    fused_t = torch.cat(weights, dim=0).t().contiguous()
     bias = None
     if any(m.bias is not None for m in modules):
         bias = torch.cat(
-            [m.bias.data if m.bias is not None else torch.zeros(m.out_features, dtype=fused.dtype, device=fused.device)
+            [m.bias.data if m.bias is not None else torch.zeros(m.out_features, dtype=first.dtype, device=first.device)
              for m in modules]
-        )
+        ).contiguous()
     offset = 0
     for m in modules:
         n = m.out_features
-        m.weight = nn.Parameter(fused[offset : offset + n], requires_grad=False)
+        m.weight = nn.Parameter(fused_t[:, offset : offset + n].t(), requires_grad=False)
         if m.bias is not None:
             m.bias = nn.Parameter(bias[offset : offset + n], requires_grad=False)
+        m._lean_fused = (fused_t, bias)
         offset += n
-    return fused, bias
+    return fused_t, bias
+
+
+def _linear(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, w_t) if b is None else torch.addmm(b, x, w_t)
 
 
 class LeanForward:
     """Ragged-batch forward over a Llama-family ``*ForCausalLM`` model's own weights.
 
-    Use :meth:`for_model` to share one instance per model (construction fuses the model's weights).
+    Use :meth:`for_model` to share one instance per model (construction re-lays the model's weights).
     """
 
     @classmethod
-    def for_model(cls, model: nn.Module, context_window: int) -> "LeanForward":
+    def for_model(cls, model: nn.Module, context_window: int = 0) -> "LeanForward":
         cached = getattr(model, "_lean_forward", None)
-        if isinstance(cached, cls) and cached.context_window >= context_window:
+        if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
         inst = cls(model, context_window)
         model._lean_forward = inst
         return inst
 
-    def __init__(self, model: nn.Module, context_window: int) -> None:
+    def __init__(self, model: nn.Module, context_window: int = 0) -> None:
         check_supported(model)
         self.model = model
         config = model.config
@@ -210,7 +281,9 @@ class LeanForward:
         self.scaling = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
         self.hidden = config.hidden_size
         self.num_layers = len(base.layers)
-        self.context_window = int(context_window)
+        self.max_positions = max(int(context_window), int(getattr(config, "max_position_embeddings", 0) or 0))
+        if self.max_positions <= 0:
+            raise UnsupportedModel("the model config has no max_position_embeddings")
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
         self.final_eps = float(getattr(base.norm, "variance_epsilon", getattr(base.norm, "eps", 1e-6)))
@@ -227,32 +300,27 @@ class LeanForward:
                 L.ln2 = layer.post_attention_layernorm.weight
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
                 L.wqkv, L.bqkv = _fuse_linear([at.q_proj, at.k_proj, at.v_proj])
-                L.wo, L.bo = at.o_proj.weight, at.o_proj.bias
+                L.wo, L.bo = _fuse_linear([at.o_proj])
                 L.wgu, L.bgu = _fuse_linear([mlp.gate_proj, mlp.up_proj])
-                L.wdown, L.bdown = mlp.down_proj.weight, mlp.down_proj.bias
+                L.wdown, L.bdown = _fuse_linear([mlp.down_proj])
                 L.act = mlp.act_fn
                 self.layers.append(L)
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
-            pos = torch.arange(self.context_window, device=self.device).unsqueeze(0)
+            pos = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
             cos, sin = base.rotary_emb(self.embed[:1].unsqueeze(0), pos)
             self.cos = cos[0].to(self.dtype).contiguous()
             sin = sin[0].to(self.dtype)
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
-        self._mask_cache: dict[tuple[int, int], torch.Tensor] = {}
 
-    # -- KV buffers ---------------------------------------------------------------------------------
+    # -- KV -----------------------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
 
-    def new_kv(self, capacity: int) -> KVBuffer:
-        capacity = max(1, min(int(capacity), self.context_window))
-        data = torch.empty(
-            (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device
-        )
-        return KVBuffer(data, self.context_window)
+    def new_pool(self, slots: int, max_capacity: int, capacity: int = 256) -> KVPool:
+        return KVPool(self, slots, max_capacity=max_capacity, capacity=capacity)
 
     # -- the step -------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -262,84 +330,122 @@ class LeanForward:
         return w * F.rms_norm(x.float(), (self.hidden,), None, eps).to(self.dtype)
 
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
-        key = (start, n)
-        m = self._mask_cache.get(key)
-        if m is None:
-            q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
-            k = torch.arange(start + n, device=self.device).unsqueeze(0)
-            m = k <= q
-            if len(self._mask_cache) > 256:
-                self._mask_cache.clear()
-            self._mask_cache[key] = m
-        return m
+        q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
+        k = torch.arange(start + n, device=self.device).unsqueeze(0)
+        return k <= q
 
     @torch.inference_mode()
     def forward(
         self,
+        pool: KVPool,
         token_ids: torch.Tensor,
         positions: torch.Tensor,
         segments: Sequence[Segment],
         logit_rows: Sequence[int] | torch.Tensor,
     ) -> torch.Tensor:
-        """Run one step. ``token_ids``/``positions``: ``[T]`` on the model's device, segment by segment.
+        """Run one step over ``T`` new tokens and return float32 logits for ``logit_rows``.
 
-        Writes each segment's keys/values into its KV buffer (capacity must already suffice; see
-        :meth:`prepare`) and returns float32 logits for ``logit_rows`` (indices into the T rows).
+        ``token_ids``/``positions`` (``[T]``, on the model's device) list the new tokens segment by
+        segment. Single-token segments (decoding) come first, in increasing slot order; prompt chunks
+        (``n > 1``) follow. Each segment's keys/values are written to its slot of ``pool`` (its capacity
+        must suffice: :meth:`KVPool.ensure_capacity`), and the slot lengths are updated at the end, so a
+        step that raises commits nothing and can be retried.
         """
         H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
         T = token_ids.shape[0]
+        data = pool.data
+        sdpa = F.scaled_dot_product_attention
+        scale = self.scaling
+        # -- plan: decode rows (one token) attend in one batched call over slots [0, used) ------------
+        n_dec = 0
+        while n_dec < len(segments) and segments[n_dec].n == 1:
+            n_dec += 1
+        dec = segments[:n_dec]
+        chunks = segments[n_dec:]
+        used = pool.used
+        dec_slots = [s.slot for s in dec]
+        if any(b <= a for a, b in zip(dec_slots, dec_slots[1:])):
+            raise ValueError("single-token segments must come first, in increasing slot order")
+        if any(s.n < 1 for s in chunks):
+            raise ValueError("empty segment")
+        if n_dec + sum(s.n for s in chunks) != T:
+            raise ValueError(f"segments cover {n_dec + sum(s.n for s in chunks)} rows, got {T} tokens")
+        dense = dec_slots == list(range(used))  # every used slot decodes: no gather/scatter of queries
+        if n_dec:
+            if dense:
+                ends = [s.start + 1 for s in dec]
+            else:
+                ends = [1] * used
+                for s in dec:
+                    ends[s.slot] = s.start + 1
+            lmax = max(ends)
+            if min(ends) == lmax:
+                dec_mask = None
+            else:
+                # Padded positions are masked, but must hold finite numbers (0 * NaN is NaN).
+                for slot, e in enumerate(ends):
+                    if e < lmax:
+                        pool.sanitize(slot, lmax)
+                lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
+                dec_mask = torch.arange(lmax, device=self.device).view(1, 1, 1, lmax) < lens
+            slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
+            pos_idx = positions[:n_dec]
+        chunk_plan = []
+        r0 = n_dec
+        for s in chunks:
+            end = s.start + s.n
+            if s.start == 0:
+                chunk_plan.append((r0, s.n, s.slot, s.start, end, None, True))
+            else:
+                chunk_plan.append((r0, s.n, s.slot, s.start, end, self._causal_mask(s.start, s.n), False))
+            r0 += s.n
+
         x = F.embedding(token_ids, self.embed)
         cos = self.cos.index_select(0, positions).unsqueeze(1)
         sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
         half = D // 2
-        scale = self.scaling
-        sdpa = F.scaled_dot_product_attention
-        # Per segment: (row offset, n, kv data, start, end, mask-or-None, causal flag)
-        plan = []
-        a = 0
-        for seg in segments:
-            end = seg.start + seg.n
-            if seg.n == 1:
-                mask, causal = None, False
-            elif seg.start == 0:
-                mask, causal = None, True
-            else:
-                mask, causal = self._causal_mask(seg.start, seg.n), False
-            plan.append((a, seg.n, seg.kv.data, seg.start, end, mask, causal))
-            a += seg.n
-        if a != T:
-            raise ValueError(f"segments cover {a} rows, got {T} tokens")
         for li, L in enumerate(self.layers):
             h = self._norm(x, L.ln1, L.eps1)
-            qkv = F.linear(h, L.wqkv, L.bqkv).view(T, H + 2 * KVH, D)
+            qkv = _linear(h, L.wqkv, L.bqkv).view(T, H + 2 * KVH, D)
             qk = qkv[:, : H + KVH]
             rot = torch.roll(qk, half, -1).mul_(sin)
             qk.mul_(cos).add_(rot)
-            kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys then values
+            kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys, then values
+            layer = data[li]  # [2, slots, KVH, cap, D]
             outs = []
-            for (r0, n, data, start, end, mask, causal) in plan:
-                layer_kv = data[li].view(2 * KVH, data.shape[3], D)
-                layer_kv[:, start:end].copy_(kvnew[r0 : r0 + n].transpose(0, 1))
-                k = data[li, 0, :, :end].unsqueeze(0)
-                v = data[li, 1, :, :end].unsqueeze(0)
-                if n == 1:
-                    # One query: group the G query heads of each KV head as G "positions" (no mask needed).
-                    q = qkv[r0, :H].view(1, KVH, G, D)
-                    o = sdpa(q, k, v, scale=scale)
-                    outs.append(o.view(1, H * D))
+            if n_dec:
+                layer[:, slot_idx, :, pos_idx] = kvnew[:n_dec].view(n_dec, 2, KVH, D)
+                k = layer[0, :used, :, :lmax]
+                v = layer[1, :used, :, :lmax]
+                q = qkv[:n_dec, :H].view(n_dec, KVH, G, D)
+                if dense:
+                    o = sdpa(q, k, v, attn_mask=dec_mask, scale=scale)
+                    outs.append(o.view(n_dec, H * D))
                 else:
-                    q = qkv[r0 : r0 + n, :H].transpose(0, 1).unsqueeze(0)
-                    o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
-                    outs.append(o[0].transpose(0, 1).reshape(n, H * D))
+                    qf = q.new_zeros((used, KVH, G, D))
+                    qf[slot_idx] = q
+                    o = sdpa(qf, k, v, attn_mask=dec_mask, scale=scale)
+                    outs.append(o[slot_idx].view(n_dec, H * D))
+            for (c0, n, slot, start, end, mask, causal) in chunk_plan:
+                layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
+                k = layer[0, slot, :, :end].unsqueeze(0)
+                v = layer[1, slot, :, :end].unsqueeze(0)
+                q = qkv[c0 : c0 + n, :H].transpose(0, 1).unsqueeze(0)
+                o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
+                outs.append(o[0].transpose(0, 1).reshape(n, H * D))
             att = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            x = x + F.linear(att, L.wo, L.bo)
+            x = x + _linear(att, L.wo, L.bo)
             h = self._norm(x, L.ln2, L.eps2)
-            gu = F.linear(h, L.wgu, L.bgu)
+            gu = _linear(h, L.wgu, L.bgu)
             inter = gu.shape[1] // 2
             m = L.act(gu[:, :inter]).mul_(gu[:, inter:])
-            x = x + F.linear(m, L.wdown, L.bdown)
-        for (r0, n, data, start, end, mask, causal), seg in zip(plan, segments):
-            seg.kv.length = max(seg.kv.length, end)
+            x = x + _linear(m, L.wdown, L.bdown)
+        for s in segments:
+            end = s.start + s.n
+            if end > pool.lengths[s.slot]:
+                pool.lengths[s.slot] = end
+            if end > pool.clean[s.slot]:
+                pool.clean[s.slot] = end
         if isinstance(logit_rows, torch.Tensor):
             rows = logit_rows
         else:
@@ -349,8 +455,3 @@ class LeanForward:
         hs = self._norm(x.index_select(0, rows), self.final_norm, self.final_eps)
         logits = F.linear(hs, self.lm_head, self.lm_head_bias)
         return logits.float()
-
-    def prepare(self, segments: Sequence[Segment]) -> None:
-        """Grow KV buffers so that every segment fits."""
-        for seg in segments:
-            seg.kv.ensure_capacity(seg.start + seg.n)

@@ -19,7 +19,8 @@ import torch
 class RowSampler:
     """Sampling state of one request: its parameters, generator and the token ids seen so far."""
 
-    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids", "_dirty")
+    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids", "_dirty",
+                 "suppress_ids", "_suppress")
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class RowSampler:
         seed: int | None,
         prompt_ids: Sequence[int],
         device: torch.device | str = "cpu",
+        suppress_ids: Sequence[int] = (),
     ) -> None:
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
@@ -51,6 +53,8 @@ class RowSampler:
         self.seen: set[int] = set(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else set()
         self._seen_ids: torch.Tensor | None = None
         self._dirty = True
+        self.suppress_ids = tuple(int(t) for t in suppress_ids)  # never sampled (e.g. EOS with ignore_eos)
+        self._suppress: torch.Tensor | None = None
 
     @property
     def greedy(self) -> bool:
@@ -69,6 +73,10 @@ class RowSampler:
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply the logits processors to one row (``[V]``, float32); returns the processed row."""
+        if self.suppress_ids:
+            if self._suppress is None or self._suppress.device != logits.device:
+                self._suppress = torch.tensor(self.suppress_ids, dtype=torch.long, device=logits.device)
+            logits = logits.index_fill(0, self._suppress, float("-inf"))
         if self.repetition_penalty != 1.0 and self.seen:
             ids = self.seen_ids(logits.device)
             score = logits.gather(0, ids)
@@ -103,7 +111,7 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[in
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
     # Fast path: rows that are plain greedy (no penalty) share one argmax.
-    plain = [i for i, s in enumerate(samplers) if s.greedy and s.repetition_penalty == 1.0]
+    plain = [i for i, s in enumerate(samplers) if s.greedy and s.repetition_penalty == 1.0 and not s.suppress_ids]
     out: list[int] = [0] * len(samplers)
     if plain:
         if len(plain) == len(samplers):

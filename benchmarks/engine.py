@@ -1,0 +1,346 @@
+"""LLM engine benchmark: every figure is a comparison measured in the same run; prints one JSON object.
+
+    python -m benchmarks.engine [--skip-cold-load] [--tokens 64] [--repeats 3]
+
+1. TTFT of a ~600-token system prompt seen for the first time vs the same system prompt with another
+   question (shared prefix cache).                                              target ratio >= 5
+2. TTFT of turn 5 of a conversation (conversation cache) vs the same history sent fresh, cold cache.
+                                                                                target ratio >= 3
+3. aggregate tok/s of 8 concurrent streams vs 1 stream.                         target ratio >= 4
+4. single-stream decode tok/s vs plain ``model.generate()`` (greedy, same number of tokens), and vs the
+   bandwidth bound (weight bytes / 28 GB/s).                                    target >= 2x generate()
+5. time from cancel() until the request's slot is free, and the other streams' token rate before/after.
+Also: cold (fresh cache dir, GGUF conversion) vs warm load_lm.
+
+The machine is shared and noisy: medians over --repeats, and each ratio compares two things measured in
+the same run, back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from inference.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.llm.loader import LoadedLM, load_lm
+from inference.models import embedded_llm
+
+BANDWIDTH_BYTES_S = 28e9  # measured on this machine (MODELS.md)
+
+STORE_FACTS = [
+    "The store opens at 8 am and closes at 6 pm from Monday to Saturday, and at 4 pm on Sunday.",
+    "Returns are accepted within 30 days with a receipt; opened paint cannot be returned.",
+    "The garden centre sells seeds, compost, hoses, pots, shovels, rakes and outdoor furniture.",
+    "The tool aisle has hammers, screwdrivers, wrenches, pliers, saws, drills and sanders.",
+    "Electrical parts include cables, switches, sockets, fuses, light bulbs and extension leads.",
+    "Paint can be mixed to any colour in about ten minutes at the paint counter near the entrance.",
+    "Delivery is free for orders over 100 dollars within 20 miles of the store.",
+    "Keys can be cut while you wait; the key machine is next to the checkout.",
+    "Loyalty members get 5 percent off every purchase and a birthday voucher.",
+    "Staff wear orange aprons and are happy to help you find anything in the store.",
+]
+
+
+def system_prompt(variant: int, target_tokens: int, tokenizer) -> str:
+    """A store-assistant system prompt of about ``target_tokens`` tokens; ``variant`` makes it unique."""
+    lines = [f"You are assistant number {variant} of the Acme hardware store, branch {variant * 7 + 3}. "
+             "Answer customers in one or two short sentences."]
+    i = 0
+    while len(tokenizer.encode("\n".join(lines))) < target_tokens:
+        lines.append(f"Fact {i + 1}: {STORE_FACTS[(i + variant) % len(STORE_FACTS)]}")
+        i += 1
+    return "\n".join(lines)
+
+
+def render(lm: LoadedLM, messages: list[dict]) -> list[int]:
+    out = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(out["input_ids"])
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def ttft(engine: LLMEngine, ids: list[int], max_tokens: int = 4, **kw) -> tuple[float, object]:
+    stream = engine.submit(ids, SamplingParams(temperature=0, max_tokens=max_tokens), **kw)
+    result = await stream.result()
+    return result.first_token_at - result.submitted_at, result
+
+
+async def bench_system_prompt(engine: LLMEngine, lm: LoadedLM, repeats: int) -> dict:
+    firsts, seconds, n_tokens = [], [], 0
+    for r in range(repeats):
+        system = system_prompt(100 + r, 600, lm.tokenizer)
+        a = render(lm, [{"role": "system", "content": system}, {"role": "user", "content": "When do you open?"}])
+        b = render(lm, [{"role": "system", "content": system}, {"role": "user", "content": "Can I return paint?"}])
+        n_tokens = len(a)
+        t1, _ = await ttft(engine, a)
+        t2, res = await ttft(engine, b)
+        firsts.append(t1)
+        seconds.append(t2)
+    return {
+        "prompt_tokens": n_tokens,
+        "cached_prompt_tokens_second": res.cached_prompt_tokens,
+        "ttft_first_s": round(med(firsts), 4),
+        "ttft_same_system_other_question_s": round(med(seconds), 4),
+        "ratio": round(med(firsts) / med(seconds), 2),
+        "target": ">= 5",
+    }
+
+
+async def bench_conversation(lm: LoadedLM, repeats: int) -> dict:
+    questions = ["Hi! What do you sell?", "Do you deliver?", "How long does paint mixing take?",
+                 "Can you cut keys?", "What about loyalty discounts?"]
+    cached_ttfts, fresh_ttfts, prompt_len, cached_tokens = [], [], 0, 0
+    for r in range(repeats):
+        engine = LLMEngine(lm)
+        fresh_engine = LLMEngine(lm, EngineConfig(prefix_cache_bytes=0))
+        engine.start()
+        fresh_engine.start()
+        try:
+            system = system_prompt(200 + r, 300, lm.tokenizer)
+            messages = [{"role": "system", "content": system}]
+            conv = f"bench-conv-{r}"
+            for turn, q in enumerate(questions):
+                messages.append({"role": "user", "content": q})
+                ids = render(lm, messages)
+                if turn < 4:
+                    stream = engine.submit(ids, SamplingParams(temperature=0, max_tokens=40), conversation_id=conv)
+                    res = await stream.result()
+                    messages.append({"role": "assistant", "content": res.text})
+                else:
+                    t_cached, res = await ttft(engine, ids, conversation_id=conv)
+                    t_fresh, _ = await ttft(fresh_engine, ids)
+                    cached_ttfts.append(t_cached)
+                    fresh_ttfts.append(t_fresh)
+                    prompt_len, cached_tokens = len(ids), res.cached_prompt_tokens
+        finally:
+            engine.close()
+            fresh_engine.close()
+    return {
+        "turn5_prompt_tokens": prompt_len,
+        "turn5_cached_prompt_tokens": cached_tokens,
+        "ttft_turn5_conversation_cache_s": round(med(cached_ttfts), 4),
+        "ttft_turn5_fresh_cold_s": round(med(fresh_ttfts), 4),
+        "ratio": round(med(fresh_ttfts) / med(cached_ttfts), 2),
+        "target": ">= 3",
+    }
+
+
+LONG_QUESTIONS = [
+    "Write a long story about a dragon and a knight.",
+    "Explain how a bicycle works, in detail.",
+    "Describe a day at the beach.",
+    "Write a letter to a friend about your holidays.",
+    "Explain photosynthesis to a child.",
+    "Describe the city of Paris.",
+    "Write a poem about autumn leaves.",
+    "Tell me about the history of the printing press.",
+]
+
+
+async def run_streams(engine: LLMEngine, lm: LoadedLM, n: int, tokens: int) -> dict:
+    prompts = [render(lm, [{"role": "user", "content": LONG_QUESTIONS[i % len(LONG_QUESTIONS)]}]) for i in range(n)]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    t0 = time.monotonic()
+    streams = [engine.submit(p, params) for p in prompts]
+    results = [await s.result() for s in streams]
+    wall = max(r.finished_at for r in results) - t0
+    total = sum(r.completion_tokens for r in results)
+    decode_rates = [(r.completion_tokens - 1) / (r.finished_at - r.first_token_at) for r in results]
+    return {"streams": n, "tokens": total, "wall_s": round(wall, 3), "aggregate_tok_s": round(total / wall, 2),
+            "per_stream_decode_tok_s": round(med(decode_rates), 2)}
+
+
+async def bench_concurrency(engine: LLMEngine, lm: LoadedLM, tokens: int, repeats: int) -> dict:
+    ones, eights = [], []
+    for _ in range(repeats):
+        engine.clear_prefix_cache()
+        ones.append(await run_streams(engine, lm, 1, tokens))
+        engine.clear_prefix_cache()
+        eights.append(await run_streams(engine, lm, 8, tokens))
+    one = sorted(ones, key=lambda d: d["aggregate_tok_s"])[len(ones) // 2]
+    eight = sorted(eights, key=lambda d: d["aggregate_tok_s"])[len(eights) // 2]
+    return {"one_stream": one, "eight_streams": eight,
+            "ratio": round(eight["aggregate_tok_s"] / one["aggregate_tok_s"], 2), "target": ">= 4"}
+
+
+def generate_rate(lm: LoadedLM, ids: list[int], tokens: int) -> tuple[float, float]:
+    """Decode tok/s of plain generate(): (T(N) - T(1)) over N-1 tokens, greedy, EOS suppressed."""
+    x = torch.tensor([ids], device=lm.device)
+    kw = dict(attention_mask=torch.ones_like(x), do_sample=False, repetition_penalty=1.0,
+              pad_token_id=lm.tokenizer.pad_token_id)
+    with torch.inference_mode():
+        lm.model.generate(x, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
+        t = time.perf_counter()
+        lm.model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        t1 = time.perf_counter() - t
+        t = time.perf_counter()
+        out = lm.model.generate(x, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
+        tn = time.perf_counter() - t
+    assert out.shape[1] - len(ids) == tokens
+    return (tokens - 1) / (tn - t1), t1
+
+
+async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, tokens: int, repeats: int) -> dict:
+    ids = render(lm, [{"role": "user", "content": LONG_QUESTIONS[0]}])
+    params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
+    ours, theirs, same = [], [], True
+    for _ in range(repeats):
+        engine.clear_prefix_cache()
+        res = await engine.submit(ids, params).result()
+        ours.append((res.completion_tokens - 1) / (res.finished_at - res.first_token_at))
+        rate, _ = await asyncio.to_thread(generate_rate, lm, ids, tokens)
+        theirs.append(rate)
+    # Same tokens as generate() (greedy, EOS suppressed in both)?
+    x = torch.tensor([ids], device=lm.device)
+    with torch.inference_mode():
+        ref = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens,
+                                do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)[0, len(ids):].tolist()
+    same = ref == res.token_ids
+    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    bound = BANDWIDTH_BYTES_S / weight_bytes
+    return {
+        "tokens": tokens,
+        "engine_decode_tok_s": round(med(ours), 2),
+        "generate_decode_tok_s": round(med(theirs), 2),
+        "ratio_vs_generate": round(med(ours) / med(theirs), 2),
+        "target": ">= 2",
+        "weight_bytes": weight_bytes,
+        "bandwidth_bound_tok_s": round(bound, 1),
+        "fraction_of_bound": round(med(ours) / bound, 2),
+        "same_tokens_as_generate": same,
+        "dtype": str(lm.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+    }
+
+
+async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -> dict:
+    engine.clear_prefix_cache()
+    prompts = [render(lm, [{"role": "user", "content": q}]) for q in LONG_QUESTIONS[:4]]
+    params = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
+    streams = [engine.submit(p, params) for p in prompts]
+    counts = [0] * len(streams)
+    stamps: list[list[float]] = [[] for _ in streams]
+
+    async def pump(i: int) -> None:
+        async for _ in streams[i]:
+            counts[i] += 1
+            stamps[i].append(time.monotonic())
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    while min(counts) < 3:  # everyone is decoding
+        await asyncio.sleep(0.01)
+    before_start = time.monotonic()
+    await asyncio.sleep(window_s)
+    before_end = time.monotonic()
+    active_before = engine.stats()["active"]
+    victim = streams[0]
+    t_cancel = time.monotonic()
+    victim.cancel()
+    res = await victim.result()
+    t_result = time.monotonic()
+    while engine.stats()["active"] >= active_before:
+        await asyncio.sleep(0.001)
+    t_free = time.monotonic()
+    after_start = time.monotonic()
+    await asyncio.sleep(window_s)
+    after_end = time.monotonic()
+    for s in streams[1:]:
+        s.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    def rate(i: int, a: float, b: float) -> float:
+        return sum(1 for t in stamps[i] if a <= t < b) / (b - a)
+
+    def max_gap(i: int, a: float, b: float) -> float:
+        ts = [t for t in stamps[i] if a <= t < b]
+        return max((y - x for x, y in zip(ts, ts[1:])), default=0.0)
+
+    before = [rate(i, before_start, before_end) for i in range(1, len(streams))]
+    after = [rate(i, after_start, after_end) for i in range(1, len(streams))]
+    return {
+        "streams": len(streams),
+        "cancelled_finish_reason": res.finish_reason,
+        "cancel_to_result_ms": round((t_result - t_cancel) * 1000, 2),
+        "cancel_to_slot_free_ms": round((t_free - t_cancel) * 1000, 2),
+        "engine_measured_free_ms": round(engine.stats()["last_cancel_free_ms"], 2),
+        "others_tok_s_before": [round(x, 2) for x in before],
+        "others_tok_s_after": [round(x, 2) for x in after],
+        "others_rate_after_over_before": round(sum(after) / sum(before), 2),
+        "others_max_gap_ms_around_cancel": round(
+            max(max_gap(i, t_cancel - 0.5, t_cancel + 0.5) for i in range(1, len(streams))) * 1000, 1),
+    }
+
+
+def bench_load(skip_cold: bool, cache_dir: Path) -> tuple[dict, LoadedLM]:
+    out: dict = {}
+    path = embedded_llm()
+    if not skip_cold:
+        with tempfile.TemporaryDirectory(prefix="gw-bench-cache-") as tmp:
+            cold = load_lm(path, cache_dir=Path(tmp))
+            t = time.perf_counter()
+            warm_same_dir = load_lm(path, cache_dir=Path(tmp))
+            out["cold_load_s"] = round(cold.load_seconds, 2)
+            out["cold_converted"] = cold.converted
+            out["warm_load_s"] = round(warm_same_dir.load_seconds, 2)
+            out["warm_converted"] = warm_same_dir.converted
+            out["ratio"] = round(cold.load_seconds / warm_same_dir.load_seconds, 1)
+            del cold, warm_same_dir, t
+    lm = load_lm(path, cache_dir=cache_dir)
+    out.setdefault("warm_load_s", round(lm.load_seconds, 2))
+    return out, lm
+
+
+async def main_async(args) -> dict:
+    report: dict = {"machine": {"threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}}
+    load, lm = bench_load(args.skip_cold_load, Path(args.cache_dir).expanduser())
+    report["load"] = load
+    engine = LLMEngine(lm)
+    engine.start()
+    try:
+        # Warm-up (first-call allocations, thread pools).
+        await engine.submit(render(lm, [{"role": "user", "content": "Hi"}]), SamplingParams(max_tokens=4)).result()
+        report["1_system_prompt_ttft"] = await bench_system_prompt(engine, lm, args.repeats)
+        report["2_conversation_turn5_ttft"] = await bench_conversation(lm, args.repeats)
+        report["3_concurrency"] = await bench_concurrency(engine, lm, args.tokens, max(1, args.repeats - 1))
+        report["4_single_stream"] = await bench_single_stream(engine, lm, args.tokens, args.repeats)
+        report["5_cancel"] = await bench_cancel(engine, lm)
+        report["engine_stats"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in engine.stats().items()}
+    finally:
+        engine.close()
+    if torch.cuda.is_available():
+        report["cuda_continuous_batching_manager"] = "not implemented in this script yet"
+    else:
+        report["cuda_continuous_batching_manager"] = (
+            "skipped: no CUDA device (transformers' ContinuousBatchingManager is compared on GPU machines only)"
+        )
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skip-cold-load", action="store_true", help="skip the cold load (GGUF conversion, ~20 s)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per stream for the throughput figures")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cache-dir", default="~/.cache/realtime-gateway")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = asyncio.run(main_async(args))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
