@@ -63,5 +63,10 @@ def serve(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    source = CliSettingsSource(Gateway, cli_prog_name="gateway", cli_kebab_case=True, cli_implicit_flags=True)
+    source: CliSettingsSource[Gateway] = CliSettingsSource(
+        Gateway,  # type: ignore[arg-type]  # a plain model holding the subcommands is what CliApp runs
+        cli_prog_name="gateway",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+    )
     CliApp.run(Gateway, cli_args=argv if argv is not None else sys.argv[1:], cli_settings_source=source)

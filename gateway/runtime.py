@@ -7,7 +7,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gateway import metrics
 from gateway.config import Settings
@@ -33,7 +33,7 @@ class LoadTimes:
 @dataclass
 class Runtime:
     settings: Settings
-    device: str = "cpu"
+    device: Literal["cpu", "cuda"] = "cpu"
     paths: ModelPaths | None = None
     engine: LLMEngine | None = None
     asr: AsrEngine | None = None

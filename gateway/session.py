@@ -12,7 +12,7 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway import metrics
@@ -51,10 +51,8 @@ class ActiveResponse:
     events: ResponseEvents
     runner: ResponseRunner
     marks: TurnMarks
-    writes_conversation: bool
     task: asyncio.Task[None] | None = None
     cancelling: bool = False
-    result: GenerationResult | None = field(default=None)
 
 
 class RealtimeSession:
@@ -316,7 +314,7 @@ class RealtimeSession:
         runner = ResponseRunner(
             engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all, speech=speech
         )
-        active = ActiveResponse(events=events, runner=runner, marks=marks, writes_conversation=writes_conversation)
+        active = ActiveResponse(events=events, runner=runner, marks=marks)
         self.active = active
         self.turns.response_started()
         if audio and self.playout is not None:

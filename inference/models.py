@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 
 class ModelNotFound(RuntimeError):
@@ -62,15 +63,16 @@ def resolve_model_paths(llm: Path | None, asr: Path | None, tts: Path | None) ->
     return ModelPaths(llm=llm_path, asr=asr_path, tts_model=tts_path, tts_config=tts_config)
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     """'auto' means cuda when torch sees a GPU."""
-    if device != "auto":
-        if device == "cuda":
-            import torch
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda":
+        import torch
 
-            if not torch.cuda.is_available():
-                raise ModelNotFound("--device cuda was asked for, but torch sees no GPU")
-        return device
+        if not torch.cuda.is_available():
+            raise ModelNotFound("--device cuda was asked for, but torch sees no GPU")
+        return "cuda"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

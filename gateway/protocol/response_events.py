@@ -80,7 +80,7 @@ class ResponseEvents:
         ]
         if self.conversation_id is not None:
             events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_wire()})
-        part = {"type": self.content_kind, "transcript" if self.audio else "text": ""}
+        part: dict[str, Any] = {"type": self.content_kind, "transcript" if self.audio else "text": ""}
         if self.audio:
             part["audio"] = None
         events.append({"type": "response.content_part.added", **self._ids(), "part": part})

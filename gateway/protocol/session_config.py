@@ -81,7 +81,7 @@ class SessionConfig(_Strict):
     object: Literal["realtime.session"] = "realtime.session"
     id: str = ""
     model: str = ""
-    output_modalities: list[OutputModality] = Field(default_factory=lambda: ["audio"], min_length=1)
+    output_modalities: list[OutputModality] = Field(default_factory=lambda: list[OutputModality](["audio"]), min_length=1)
     instructions: str = ""
     audio: AudioConfig = Field(default_factory=AudioConfig)
     tools: list[FunctionTool] = Field(default_factory=list)
