@@ -463,14 +463,21 @@ async def run_worker(url: str, index: int, work: Workload, wall_offset: float, p
             await session.expect("session.updated", timeout=10)
             mic = session.start_mic()
             await session.quiet(0.5)
-            for run in range(work.barge_in_runs):
+            # A story that ends before the interruption measures nothing: try again, up to twice as often.
+            measured = attempts = 0
+            while measured < work.barge_in_runs and attempts < 2 * work.barge_in_runs:
+                attempts += 1
                 await session.quiet(work.gap_s)
                 record = await barge_in_run(session, work.story, work.stop, work.barge_in_after_s)
-                record["session"] = index
+                record.update(session=index, attempt=attempts)
                 out["barge_in"].append(record)
-                progress(f"session {index} barge-in {run + 1}: speech_started {record.get('onset_to_speech_started_ms')} ms, "
+                ok = record.get("story_status") == "cancelled"
+                measured += ok
+                progress(f"session {index} barge-in attempt {attempts}: speech_started {record.get('onset_to_speech_started_ms')} ms, "
                          f"last audio {record.get('onset_to_last_audio_ms')} ms, done {record.get('onset_to_response_done_ms')} ms "
-                         f"{record.get('error', '')}")
+                         f"{record.get('error', '')}", advance=ok)
+            for _ in range(work.barge_in_runs - measured):
+                progress(f"session {index}: barge-in run not measured", advance=True)
             out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
     return out
 
@@ -503,8 +510,11 @@ def aggregate(results: list[dict[str, Any]], args: argparse.Namespace, health: A
         "turns_split_by_vad": sum(1 for t in turns if t.get("speech_started_events", 1) > 1),
         "barge_in": {
             "after_first_audio_s": args.barge_in_after,
-            "runs": len(runs),
+            "attempts": len(runs),
             "cancelled": len(cancelled),
+            "story_over_before_interruption": sum(1 for b in runs if str(b.get("error", "")).startswith("the story was over")),
+            "runs_split_by_vad": sum(1 for b in cancelled if b.get("speech_started_after_onset", 0) > 1),
+            "runs_with_error_events": sum(1 for b in runs if b.get("errors")),
             "onset_to_speech_started_ms": summary([b["onset_to_speech_started_ms"] for b in cancelled if b.get("onset_to_speech_started_ms") is not None]),
             # 0 when no story audio arrived after the onset (the gateway had already sent all it made).
             "onset_to_last_audio_ms": summary([max(0.0, b["onset_to_last_audio_ms"]) for b in cancelled if b.get("onset_to_last_audio_ms") is not None]),
@@ -573,7 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.voice", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running gateway (http://host:port); default: start one on a free port")
     parser.add_argument("--turns", type=int, default=10, help="voice turns per session (default 10)")
-    parser.add_argument("--barge-in-runs", type=int, default=5, help="barge-in runs per session (default 5)")
+    parser.add_argument("--barge-in-runs", type=int, default=5, help="measured barge-in runs per session (default 5)")
     parser.add_argument("--barge-in-after", type=float, default=1.5, help="seconds after the story's first audio (1.5)")
     parser.add_argument("--sessions", type=int, default=1, help="concurrent sessions, each doing the whole workload")
     parser.add_argument("--gap", type=float, default=1.0, help="seconds with no event before the next utterance")
