@@ -1,108 +1,96 @@
-"""How many intra-op threads the scheduler thread gives each step: adaptive, because the CPU is shared.
+"""How many intra-op threads the scheduler thread uses: adaptive, because the CPU is shared.
 
-Measured on this 2-vCPU machine (benchmarks/engine_options.py):
-- when the other core is free, 2 threads prefill ~1.5x faster and decode a batch of 8 ~1.4x faster;
-  one decoding stream runs at the same speed with 1 or 2 threads (it is memory-bound);
-- when the other core is busy (ASR and TTS in the same process, other processes), libgomp's
-  spin-waiting barriers make 2 threads 5-10x *slower* than 1 (unless OMP_WAIT_POLICY=PASSIVE is set
-  before torch is imported).
-So each kind of step keeps a running estimate of its cost with 1 and with N threads, uses the cheaper,
-and now and then re-tries the other (less often while it keeps losing). ``torch.set_num_threads`` on
-the scheduler thread only changes that thread's OpenMP setting, not the rest of the process.
+Measured on this 2-vCPU machine (steps alternated 1/2 threads, same run):
+- when the other core is free, 2 threads are ~1.7x faster for one decoding stream (one core does not
+  saturate memory bandwidth), ~1.8x for a batch of 8 and ~1.8x for a 256-token prefill chunk;
+- when other threads keep both cores busy (ASR/TTS in the same process, other processes), every
+  OpenMP parallel region waits for a descheduled team thread while libgomp's barrier spins: 2 threads
+  then ran 5-10x *slower* than 1 (a decoding step took 0.5-2 s instead of 50-80 ms). Setting
+  ``OMP_WAIT_POLICY=PASSIVE`` before torch is imported removes most of that (2 threads ~= 1 thread).
+
+So the policy probes, at most every ``interval_s`` while the engine is busy, the same small matmul with
+1 and with N threads back to back (a paired comparison under the same load; ~2 ms when the machine is
+quiet) and keeps a running ratio; it uses N threads while N is clearly faster, else 1.
+
+``torch.set_num_threads`` on the scheduler thread changes that thread's OpenMP/MKL setting only (both
+are per thread); it also becomes the default of threads that start using torch afterwards.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 
-class _Arm:
-    __slots__ = ("cost", "samples")
-
-    def __init__(self) -> None:
-        self.cost = 0.0
-        self.samples = 0
-
-    def update(self, value: float, alpha: float = 0.3) -> None:
-        self.cost = value if self.samples == 0 else (1 - alpha) * self.cost + alpha * value
-        self.samples += 1
-
-
-class _Bucket:
-    __slots__ = ("arms", "steps", "explore_every", "next_explore")
-
-    def __init__(self, choices: tuple[int, ...]) -> None:
-        self.arms = {c: _Arm() for c in choices}
-        self.steps = 0
-        self.explore_every = 16
-        self.next_explore = 16
-
-
 class ThreadPolicy:
-    """Chooses 1 or ``max_threads`` intra-op threads per step, from measured step costs."""
-
-    MIN_EXPLORE, MAX_EXPLORE = 16, 512
-
-    def __init__(self, max_threads: int = 0, *, fixed: int = 0) -> None:
+    def __init__(self, max_threads: int = 0, *, fixed: int = 0, interval_s: float = 1.0,
+                 probe_weight: torch.Tensor | None = None) -> None:
         self.max_threads = max(1, int(max_threads or torch.get_num_threads()))
         self.fixed = int(fixed)
-        choices = (1, self.max_threads) if self.max_threads > 1 else (1,)
-        self._buckets = {k: _Bucket(choices) for k in ("decode", "batch", "prefill")}
+        self.interval_s = interval_s
+        self.ratio = 0.5  # EWMA of t(N threads) / t(1 thread) on the probe; < 1: N threads help
+        self.probes = 0
+        self.switches = 0
+        self._use = self.fixed if self.fixed > 0 else self.max_threads
         self._current = 0
-        self._last: tuple[str, int] | None = None
-        self._exploring = False
+        self._next_probe = 0.0
+        self._x: torch.Tensor | None = None
+        self._w = probe_weight
 
-    @staticmethod
-    def _kind(rows: int) -> str:
-        if rows <= 2:
-            return "decode"
-        if rows <= 32:
-            return "batch"
-        return "prefill"
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed <= 0 and self.max_threads > 1
 
-    def before_step(self, rows: int) -> int:
-        """Pick and apply the thread count for a step of ``rows`` new tokens."""
-        self._exploring = False
-        if self.fixed > 0:
-            n = self.fixed
-        else:
-            kind = self._kind(rows)
-            b = self._buckets[kind]
-            b.steps += 1
-            untried = [c for c, a in b.arms.items() if a.samples < 2]
-            if untried:
-                n = untried[0]
-            else:
-                n = min(b.arms, key=lambda c: b.arms[c].cost)
-                if b.steps >= b.next_explore and len(b.arms) > 1:
-                    n = next(c for c in b.arms if c != n)
-                    b.next_explore = b.steps + b.explore_every
-                    self._exploring = True
-            self._last = (kind, n)
+    def _set(self, n: int) -> None:
         if n != self._current:
             torch.set_num_threads(n)
             self._current = n
-        return n
 
-    def after_step(self, rows: int, seconds: float) -> None:
-        """Record the cost of the step just run (per row for prefill, per row-weighted step otherwise)."""
-        if self.fixed > 0 or self._last is None:
-            return
-        kind, n = self._last
-        self._last = None
-        b = self._buckets[kind]
-        cost = seconds / rows if kind == "prefill" else seconds / (1.0 + rows / 16.0)
-        b.arms[n].update(cost, alpha=0.7 if self._exploring else 0.3)
-        if self._exploring:
-            best = min(b.arms, key=lambda c: b.arms[c].cost)
-            if best == n:
-                b.explore_every = self.MIN_EXPLORE  # conditions changed: keep checking the other one
-            else:
-                b.explore_every = min(self.MAX_EXPLORE, b.explore_every * 2)  # lost again: look less often
+    def _probe(self) -> None:
+        if self._w is None:
+            self._w = torch.randn(576, 3072)
+        if self._x is None or self._x.dtype != self._w.dtype or self._x.device != self._w.device:
+            self._x = torch.randn(64, self._w.shape[0], dtype=self._w.dtype, device=self._w.device)
+        times = {}
+        for n in (1, self.max_threads):
+            torch.set_num_threads(n)
+            t = time.perf_counter()
+            torch.mm(self._x, self._w)
+            torch.mm(self._x, self._w)
+            times[n] = time.perf_counter() - t
+        self._current = self.max_threads
+        sample = times[self.max_threads] / max(times[1], 1e-9)
+        self.ratio = sample if self.probes == 0 else 0.5 * self.ratio + 0.5 * sample
+        self.probes += 1
+        # Hysteresis: leave N threads when they stop paying off, come back once they clearly do.
+        use = self._use
+        if use > 1 and self.ratio > 0.95:
+            use = 1
+        elif use == 1 and self.ratio < 0.8:
+            use = self.max_threads
+        if use != self._use:
+            self.switches += 1
+            self._use = use
+
+    def before_step(self, rows: int = 0) -> int:
+        """Apply (and return) the thread count for the next step."""
+        if self.adaptive:
+            now = time.monotonic()
+            if now >= self._next_probe:
+                self._probe()
+                self._next_probe = now + self.interval_s
+        self._set(self._use)
+        return self._use
+
+    def after_step(self, rows: int, seconds: float) -> None:  # kept for symmetry; the probe decides
+        return None
 
     def snapshot(self) -> dict[str, float]:
-        out: dict[str, float] = {"threads_max": self.max_threads, "threads_current": self._current}
-        for kind, b in self._buckets.items():
-            for c, a in b.arms.items():
-                out[f"threads_{kind}_{c}_cost_ms"] = round(a.cost * 1000, 3)
-        return out
+        return {
+            "threads_max": self.max_threads,
+            "threads_current": self._use,
+            "threads_probe_ratio": round(self.ratio, 3),
+            "threads_probes": self.probes,
+            "threads_switches": self.switches,
+        }
