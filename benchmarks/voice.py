@@ -59,7 +59,15 @@ STORY_INSTRUCTIONS = (
     "You are a storyteller. When you are asked for a story, tell a long story of at least ten sentences. "
     "When you are asked to stop, answer in a few words."
 )
-STAGES = ("vad_stop_wait", "asr", "response_start", "llm_first_token", "first_clause_wait", "tts_first_audio", "delivery")
+STAGES = (
+    "vad_stop_wait",
+    "asr",
+    "response_start",
+    "llm_first_token",
+    "first_clause_wait",
+    "tts_first_audio",
+    "delivery",
+)
 EVENT_TIMEOUT_S = 60.0
 
 
@@ -163,7 +171,9 @@ class Mic:
 
 class Session:
     def __init__(self, url: str, name: str, wall_offset: float) -> None:
-        self.ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + f"/v1/realtime?model={MODEL}"
+        self.ws_url = (
+            url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + f"/v1/realtime?model={MODEL}"
+        )
         self.name = name
         self.wall_offset = wall_offset  # time.time() - time.perf_counter()
         self.events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
@@ -331,21 +341,27 @@ async def voice_turn(session: Session, clip: Clip) -> dict[str, Any]:
         record["vad_end_error_ms"] = round(tracker.speech_stopped[-1][1]["audio_end_ms"] - said.end_ms(), 1)
     if answer is None:
         return record
-    record.update(status=answer.status, answer=answer.text.strip(), answer_audio_s=round(answer.audio_samples / RATE, 2))
+    record.update(
+        status=answer.status, answer=answer.text.strip(), answer_audio_s=round(answer.audio_samples / RATE, 2)
+    )
     if answer.first_audio is None:
         record["error"] = f"no answer audio (status {answer.status})"
         return record
     end = said.speech_end.result()
     record["voice_to_voice_ms"] = round((answer.first_audio - end) * 1000, 1)
     marks = answer.marks or {}
-    if marks.get("epoch_ms") is not None and all(marks.get(f"{m}_ms") is not None for m in ("transcript_final", "response_created", "first_token", "first_audio")):
+    if marks.get("epoch_ms") is not None and all(
+        marks.get(f"{m}_ms") is not None for m in ("transcript_final", "response_created", "first_token", "first_audio")
+    ):
         origin = marks["epoch_ms"]  # wall ms of the gateway's speech_stopped
         record["stages_ms"] = {
             "vad_stop_wait": round(origin - session.wall_ms(end), 1),
             "asr": marks["transcript_final_ms"],
             "response_start": round(marks["response_created_ms"] - marks["transcript_final_ms"], 1),
             "llm_first_token": round(marks["first_token_ms"] - marks["response_created_ms"], 1),
-            "tts_first_audio": round(marks["first_audio_ms"] - (marks.get("first_clause_ms") or marks["first_token_ms"]), 1),
+            "tts_first_audio": round(
+                marks["first_audio_ms"] - (marks.get("first_clause_ms") or marks["first_token_ms"]), 1
+            ),
             "delivery": round(session.wall_ms(answer.first_audio) - (origin + marks["first_audio_ms"]), 1),
         }
         if marks.get("first_clause_ms") is not None:
@@ -390,14 +406,18 @@ async def barge_in_run(session: Session, story: Clip, stop: Clip, after_s: float
         follow_up: Response | None = None
         while story_response.done is None or (follow_up is None or follow_up.done is None):
             try:
-                received, event = await session.next(min(deadline, time.perf_counter() + (8.0 if story_response.done else EVENT_TIMEOUT_S)))
+                received, event = await session.next(
+                    min(deadline, time.perf_counter() + (8.0 if story_response.done else EVENT_TIMEOUT_S))
+                )
             except TimeoutError:
                 if story_response.done is None:
                     raise
                 break  # no reply to the interruption (empty transcript): fine
             tracker.feed(received, event)
             if follow_up is None and story_response.done is not None:
-                follow_up = next((r for r in tracker.order if r is not story_response and r.created > story_response.created), None)
+                follow_up = next(
+                    (r for r in tracker.order if r is not story_response and r.created > story_response.created), None
+                )
         onset = await said.onset_sent
         record["story_status"] = story_response.status
         record["story_reason"] = story_response.reason
@@ -448,18 +468,24 @@ async def run_worker(url: str, index: int, work: Workload, wall_offset: float, p
             mic = session.start_mic()
             await session.quiet(0.5)
             warm = await voice_turn(session, work.warmup)
-            progress(f"session {index} warm-up: {warm.get('voice_to_voice_ms')} ms {warm.get('error', '')}", advance=False)
+            progress(
+                f"session {index} warm-up: {warm.get('voice_to_voice_ms')} ms {warm.get('error', '')}", advance=False
+            )
             for turn in range(work.turns):
                 await session.quiet(work.gap_s)
                 record = await voice_turn(session, work.questions[turn % len(work.questions)])
                 record["session"] = index
                 out["turns"].append(record)
-                progress(f"session {index} turn {turn + 1}: v2v {record.get('voice_to_voice_ms')} ms, "
-                         f"heard {record.get('transcript')!r} {record.get('error', '')}")
+                progress(
+                    f"session {index} turn {turn + 1}: v2v {record.get('voice_to_voice_ms')} ms, "
+                    f"heard {record.get('transcript')!r} {record.get('error', '')}"
+                )
             out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
     if work.barge_in_runs:
         async with Session(url, f"b{index}", wall_offset) as session:
-            await session.send({"type": "session.update", "session": {"type": "realtime", "instructions": STORY_INSTRUCTIONS}})
+            await session.send(
+                {"type": "session.update", "session": {"type": "realtime", "instructions": STORY_INSTRUCTIONS}}
+            )
             await session.expect("session.updated", timeout=10)
             mic = session.start_mic()
             await session.quiet(0.5)
@@ -473,16 +499,21 @@ async def run_worker(url: str, index: int, work: Workload, wall_offset: float, p
                 out["barge_in"].append(record)
                 ok = record.get("story_status") == "cancelled"
                 measured += ok
-                progress(f"session {index} barge-in attempt {attempts}: speech_started {record.get('onset_to_speech_started_ms')} ms, "
-                         f"last audio {record.get('onset_to_last_audio_ms')} ms, done {record.get('onset_to_response_done_ms')} ms "
-                         f"{record.get('error', '')}", advance=ok)
+                progress(
+                    f"session {index} barge-in attempt {attempts}: speech_started {record.get('onset_to_speech_started_ms')} ms, "
+                    f"last audio {record.get('onset_to_last_audio_ms')} ms, done {record.get('onset_to_response_done_ms')} ms "
+                    f"{record.get('error', '')}",
+                    advance=ok,
+                )
             for _ in range(work.barge_in_runs - measured):
                 progress(f"session {index}: barge-in run not measured", advance=True)
             out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
     return out
 
 
-def aggregate(results: list[dict[str, Any]], args: argparse.Namespace, health: Any, speech: dict[str, Any]) -> dict[str, Any]:
+def aggregate(
+    results: list[dict[str, Any]], args: argparse.Namespace, health: Any, speech: dict[str, Any]
+) -> dict[str, Any]:
     turns = [t for r in results for t in r["turns"]]
     runs = [b for r in results for b in r["barge_in"]]
     good = [t for t in turns if "voice_to_voice_ms" in t]
@@ -512,12 +543,22 @@ def aggregate(results: list[dict[str, Any]], args: argparse.Namespace, health: A
             "after_first_audio_s": args.barge_in_after,
             "attempts": len(runs),
             "cancelled": len(cancelled),
-            "story_over_before_interruption": sum(1 for b in runs if str(b.get("error", "")).startswith("the story was over")),
+            "story_over_before_interruption": sum(
+                1 for b in runs if str(b.get("error", "")).startswith("the story was over")
+            ),
             "runs_split_by_vad": sum(1 for b in cancelled if b.get("speech_started_after_onset", 0) > 1),
             "runs_with_error_events": sum(1 for b in runs if b.get("errors")),
-            "onset_to_speech_started_ms": summary([b["onset_to_speech_started_ms"] for b in cancelled if b.get("onset_to_speech_started_ms") is not None]),
+            "onset_to_speech_started_ms": summary(
+                [b["onset_to_speech_started_ms"] for b in cancelled if b.get("onset_to_speech_started_ms") is not None]
+            ),
             # 0 when no story audio arrived after the onset (the gateway had already sent all it made).
-            "onset_to_last_audio_ms": summary([max(0.0, b["onset_to_last_audio_ms"]) for b in cancelled if b.get("onset_to_last_audio_ms") is not None]),
+            "onset_to_last_audio_ms": summary(
+                [
+                    max(0.0, b["onset_to_last_audio_ms"])
+                    for b in cancelled
+                    if b.get("onset_to_last_audio_ms") is not None
+                ]
+            ),
             "runs_with_audio_after_onset": sum(1 for b in cancelled if b.get("audio_received_after_onset_ms", 0) > 0),
             "onset_to_response_done_ms": summary([b["onset_to_response_done_ms"] for b in cancelled]),
             "audio_received_after_onset_ms": summary([b["audio_received_after_onset_ms"] for b in cancelled]),
@@ -550,7 +591,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.to_thread(gateway.wait_ready, args.ready_timeout)
         status, health = get_json(f"{args.url}/healthz")
         if status != 200:
-            raise SystemExit(f"{args.url}/healthz answered {status}: {health}")
+            raise RuntimeError(f"{args.url}/healthz answered {status}: {health}")
         work = Workload(
             questions=[clips[q] for q in QUESTIONS],
             warmup=clips[WARMUP],
@@ -563,7 +604,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         )
         total = args.sessions * (args.turns + args.barge_in_runs)
         wall_offset = time.time() - time.perf_counter()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as bar:
             task = bar.add_task("voice turns and barge-ins", total=total)
 
             def progress(message: str, advance: bool = True) -> None:
@@ -571,7 +614,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 if advance:
                     bar.advance(task)
 
-            results = await asyncio.gather(*(run_worker(args.url, i, work, wall_offset, progress) for i in range(args.sessions)))
+            results = await asyncio.gather(
+                *(run_worker(args.url, i, work, wall_offset, progress) for i in range(args.sessions))
+            )
         speech = {c.text: {"speech_s": round(c.speech_s, 2)} for c in clips.values()}
         return aggregate(list(results), args, health, speech)
     finally:
@@ -594,7 +639,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report = asyncio.run(main_async(args))
+    try:
+        report = asyncio.run(main_async(args))
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # The gateway did not start or could not be reached: still one JSON object on stdout.
+        log(f"benchmark aborted: {exc}")
+        print(json.dumps({"benchmark": "voice", "url": args.url, "error": str(exc).splitlines()[0]}, indent=2))
+        return 2
     print(json.dumps(report, indent=2))
     return 0 if report["turns_ok"] or report["barge_in"]["cancelled"] else 1
 

@@ -1,9 +1,7 @@
 """Start the real gateway in a subprocess for the voice benchmark and the browser test.
 
-The gateway is started through `gateway.cli.serve(Settings())` with its options in GATEWAY_*
-environment variables (Settings reads them), not through `python -m gateway serve`: that keeps
-this launcher independent of the command-line parser. Variables already set by the caller
-(GATEWAY_CACHE_DIR, GATEWAY_LLM_MODEL, ...) pass through unchanged.
+`python -m gateway serve --host H --port P --ice-host-addresses 127.0.0.1 [extra args]`. The
+caller's GATEWAY_* variables (GATEWAY_CACHE_DIR, GATEWAY_LLM_MODEL, ...) pass through unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVE = "from gateway.cli import serve; from gateway.config import Settings; serve(Settings())"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,19 +51,18 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         ice_host_addresses: str = "127.0.0.1",
+        args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = Path(log_path)
-        self.env = {
-            **os.environ,
-            "GATEWAY_HOST": host,
-            "GATEWAY_PORT": str(self.port),
-            "GATEWAY_ICE_HOST_ADDRESSES": ice_host_addresses,
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
+        self.command = [
+            sys.executable, "-m", "gateway", "serve",
+            "--host", host, "--port", str(self.port), "--ice-host-addresses", ice_host_addresses,
+            *(args or []),
+        ]  # fmt: skip
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         self.health: dict[str, Any] | None = None
 
@@ -78,9 +74,7 @@ class GatewayProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", SERVE], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
+            self.process = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()  # the child holds its own descriptor
         return self

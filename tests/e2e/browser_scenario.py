@@ -73,7 +73,11 @@ def make_wav(path: Path) -> dict[str, Any]:
     finally:
         speaker.close()
     write_wav(path, clip.pcm, WAV_RATE)
-    return {"speech_onset_s": round(clip.onset / WAV_RATE, 3), "speech_end_s": round(clip.end / WAV_RATE, 3), "duration_s": round(clip.duration_s, 2)}
+    return {
+        "speech_onset_s": round(clip.onset / WAV_RATE, 3),
+        "speech_end_s": round(clip.end / WAV_RATE, 3),
+        "duration_s": round(clip.duration_s, 2),
+    }
 
 
 def typed_turn_and_interrupt(page: Any) -> dict[str, Any]:
@@ -88,12 +92,17 @@ def typed_turn_and_interrupt(page: Any) -> dict[str, Any]:
     try:
         page.wait_for_function(
             "n => window.__gw.events.slice(n).includes('output_audio_buffer.started') && window.__gw.remoteLevel > 0.01",
-            arg=events_before, timeout=ANSWER_TIMEOUT_S * 1000, polling=50,
+            arg=events_before,
+            timeout=ANSWER_TIMEOUT_S * 1000,
+            polling=50,
         )
         page.wait_for_timeout(INTERRUPT_AFTER_MS)
         clicked = page.evaluate("() => { document.querySelector('#interruptBtn').click(); return performance.now(); }")
         page.wait_for_function(
-            "n => window.__gw.responses.length > n && window.__gw.remoteLevel < 0.003", arg=responses_before, timeout=10000, polling=20
+            "n => window.__gw.responses.length > n && window.__gw.remoteLevel < 0.003",
+            arg=responses_before,
+            timeout=10000,
+            polling=20,
         )
         out["interrupt_to_silence_ms"] = round(page.evaluate("() => performance.now()") - clicked, 1)
         page.wait_for_function("n => window.__gw.responses.length > n", arg=responses_before, timeout=10000)
@@ -183,8 +192,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["latency_rows"] = page.locator("#latencyRows tr").count()
                 result["error_banners"] = page.locator("#errors .error").all_inner_texts()
                 page.click("#stopBtn")
-                page.wait_for_function("() => !window.__gw.connected && document.querySelector('#startBtn').disabled === false", timeout=5000)
-                result["after_stop"] = page.evaluate("() => ({connected: window.__gw.connected, state: window.__gw.state})")
+                page.wait_for_function(
+                    "() => !window.__gw.connected && document.querySelector('#startBtn').disabled === false",
+                    timeout=5000,
+                )
+                result["after_stop"] = page.evaluate(
+                    "() => ({connected: window.__gw.connected, state: window.__gw.state})"
+                )
                 lap("stopped")
             finally:
                 context.close()

@@ -39,10 +39,23 @@ def run_scenario(tmp_path: Path, chromium: str, netns_prefix: list[str]) -> dict
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if netns_prefix:
         env["GW_E2E_IN_NETNS"] = "1"
-    command = [*netns_prefix, sys.executable, str(SCENARIO), "--out", str(out), "--workdir", str(tmp_path), "--chromium", chromium]
+    command = [
+        *netns_prefix,
+        sys.executable,
+        str(SCENARIO),
+        "--out",
+        str(out),
+        "--workdir",
+        str(tmp_path),
+        "--chromium",
+        chromium,
+    ]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"the browser scenario crashed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"the browser scenario crashed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}",
+            pytrace=False,
+        )
     return json.loads(out.read_text())
 
 
@@ -65,8 +78,10 @@ def describe(result: dict[str, Any]) -> str:
         "page_errors": result.get("page_errors"),
         "error_banners": result.get("error_banners"),
     }
-    return json.dumps(brief, indent=1) + "\n--- gateway log (tail) ---\n" + "\n".join(
-        (result.get("gateway_log_tail") or "").splitlines()[-40:]
+    return (
+        json.dumps(brief, indent=1)
+        + "\n--- gateway log (tail) ---\n"
+        + "\n".join((result.get("gateway_log_tail") or "").splitlines()[-40:])
     )
 
 
@@ -100,8 +115,10 @@ def test_typed_turn_and_interrupt_button(scenario: dict[str, Any]) -> None:
     typed = scenario.get("typed")
     if typed is None:
         pytest.fail("not run: the voice turn failed first\n" + describe(scenario), pytrace=False)
-    context = json.dumps({k: v for k, v in typed.items() if k != "events_after"}, indent=1) + "\nevents: " + json.dumps(
-        dict(Counter(typed.get("events_after", [])))
+    context = (
+        json.dumps({k: v for k, v in typed.items() if k != "events_after"}, indent=1)
+        + "\nevents: "
+        + json.dumps(dict(Counter(typed.get("events_after", []))))
     )
     assert typed["failure"] is None, context
     assert typed["typed_bubbles"] == 1, context
