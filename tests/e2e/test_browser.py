@@ -10,8 +10,9 @@ child writes what it saw as JSON; the assertions live here, with that JSON in th
     GW_E2E_NETNS=0 pytest -m browser tests/e2e/...         # without the namespace
 
 Chromium's fake microphone plays a WAV of Piper saying "What is the capital of France?" with
-1.5 s of silence before and 20 s after it, once (`%noloop` is not relied upon: the page is
-stopped after the first answer, long before the file would loop).
+1.5 s of silence before it and 20 s after it, passed with Chromium's `%noloop` suffix. Should a
+Chromium build loop the file anyway, the long tail keeps the repeat far away: the call is
+stopped (Stop button) right after the first answer and the typed turn, about 10 s in.
 """
 
 from __future__ import annotations
