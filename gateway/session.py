@@ -430,8 +430,6 @@ class RealtimeSession:
         response_id = self._speaking_response_id
         if kind == "started":
             self.turns.playback_started(now() * 1000)
-            if self.active is not None:
-                self.active.marks.mark("first_audio")
             self.send({"type": "output_audio_buffer.started", "response_id": response_id})
         elif kind == "stopped" and self._speaking_item is not None and self._speaking_item.id == item_id:
             self._speaking_item = self._speaking_response_id = None

@@ -60,19 +60,27 @@ class WebSocketSpeech:
 class PlayoutSpeech:
     """Resamples Piper's output to 48 kHz into the WebRTC playout buffer; the track paces it out."""
 
-    def __init__(self, session: RealtimeSession, events: ResponseEvents, tts_rate: int) -> None:
+    def __init__(self, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks, tts_rate: int) -> None:
         assert session.playout is not None
         self.playout = session.playout
         self.item_id = events.item.id
+        self.marks = marks
         self.resampler = Resampler(tts_rate, self.playout.sample_rate)
 
     @classmethod
     def create(cls, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks) -> PlayoutSpeech:
         assert session.runtime.tts is not None
-        return cls(session, events, session.runtime.tts.sample_rate)
+        return cls(session, events, marks, session.runtime.tts.sample_rate)
 
     def write(self, pcm: np.ndarray) -> None:
-        self.playout.write(self.item_id, self.resampler.process(pcm))
+        self._queue(self.resampler.process(pcm))
 
     def close(self) -> None:
-        self.playout.write(self.item_id, self.resampler.flush())
+        self._queue(self.resampler.flush())
+
+    def _queue(self, pcm: np.ndarray) -> None:
+        if len(pcm):
+            # The track sends queued audio within one 20 ms frame: this is when it leaves us.
+            self.marks.mark("first_audio")
+            self.marks.mark("last_audio", latest=True)
+            self.playout.write(self.item_id, pcm)

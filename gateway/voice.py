@@ -6,7 +6,8 @@ owned here, cancelled and awaited on close. To shorten the wait after the user s
 - partial transcripts run while the user speaks, and their stable words are prefilled into the
   conversation's KV cache;
 - a speculative final transcript starts as soon as the VAD hears silence, and is used when the
-  turn really ends there.
+  turn really ends there; so is a partial whose audio already covers the end of speech (partials
+  and finals decode the same way, so its text is the final text).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PARTIAL_INTERVAL_S = 0.6  # a new partial transcript at most this often while th
 MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
+ASR_COVER_MS = 64  # a transcription reaching this far past the end of speech counts as the final one
 
 
 @dataclass
@@ -52,8 +54,13 @@ class UserTurn:
     sent_stable: str = ""
     partial_task: asyncio.Task[None] | None = None
     last_partial_at: float = 0.0
+    # Every transcription of this turn (partials and the speculative final) with its audio's end.
+    jobs: list[tuple[int, asyncio.Task[Transcript | None]]] = field(default_factory=list)
     speculative: asyncio.Task[Transcript | None] | None = None
-    speculative_end: int = 0
+
+    def covering(self, end: int) -> list[asyncio.Task[Transcript | None]]:
+        """Jobs whose audio reaches `end`, the one that started first (so finishes first) first."""
+        return [job for job_end, job in sorted(self.jobs, key=lambda pair: pair[0]) if job_end >= end and not job.cancelled()]
 
 
 class VoicePipeline:
@@ -117,7 +124,7 @@ class VoicePipeline:
         marks.mark("speech_stopped")
         audio = self.buffer.slice(start, self.buffer.end)
         self.buffer.clear()
-        self._spawn(self._commit(item_id, audio, marks, speculative=None))
+        self._spawn(self._commit(item_id, audio, marks, ready=[]))
 
     def clear(self) -> None:
         while not self._queue.empty():
@@ -181,13 +188,12 @@ class VoicePipeline:
             self.session.turns.speech_stopped()
             end = min(self.buffer.ms_to_index(event.audio_end_ms + ASR_TAIL_MS), self.buffer.end)
             audio = self.buffer.slice(turn.start, end)
-            speculative = turn.speculative if turn.speculative is not None and turn.speculative_end >= end - self.buffer.ms_to_index(ASR_TAIL_MS) else None
-            if turn.speculative is not None and speculative is None:
-                turn.speculative.cancel()
-            if turn.partial_task is not None:
-                turn.partial_task.cancel()
+            ready = turn.covering(self.buffer.ms_to_index(event.audio_end_ms + ASR_COVER_MS))
+            for _, job in turn.jobs:
+                if job not in ready:
+                    job.cancel()
             self._idle_since = now()
-            self._spawn(self._commit(turn.item_id, audio, marks, speculative=speculative))
+            self._spawn(self._commit(turn.item_id, audio, marks, ready=ready))
 
     async def _after_audio(self) -> None:
         turn = self.turn
@@ -200,21 +206,24 @@ class VoicePipeline:
         probability = self.vad.last_probability
         settings = self.vad.detector.settings
         if probability < settings.continue_threshold:
-            if turn.speculative is None:
-                # Silence began: transcribe now, so the transcript is ready when the turn ends here.
-                turn.speculative_end = self.buffer.end
-                audio = self.buffer.slice(turn.start, turn.speculative_end)
-                turn.speculative = self._spawn(self._transcribe(audio, final=True))
+            # Silence began: transcribe now, so the transcript is ready if the turn ends here,
+            # unless a transcription already running reaches this far.
+            if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):
+                turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
+                turn.jobs.append((self.buffer.end, turn.speculative))
         elif probability >= settings.threshold and turn.speculative is not None:
             turn.speculative.cancel()  # the user went on speaking
             turn.speculative = None
         if (
             turn.partial_task is None
+            and probability >= settings.threshold
             and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
             and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
         ):
             turn.last_partial_at = now()
-            turn.partial_task = self._spawn(self._partial(turn, self.buffer.slice(turn.start, self.buffer.end)))
+            job = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=False))
+            turn.jobs.append((self.buffer.end, job))
+            turn.partial_task = self._spawn(self._partial(turn, job))
 
     def _check_idle_timeout(self) -> None:
         detection = self.turn_detection
@@ -229,7 +238,7 @@ class VoicePipeline:
             {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": end_ms, "audio_end_ms": end_ms, "item_id": item_id}
         )
         if detection.create_response:
-            self._create_response(TurnMarks())
+            self._spawn(self._create_response(TurnMarks()))
 
     def reply_finished(self) -> None:
         """The idle timeout counts from the end of the assistant's reply."""
@@ -243,9 +252,9 @@ class VoicePipeline:
         prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
         return await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
 
-    async def _partial(self, turn: UserTurn, audio: np.ndarray) -> None:
+    async def _partial(self, turn: UserTurn, job: asyncio.Task[Transcript | None]) -> None:
         try:
-            transcript = await self._transcribe(audio, final=False)
+            transcript = await asyncio.shield(job)  # the job may outlive this task: it can serve as the final
         finally:
             turn.partial_task = None
         if transcript is None or self.turn is not turn:
@@ -267,7 +276,7 @@ class VoicePipeline:
         )
 
     async def _commit(
-        self, item_id: str, audio: np.ndarray, marks: TurnMarks, speculative: asyncio.Task[Transcript | None] | None
+        self, item_id: str, audio: np.ndarray, marks: TurnMarks, ready: list[asyncio.Task[Transcript | None]]
     ) -> None:
         session = self.session
         conversation = session.conversation
@@ -278,9 +287,11 @@ class VoicePipeline:
         session.send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         session.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
         transcript = None
-        if speculative is not None:
+        for job in ready:  # a superseded partial resolves to None: try the next one
             with contextlib.suppress(asyncio.CancelledError):
-                transcript = await speculative
+                transcript = await job
+            if transcript is not None:
+                break
         if transcript is None:
             transcript = await self._transcribe(audio, final=True)
         text = transcript.text if transcript is not None else ""
@@ -298,15 +309,23 @@ class VoicePipeline:
         )
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
         if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
-            self._create_response(marks)
+            await self._create_response(marks)
 
-    def _create_response(self, marks: TurnMarks) -> None:
-        self.session.pending_marks = marks
+    async def _create_response(self, marks: TurnMarks) -> None:
+        """Answer the turn; a reply still running is about an older turn, so it gives way."""
+        session = self.session
+        active = session.active
+        if active is not None:
+            if session.turns.policy.interrupt_response:
+                await session.interrupt("turn_detected")
+            elif active.task is not None:
+                await asyncio.wait({active.task})
+        session.pending_marks = marks
         try:
-            self.session.create_response(ResponseParams())
+            session.create_response(ResponseParams())
         except ApiError as error:
-            self.session.pending_marks = None
-            self.session.send_error(error)
+            session.pending_marks = None
+            session.send_error(error)
 
     def _prefill_draft(self, user_text: str) -> None:
         """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
@@ -341,7 +360,6 @@ class VoicePipeline:
     def _drop_turn(self) -> None:
         turn, self.turn = self.turn, None
         if turn is not None:
-            for task in (turn.partial_task, turn.speculative):
-                if task is not None:
-                    task.cancel()
+            for _, job in turn.jobs:
+                job.cancel()
 

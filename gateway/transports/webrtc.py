@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ from aiortc.rtcdatachannel import RTCDataChannel
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.auth import bearer_token
 from gateway.config import Settings
 from gateway.conversation import new_id
 from gateway.outbox import SlowConsumer
@@ -70,6 +72,8 @@ class Call:
     session: RealtimeSession
     playout: PlayoutBuffer
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    # The ephemeral key that opened the call is spent, but it may still hang the call up.
+    secret_digest: str | None = None
     reader: InboundAudioReader | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # event reader and writer
 
@@ -141,6 +145,10 @@ class Call:
         self.reader = InboundAudioReader(track, on_chunk, on_end=self.ended.set).start()
 
 
+def _digest(token: str | None) -> str | None:
+    return hashlib.sha256(token.encode()).hexdigest() if token else None
+
+
 def _validate_offer(sdp: str) -> None:
     if not sdp.startswith("v=0") or "\nm=" not in sdp.replace("\r\n", "\n"):
         raise ApiError("invalid_sdp", "The body is not an SDP offer.", "sdp")
@@ -191,7 +199,8 @@ async def create_call(request: Request) -> Response:
         svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None
     )
     session.playout = playout
-    call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout)
+    token = bearer_token(request.headers.get("authorization"))
+    call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
 
@@ -224,8 +233,10 @@ async def create_call(request: Request) -> Response:
 @router.post("/v1/realtime/calls/{call_id}/hangup")
 async def hang_up(call_id: str, request: Request) -> JSONResponse:
     svc: Services = request.app.state.services
-    svc.authorize(request.headers.get("authorization"))
     call = svc.calls.get(call_id)
+    token = bearer_token(request.headers.get("authorization"))
+    if call is None or call.secret_digest is None or _digest(token) != call.secret_digest:
+        svc.authorize(request.headers.get("authorization"))
     if call is None:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     call.ended.set()
