@@ -192,8 +192,13 @@ def generate_rate(lm: LoadedLM, ids: list[int], tokens: int, threads: int) -> fl
     return (tokens - 1) / max(tn - t1, 1e-6)
 
 
-async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, tokens: int, repeats: int, threads: int) -> dict:
-    """Paired runs: the engine, then generate() with 1 and with N threads, right after (same load)."""
+async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, stock: LoadedLM, tokens: int, repeats: int,
+                              threads: int) -> dict:
+    """Paired runs: the engine, then generate() with 1 and with N threads, right after (same load).
+
+    ``stock`` is a second copy of the model that the engine never touched: the engine re-lays the
+    weights of its own copy (fused, transposed), which also changes what generate() runs on it.
+    """
     ids = render(lm, [{"role": "user", "content": LONG_QUESTIONS[0]}])
     params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
     ours, theirs, ratios = [], {n: [] for n in sorted({1, threads})}, []
@@ -205,7 +210,7 @@ async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, tokens: int, repe
         ours.append(rate)
         best = 0.0
         for n in theirs:
-            g = await asyncio.to_thread(generate_rate, lm, ids, tokens, n)
+            g = await asyncio.to_thread(generate_rate, stock, ids, tokens, n)
             theirs[n].append(g)
             best = max(best, g)
         ratios.append(rate / best)
@@ -214,6 +219,16 @@ async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, tokens: int, repe
     with torch.inference_mode():
         ref = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens,
                                 do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)[0, len(ids):].tolist()
+    same_stock = None
+    with torch.inference_mode():
+        sref = stock.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens,
+                                    min_new_tokens=tokens, do_sample=False,
+                                    pad_token_id=stock.tokenizer.pad_token_id)[0, len(ids):].tolist()
+        n = 0
+        while n < min(len(sref), len(res.token_ids)) and sref[n] == res.token_ids[n]:
+            n += 1
+        same_stock = f"{n}/{len(sref)}"
+    relaid = await asyncio.to_thread(generate_rate, lm, ids, tokens, threads)
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     bound = BANDWIDTH_BYTES_S / weight_bytes
     st = engine.stats()
@@ -227,7 +242,9 @@ async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, tokens: int, repe
         "weight_bytes": weight_bytes,
         "bandwidth_bound_tok_s": round(bound, 1),
         "fraction_of_bound": round(med(ours) / bound, 2),
-        "same_tokens_as_generate": ref == res.token_ids,
+        "same_tokens_as_generate_same_model": ref == res.token_ids,
+        "leading_tokens_equal_to_stock_generate": same_stock,
+        "generate_on_engine_relaid_model_tok_s": round(relaid, 2),
         "dtype": str(lm.dtype).replace("torch.", ""),
         "engine_threads_now": st.get("threads_current"),
         "engine_thread_probe_ratio": st.get("threads_probe_ratio"),
@@ -317,6 +334,7 @@ async def main_async(args) -> dict:
                                 "load_average": [round(x, 2) for x in __import__("os").getloadavg()]}}
     load, lm = bench_load(args.skip_cold_load, Path(args.cache_dir).expanduser())
     report["load"] = load
+    stock = load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser())  # never given to an engine
     engine = LLMEngine(lm)
     engine.start()
     try:
@@ -325,7 +343,8 @@ async def main_async(args) -> dict:
         report["1_system_prompt_ttft"] = await bench_system_prompt(engine, lm, args.repeats)
         report["2_conversation_turn5_ttft"] = await bench_conversation(lm, args.repeats)
         report["3_concurrency"] = await bench_concurrency(engine, lm, args.tokens, max(1, args.repeats - 1))
-        report["4_single_stream"] = await bench_single_stream(engine, lm, args.tokens, max(3, args.repeats), threads)
+        report["4_single_stream"] = await bench_single_stream(engine, lm, stock, args.tokens, max(3, args.repeats),
+                                                              threads)
         report["5_cancel"] = await bench_cancel(engine, lm)
         report["engine_stats"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in engine.stats().items()}
     finally:

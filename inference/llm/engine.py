@@ -188,11 +188,12 @@ class LLMEngine:
             raise ValueError(f"invalid engine config: {config}")
         self.lm = lm
         self.config = config
-        self.fwd = LeanForward.for_model(lm.model, lm.context_window)
+        self.fwd = LeanForward.for_model(lm.model, lm.context_window, getattr(lm, "weight_format", "native"))
         self.pool = self.fwd.new_pool(config.max_batch_size, lm.context_window)
         on_cpu = self.fwd.device.type == "cpu"
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,
-                                    probe_weight=self.fwd.layers[0].wgu)
+                                    probe_weight=self.fwd.layers[0].gu[0] if self.fwd.weight_format == "native"
+                                    else None)
         self.cache = PrefixCache(config.prefix_cache_bytes, token_dim=3)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)

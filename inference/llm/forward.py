@@ -210,7 +210,7 @@ class Segment:
 
 
 class _Layer:
-    __slots__ = ("ln1", "ln2", "eps1", "eps2", "wqkv", "bqkv", "wo", "bo", "wgu", "bgu", "wdown", "bdown", "act")
+    __slots__ = ("ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "act")
 
 
 def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -246,8 +246,26 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     return fused_t, bias
 
 
-def _linear(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+WEIGHT_FORMATS = ("native", "int8")
+
+
+def _lin_native(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    w_t, b = w
     return torch.mm(x, w_t) if b is None else torch.addmm(b, x, w_t)
+
+
+def _quantize_int8(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """Symmetric per-output-channel int8 of a ``[in, out]`` matrix: (int8 ``[out, in]``, scales, bias)."""
+    w = w_t.t().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+    return q, scale.to(dtype).contiguous(), None if b is None else b.to(dtype)
+
+
+def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    q, scale, b = w
+    y = torch.ops.aten._weight_int8pack_mm(x, q, scale)
+    return y if b is None else y + b
 
 
 class LeanForward:
@@ -257,22 +275,33 @@ class LeanForward:
     """
 
     @classmethod
-    def for_model(cls, model: nn.Module, context_window: int = 0) -> "LeanForward":
-        cached = getattr(model, "_lean_forward", None)
+    def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native") -> "LeanForward":
+        cache = getattr(model, "_lean_forward", None)
+        if not isinstance(cache, dict):
+            cache = {}
+            model._lean_forward = cache
+        cached = cache.get(weight_format)
         if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
-        inst = cls(model, context_window)
-        model._lean_forward = inst
+        inst = cls(model, context_window, weight_format=weight_format)
+        cache[weight_format] = inst
         return inst
 
-    def __init__(self, model: nn.Module, context_window: int = 0) -> None:
+    def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native") -> None:
+        """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
+        as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
+        bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
+        greedy tokens follow float32's closely but not exactly)."""
         check_supported(model)
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
         self.model = model
+        self.weight_format = weight_format
         config = model.config
         base = model.model
         p = base.embed_tokens.weight
         self.device = p.device
-        self.dtype = p.dtype
+        self.dtype = p.dtype if weight_format == "native" else torch.bfloat16
         attn0 = base.layers[0].self_attn
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -308,16 +337,18 @@ class LeanForward:
             for layer in base.layers:
                 at, mlp = layer.self_attn, layer.mlp
                 L = _Layer()
-                L.ln1 = layer.input_layernorm.weight
+                L.ln1 = layer.input_layernorm.weight.to(self.dtype)
                 L.eps1 = float(getattr(layer.input_layernorm, "variance_epsilon", 1e-6))
-                L.ln2 = layer.post_attention_layernorm.weight
+                L.ln2 = layer.post_attention_layernorm.weight.to(self.dtype)
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
-                L.wqkv, L.bqkv = _fuse_linear([at.q_proj, at.k_proj, at.v_proj])
-                L.wo, L.bo = _fuse_linear([at.o_proj])
-                L.wgu, L.bgu = _fuse_linear([mlp.gate_proj, mlp.up_proj])
-                L.wdown, L.bdown = _fuse_linear([mlp.down_proj])
+                L.qkv = self._prep(_fuse_linear([at.q_proj, at.k_proj, at.v_proj]))
+                L.o = self._prep(_fuse_linear([at.o_proj]))
+                L.gu = self._prep(_fuse_linear([mlp.gate_proj, mlp.up_proj]))
+                L.down = self._prep(_fuse_linear([mlp.down_proj]))
                 L.act = mlp.act_fn
                 self.layers.append(L)
+            self.final_norm = self.final_norm.to(self.dtype)
+            self.head = self._prep((self.lm_head_t, self.lm_head_bias))
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
             pos = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
@@ -327,12 +358,29 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
+        self._lin = _lin_native if weight_format == "native" else _lin_int8
+        self._cast_embed = self.embed.dtype != self.dtype
+        if weight_format == "int8":
+            try:  # fail at load time, not in the first step, where the kernel is missing
+                self._lin(torch.zeros(1, self.hidden, dtype=self.dtype, device=self.device), self.layers[0].o)
+            except Exception as exc:  # pragma: no cover - depends on the torch build/device
+                raise UnsupportedModel(f"int8 weights are not supported on {self.device}: {exc}") from exc
+
+    def _prep(self, fused: tuple[torch.Tensor, torch.Tensor | None]) -> tuple:
+        w_t, b = fused
+        if self.weight_format == "int8":
+            return _quantize_int8(w_t, b, self.dtype)
+        return (w_t, b)
 
     # -- KV -----------------------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
 
-    def new_pool(self, slots: int, max_capacity: int, capacity: int = 256) -> KVPool:
+    def new_pool(self, slots: int, max_capacity: int, capacity: int = 0) -> KVPool:
+        """A KV pool; initial capacity: 64 MiB per slot, clamped to 256..1024 tokens (it grows by doubling).
+        On CPU, positions never written are never committed to memory."""
+        if capacity <= 0:
+            capacity = max(256, min(1024, (64 << 20) // self.kv_bytes_per_token()))
         return KVPool(self, slots, max_capacity=max_capacity, capacity=capacity)
 
     # -- the step -------------------------------------------------------------------------------------
@@ -414,12 +462,15 @@ class LeanForward:
             r0 += s.n
 
         x = F.embedding(token_ids, self.embed)
+        if self._cast_embed:
+            x = x.to(self.dtype)
+        lin = self._lin
         cos = self.cos.index_select(0, positions).unsqueeze(1)
         sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
         half = D // 2
         for li, L in enumerate(self.layers):
             h = self._norm(x, L.ln1, L.eps1)
-            qkv = _linear(h, L.wqkv, L.bqkv).view(T, H + 2 * KVH, D)
+            qkv = lin(h, L.qkv).view(T, H + 2 * KVH, D)
             qk = qkv[:, : H + KVH]
             rot = torch.roll(qk, half, -1).mul_(sin)
             qk.mul_(cos).add_(rot)
@@ -447,12 +498,12 @@ class LeanForward:
                 o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
                 outs.append(o[0].transpose(0, 1).reshape(n, H * D))
             att = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            x = x + _linear(att, L.wo, L.bo)
+            x = x + lin(att, L.o)
             h = self._norm(x, L.ln2, L.eps2)
-            gu = _linear(h, L.wgu, L.bgu)
+            gu = lin(h, L.gu)
             inter = gu.shape[1] // 2
             m = L.act(gu[:, :inter]).mul_(gu[:, inter:])
-            x = x + _linear(m, L.wdown, L.bdown)
+            x = x + lin(m, L.down)
         for s in segments:
             end = s.start + s.n
             if end > pool.lengths[s.slot]:
@@ -466,5 +517,5 @@ class LeanForward:
                 return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
             rows = torch.tensor(list(logit_rows), dtype=torch.long, device=self.device)
         hs = self._norm(x.index_select(0, rows), self.final_norm, self.final_eps)
-        logits = _linear(hs, self.lm_head_t, self.lm_head_bias)
+        logits = lin(hs, self.head)
         return logits.float()

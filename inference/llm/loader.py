@@ -39,6 +39,9 @@ class LoadedLM:
     source: Path
     load_seconds: float
     converted: bool  # True when this load did the GGUF -> safetensors conversion
+    # Addition: "native" (the engine runs ``dtype`` weights: exact) or "int8" (dtype="int8": float32
+    # weights kept for the model itself, the engine runs int8 copies with bfloat16 activations).
+    weight_format: str = "native"
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -65,7 +68,7 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     try:
         return table[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16 or int8") from None
 
 
 def gguf_cache_folder(path: Path, cache_dir: Path) -> Path:
@@ -156,7 +159,8 @@ def load_lm(
     if threads > 0:
         torch.set_num_threads(threads)
     dev = _resolve_device(device)
-    dt = _resolve_dtype(dtype, dev)
+    weight_format = "int8" if dtype == "int8" else "native"
+    dt = _resolve_dtype("float32" if dtype == "int8" else dtype, dev)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
 
@@ -201,6 +205,7 @@ def load_lm(
         source=path,
         load_seconds=time.perf_counter() - t_start,
         converted=converted,
+        weight_format=weight_format,
     )
     log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
              sorted(lm.eos_token_ids))

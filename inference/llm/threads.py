@@ -47,20 +47,25 @@ class ThreadPolicy:
             torch.set_num_threads(n)
             self._current = n
 
-    def _probe(self) -> None:
+    def _measure(self) -> tuple[float, float]:
+        """Seconds for the probe with 1 thread and with ``max_threads`` threads, back to back."""
         if self._w is None:
             self._w = torch.randn(576, 3072)
         if self._x is None or self._x.dtype != self._w.dtype or self._x.device != self._w.device:
             self._x = torch.randn(64, self._w.shape[0], dtype=self._w.dtype, device=self._w.device)
-        times = {}
+        times = []
         for n in (1, self.max_threads):
             torch.set_num_threads(n)
+            self._current = n
             t = time.perf_counter()
             torch.mm(self._x, self._w)
             torch.mm(self._x, self._w)
-            times[n] = time.perf_counter() - t
-        self._current = self.max_threads
-        sample = times[self.max_threads] / max(times[1], 1e-9)
+            times.append(time.perf_counter() - t)
+        return times[0], times[1]
+
+    def _probe(self) -> None:
+        t1, tn = self._measure()
+        sample = tn / max(t1, 1e-9)
         self.ratio = sample if self.probes == 0 else 0.5 * self.ratio + 0.5 * sample
         self.probes += 1
         # Hysteresis: leave N threads when they stop paying off, come back once they clearly do.

@@ -13,6 +13,7 @@ import torch
 
 from inference.llm.engine import (
     EngineClosed,
+    EngineConfig,
     EngineOverloaded,
     LLMEngine,
     SamplingParams,
@@ -344,5 +345,45 @@ async def test_cuda_bf16_batched_equals_alone(gateway_cache_dir, chat_ids, colle
         # bf16 GEMMs on a GPU pick kernels by batch size, so only a prefix is asserted bit-identical.
         assert [r.token_ids[:6] for r in batched] == [r.token_ids[:6] for r in solo]
         assert "Paris" in solo[0].text
+    finally:
+        eng.close()
+
+
+# -- other weight formats -------------------------------------------------------------------------------
+async def test_bfloat16_engine(gateway_cache_dir, chat_ids, collect):
+    lm16 = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, dtype="bfloat16", max_context_tokens=2048)
+    assert lm16.dtype == torch.bfloat16
+    eng = LLMEngine(lm16)
+    eng.start()
+    try:
+        prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
+        params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
+        solo = [await collect(eng, p, params) for p in prompts]
+        batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
+        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+        assert "Paris" in solo[0].text
+        x = torch.tensor([prompts[0]])
+        with torch.inference_mode():
+            ref = lm16.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False,
+                                      pad_token_id=lm16.tokenizer.pad_token_id)[0, x.shape[1]:].tolist()
+        assert solo[0].token_ids[:8] == ref
+    finally:
+        eng.close()
+
+
+async def test_int8_weights_engine(lm, chat_ids, collect):
+    import dataclasses
+
+    lm8 = dataclasses.replace(lm, weight_format="int8")
+    eng = LLMEngine(lm8, EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        assert eng.fwd.weight_format == "int8" and eng.fwd.dtype == torch.bfloat16
+        prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
+        params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
+        solo = [await collect(eng, p, params) for p in prompts]
+        batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
+        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+        assert "Paris" in solo[0].text  # weight-only int8: close to float32, not bit-identical
     finally:
         eng.close()
