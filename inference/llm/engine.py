@@ -242,10 +242,14 @@ class LLMEngine:
         t = self._thread
         if t is not None:
             t.join(timeout)
-            if t.is_alive():
+            if t.is_alive():  # it finishes its requests itself when its step returns
                 log.warning("LLM engine thread did not stop within %.1f s", timeout)
+                return
             self._thread = None
-        # Requests the thread did not get to (never started, or stopped): finish them here.
+        else:
+            self._finish_leftovers()  # never started: nothing else touches the requests
+
+    def _finish_leftovers(self) -> None:
         with self._lock:
             leftovers = list(self._queue) + list(self._active)
             self._queue.clear()
@@ -396,8 +400,14 @@ class LLMEngine:
                 self._admit()
                 if self._active:
                     self._step()
-            except Exception:  # pragma: no cover - a bug; keep serving
+            except Exception as exc:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("LLM engine step failed")
+                with self._lock:
+                    broken = list(self._active)
+                    self._active = []
+                for r in broken:
+                    self._fail(r, exc)
+        self._finish_leftovers()
         log.debug("LLM engine thread stopped")
 
     def _apply_conv_ops(self) -> None:
