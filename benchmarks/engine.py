@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import statistics
@@ -193,46 +194,55 @@ def generate_rate(lm: LoadedLM, ids: list[int], tokens: int, threads: int) -> fl
 
 
 async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, stock: LoadedLM, tokens: int, repeats: int,
-                              threads: int) -> dict:
+                              threads: int, int8_engine: LLMEngine | None = None) -> dict:
     """Paired runs: the engine, then generate() with 1 and with N threads, right after (same load).
 
     ``stock`` is a second copy of the model that the engine never touched: the engine re-lays the
     weights of its own copy (fused, transposed), which also changes what generate() runs on it.
+    ``int8_engine`` (opt-in weight-only int8, not the default) is measured in the same rounds.
     """
     ids = render(lm, [{"role": "user", "content": LONG_QUESTIONS[0]}])
     params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
-    ours, theirs, ratios = [], {n: [] for n in sorted({1, threads})}, []
-    res = None
+    ours, ours8, theirs, ratios, ratios8 = [], [], {n: [] for n in sorted({1, threads})}, [], []
+    res = res8 = None
+
+    async def run(eng: LLMEngine):
+        eng.clear_prefix_cache()
+        r = await eng.submit(ids, params).result()
+        return r, (r.completion_tokens - 1) / (r.finished_at - r.first_token_at)
+
     for _ in range(repeats):
-        engine.clear_prefix_cache()
-        res = await engine.submit(ids, params).result()
-        rate = (res.completion_tokens - 1) / (res.finished_at - res.first_token_at)
+        res, rate = await run(engine)
         ours.append(rate)
+        if int8_engine is not None:
+            res8, rate8 = await run(int8_engine)
+            ours8.append(rate8)
         best = 0.0
         for n in theirs:
             g = await asyncio.to_thread(generate_rate, stock, ids, tokens, n)
             theirs[n].append(g)
             best = max(best, g)
         ratios.append(rate / best)
-    # Same tokens as generate() (greedy, EOS suppressed in both)?
+        if int8_engine is not None:
+            ratios8.append(rate8 / best)
     x = torch.tensor([ids], device=lm.device)
+    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+              pad_token_id=lm.tokenizer.pad_token_id)
     with torch.inference_mode():
-        ref = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens,
-                                do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)[0, len(ids):].tolist()
-    same_stock = None
-    with torch.inference_mode():
-        sref = stock.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens,
-                                    min_new_tokens=tokens, do_sample=False,
-                                    pad_token_id=stock.tokenizer.pad_token_id)[0, len(ids):].tolist()
+        ref = lm.model.generate(x, **kw)[0, len(ids):].tolist()  # same (re-laid) model: bit-exact
+        sref = stock.model.generate(x, **kw)[0, len(ids):].tolist()
+
+    def lead(a: list[int], b: list[int]) -> str:
         n = 0
-        while n < min(len(sref), len(res.token_ids)) and sref[n] == res.token_ids[n]:
+        while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
-        same_stock = f"{n}/{len(sref)}"
+        return f"{n}/{len(a)}"
+
     relaid = await asyncio.to_thread(generate_rate, lm, ids, tokens, threads)
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     bound = BANDWIDTH_BYTES_S / weight_bytes
     st = engine.stats()
-    return {
+    out = {
         "tokens": tokens,
         "engine_decode_tok_s": round(med(ours), 2),
         "generate_decode_tok_s_by_threads": {str(n): round(med(v), 2) for n, v in theirs.items()},
@@ -243,12 +253,18 @@ async def bench_single_stream(engine: LLMEngine, lm: LoadedLM, stock: LoadedLM, 
         "bandwidth_bound_tok_s": round(bound, 1),
         "fraction_of_bound": round(med(ours) / bound, 2),
         "same_tokens_as_generate_same_model": ref == res.token_ids,
-        "leading_tokens_equal_to_stock_generate": same_stock,
+        "leading_tokens_equal_to_stock_generate": lead(sref, res.token_ids),
         "generate_on_engine_relaid_model_tok_s": round(relaid, 2),
         "dtype": str(lm.dtype).replace("torch.", ""),
-        "engine_threads_now": st.get("threads_current"),
-        "engine_thread_probe_ratio": st.get("threads_probe_ratio"),
+        "engine_threads": {k: v for k, v in st.items() if k.startswith("threads_")},
     }
+    if int8_engine is not None:
+        out["opt_in_int8_weights"] = {
+            "engine_decode_tok_s": round(med(ours8), 2),
+            "ratio_vs_best_generate": round(med(ratios8), 2),
+            "leading_tokens_equal_to_float32_generate": lead(sref, res8.token_ids),
+        }
+    return out
 
 
 async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -> dict:
@@ -343,8 +359,13 @@ async def main_async(args) -> dict:
         report["1_system_prompt_ttft"] = await bench_system_prompt(engine, lm, args.repeats)
         report["2_conversation_turn5_ttft"] = await bench_conversation(lm, args.repeats)
         report["3_concurrency"] = await bench_concurrency(engine, lm, args.tokens, max(1, args.repeats - 1))
-        report["4_single_stream"] = await bench_single_stream(engine, lm, stock, args.tokens, max(3, args.repeats),
-                                                              threads)
+        int8 = LLMEngine(dataclasses.replace(lm, weight_format="int8"))
+        int8.start()
+        try:
+            report["4_single_stream"] = await bench_single_stream(engine, lm, stock, args.tokens,
+                                                                  max(3, args.repeats), threads, int8)
+        finally:
+            int8.close()
         report["5_cancel"] = await bench_cancel(engine, lm)
         report["engine_stats"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in engine.stats().items()}
     finally:

@@ -1,16 +1,21 @@
 """How many intra-op threads the scheduler thread uses: adaptive, because the CPU is shared.
 
-Measured on this 2-vCPU machine (steps alternated 1/2 threads, same run):
-- when the other core is free, 2 threads are ~1.7x faster for one decoding stream (one core does not
-  saturate memory bandwidth), ~1.8x for a batch of 8 and ~1.8x for a 256-token prefill chunk;
-- when other threads keep both cores busy (ASR/TTS in the same process, other processes), every
-  OpenMP parallel region waits for a descheduled team thread while libgomp's barrier spins: 2 threads
-  then ran 5-10x *slower* than 1 (a decoding step took 0.5-2 s instead of 50-80 ms). Setting
+Measured on this 2-vCPU machine (real steps alternated between 1 and 2 threads, same run):
+- other core free: 2 threads are ~1.7x faster for one decoding stream (one core does not saturate the
+  memory bandwidth), ~1.8x for a batch of 8 and ~1.8x for a 256-token prefill chunk;
+- other core partly busy: 2 threads still win (step time x0.6-0.8);
+- both cores kept busy by other threads (ASR/TTS in the same process, other processes): every OpenMP
+  parallel region waits for a descheduled team thread while libgomp's barrier spins, and 2 threads
+  ran 10-17x *slower* than 1 (a decoding step took 0.65-1.2 s instead of ~70 ms). Setting
   ``OMP_WAIT_POLICY=PASSIVE`` before torch is imported removes most of that (2 threads ~= 1 thread).
 
-So the policy probes, at most every ``interval_s`` while the engine is busy, the same small matmul with
-1 and with N threads back to back (a paired comparison under the same load; ~2 ms when the machine is
-quiet) and keeps a running ratio; it uses N threads while N is clearly faster, else 1.
+Policy, per kind of step (single decode / decode batch / prefill):
+- run with the current choice and keep a running cost of its steps;
+- every ``explore_every`` steps of that kind, run one step with the other choice; switch when it was
+  clearly cheaper (paired in time with the steps around it, so the machine's load is about the same);
+- a cheap probe (the same small matmul with 1 and with N threads, back to back, at most once per
+  ``interval_s``) detects the pathological case; while it says N threads are several times slower,
+  N is neither used nor explored, so exploring never costs a one-second step.
 
 ``torch.set_num_threads`` on the scheduler thread changes that thread's OpenMP/MKL setting only (both
 are per thread); it also becomes the default of threads that start using torch afterwards.
@@ -22,31 +27,55 @@ import time
 
 import torch
 
+KINDS = ("decode", "batch", "prefill")
+
+
+class _Kind:
+    __slots__ = ("cost", "steps", "next_explore")
+
+    def __init__(self) -> None:
+        self.cost: dict[int, float] = {}
+        self.steps = 0
+        self.next_explore = 8
+
 
 class ThreadPolicy:
+    EXPLORE_EVERY = 24
+    SWITCH_GAIN = 0.88  # switch when the other choice costs < 88% of the current one
+    PATHOLOGICAL = 2.0  # probe: N threads this many times slower than 1 -> never use or explore N
+
     def __init__(self, max_threads: int = 0, *, fixed: int = 0, interval_s: float = 1.0,
                  probe_weight: torch.Tensor | None = None) -> None:
         self.max_threads = max(1, int(max_threads or torch.get_num_threads()))
         self.fixed = int(fixed)
         self.interval_s = interval_s
-        self.ratio = 0.5  # EWMA of t(N threads) / t(1 thread) on the probe; < 1: N threads help
+        self.ratio = 0.5  # EWMA of probe t(N threads) / t(1 thread)
         self.probes = 0
         self.switches = 0
-        self._use = self.fixed if self.fixed > 0 else self.max_threads
+        self._use = {k: (self.fixed if self.fixed > 0 else self.max_threads) for k in KINDS}
+        self._kinds = {k: _Kind() for k in KINDS}
         self._current = 0
         self._next_probe = 0.0
         self._x: torch.Tensor | None = None
         self._w = probe_weight
+        self._last: tuple[str, int, bool] | None = None
 
     @property
     def adaptive(self) -> bool:
         return self.fixed <= 0 and self.max_threads > 1
+
+    @staticmethod
+    def kind(rows: int) -> str:
+        if rows <= 2:
+            return "decode"
+        return "batch" if rows <= 32 else "prefill"
 
     def _set(self, n: int) -> None:
         if n != self._current:
             torch.set_num_threads(n)
             self._current = n
 
+    # -- probe ------------------------------------------------------------------------------------------
     def _measure(self) -> tuple[float, float]:
         """Seconds for the probe with 1 thread and with ``max_threads`` threads, back to back."""
         if self._w is None:
@@ -55,8 +84,7 @@ class ThreadPolicy:
             self._x = torch.randn(64, self._w.shape[0], dtype=self._w.dtype, device=self._w.device)
         times = []
         for n in (1, self.max_threads):
-            torch.set_num_threads(n)
-            self._current = n
+            self._set(n)
             t = time.perf_counter()
             torch.mm(self._x, self._w)
             torch.mm(self._x, self._w)
@@ -68,34 +96,67 @@ class ThreadPolicy:
         sample = tn / max(t1, 1e-9)
         self.ratio = sample if self.probes == 0 else 0.5 * self.ratio + 0.5 * sample
         self.probes += 1
-        # Hysteresis: leave N threads when they stop paying off, come back once they clearly do.
-        use = self._use
-        if use > 1 and self.ratio > 0.95:
-            use = 1
-        elif use == 1 and self.ratio < 0.8:
-            use = self.max_threads
-        if use != self._use:
-            self.switches += 1
-            self._use = use
+        if self.pathological:
+            for k in KINDS:
+                if self._use[k] != 1:
+                    self._use[k] = 1
+                    self.switches += 1
 
-    def before_step(self, rows: int = 0) -> int:
-        """Apply (and return) the thread count for the next step."""
-        if self.adaptive:
-            now = time.monotonic()
-            if now >= self._next_probe:
-                self._probe()
-                self._next_probe = now + self.interval_s
-        self._set(self._use)
-        return self._use
+    @property
+    def pathological(self) -> bool:
+        return self.ratio > self.PATHOLOGICAL
 
-    def after_step(self, rows: int, seconds: float) -> None:  # kept for symmetry; the probe decides
-        return None
+    # -- steps ------------------------------------------------------------------------------------------
+    def before_step(self, rows: int = 1) -> int:
+        """Apply (and return) the thread count for a step of ``rows`` new tokens."""
+        if not self.adaptive:
+            n = self.fixed if self.fixed > 0 else 1
+            self._set(n)
+            return n
+        now = time.monotonic()
+        if now >= self._next_probe:
+            self._probe()
+            self._next_probe = now + self.interval_s
+        kind = self.kind(rows)
+        k = self._kinds[kind]
+        k.steps += 1
+        n = self._use[kind]
+        exploring = False
+        if k.steps >= k.next_explore and n in k.cost:
+            other = 1 if n != 1 else self.max_threads
+            if not (other != 1 and self.pathological):
+                n, exploring = other, True
+            k.next_explore = k.steps + self.EXPLORE_EVERY
+        self._last = (kind, n, exploring)
+        self._set(n)
+        return n
+
+    def after_step(self, rows: int, seconds: float) -> None:
+        """Record the cost of the step just run (per row, so steps of one kind compare)."""
+        if self._last is None:
+            return
+        kind, n, exploring = self._last
+        self._last = None
+        k = self._kinds[kind]
+        cost = seconds / max(1, rows) if kind == "prefill" else seconds / (1.0 + rows / 16.0)
+        if exploring:
+            current = self._use[kind]
+            k.cost[n] = cost
+            if cost < self.SWITCH_GAIN * k.cost.get(current, float("inf")):
+                self._use[kind] = n
+                self.switches += 1
+        else:
+            old = k.cost.get(n)
+            k.cost[n] = cost if old is None else 0.7 * old + 0.3 * cost
 
     def snapshot(self) -> dict[str, float]:
-        return {
+        out: dict[str, float] = {
             "threads_max": self.max_threads,
-            "threads_current": self._use,
+            "threads_current": self._current,
             "threads_probe_ratio": round(self.ratio, 3),
             "threads_probes": self.probes,
             "threads_switches": self.switches,
         }
+        for kind in KINDS:
+            out[f"threads_{kind}"] = self._use[kind]
+        return out

@@ -1,62 +1,82 @@
-"""The adaptive 1-vs-N intra-op thread choice, with scripted probe timings (no model)."""
+"""The adaptive 1-vs-N intra-op thread choice, with scripted timings (no model)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from inference.llm.threads import ThreadPolicy
 
 
+@pytest.fixture(autouse=True)
+def keep_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 class Scripted(ThreadPolicy):
+    """Probe ratios come from a list (the last one repeats)."""
+
     def __init__(self, ratios):
         super().__init__(2, interval_s=0.0)
         self.ratios = list(ratios)
 
     def _measure(self):
-        return 1.0, self.ratios.pop(0)
+        r = self.ratios.pop(0) if len(self.ratios) > 1 else self.ratios[0]
+        return 1.0, r
 
 
-def run(policy, steps):
-    return [policy.before_step(1) for _ in range(steps)]
+def steps(policy, n, cost_by_threads, rows=1):
+    used = []
+    for _ in range(n):
+        t = policy.before_step(rows)
+        used.append(t)
+        policy.after_step(rows, cost_by_threads[t])
+    return used
 
 
 def test_fixed_threads_never_probe():
-    before = torch.get_num_threads()
-    try:
-        p = ThreadPolicy(2, fixed=1)
-        assert run(p, 3) == [1, 1, 1] and p.probes == 0
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_switches_to_one_thread_under_contention_and_back():
-    before = torch.get_num_threads()
-    try:
-        p = Scripted([0.55, 0.6, 6.0, 8.0, 5.0] + [0.5] * 5)
-        assert run(p, 2) == [2, 2]  # N threads pay off
-        assert run(p, 3) == [1, 1, 1]  # a busy machine makes N threads much slower: 1 at once
-        used = run(p, 5)
-        assert used[0] == 1 and used[-1] == 2 and p.switches == 2  # back to N once it clearly pays off
-        snap = p.snapshot()
-        assert snap["threads_current"] == 2 and snap["threads_probes"] == 10
-    finally:
-        torch.set_num_threads(before)
+    p = ThreadPolicy(2, fixed=1)
+    assert steps(p, 3, {1: 0.05}) == [1, 1, 1] and p.probes == 0
 
 
 def test_single_core_is_fixed_at_one():
-    before = torch.get_num_threads()
-    try:
-        p = ThreadPolicy(1)
-        assert not p.adaptive and run(p, 2) == [1, 1]
-    finally:
-        torch.set_num_threads(before)
+    p = ThreadPolicy(1)
+    assert not p.adaptive and steps(p, 2, {1: 0.05}) == [1, 1]
+
+
+def test_keeps_n_threads_while_they_pay_off():
+    p = Scripted([0.55])
+    used = steps(p, 60, {1: 0.080, 2: 0.045})
+    assert used.count(1) <= 3 and used[-1] == 2  # only the exploring steps used 1 thread
+    assert p.snapshot()["threads_decode"] == 2
+
+
+def test_explores_and_switches_to_one_when_cheaper():
+    p = Scripted([0.9])
+    used = steps(p, 40, {1: 0.050, 2: 0.070})
+    assert used[-1] == 1 and p.switches == 1
+    # Conditions change: N threads pay off again; the next exploration finds it.
+    used = steps(p, 45, {1: 0.050, 2: 0.030})
+    assert used[-1] == 2 and p.switches == 2
+
+
+def test_pathological_contention_never_runs_n_threads():
+    p = Scripted([6.0])
+    used = steps(p, 80, {1: 0.07, 2: 1.2})
+    assert set(used) == {1}  # not even to explore: that would cost a one-second step
+    assert p.pathological and p.snapshot()["threads_current"] == 1
+
+
+def test_kinds_are_separate():
+    p = Scripted([0.9])
+    steps(p, 40, {1: 0.050, 2: 0.070}, rows=1)  # decoding one stream: 1 thread wins
+    used = steps(p, 40, {1: 0.200, 2: 0.120}, rows=200)  # prefill: N threads win
+    assert p.snapshot()["threads_decode"] == 1 and p.snapshot()["threads_prefill"] == 2 and used[-1] == 2
 
 
 def test_real_probe_runs():
-    before = torch.get_num_threads()
-    try:
-        p = ThreadPolicy(2, interval_s=0.0, probe_weight=torch.randn(64, 128))
-        p.before_step(1)
-        assert p.probes == 1 and p.ratio > 0
-    finally:
-        torch.set_num_threads(before)
+    p = ThreadPolicy(2, interval_s=0.0, probe_weight=torch.randn(64, 128))
+    p.before_step(1)
+    assert p.probes == 1 and p.ratio > 0
