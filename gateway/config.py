@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
-DType = Literal["auto", "float32", "bfloat16", "float16"]
+DType = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 
 
 def default_cache_dir() -> Path:
@@ -45,7 +45,10 @@ class Settings(BaseSettings):
     llm_model: Path | None = Field(
         None, description="LLM: a transformers folder or a .gguf file. Default: the embedded SmolLM2-135M-Instruct."
     )
-    llm_dtype: DType = Field("auto", description="auto: bfloat16 on cuda, float32 on cpu.")
+    llm_dtype: DType = Field(
+        "auto",
+        description="auto: bfloat16 on cuda, float32 on cpu. int8: weight-only int8 on cpu, ~1.7x faster decoding, slightly different tokens.",
+    )
     llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
     model_name: str = Field(
         "smollm2-135m-instruct", description="The model id served at /v1/models and accepted in requests."
