@@ -43,7 +43,7 @@ PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while th
 MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
-ASR_COVER_MS = 64  # a transcription reaching this far past the end of speech counts as the final one
+ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
 
 
 @dataclass
@@ -250,7 +250,17 @@ class VoicePipeline:
         assert self.runtime.asr is not None
         pcm = AudioChunk(audio, RATE).to_float32()
         prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
-        return await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
+        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
+        if transcript is not None:
+            log.debug(
+                "%s transcript of %.0f ms: waited %.3f s, ran %.3f s: %r",
+                "final" if final else "partial",
+                transcript.audio_ms,
+                transcript.waited_seconds,
+                transcript.seconds,
+                transcript.text,
+            )
+        return transcript
 
     async def _partial(self, turn: UserTurn, job: asyncio.Task[Transcript | None]) -> None:
         try:
