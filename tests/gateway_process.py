@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -26,6 +26,7 @@ class GatewayProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    health_statuses: set[int] = field(default_factory=set)  # what /healthz answered while starting
 
     @property
     def http_url(self) -> str:
@@ -59,7 +60,9 @@ def start_gateway(*args: str, log_path: Path, timeout_s: float = 240.0, env: dic
         if process.poll() is not None:
             raise RuntimeError(f"gateway exited with {process.returncode}:\n{gateway.log_tail()}")
         try:
-            if httpx.get(f"{gateway.http_url}/healthz", timeout=2).status_code == 200:
+            status = httpx.get(f"{gateway.http_url}/healthz", timeout=2).status_code
+            gateway.health_statuses.add(status)
+            if status == 200:
                 return gateway
         except httpx.HTTPError:
             pass

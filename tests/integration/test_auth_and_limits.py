@@ -109,6 +109,10 @@ def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) 
     assert response.headers["x-ratelimit-remaining-requests"] == "0"
 
 
+def test_healthz_said_503_while_loading_then_200(secured_gateway: GatewayProcess) -> None:
+    assert secured_gateway.health_statuses == {503, 200}
+
+
 def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> None:
     health = httpx.get(f"{secured_gateway.http_url}/healthz").json()
     assert health["status"] == "ready" and health["voice"] is False
