@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     )
 
     # Turn taking
+    vad_silence_duration_ms: int = Field(
+        400, ge=100, le=5000, description="Sessions' default server_vad silence_duration_ms (clients can change it)."
+    )
     echo_guard_ms: int = Field(
         300, ge=0, description="After playback starts, VAD speech alone does not interrupt for this long."
     )

@@ -24,7 +24,7 @@ from gateway.protocol import client_events as ev
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
-from gateway.protocol.session_config import SessionConfig, apply_session_update
+from gateway.protocol.session_config import SessionConfig, TurnDetection, apply_session_update
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
@@ -88,6 +88,7 @@ class RealtimeSession:
             max_output_tokens=settings.default_max_tokens,
             expires_at=int(time.time()) + 3600,
         )
+        config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
         self.config = apply_session_update(config, initial_config) if initial_config else config
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
