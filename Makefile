@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test clean
 
 setup: $(STAMP)
 
@@ -25,10 +25,8 @@ run: $(STAMP)
 	$(PY) -m gateway serve $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
-
-bench: $(STAMP)
-	$(PY) -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) .pytest_cache

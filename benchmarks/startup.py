@@ -18,18 +18,16 @@ from pathlib import Path
 
 import httpx
 
-from tests.gateway_process import GatewayProcess, start_gateway
+from benchmarks.voice_server import GatewayProcess
 
 QUESTION = "Tell me about the history of Paris."
 
 
 def timed_start(cache_dir: Path, log_dir: Path, name: str) -> tuple[GatewayProcess, float, dict]:
     started = time.monotonic()
-    gateway = start_gateway(
-        "--cache-dir", str(cache_dir), log_path=log_dir / f"{name}.log", timeout_s=600
-    )
-    seconds = time.monotonic() - started
-    return gateway, seconds, httpx.get(f"{gateway.http_url}/healthz").json()["load_seconds"]
+    gateway = GatewayProcess(log_dir / f"{name}.log", args=["--cache-dir", str(cache_dir)]).start()
+    health = gateway.wait_ready(timeout_s=600)
+    return gateway, time.monotonic() - started, health["load_seconds"]
 
 
 def stream_once(url: str, max_tokens: int) -> dict[str, float]:
@@ -71,8 +69,8 @@ def main() -> None:
         print("warm start...", file=sys.stderr)
         warm, warm_s, warm_load = timed_start(cache, logs, "warm")
         try:
-            stream_once(warm.http_url, 8)  # first request pays one-off allocations
-            runs = [stream_once(warm.http_url, args.max_tokens) for _ in range(args.runs)]
+            stream_once(warm.url, 8)  # first request pays one-off allocations
+            runs = [stream_once(warm.url, args.max_tokens) for _ in range(args.runs)]
         finally:
             warm.stop()
     result = {

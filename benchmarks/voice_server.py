@@ -65,10 +65,15 @@ class GatewayProcess:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         self.health: dict[str, Any] | None = None
+        self.health_statuses: set[int] = set()  # what /healthz answered while starting
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}"
 
     def start(self) -> GatewayProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +92,8 @@ class GatewayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited with code {self.process.returncode}:\n{self.log_tail()}")
             status, body = get_json(f"{self.url}/healthz")
+            if status:
+                self.health_statuses.add(status)
             if status == 200:
                 self.health = body
                 return body

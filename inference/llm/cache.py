@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ KVSource = Callable[[int, int], torch.Tensor]
 class RadixNode:
     __slots__ = ("key", "kv", "children", "parent", "last_access", "pins", "nbytes", "__weakref__")
 
-    def __init__(self, key: tuple[int, ...], kv: torch.Tensor | None, parent: "RadixNode | None") -> None:
+    def __init__(self, key: tuple[int, ...], kv: torch.Tensor | None, parent: RadixNode | None) -> None:
         self.key = key
         self.kv = kv
         self.children: dict[int, RadixNode] = {}

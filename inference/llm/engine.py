@@ -25,8 +25,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal, Sequence
+from typing import Literal
 
 import torch
 
@@ -257,7 +258,7 @@ class LLMEngine:
         for r in leftovers:
             self._finish(r, "cancelled")
 
-    def __enter__(self) -> "LLMEngine":
+    def __enter__(self) -> LLMEngine:
         self.start()
         return self
 
@@ -323,7 +324,7 @@ class LLMEngine:
         self._enqueue(req)
         return stream
 
-    def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str) -> "asyncio.Future[int]":
+    def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str) -> asyncio.Future[int]:
         """Compute (and pin for the conversation) the KV of ``prompt_ids`` ahead of the request.
 
         Resolves to the number of tokens whose KV this call computed (0 when all were cached).

@@ -17,9 +17,8 @@ memory is duplicated.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +93,7 @@ class KVPool:
     geometrically, for all slots at once; on CPU the memory of untouched positions is never committed.
     """
 
-    def __init__(self, fwd: "LeanForward", slots: int, *, max_capacity: int, capacity: int = 256) -> None:
+    def __init__(self, fwd: LeanForward, slots: int, *, max_capacity: int, capacity: int = 256) -> None:
         self.fwd = fwd
         self.slots = int(slots)
         self.max_capacity = min(int(max_capacity), fwd.max_positions)
@@ -275,7 +274,7 @@ class LeanForward:
     """
 
     @classmethod
-    def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native") -> "LeanForward":
+    def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native") -> LeanForward:
         cache = getattr(model, "_lean_forward", None)
         if not isinstance(cache, dict):
             cache = {}

@@ -30,8 +30,8 @@ _EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 @dataclass
 class LoadedLM:
-    model: "PreTrainedModel"
-    tokenizer: "PreTrainedTokenizerBase"
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
     context_window: int  # model's max positions, capped by the caller's setting

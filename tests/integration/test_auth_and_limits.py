@@ -16,19 +16,19 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_to
 
 
 def test_missing_or_wrong_key_is_401(secured_gateway: GatewayProcess) -> None:
-    url = f"{secured_gateway.http_url}/v1/chat/completions"
+    url = f"{secured_gateway.url}/v1/chat/completions"
     for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"authorization": f"Basic {API_KEY}"}):
         response = httpx.post(url, json=BODY, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
-    client = openai.OpenAI(base_url=f"{secured_gateway.http_url}/v1", api_key="sk-wrong", max_retries=0)
+    client = openai.OpenAI(base_url=f"{secured_gateway.url}/v1", api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
 
 
 def test_right_key_works_and_reports_rate_limit_headers(secured_gateway: GatewayProcess) -> None:
     response = httpx.post(
-        f"{secured_gateway.http_url}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
+        f"{secured_gateway.url}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
     )
     assert response.status_code == 200
     assert response.headers["x-ratelimit-limit-requests"] == "30"
@@ -46,7 +46,7 @@ async def test_websocket_needs_a_key(secured_gateway: GatewayProcess) -> None:
 
 
 async def test_client_secret_opens_exactly_one_session_with_its_configuration(secured_gateway: GatewayProcess) -> None:
-    url = f"{secured_gateway.http_url}/v1/realtime/client_secrets"
+    url = f"{secured_gateway.url}/v1/realtime/client_secrets"
     assert httpx.post(url, json={}).status_code == 401
     minted = httpx.post(
         url,
@@ -78,13 +78,13 @@ async def test_client_secret_opens_exactly_one_session_with_its_configuration(se
 def test_context_overflow_is_a_clear_400(secured_gateway: GatewayProcess) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "apple " * 1500}], "max_tokens": 10}
     response = httpx.post(
-        f"{secured_gateway.http_url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
+        f"{secured_gateway.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60
     )
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_long_history_is_trimmed_to_the_context_window(secured_gateway: GatewayProcess) -> None:
-    client = openai.OpenAI(base_url=f"{secured_gateway.http_url}/v1", api_key=API_KEY, max_retries=0)
+    client = openai.OpenAI(base_url=f"{secured_gateway.url}/v1", api_key=API_KEY, max_retries=0)
     messages = [{"role": "system", "content": "Answer in English."}]
     for index in range(8):
         messages += [{"role": "user", "content": f"Note {index}: " + "banana " * 100}, {"role": "assistant", "content": "Okay."}]
@@ -97,7 +97,7 @@ def test_long_history_is_trimmed_to_the_context_window(secured_gateway: GatewayP
 def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) -> None:
     headers = {"authorization": f"Bearer {API_KEY}"}
     statuses = []
-    with httpx.Client(base_url=secured_gateway.http_url, headers=headers) as http:
+    with httpx.Client(base_url=secured_gateway.url, headers=headers) as http:
         for _ in range(40):
             response = http.get("/v1/models")
             statuses.append(response.status_code)
@@ -114,6 +114,6 @@ def test_healthz_said_503_while_loading_then_200(secured_gateway: GatewayProcess
 
 
 def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> None:
-    health = httpx.get(f"{secured_gateway.http_url}/healthz").json()
+    health = httpx.get(f"{secured_gateway.url}/healthz").json()
     assert health["status"] == "ready" and health["voice"] is False
-    assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.http_url}/metrics").text
+    assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text

@@ -17,7 +17,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture
 def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.http_url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
 
 
 def test_sdk_not_streamed(client: openai.OpenAI) -> None:
@@ -59,9 +59,9 @@ def test_max_tokens_stop_and_seed(client: openai.OpenAI) -> None:
 
 
 def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
-    response = httpx.get(f"{gateway.http_url}/v1/models", headers={"x-request-id": "abc-123"})
+    response = httpx.get(f"{gateway.url}/v1/models", headers={"x-request-id": "abc-123"})
     assert response.headers["x-request-id"] == "abc-123"
-    assert httpx.get(f"{gateway.http_url}/v1/models").headers["x-request-id"].startswith("req_")
+    assert httpx.get(f"{gateway.url}/v1/models").headers["x-request-id"].startswith("req_")
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
     ],
 )
 def test_bad_requests_get_openai_errors(gateway: GatewayProcess, body: str, status: int, code: str) -> None:
-    response = httpx.post(f"{gateway.http_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["code"] == code and error["message"] and "type" in error and "param" in error
@@ -87,25 +87,25 @@ def test_bad_requests_get_openai_errors(gateway: GatewayProcess, body: str, stat
 
 def test_body_over_the_cap_is_413(gateway: GatewayProcess) -> None:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]})
-    response = httpx.post(f"{gateway.http_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
 def test_idempotency_key_replays_the_first_answer(gateway: GatewayProcess) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say a random word."}], "temperature": 1.5, "max_tokens": 8}
     headers = {"idempotency-key": "key-1"}
-    first = httpx.post(f"{gateway.http_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-    second = httpx.post(f"{gateway.http_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    first = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    second = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json()
     assert second.headers.get("idempotent-replayed") == "true"
-    other = httpx.post(f"{gateway.http_url}/v1/chat/completions", json={**body, "max_tokens": 9}, headers=headers)
+    other = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "max_tokens": 9}, headers=headers)
     assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
 
 
 async def test_client_disconnect_cancels_the_stream(gateway: GatewayProcess) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 400, "stream": True}
-    async with httpx.AsyncClient(base_url=gateway.http_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
             received = 0
             async for line in response.aiter_lines():

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_models_load_on_cuda_and_answer(tmp_path: Path) -> None:
     gateway = start_gateway("--device", "cuda", log_path=tmp_path / "gateway.log")
     try:
-        health = httpx.get(f"{gateway.http_url}/healthz").json()
+        health = httpx.get(f"{gateway.url}/healthz").json()
         assert health["device"] == "cuda" and health["voice"] is True
         body = {
             "model": "smollm2-135m-instruct",
@@ -24,7 +24,7 @@ def test_models_load_on_cuda_and_answer(tmp_path: Path) -> None:
             "temperature": 0,
             "max_tokens": 20,
         }
-        answer = httpx.post(f"{gateway.http_url}/v1/chat/completions", json=body, timeout=60).json()
+        answer = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60).json()
         assert "Paris" in answer["choices"][0]["message"]["content"]
     finally:
         gateway.stop()

@@ -153,7 +153,7 @@ async def test_unknown_model_in_the_url_is_refused(gateway: GatewayProcess) -> N
 
 
 async def test_official_sdk_realtime_client(gateway: GatewayProcess) -> None:
-    sdk = openai.AsyncOpenAI(base_url=f"{gateway.http_url}/v1", api_key="unused")
+    sdk = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
     async with sdk.realtime.connect(model=MODEL) as connection:
         await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
         await connection.conversation.item.create(

@@ -84,7 +84,7 @@ async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: d
         asyncio.ensure_future(listen())
 
     await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient(base_url=gateway.http_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         secret = (await http.post("/v1/realtime/client_secrets", json={"session": session})).json()["value"]
         answer = await http.post(
             "/v1/realtime/calls",
@@ -103,7 +103,7 @@ async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: d
 async def hangups(gateway: GatewayProcess) -> AsyncIterator[list[Caller]]:
     callers: list[Caller] = []
     yield callers
-    async with httpx.AsyncClient(base_url=gateway.http_url) as http:
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
         for caller in callers:
             await http.post(f"{caller.call_url}/hangup")
             await caller.pc.close()
@@ -164,7 +164,7 @@ async def test_barge_in_over_webrtc_stops_audio_and_truncates(
 
 
 async def test_bad_offers_are_refused(gateway: GatewayProcess) -> None:
-    async with httpx.AsyncClient(base_url=gateway.http_url) as http:
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
         garbage = await http.post("/v1/realtime/calls", content="hello", headers={"content-type": "application/sdp"})
         assert garbage.status_code == 400 and garbage.json()["error"]["code"] == "invalid_sdp"
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

@@ -102,7 +102,7 @@ def test_incremental_detokenizer_never_splits_characters():
 
 def test_detokenizer_flush_drops_incomplete_tail():
     d = IncrementalDetokenizer(ByteTokenizer())
-    out = [d.push(b) for b in "ab".encode() + "🙂".encode()[:2]]
+    out = [d.push(b) for b in b"ab" + "🙂".encode()[:2]]
     assert "".join(out) == "ab" and d.flush() == ""
 
 
