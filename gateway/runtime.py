@@ -106,10 +106,13 @@ class Runtime:
 
     def _load_asr(self) -> None:
         from inference.asr import AsrEngine
+        from inference.models import silero_vad_path
+        from media.vad import SileroVad
 
         assert self.paths is not None
         self.asr = AsrEngine.load(self.paths.asr, device=self.device, threads=self.settings.asr_threads)
         self.load_times.asr_s = self.asr.load_seconds
+        SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
 
     def _load_tts(self) -> None:
         from inference.tts import TtsEngine

@@ -129,6 +129,7 @@ class VoicePipeline:
     def clear(self) -> None:
         while not self._queue.empty():
             self._queue.get_nowait()
+            self._queue.task_done()
         self._queued_samples = 0
         self._drop_turn()
         self.buffer.clear()
@@ -142,9 +143,8 @@ class VoicePipeline:
         await asyncio.wait(tasks, timeout=5)
 
     async def _drain_queue(self) -> None:
-        """Let the processing task take in the audio already queued."""
-        while not self._queue.empty():
-            await asyncio.sleep(0.005)
+        """Wait until the processing task has taken in the audio already queued."""
+        await self._queue.join()
 
     # -- processing -----------------------------------------------------------------------------
 
@@ -157,6 +157,8 @@ class VoicePipeline:
             pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             self._queued_samples -= len(pcm)
             self.buffer.append(pcm)
+            for _ in pieces:
+                self._queue.task_done()
             if self.turn_detection is None:
                 continue
             try:

@@ -7,9 +7,10 @@ window; callers run them off the event loop all the same.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -123,6 +124,18 @@ class SpeechModel(Protocol):
     def reset(self) -> None: ...
 
 
+@functools.lru_cache(maxsize=4)
+def _inference_session(model_path: str) -> Any:
+    """One ONNX session per model file for every stream: run() is thread-safe, the state is per stream."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 4
+    return onnxruntime.InferenceSession(model_path, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
 class SileroVad:
     """Silero VAD v6 (the ONNX file faster-whisper ships), one 512-sample 16 kHz window at a time.
 
@@ -131,13 +144,7 @@ class SileroVad:
     """
 
     def __init__(self, model_path: Path | str) -> None:
-        import onnxruntime
-
-        opts = onnxruntime.SessionOptions()
-        opts.intra_op_num_threads = 1
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 4
-        self._session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self._session = _inference_session(str(model_path))
         self.reset()
 
     def reset(self) -> None:
