@@ -21,7 +21,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="session")
 def secured_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """Text only, with an API key, a small rate limit and a 1024-token context window."""
+    """Text only, with an API key, a small rate limit, a 1024-token context, one request at a time."""
     process = start_gateway(
         "--api-keys",
         API_KEY,
@@ -30,6 +30,10 @@ def secured_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
         "30",
         "--max-context-tokens",
         "1024",
+        "--max-batch-size",
+        "1",
+        "--max-queued-requests",
+        "1",
         log_path=tmp_path_factory.mktemp("secured") / "gateway.log",
     )
     yield process

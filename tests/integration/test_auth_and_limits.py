@@ -94,6 +94,19 @@ def test_long_history_is_trimmed_to_the_context_window(secured_gateway: GatewayP
     assert 500 < completion.usage.prompt_tokens <= 1024 - 30
 
 
+async def test_a_full_engine_queue_answers_429_at_once(secured_gateway: GatewayProcess) -> None:
+    body = {**BODY, "max_tokens": 60, "messages": [{"role": "user", "content": "Count to one hundred."}]}
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=secured_gateway.url, headers=headers, timeout=60) as http:
+        responses = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(4)))
+    statuses = sorted(response.status_code for response in responses)
+    # One request runs, one waits in the queue, the others are refused without waiting.
+    assert statuses == [200, 200, 429, 429], statuses
+    refused = next(response for response in responses if response.status_code == 429)
+    assert refused.json()["error"]["code"] == "server_overloaded"
+    assert int(refused.headers["retry-after"]) >= 1
+
+
 def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) -> None:
     headers = {"authorization": f"Bearer {API_KEY}"}
     statuses = []

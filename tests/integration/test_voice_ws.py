@@ -110,6 +110,8 @@ async def test_manual_turns_commit_and_clear(client: RealtimeClient, tts: TtsEng
 async def test_bad_audio_input(client: RealtimeClient) -> None:
     await client.send({"type": "input_audio_buffer.append", "audio": "AAA"})  # 2 bytes short of pcm16 pairs
     assert (await client.wait_for("error"))["error"]["code"] == "invalid_audio"
+    await client.send({"type": "output_audio_buffer.clear"})  # the server holds no playout over a WebSocket
+    assert (await client.wait_for("error"))["error"]["code"] == "invalid_value"
     await client.send({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/ogg"}}}}})
     assert (await client.wait_for("error"))["error"]["code"] == "invalid_value"
     # Past the buffer cap (manual turns): refused with an error, the session goes on.
