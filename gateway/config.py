@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     max_context_tokens: int = Field(0, ge=0, description="Context window used (0: the model's own, capped at 8192).")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none.")
     repetition_penalty: float = Field(1.1, ge=1.0, le=2.0, description="Default repetition penalty.")
+    realtime_temperature: float = Field(
+        0.2, ge=0.0, le=2.0, description="Realtime sessions' default temperature (small models answer best near 0)."
+    )
     default_instructions: str = Field(
         "You are a friendly voice assistant. Reply in plain English with one short sentence.",
         description="Realtime sessions' instructions unless the client sets its own.",

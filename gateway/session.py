@@ -86,6 +86,7 @@ class RealtimeSession:
             instructions=settings.default_instructions,
             output_modalities=[default_modality],
             max_output_tokens=settings.default_max_tokens,
+            temperature=settings.realtime_temperature,
             expires_at=int(time.time()) + 3600,
         )
         config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
