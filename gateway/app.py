@@ -70,7 +70,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         finally:
             await shutdown(svc, loader)
 
-    app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
+    app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
     app.add_middleware(RequestIdMiddleware)
 
