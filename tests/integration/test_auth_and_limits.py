@@ -100,8 +100,9 @@ async def test_a_full_engine_queue_answers_429_at_once(secured_gateway: GatewayP
     async with httpx.AsyncClient(base_url=secured_gateway.url, headers=headers, timeout=60) as http:
         responses = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(4)))
     statuses = sorted(response.status_code for response in responses)
-    # One request runs, one waits in the queue, the others are refused without waiting.
-    assert statuses == [200, 200, 429, 429], statuses
+    # At most one request runs and one waits in the queue (the scheduler may not have admitted the
+    # first when the second arrives); the others are refused without waiting.
+    assert statuses in ([200, 200, 429, 429], [200, 429, 429, 429]), statuses
     refused = next(response for response in responses if response.status_code == 429)
     assert refused.json()["error"]["code"] == "server_overloaded"
     assert int(refused.headers["retry-after"]) >= 1
