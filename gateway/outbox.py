@@ -30,9 +30,6 @@ class Outbox:
         self._sequence = itertools.count(1)
         self._prefix = secrets.token_hex(4)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def send(self, event: dict[str, Any]) -> None:
         if self._closed:

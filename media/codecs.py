@@ -29,10 +29,6 @@ def canonical_format(fmt: str) -> str:
     return name
 
 
-def format_rate(fmt: str) -> int:
-    return FORMAT_RATES[canonical_format(fmt)]
-
-
 def pcm16_to_array(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise AudioFormatError(f"pcm16 audio needs an even number of bytes, got {len(data)}")

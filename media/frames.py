@@ -34,10 +34,6 @@ class AudioChunk:
     def silence(cls, ms: float, rate: int) -> AudioChunk:
         return cls(np.zeros(int(round(rate * ms / 1000.0)), dtype=np.int16), rate)
 
-    @classmethod
-    def from_float32(cls, audio: np.ndarray, rate: int) -> AudioChunk:
-        return cls(float_to_int16(audio), rate)
-
 
 def float_to_int16(audio: np.ndarray) -> np.ndarray:
     """Clip first: a resampler's overshoot past 1.0 would otherwise wrap around."""

@@ -102,7 +102,3 @@ class PlayoutBuffer:
         with self._lock:
             return self._ms(self._queued)
 
-    @property
-    def playing(self) -> bool:
-        with self._lock:
-            return self._playing

@@ -44,7 +44,6 @@ class ResponseEvents:
     status: Literal["in_progress"] | ResponseStatus = "in_progress"
     _opened: bool = False
     _text: list[str] = field(default_factory=list)
-    _audio_sent: bool = False
 
     @property
     def content_kind(self) -> str:
@@ -93,7 +92,6 @@ class ResponseEvents:
         return [{"type": kind, **self._ids(), "delta": delta}]
 
     def audio_delta(self, audio_b64: str) -> list[Event]:
-        self._audio_sent = True
         return [{"type": "response.output_audio.delta", **self._ids(), "delta": audio_b64}]
 
     def finish(

@@ -29,8 +29,8 @@ def test_unknown_format_is_a_format_error() -> None:
 
 def test_beta_names_are_aliases() -> None:
     assert codecs.canonical_format("pcm16") == "audio/pcm"
-    assert codecs.format_rate("g711_ulaw") == 8000
-    assert codecs.format_rate("g711_alaw") == 8000
+    assert codecs.FORMAT_RATES[codecs.canonical_format("g711_ulaw")] == 8000
+    assert codecs.FORMAT_RATES[codecs.canonical_format("g711_alaw")] == 8000
 
 
 # Reference values from ITU-T G.711 (identical to what audioop produced before its removal).

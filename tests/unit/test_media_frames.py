@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from media.frames import AudioChunk
+from media.frames import AudioChunk, float_to_int16
 
 
 def test_duration_and_samples() -> None:
@@ -19,11 +19,11 @@ def test_float_conversion_round_trips() -> None:
     pcm = np.array([0, 16384, -32768, 32767], dtype=np.int16)
     f = AudioChunk(pcm, 16000).to_float32()
     assert f.dtype == np.float32 and f.tolist()[:3] == [0.0, 0.5, -1.0]
-    assert np.array_equal(AudioChunk.from_float32(f, 16000).pcm, pcm)
+    assert np.array_equal(float_to_int16(f), pcm)
 
 
-def test_from_float32_clips_overshoot() -> None:
-    assert AudioChunk.from_float32(np.array([1.5, -1.5], dtype=np.float32), 8000).pcm.tolist() == [32767, -32768]
+def test_float_to_int16_clips_overshoot() -> None:
+    assert float_to_int16(np.array([1.5, -1.5], dtype=np.float32)).tolist() == [32767, -32768]
 
 
 def test_rejects_non_int16() -> None:
