@@ -108,6 +108,28 @@ async def test_a_full_engine_queue_answers_429_at_once(secured_gateway: GatewayP
     assert int(refused.headers["retry-after"]) >= 1
 
 
+async def test_a_full_engine_queue_is_an_error_event_over_the_websocket(secured_gateway: GatewayProcess) -> None:
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    clients = [await RealtimeClient.connect(f"{secured_gateway.ws_url}/v1/realtime", headers=headers) for _ in range(4)]
+    try:
+        for client in clients:
+            await client.wait_for("session.created")
+            await client.send(
+                {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Count to fifty."}]}}
+            )
+        await asyncio.gather(*(client.send({"type": "response.create", "response": {"max_output_tokens": 60}}) for client in clients))
+        done = await asyncio.gather(*(client.wait_for("response.done", timeout=90) for client in clients))
+        failed = [client for client, event in zip(clients, done) if event["response"]["status"] == "failed"]
+        assert 2 <= len(failed) <= 3, [event["response"]["status"] for event in done]
+        assert all(client.of_type("error")[0]["error"]["code"] == "server_overloaded" for client in failed)
+        # The session goes on: once the engine is free, the same client is answered.
+        retry = await failed[0].ask("Say hello.", max_output_tokens=5)
+        assert retry["response"]["status"] in ("completed", "incomplete")
+    finally:
+        for client in clients:
+            await client.close()
+
+
 def test_rate_limit_gives_429_with_retry_after(secured_gateway: GatewayProcess) -> None:
     headers = {"authorization": f"Bearer {API_KEY}"}
     statuses = []
