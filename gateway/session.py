@@ -271,15 +271,14 @@ class RealtimeSession:
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
         writes_conversation = params.conversation != "none"
+        context = self.conversation
         if params.input is not None:
             context = Conversation()
             for param in params.input:
                 context.add(item_from_param(param))
-            messages = context.chat_messages(instructions)
-        else:
-            messages = self.conversation.chat_messages(instructions)
-        if not any(message.role != "system" for message in messages):
+        if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
+        messages = context.chat_messages(instructions)
         max_tokens = params.max_output_tokens or self.config.max_output_tokens
         if max_tokens == "inf":
             max_tokens = engine.lm.context_window // 2

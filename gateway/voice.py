@@ -43,6 +43,7 @@ PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while th
 MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
+IDLE_NUDGE = "The user has been silent for a while. Briefly ask whether they are still there."
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
 
 
@@ -235,12 +236,15 @@ class VoicePipeline:
             return
         self._idle_since = now()
         end_ms = round(self.buffer.index_to_ms(self.buffer.end))
-        item_id = new_id("item")
+        # As OpenAI does: the silence becomes an empty user turn, and the reply checks on the user.
+        item = Item(id=new_id("item"), type="message", role="user", content=[{"type": "input_audio", "transcript": ""}])
         self.session.send(
-            {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": end_ms, "audio_end_ms": end_ms, "item_id": item_id}
+            {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": end_ms, "audio_end_ms": end_ms, "item_id": item.id}
         )
+        self.session.add_item(item)
         if detection.create_response:
-            self._spawn(self._create_response(TurnMarks()))
+            nudge = f"{self.session.config.instructions}\n\n{IDLE_NUDGE}".strip()
+            self._spawn(self._create_response(TurnMarks(), ResponseParams(instructions=nudge)))
 
     def reply_finished(self) -> None:
         """The idle timeout counts from the end of the assistant's reply."""
@@ -323,7 +327,7 @@ class VoicePipeline:
         if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
             await self._create_response(marks)
 
-    async def _create_response(self, marks: TurnMarks) -> None:
+    async def _create_response(self, marks: TurnMarks, params: ResponseParams | None = None) -> None:
         """Answer the turn; a reply still running is about an older turn, so it gives way."""
         session = self.session
         active = session.active
@@ -334,7 +338,7 @@ class VoicePipeline:
                 await asyncio.wait({active.task})
         session.pending_marks = marks
         try:
-            session.create_response(ResponseParams())
+            session.create_response(params or ResponseParams())
         except ApiError as error:
             session.pending_marks = None
             session.send_error(error)

@@ -24,39 +24,36 @@ class ContentPart(BaseModel):
     audio: str | None = None
 
 
-class MessageItem(BaseModel):
+class _ItemBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = Field(None, max_length=64)
     object: Literal["realtime.item"] | None = None
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+
+
+class MessageItem(_ItemBase):
     type: Literal["message"]
     role: Literal["user", "assistant", "system"]
-    status: Literal["completed", "incomplete", "in_progress"] | None = None
     content: list[ContentPart] = Field(min_length=1)
 
 
-class FunctionCallItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str | None = Field(None, max_length=64)
-    object: Literal["realtime.item"] | None = None
+class FunctionCallItem(_ItemBase):
     type: Literal["function_call"]
-    status: Literal["completed", "incomplete", "in_progress"] | None = None
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str = ""
 
 
-class FunctionCallOutputItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str | None = Field(None, max_length=64)
-    object: Literal["realtime.item"] | None = None
+class FunctionCallOutputItem(_ItemBase):
     type: Literal["function_call_output"]
-    status: Literal["completed", "incomplete", "in_progress"] | None = None
     call_id: str = Field(min_length=1)
     output: str
 
 
 ItemParam = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
-ITEM_TYPES: frozenset[str] = frozenset({"message", "function_call", "function_call_output"})
+ITEM_TYPES: frozenset[str] = frozenset(
+    get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ItemParam)[0])
+)
 
 
 class SessionUpdate(_Event):

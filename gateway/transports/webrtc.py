@@ -7,7 +7,6 @@ Services.background) that closes the session and the peer connection when the ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -71,6 +70,7 @@ class Call:
     pc: RTCPeerConnection
     session: RealtimeSession
     playout: PlayoutBuffer
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # The ephemeral key that opened the call is spent, but it may still hang the call up.
     secret_digest: str | None = None
@@ -80,9 +80,13 @@ class Call:
     async def supervise(self, services: Services) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._connected(), CONNECT_TIMEOUT_S)
-            if self.pc.connectionState == "connected":
+            waits = [asyncio.ensure_future(event.wait()) for event in (self.connected, self.ended)]
+            try:
+                await asyncio.wait(waits, timeout=CONNECT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if self.connected.is_set():
                 await self.ended.wait()
         finally:
             services.sessions.discard(self.session)
@@ -94,12 +98,6 @@ class Call:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
             await self.pc.close()
-
-    async def _connected(self) -> None:
-        while self.pc.connectionState != "connected":
-            if self.pc.connectionState in ("failed", "closed") or self.ended.is_set():
-                return
-            await asyncio.sleep(0.05)
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL:
@@ -206,7 +204,9 @@ async def create_call(request: Request) -> Response:
 
     @pc.on("connectionstatechange")
     def _on_state() -> None:
-        if pc.connectionState in ("failed", "closed"):
+        if pc.connectionState == "connected":
+            call.connected.set()
+        elif pc.connectionState in ("failed", "closed"):
             call.ended.set()
 
     try:

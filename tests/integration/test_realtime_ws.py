@@ -145,6 +145,13 @@ async def test_bad_input_gets_errors_and_loses_nothing(client: RealtimeClient) -
     assert (await client.wait_for("conversation.item.retrieved"))["item"] == first_user
 
 
+async def test_a_response_to_an_empty_conversation_is_refused(client: RealtimeClient) -> None:
+    await client.send({"type": "response.create", "event_id": "nothing"})
+    error = await client.wait_for("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("empty_conversation", "nothing")
+    assert not client.of_type("response.created")
+
+
 async def test_unknown_model_in_the_url_is_refused(gateway: GatewayProcess) -> None:
     client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model=gpt-17")
     error = await client.recv()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -83,6 +84,30 @@ async def test_conversation_is_prefilled_while_the_user_speaks(
     done = await client.wait_for("response.done", timeout=60)
     usage = done["response"]["usage"]
     assert usage["input_token_details"]["cached_tokens"] >= 15, usage
+
+
+async def test_idle_timeout_checks_on_a_silent_user(client: RealtimeClient) -> None:
+    detection = {"idle_timeout_ms": 5000}
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"output_modalities": ["text"], "max_output_tokens": 20, "audio": {"input": {"turn_detection": detection}}},
+        }
+    )
+    await client.wait_for("session.updated")
+    started = time.monotonic()
+    sender = asyncio.create_task(stream_audio(client, encode_chunks(np.zeros(24000 * 7, np.int16), 24000, "audio/pcm")))
+    timeout = await client.wait_for("input_audio_buffer.timeout_triggered", timeout=15)
+    assert time.monotonic() - started >= 5.0
+    added = await client.wait_for("conversation.item.added")
+    assert added["item"]["id"] == timeout["item_id"] and added["item"]["role"] == "user"
+    done = await client.wait_for("response.done", timeout=30)
+    assert done["response"]["status"] in ("completed", "incomplete")
+    assert done["response"]["output"][0]["content"][0]["text"]
+    assert not client.of_type("error")
+    sender.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sender
 
 
 async def test_manual_turns_commit_and_clear(client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray) -> None:
