@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import uvicorn
@@ -64,9 +63,6 @@ def serve(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before torch loads: spinning OpenMP barriers starve the ASR and TTS threads of this process
-    # on a small CPU (decode steps measured 10x slower with them).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     source: CliSettingsSource[Gateway] = CliSettingsSource(
         Gateway,  # type: ignore[arg-type]  # a plain model holding the subcommands is what CliApp runs
         cli_prog_name="gateway",

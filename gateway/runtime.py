@@ -56,7 +56,10 @@ class Runtime:
         try:
             self.device = resolve_device(self.settings.device)
             self.paths = resolve_model_paths(self.settings.llm_model, self.settings.asr_model, self.settings.tts_voice)
-            loads = [asyncio.to_thread(self._load_llm)]
+            from inference.llm.threads import run_in_own_thread
+
+            # Its own thread, which exits: torch work there must not leave an OpenMP pool behind.
+            loads = [run_in_own_thread(self._load_llm)]
             if self.settings.load_voice_models:
                 loads += [asyncio.to_thread(self._load_asr), asyncio.to_thread(self._load_tts)]
             await asyncio.gather(*loads)

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .threads import one_intra_op_thread
+
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 # RoPE variants whose cos/sin depend only on the position (not on the current sequence length).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -282,7 +284,8 @@ class LeanForward:
         cached = cache.get(weight_format)
         if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
-        inst = cls(model, context_window, weight_format=weight_format)
+        with one_intra_op_thread():  # re-laying the weights must not leave an OpenMP pool on this thread
+            inst = cls(model, context_window, weight_format=weight_format)
         cache[weight_format] = inst
         return inst
 

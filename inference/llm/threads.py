@@ -5,9 +5,8 @@ Measured on this 2-vCPU machine (real steps alternated between 1 and 2 threads, 
   memory bandwidth), ~1.8x for a batch of 8 and ~1.8x for a 256-token prefill chunk;
 - other core partly busy: 2 threads still win (step time x0.6-0.8);
 - both cores kept busy by other threads (ASR/TTS in the same process, other processes): every OpenMP
-  parallel region waits for a descheduled team thread while libgomp's barrier spins, and 2 threads
-  ran 10-17x *slower* than 1 (a decoding step took 0.65-1.2 s instead of ~70 ms). Setting
-  ``OMP_WAIT_POLICY=PASSIVE`` before torch is imported removes most of that (2 threads ~= 1 thread).
+  parallel region waits for a descheduled team thread, and 2 threads ran up to 10-17x *slower* than 1
+  (a decoding step took 0.65-1.2 s instead of ~70 ms).
 
 Policy, per kind of step (single decode / decode batch / prefill):
 - run with the current choice and keep a running cost of its steps;
@@ -19,13 +18,49 @@ Policy, per kind of step (single decode / decode batch / prefill):
 
 ``torch.set_num_threads`` on the scheduler thread changes that thread's OpenMP/MKL setting only (both
 are per thread); it also becomes the default of threads that start using torch afterwards.
+
+One multi-threaded OpenMP team per process: libgomp keeps a pool of worker threads for every thread
+that ever ran a parallel region, until that thread exits. Once the pools hold more threads than there
+are cores, every barrier sleeps instead of spinning ("throttled"): the GEMMs of a decoding step then
+took 38 ms with 2 threads, as long as with 1, against 21 ms with 2 threads and no other pool. So only
+the scheduler thread runs torch with several threads; re-laying the weights runs under
+:func:`one_intra_op_thread`, and other torch work runs on a thread that exits afterwards
+(:func:`run_in_own_thread`) or with one thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
+
+
+async def run_in_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` on a new thread that exits afterwards, so any OpenMP pool it made goes too
+    (a thread of the event loop's default executor lives on, and so would its pool)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="own-thread") as executor:
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+@contextmanager
+def one_intra_op_thread() -> Iterator[None]:
+    """Run the torch work of the block on this thread with one intra-op thread (no OpenMP pool)."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 KINDS = ("decode", "batch", "prefill")
 
