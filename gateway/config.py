@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         None, description="faster-whisper (CTranslate2) model folder. Default: the embedded Whisper tiny.en."
     )
     asr_threads: int = Field(2, ge=1, description="CPU threads for faster-whisper.")
+    asr_window_s: float = Field(
+        15.0,
+        ge=1.0,
+        le=30.0,
+        description="Whisper input window for utterances that fit (30 = Whisper's own; shorter encodes faster, "
+        "and a degenerate result is decoded again over 30 s).",
+    )
     tts_voice: Path | None = Field(
         None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
     )

@@ -113,7 +113,9 @@ class Runtime:
         from media.vad import SileroVad
 
         assert self.paths is not None
-        self.asr = AsrEngine.load(self.paths.asr, device=self.device, threads=self.settings.asr_threads)
+        self.asr = AsrEngine.load(
+            self.paths.asr, device=self.device, threads=self.settings.asr_threads, window_s=self.settings.asr_window_s
+        )
         self.load_times.asr_s = self.asr.load_seconds
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
 

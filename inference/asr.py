@@ -1,6 +1,14 @@
 """Speech to text with faster-whisper on a worker thread of its own, partial and final transcripts.
 
-Scheduling, because one tiny.en call costs >= ~0.4 s on CPU whatever the audio length:
+A short window: Whisper encodes 30 s of (padded) audio whatever the utterance's length, and on this
+CPU that encoder pass is most of a call (tiny.en, int8: 0.30 s of 0.40-0.50 s for a 2 s question).
+Utterances that fit are encoded in a `window_s` window instead (15 s: 0.12-0.22 s a call, the same
+text on the test questions). Below ~15 s the decoder starts repeating itself; a transcript that runs
+to its token budget or compresses like a loop is decoded again over the full 30 s, so the window
+never costs correctness. Audio longer than the window goes through faster-whisper's own long-form
+transcription.
+
+Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 - finals run before any queued partial;
 - a queued partial of a stream is replaced by a newer one of the same stream (the old one
   resolves to None): a partial is only worth having while it is the latest.
@@ -10,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +34,23 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
+FULL_WINDOW_S = 30.0  # Whisper's own input length
+DEFAULT_WINDOW_S = 15.0
+TOKENS_PER_SECOND = 8  # token budget of a windowed decode: speech runs at ~3-4 tokens a second
+LOOP_COMPRESSION_RATIO = 2.4  # Whisper's own threshold for repetitive output
+MAX_PROMPT_TOKENS = 223  # Whisper gives a prompt at most half of its 448-token context
+
+
+def looks_degenerate(text: str, tokens: int, budget: int) -> bool:
+    """A decode that used its whole token budget, repeats a sentence back to back, or compresses like
+    a repetition loop. (A user who really repeats a sentence only costs a decode over 30 s.)"""
+    if tokens >= budget:
+        return True
+    sentences = [part.strip().lower() for part in re.split(r"[.?!]+", text) if part.strip()]
+    if any(a == b for a, b in zip(sentences, sentences[1:])):
+        return True
+    data = text.encode()
+    return len(data) > 24 and len(data) / len(zlib.compress(data)) > LOOP_COMPRESSION_RATIO
 
 
 @dataclass(frozen=True)
@@ -47,11 +74,26 @@ class _Job:
 
 
 class AsrEngine:
-    def __init__(self, model: object, *, language: str | None, final_beam_size: int, load_seconds: float) -> None:
+    def __init__(
+        self,
+        model: object,
+        *,
+        language: str | None,
+        final_beam_size: int,
+        load_seconds: float,
+        window_s: float = DEFAULT_WINDOW_S,
+    ) -> None:
+        if not 1.0 <= window_s <= FULL_WINDOW_S:
+            raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
         self._model = model  # faster_whisper.WhisperModel
         self.language = language
         self.final_beam_size = final_beam_size
         self.load_seconds = load_seconds
+        self.window_s = window_s
+        self.windowed_calls = 0
+        self.full_window_retries = 0
+        self._tokenizer: Any = None
+        self._suppress: list[int] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
         self._lock = threading.Lock()
         self._finals: deque[_Job] = deque()
@@ -67,6 +109,7 @@ class AsrEngine:
         *,
         language: str | None = None,
         final_beam_size: int = 1,
+        window_s: float = DEFAULT_WINDOW_S,
         warmup: bool = True,
     ) -> AsrEngine:
         """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
@@ -77,7 +120,7 @@ class AsrEngine:
         model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
         if language is None and not model.model.is_multilingual:
             language = "en"
-        engine = cls(model, language=language, final_beam_size=final_beam_size, load_seconds=0.0)
+        engine = cls(model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s)
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
             engine._run(np.zeros(ASR_RATE, dtype=np.float32), final=True, prompt=None)
@@ -147,10 +190,52 @@ class AsrEngine:
 
     def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None) -> tuple[str, float]:
         started = time.perf_counter()
+        beam_size = self.final_beam_size if final else 1
+        text = None
+        if self.window_s < FULL_WINDOW_S and self.language is not None and audio.shape[0] <= self.window_s * ASR_RATE:
+            self.windowed_calls += 1
+            text = self._decode_window(audio, beam_size, prompt)
+            if text is None:
+                self.full_window_retries += 1
+        if text is None:
+            text = self._transcribe_full(audio, beam_size, prompt)
+        return text, time.perf_counter() - started
+
+    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> str | None:
+        """One decode over a `window_s` window; None when its output looks degenerate."""
+        import ctranslate2
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        model: Any = self._model
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=self.language)
+            self._suppress = get_suppressed_tokens(self._tokenizer, (-1,))
+        tokenizer = self._tokenizer
+        features = model.feature_extractor(audio)  # [n_mels, frames]; zero-padded like faster-whisper's segments
+        frames = int(self.window_s * 100)
+        features = np.pad(features, ((0, 0), (0, max(0, frames - features.shape[1]))))[:, :frames]
+        tokens = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
+        if prompt:  # Whisper's prompt format: previous text after <|startofprev|>, before the task tokens
+            tokens = [tokenizer.sot_prev, *tokenizer.encode(" " + prompt.strip())[-MAX_PROMPT_TOKENS:], *tokens]
+        budget = int(TOKENS_PER_SECOND * audio.shape[0] / ASR_RATE) + 16
+        result = model.model.generate(
+            ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None], dtype=np.float32)),
+            [tokens],
+            beam_size=beam_size,
+            max_length=budget,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+        )[0]
+        ids = [i for i in result.sequences_ids[0] if i < tokenizer.eot]
+        text = tokenizer.decode(ids).strip()
+        return None if looks_degenerate(text, len(result.sequences_ids[0]), budget) else text
+
+    def _transcribe_full(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> str:
         segments, _info = self._model.transcribe(  # type: ignore[attr-defined]
             audio,
             language=self.language,
-            beam_size=self.final_beam_size if final else 1,
+            beam_size=beam_size,
             best_of=1,
             temperature=0.0,  # fallback re-decodes cost 1-2.6 s spikes on short audio
             without_timestamps=True,
@@ -159,8 +244,7 @@ class AsrEngine:
             initial_prompt=prompt or None,
         )
         # segments is lazy: decoding happens while it is consumed, so consume it here on the worker.
-        text = " ".join(segment.text.strip() for segment in segments).strip()
-        return text, time.perf_counter() - started
+        return " ".join(segment.text.strip() for segment in segments).strip()
 
     def close(self) -> None:
         """Queued jobs resolve to None; the job running finishes in the background."""

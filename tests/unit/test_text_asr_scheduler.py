@@ -38,7 +38,8 @@ def audio(n: int) -> np.ndarray:
 @pytest.fixture
 def model_engine():
     model = GatedModel()
-    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0)
+    # The stand-in has only transcribe(): Whisper's full window, not the short-window decode.
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
     yield model, engine
     for _ in range(10):
         model.gate.release()
@@ -113,7 +114,7 @@ async def test_model_errors_reach_the_caller() -> None:
         def transcribe(self, audio, **kwargs):
             raise RuntimeError("boom")
 
-    engine = AsrEngine(Broken(), language="en", final_beam_size=1, load_seconds=0.0)
+    engine = AsrEngine(Broken(), language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
     try:
         with pytest.raises(RuntimeError, match="boom"):
             await engine.transcribe(audio(1), final=True)

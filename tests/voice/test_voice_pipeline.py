@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from inference.asr import AsrEngine, TranscriptStabilizer
+from inference.models import embedded_asr
 from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
@@ -55,6 +56,32 @@ async def test_vad_finds_one_turn_and_whisper_transcribes_it(silero: SileroVad, 
     transcript = await asr.transcribe(AudioChunk(segment, 16000).to_float32(), final=True)
     assert transcript is not None and transcript.final
     assert contains_words(transcript.text, "capital", "France"), transcript.text
+
+
+async def test_short_window_matches_the_full_window(asr: AsrEngine, question_16k: np.ndarray) -> None:
+    audio = AudioChunk(with_silence(question_16k)[16 * (LEAD_MS - 300) :], 16000).to_float32()
+    full = AsrEngine.load(embedded_asr(), "cpu", threads=2, window_s=30.0, warmup=False)
+    try:
+        windowed_calls = asr.windowed_calls
+        short = await asr.transcribe(audio, final=True)
+        reference = await full.transcribe(audio, final=True)
+    finally:
+        full.close()
+    assert asr.windowed_calls == windowed_calls + 1 and full.windowed_calls == 0
+    assert short is not None and reference is not None
+    assert contains_words(short.text, "capital", "France") and contains_words(reference.text, "capital", "France")
+
+
+async def test_a_window_too_short_for_whisper_still_gives_the_right_words(question_16k: np.ndarray) -> None:
+    # Three seconds of context make Whisper loop or stop early; such output is decoded again over 30 s.
+    audio = AudioChunk(with_silence(question_16k)[16 * (LEAD_MS - 300) :], 16000).to_float32()[: 16000 * 3]
+    tiny_window = AsrEngine.load(embedded_asr(), "cpu", threads=2, window_s=3.0, warmup=False)
+    try:
+        transcript = await tiny_window.transcribe(audio, final=True)
+    finally:
+        tiny_window.close()
+    assert tiny_window.windowed_calls == 1
+    assert transcript is not None and contains_words(transcript.text, "capital", "France"), transcript
 
 
 async def test_partials_on_a_growing_buffer(asr: AsrEngine, question_16k: np.ndarray) -> None:
