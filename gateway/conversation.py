@@ -153,9 +153,12 @@ class Conversation:
         item.status = "incomplete"
         return item
 
-    def chat_messages(self, instructions: str) -> list[ChatMessage]:
+    def chat_messages(self, instructions: str, *, excluding: str | None = None) -> list[ChatMessage]:
+        """The conversation as chat messages, without the item whose id is `excluding`."""
         messages = [ChatMessage("system", instructions)] if instructions else []
         for item in self._items:
+            if item.id == excluding:
+                continue
             if item.type == "message" and item.role is not None:
                 text = item.text()
                 if text:

@@ -17,6 +17,7 @@ class TurnMarks:
     speech_stopped: float | None = None  # the VAD decided the user's turn ended
     transcript_final: float | None = None  # the final transcript of that turn
     response_created: float | None = None
+    generation_started: float | None = None  # the reply's generation was submitted: before speech_stopped when preempted
     first_token: float | None = None
     first_clause: float | None = None  # the first clause was complete and handed to TTS
     first_audio: float | None = None  # first answer audio handed to the transport

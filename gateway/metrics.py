@@ -26,6 +26,13 @@ STAGE_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+PREEMPTIONS = Counter(
+    "gateway_voice_preemptions_total",
+    "Replies generated before the end of the user's turn: adopted by the turn's response, or dropped "
+    "(the user went on speaking, or the final transcript or prompt differed)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 CHAT_TTFT_SECONDS = Histogram(
     "gateway_chat_time_to_first_token_seconds", "Chat completions time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
 )

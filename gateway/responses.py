@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from gateway import metrics
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.response_events import Event, ResponseEvents
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
 from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
+from inference.llm.loader import LoadedLM
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
+
+log = logging.getLogger(__name__)
 
 
 class SpeechStream(Protocol):
@@ -28,12 +33,39 @@ class SpeechStream(Protocol):
 
 
 @dataclass
+class Preemption:
+    """A reply generated before its response exists: the voice path starts it from the speculative
+    final transcript while the VAD waits out the silence. A response whose prompt and sampling are
+    the same adopts the stream (its first tokens are then already there); otherwise it is cancelled."""
+
+    user_text: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stream: GenerationStream
+    started_at: float  # monotonic
+
+
+@dataclass
 class ResponseJob:
     messages: list[ChatMessage]
     sampling: SamplingParams
     tools: list[dict[str, Any]] | None = None
     conversation_key: str | None = None
     marks: TurnMarks = field(default_factory=TurnMarks)
+    preemption: Preemption | None = None
+
+
+def render_reply_prompt(
+    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams, tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """The prompt tokens of a reply (blocking: run it in a thread)."""
+    try:
+        prompt = render_prompt(
+            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens, tools=tools
+        )
+    except ContextOverflow as exc:
+        raise ApiError("context_length_exceeded", str(exc)) from None
+    return prompt.token_ids
 
 
 class ResponseRunner:
@@ -56,11 +88,27 @@ class ResponseRunner:
         self.stream: GenerationStream | None = None
 
     async def run(self) -> GenerationResult:
-        prompt_ids = await asyncio.to_thread(self._render)
+        job = self.job
         try:
-            self.stream = self.engine.submit(prompt_ids, self.job.sampling, conversation_id=self.job.conversation_key)
-        except EngineOverloaded as exc:
-            raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, self.engine.lm, job.messages, job.sampling, job.tools)
+        except BaseException:
+            self.cancel_generation()
+            raise
+        preemption, job.preemption = job.preemption, None
+        if preemption is not None and preemption.prompt_ids == prompt_ids and preemption.sampling == job.sampling:
+            self.stream = preemption.stream
+            job.marks.generation_started = preemption.started_at
+            metrics.PREEMPTIONS.labels("adopted").inc()
+        else:
+            if preemption is not None:
+                log.debug("preempted reply dropped: the response's prompt or sampling differs")
+                preemption.stream.cancel()
+                metrics.PREEMPTIONS.labels("dropped").inc()
+            try:
+                self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key)
+                job.marks.mark("generation_started")
+            except EngineOverloaded as exc:
+                raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
         if self.speech is None:
             async for delta in self.stream:
                 self.job.marks.mark("first_token")
@@ -85,20 +133,8 @@ class ResponseRunner:
     def cancel_generation(self) -> None:
         if self.stream is not None:
             self.stream.cancel()
-
-    def _render(self) -> list[int]:
-        lm = self.engine.lm
-        try:
-            prompt = render_prompt(
-                lm.tokenizer,
-                self.job.messages,
-                context_window=lm.context_window,
-                reserve_tokens=self.job.sampling.max_tokens,
-                tools=self.job.tools,
-            )
-        except ContextOverflow as exc:
-            raise ApiError("context_length_exceeded", str(exc)) from None
-        return prompt.token_ids
+        if self.job.preemption is not None:  # cancelled before run() took or dropped it
+            self.job.preemption.stream.cancel()
 
     async def _speak(self, clauses: asyncio.Queue[str | None]) -> None:
         assert self.tts is not None and self.speech is not None

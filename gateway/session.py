@@ -25,11 +25,12 @@ from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from gateway.protocol.session_config import SessionConfig, TurnDetection, apply_session_update
-from gateway.responses import ResponseJob, ResponseRunner, SpeechStream
+from gateway.responses import Preemption, ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
-from inference.llm.engine import GenerationResult, SamplingParams
+from inference.llm.chat import ChatMessage
+from inference.llm.engine import EngineClosed, EngineOverloaded, GenerationResult, SamplingParams
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
@@ -254,8 +255,49 @@ class RealtimeSession:
 
     # -- responses ------------------------------------------------------------------------------
 
-    def create_response(self, params: ev.ResponseParams) -> None:
-        """Start a response now (synchronously), or raise if one is already running."""
+    def _reply_sampling(self, params: ev.ResponseParams, context_window: int) -> SamplingParams:
+        max_tokens = params.max_output_tokens or self.config.max_output_tokens
+        if max_tokens == "inf":
+            max_tokens = context_window // 2
+        return SamplingParams(
+            temperature=params.temperature if params.temperature is not None else self.config.temperature,
+            max_tokens=int(max_tokens),
+            repetition_penalty=self.settings.repetition_penalty,
+        )
+
+    def _reply_tools(self, params: ev.ResponseParams) -> list[dict[str, Any]] | None:
+        return [tool.model_dump() for tool in (params.tools or self.config.tools)] or None
+
+    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
+        """Start generating the default reply to a user turn that may not be committed yet.
+
+        The voice path calls this with the speculative final transcript while the VAD waits out the
+        silence; the turn's response adopts the stream when its prompt turns out the same. The
+        turn's item, when already added, is replaced by `user_text` at the end. None when no reply
+        can start now (a response is running, no model, the engine is full).
+        """
+        engine = self.runtime.engine
+        if engine is None or self.active is not None:
+            return None
+        params = ev.ResponseParams()
+        history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
+        messages = [*history, ChatMessage("user", user_text)]
+        sampling = self._reply_sampling(params, engine.lm.context_window)
+        try:
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling, self._reply_tools(params))
+            if self.active is not None:
+                return None
+            stream = engine.submit(prompt_ids, sampling, conversation_id=self.conversation.id)
+        except (ApiError, EngineOverloaded, EngineClosed):
+            return None  # the response itself will meet (and report) the same condition
+        return Preemption(user_text=user_text, prompt_ids=prompt_ids, sampling=sampling, stream=stream, started_at=now())
+
+    def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
+        """Start a response now (synchronously), or raise if one is already running.
+
+        ``preemption``: a generation already started for this reply (see preempt_reply); the
+        response takes it over when its prompt is the same, and cancels it otherwise.
+        """
         if self.active is not None:
             raise ApiError(
                 "conversation_already_has_active_response",
@@ -279,10 +321,6 @@ class RealtimeSession:
         if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
         messages = context.chat_messages(instructions)
-        max_tokens = params.max_output_tokens or self.config.max_output_tokens
-        if max_tokens == "inf":
-            max_tokens = engine.lm.context_window // 2
-        temperature = params.temperature if params.temperature is not None else self.config.temperature
         marks = self.pending_marks or TurnMarks()
         self.pending_marks = None
         marks.mark("response_created")
@@ -302,14 +340,11 @@ class RealtimeSession:
         )
         job = ResponseJob(
             messages=messages,
-            sampling=SamplingParams(
-                temperature=temperature,
-                max_tokens=int(max_tokens),
-                repetition_penalty=self.settings.repetition_penalty,
-            ),
-            tools=[tool.model_dump() for tool in (params.tools or self.config.tools)] or None,
+            sampling=self._reply_sampling(params, engine.lm.context_window),
+            tools=self._reply_tools(params),
             conversation_key=self.conversation.id if writes_conversation else None,
             marks=marks,
+            preemption=preemption,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
         runner = ResponseRunner(

@@ -7,7 +7,10 @@ owned here, cancelled and awaited on close. To shorten the wait after the user s
   conversation's KV cache;
 - a speculative final transcript starts as soon as the VAD hears silence, and is used when the
   turn really ends there; so is a partial whose audio already covers the end of speech (partials
-  and finals decode the same way, so its text is the final text).
+  and finals decode the same way, so its text is the final text);
+- the reply is generated from that speculative transcript while the VAD waits out the silence
+  (preemption); the response adopts it when the final transcript is the same, and it is cancelled
+  when the user goes on speaking. Nothing is sent for it before the turn is committed.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gateway import metrics
 from gateway.conversation import Item, new_id
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import TurnDetection
+from gateway.responses import Preemption
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
@@ -58,6 +63,7 @@ class UserTurn:
     # Every transcription of this turn (partials and the speculative final) with its audio's end.
     jobs: list[tuple[int, asyncio.Task[Transcript | None]]] = field(default_factory=list)
     speculative: asyncio.Task[Transcript | None] | None = None
+    preemption: asyncio.Task[Preemption | None] | None = None
 
     def covering(self, end: int) -> list[asyncio.Task[Transcript | None]]:
         """Jobs whose audio reaches `end`, the one that started first (so finishes first) first."""
@@ -138,6 +144,7 @@ class VoicePipeline:
         self.session.send({"type": "input_audio_buffer.cleared"})
 
     async def close(self) -> None:
+        self._drop_turn()
         tasks = [self._task, *self._jobs]
         for task in tasks:
             task.cancel()
@@ -196,7 +203,7 @@ class VoicePipeline:
                 if job not in ready:
                     job.cancel()
             self._idle_since = now()
-            self._spawn(self._commit(turn.item_id, audio, marks, ready=ready))
+            self._spawn(self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption))
 
     async def _after_audio(self) -> None:
         turn = self.turn
@@ -214,9 +221,12 @@ class VoicePipeline:
             if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):
                 turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
                 turn.jobs.append((self.buffer.end, turn.speculative))
+                if self.turn_detection is not None and self.turn_detection.create_response:
+                    turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
         elif probability >= settings.threshold and turn.speculative is not None:
             turn.speculative.cancel()  # the user went on speaking
             turn.speculative = None
+            self._discard_preemption(turn)
         if (
             turn.partial_task is None
             and probability >= settings.threshold
@@ -292,7 +302,12 @@ class VoicePipeline:
         )
 
     async def _commit(
-        self, item_id: str, audio: np.ndarray, marks: TurnMarks, ready: list[asyncio.Task[Transcript | None]]
+        self,
+        item_id: str,
+        audio: np.ndarray,
+        marks: TurnMarks,
+        ready: list[asyncio.Task[Transcript | None]],
+        preemption: asyncio.Task[Preemption | None] | None = None,
     ) -> None:
         session = self.session
         conversation = session.conversation
@@ -324,11 +339,22 @@ class VoicePipeline:
             }
         )
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
-        if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
-            await self._create_response(marks)
+        head_start = await self._take_preemption(preemption, text)
+        created = False
+        try:
+            if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
+                created = await self._create_response(marks, preemption=head_start)
+        finally:
+            if head_start is not None and not created:
+                head_start.stream.cancel()
+                metrics.PREEMPTIONS.labels("dropped").inc()
 
-    async def _create_response(self, marks: TurnMarks, params: ResponseParams | None = None) -> None:
-        """Answer the turn; a reply still running is about an older turn, so it gives way."""
+    async def _create_response(
+        self, marks: TurnMarks, params: ResponseParams | None = None, *, preemption: Preemption | None = None
+    ) -> bool:
+        """Answer the turn; a reply still running is about an older turn, so it gives way.
+
+        True when the response was created (it then owns `preemption`)."""
         session = self.session
         active = session.active
         if active is not None:
@@ -338,10 +364,54 @@ class VoicePipeline:
                 await asyncio.wait({active.task})
         session.pending_marks = marks
         try:
-            session.create_response(params or ResponseParams())
+            session.create_response(params or ResponseParams(), preemption=preemption)
         except ApiError as error:
             session.pending_marks = None
             session.send_error(error)
+            return False
+        return True
+
+    # -- preemption -----------------------------------------------------------------------------
+
+    async def _preempt(self, item_id: str, speculative: asyncio.Task[Transcript | None]) -> Preemption | None:
+        transcript = await asyncio.shield(speculative)  # cancelled with it when the user goes on speaking
+        if transcript is None or not transcript.text.strip():
+            return None
+        preemption = await self.session.preempt_reply(item_id, transcript.text)
+        log.debug("reply preempted for %r: %s", transcript.text, "started" if preemption is not None else "not possible now")
+        return preemption
+
+    async def _take_preemption(self, task: asyncio.Task[Preemption | None] | None, text: str) -> Preemption | None:
+        """The turn's preempted reply when it was generated for exactly this transcript."""
+        if task is None:
+            return None
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            self._discard(task)
+            raise
+        preemption = None if task.cancelled() or task.exception() is not None else task.result()
+        if preemption is not None and preemption.user_text != text:
+            log.debug("preempted reply dropped: it answered %r, the final transcript is %r", preemption.user_text, text)
+            preemption.stream.cancel()
+            metrics.PREEMPTIONS.labels("dropped").inc()
+            return None
+        return preemption
+
+    def _discard_preemption(self, turn: UserTurn) -> None:
+        task, turn.preemption = turn.preemption, None
+        if task is not None:
+            self._discard(task)
+
+    @staticmethod
+    def _discard(task: asyncio.Task[Preemption | None]) -> None:
+        def cancel_stream(done: asyncio.Task[Preemption | None]) -> None:
+            if not done.cancelled() and done.exception() is None and (preemption := done.result()) is not None:
+                preemption.stream.cancel()
+                metrics.PREEMPTIONS.labels("dropped").inc()
+
+        task.cancel()
+        task.add_done_callback(cancel_stream)  # also when it had already finished
 
     def _prefill_draft(self, user_text: str) -> None:
         """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
@@ -378,4 +448,5 @@ class VoicePipeline:
         if turn is not None:
             for _, job in turn.jobs:
                 job.cancel()
+            self._discard_preemption(turn)
 

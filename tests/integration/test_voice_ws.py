@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -84,6 +85,62 @@ async def test_conversation_is_prefilled_while_the_user_speaks(
     done = await client.wait_for("response.done", timeout=60)
     usage = done["response"]["usage"]
     assert usage["input_token_details"]["cached_tokens"] >= 15, usage
+
+
+def preemptions(metrics: str, outcome: str) -> float:
+    prefix = f'gateway_voice_preemptions_total{{outcome="{outcome}"}} '
+    return next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix)), 0.0)
+
+
+async def text_turn_settings(client: RealtimeClient, silence_ms: int) -> None:
+    detection = {"type": "server_vad", "silence_duration_ms": silence_ms}
+    await client.send(
+        {
+            "type": "session.update",
+            "session": {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 24,
+                        "audio": {"input": {"turn_detection": detection}}},
+        }
+    )
+    await client.wait_for("session.updated")
+
+
+async def test_reply_is_generated_while_the_vad_waits_out_the_silence(
+    client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    # A long silence window: the speculative transcript is surely ready before the turn is committed.
+    await text_turn_settings(client, silence_ms=1500)
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 2.5)
+    await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
+    done = await client.wait_for("response.done", timeout=60)
+    latency = done["response"]["metadata"]["gateway_latency"]
+    # Generation began before the VAD ended the turn: the response took over the preempted stream.
+    assert latency["generation_started_ms"] < 0 < latency["transcript_final_ms"], latency
+    assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
+    # Nothing about the reply was sent before the turn was committed.
+    types = [event["type"] for event in client.events]
+    assert types.index("input_audio_buffer.committed") < types.index("response.created")
+
+
+async def test_speech_that_resumes_cancels_the_preempted_reply(
+    gateway: GatewayProcess, client: RealtimeClient, tts: TtsEngine
+) -> None:
+    await text_turn_settings(client, silence_ms=1500)
+    first = resample(tts.synthesize_blocking("Tell me the capital"), tts.sample_rate, 24000)
+    second = resample(tts.synthesize_blocking("of France, please."), tts.sample_rate, 24000)
+    pause = np.zeros(int(24000 * 1.0), np.int16)  # long enough to preempt, shorter than the silence window
+    speech = with_silence(np.concatenate([first, pause, second]), 24000, 0.5, 2.5)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        before = (await http.get("/metrics")).text
+        await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
+        done = await client.wait_for("response.done", timeout=60)
+        after = (await http.get("/metrics")).text
+    assert len(client.of_type("input_audio_buffer.speech_started")) == 1
+    assert len(client.of_type("response.created")) == 1
+    final = client.of_type("conversation.item.input_audio_transcription.completed")[0]["transcript"]
+    assert "france" in final.lower()
+    # The reply to "Tell me the capital" was dropped when speech resumed.
+    assert preemptions(after, "dropped") - preemptions(before, "dropped") >= 1
+    assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
 
 
 async def test_idle_timeout_checks_on_a_silent_user(client: RealtimeClient) -> None:
