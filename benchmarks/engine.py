@@ -221,7 +221,8 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
 
     async def run(model: LoadedLM):
         async with running(LLMEngine(model)) as eng:
-            await eng.submit(ids, SamplingParams(max_tokens=2)).result()  # warm-up: first-call allocations
+            # Warm-up as long as the measured run: a new engine's KV pool pages and thread choice settle.
+            await eng.submit(ids, params).result()
             eng.clear_prefix_cache()
             r = await eng.submit(ids, params).result()
             stats = eng.stats()
@@ -353,11 +354,11 @@ def transformers_batch(stock: LoadedLM, prompts: list[list[int]], tokens: int) -
 
     config = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=-1,
                               pad_token_id=stock.tokenizer.pad_token_id)
-    with torch.inference_mode():
-        stock.model.generate_batch(prompts[:1], generation_config=config, max_new_tokens=2)  # warm-up
-        t0 = time.perf_counter()
-        out = stock.model.generate_batch(prompts, generation_config=config, max_new_tokens=tokens)
-        wall = time.perf_counter() - t0
+    # No inference_mode here: the manager's own thread updates tensors made on this one in place.
+    stock.model.generate_batch(prompts[:1], generation_config=config, max_new_tokens=2)  # warm-up
+    t0 = time.perf_counter()
+    out = stock.model.generate_batch(prompts, generation_config=config, max_new_tokens=tokens)
+    wall = time.perf_counter() - t0
     results = list(out.values())
     failed = [r.error for r in results if r.error]
     total = sum(len(r.generated_tokens) for r in results)

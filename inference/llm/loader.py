@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .threads import one_intra_op_thread
+
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -152,12 +154,18 @@ def load_lm(
     max_context_tokens: int = 0,
 ) -> LoadedLM:
     """Load the model at ``path`` (a .gguf file or a transformers folder) for inference."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    # With one intra-op thread: loading must not leave an OpenMP pool on the caller's thread (threads.py).
+    with one_intra_op_thread():
+        return _load_lm(path, device=device, dtype=dtype, cache_dir=cache_dir, max_context_tokens=max_context_tokens)
+
+
+def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_context_tokens: int) -> LoadedLM:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t_start = time.perf_counter()
     path = Path(path).expanduser()
-    if threads > 0:
-        torch.set_num_threads(threads)
     dev = _resolve_device(device)
     weight_format = "int8" if dtype == "int8" else "native"
     dt = _resolve_dtype("float32" if dtype == "int8" else dtype, dev)
