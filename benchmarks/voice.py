@@ -9,7 +9,9 @@ What is measured (all clocks on this machine; the gateway's `gateway_latency.epo
   "spoken" at t0 + index / 24000 and its chunk is sent when the chunk is complete.
 - Voice-to-voice: from the last speech sample of the question (found by energy, not the clip's end
   with Piper's trailing silence) to the first `response.output_audio.delta` received.
-- Stages of the same turn, from the `response.done` latency marks; they add up to voice-to-voice:
+- Stages of the same turn, from the `response.done` latency marks; they add up to voice-to-voice
+  (for a preempted turn, whose reply began generating from the speculative transcript before the
+  final one existed, llm_first_token is ~0 and generation_head_start_ms says by how much it led):
   vad_stop_wait (end of speech -> the gateway's speech_stopped), asr (-> final transcript),
   response_start (-> response created), llm_first_token, first_clause_wait (-> the first clause of
   text is complete; when the gateway marks it), tts_first_audio (-> first audio handed to the
@@ -366,6 +368,11 @@ async def voice_turn(session: Session, clip: Clip) -> dict[str, Any]:
         }
         if marks.get("first_clause_ms") is not None:
             record["stages_ms"]["first_clause_wait"] = round(marks["first_clause_ms"] - marks["first_token_ms"], 1)
+        started = marks.get("generation_started_ms")
+        # Preempted: the reply's generation began from the speculative transcript, before the final one.
+        record["preempted"] = started is not None and started < marks["transcript_final_ms"]
+        if record["preempted"]:
+            record["generation_head_start_ms"] = round(marks["transcript_final_ms"] - started, 1)
         record["gateway_latency"] = marks
     else:
         record["gateway_latency"] = marks or None
@@ -539,6 +546,8 @@ def aggregate(
         "turns_ok": len(good),
         "turns_total": len(turns),
         "turns_split_by_vad": sum(1 for t in turns if t.get("speech_started_events", 1) > 1),
+        "turns_preempted": sum(1 for t in staged if t.get("preempted")),
+        "generation_head_start_ms": summary([t["generation_head_start_ms"] for t in staged if t.get("preempted")]),
         "barge_in": {
             "after_first_audio_s": args.barge_in_after,
             "attempts": len(runs),

@@ -1,6 +1,6 @@
 """Per-stage voice costs with the embedded models; prints JSON.
 
-    python -m benchmarks.voice_stages [--repeats 3] [--asr-threads 2] [--tts-threads 1]
+    python -m benchmarks.voice_stages [--repeats 3] [--asr-threads 1] [--tts-threads 1]
 
 Stages: Silero window cost, Whisper partials on a growing buffer and finals (beam 1 vs 5),
 Piper load, first-chunk latency and real-time factor. Speech is made by Piper itself.
@@ -107,7 +107,7 @@ async def bench_tts(tts: TtsEngine, repeats: int) -> dict[str, object]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--asr-threads", type=int, default=2)
+    parser.add_argument("--asr-threads", type=int, default=1)
     parser.add_argument("--tts-threads", type=int, default=1)
     parser.add_argument("--vad-windows", type=int, default=2000)
     args = parser.parse_args()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,6 +13,7 @@ import numpy as np
 from gateway import metrics
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
+from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.response_events import Event, ResponseEvents
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
@@ -30,19 +31,6 @@ class SpeechStream(Protocol):
     def write(self, pcm: np.ndarray) -> None: ...
 
     def close(self) -> None: ...
-
-
-@dataclass
-class Preemption:
-    """A reply generated before its response exists: the voice path starts it from the speculative
-    final transcript while the VAD waits out the silence. A response whose prompt and sampling are
-    the same adopts the stream (its first tokens are then already there); otherwise it is cancelled."""
-
-    user_text: str
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    stream: GenerationStream
-    started_at: float  # monotonic
 
 
 @dataclass
@@ -86,6 +74,7 @@ class ResponseRunner:
         self.send = send
         self.speech = speech
         self.stream: GenerationStream | None = None
+        self._adopted: Preemption | None = None
 
     async def run(self) -> GenerationResult:
         job = self.job
@@ -96,21 +85,24 @@ class ResponseRunner:
             raise
         preemption, job.preemption = job.preemption, None
         if preemption is not None and preemption.prompt_ids == prompt_ids and preemption.sampling == job.sampling:
+            self._adopted = preemption
             self.stream = preemption.stream
             job.marks.generation_started = preemption.started_at
             metrics.PREEMPTIONS.labels("adopted").inc()
         else:
             if preemption is not None:
                 log.debug("preempted reply dropped: the response's prompt or sampling differs")
-                preemption.stream.cancel()
+                preemption.cancel()
                 metrics.PREEMPTIONS.labels("dropped").inc()
             try:
                 self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key)
                 job.marks.mark("generation_started")
             except EngineOverloaded as exc:
                 raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
+        # An adopted preemption's run_ahead reads the stream; its text is replayed from there.
+        deltas = self._adopted.replay() if self._adopted is not None else self.stream
         if self.speech is None:
-            async for delta in self.stream:
+            async for delta in deltas:
                 self.job.marks.mark("first_token")
                 self.send(self.events.text_delta(delta))
             return await self.stream.result()
@@ -118,7 +110,7 @@ class ResponseRunner:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._speak(clauses))
             splitter = ClauseSplitter()
-            async for delta in self.stream:
+            async for delta in deltas:
                 self.job.marks.mark("first_token")
                 self.send(self.events.text_delta(delta))
                 for clause in splitter.push(delta):
@@ -134,15 +126,23 @@ class ResponseRunner:
         if self.stream is not None:
             self.stream.cancel()
         if self.job.preemption is not None:  # cancelled before run() took or dropped it
-            self.job.preemption.stream.cancel()
+            self.job.preemption.cancel()
 
     async def _speak(self, clauses: asyncio.Queue[str | None]) -> None:
         assert self.tts is not None and self.speech is not None
         item = self.events.item
+        ahead = self._adopted
         while (clause := await clauses.get()) is not None:
             start_ms = item.audio_ms_sent
-            async for pcm in self.tts.synthesize(clause):
+            made_ahead = await ahead.audio_for(clause) if ahead is not None else None
+            ahead = None  # only the first clause is spoken ahead
+            async for pcm in self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause):
                 self.speech.write(pcm)
                 item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate
             item.spoken.append(SpokenSegment(clause, start_ms, item.audio_ms_sent))
         self.speech.close()
+
+    @staticmethod
+    async def _iterate(chunks: list[np.ndarray]) -> AsyncIterator[np.ndarray]:
+        for chunk in chunks:
+            yield chunk

@@ -20,12 +20,13 @@ from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.latency import TurnMarks, now
 from gateway.outbox import Outbox
+from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from gateway.protocol.session_config import SessionConfig, TurnDetection, apply_session_update
-from gateway.responses import Preemption, ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
+from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
@@ -223,6 +224,10 @@ class RealtimeSession:
         )
         if self.voice is not None:
             self.voice.config_changed()
+
+    def speaks_by_default(self) -> bool:
+        """Whether a response created with no parameters has audio."""
+        return "audio" in self.config.output_modalities and self._can_speak()
 
     def _can_speak(self) -> bool:
         return self.runtime.tts is not None and self.speech_factory is not None

@@ -28,10 +28,10 @@ from gateway import metrics
 from gateway.conversation import Item, new_id
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
+from gateway.preemption import Preemption
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import TurnDetection
-from gateway.responses import Preemption
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
@@ -221,7 +221,7 @@ class VoicePipeline:
             if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):
                 turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
                 turn.jobs.append((self.buffer.end, turn.speculative))
-                if self.turn_detection is not None and self.turn_detection.create_response:
+                if self.session.settings.voice_preemption and self.turn_detection is not None and self.turn_detection.create_response:
                     turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
         elif probability >= settings.threshold and turn.speculative is not None:
             turn.speculative.cancel()  # the user went on speaking
@@ -346,7 +346,7 @@ class VoicePipeline:
                 created = await self._create_response(marks, preemption=head_start)
         finally:
             if head_start is not None and not created:
-                head_start.stream.cancel()
+                head_start.cancel()
                 metrics.PREEMPTIONS.labels("dropped").inc()
 
     async def _create_response(
@@ -379,6 +379,8 @@ class VoicePipeline:
             return None
         preemption = await self.session.preempt_reply(item_id, transcript.text)
         log.debug("reply preempted for %r: %s", transcript.text, "started" if preemption is not None else "not possible now")
+        if preemption is not None:
+            self._spawn(preemption.run_ahead(self.runtime.tts if self.session.speaks_by_default() else None))
         return preemption
 
     async def _take_preemption(self, task: asyncio.Task[Preemption | None] | None, text: str) -> Preemption | None:
@@ -393,7 +395,7 @@ class VoicePipeline:
         preemption = None if task.cancelled() or task.exception() is not None else task.result()
         if preemption is not None and preemption.user_text != text:
             log.debug("preempted reply dropped: it answered %r, the final transcript is %r", preemption.user_text, text)
-            preemption.stream.cancel()
+            preemption.cancel()
             metrics.PREEMPTIONS.labels("dropped").inc()
             return None
         return preemption
@@ -407,7 +409,7 @@ class VoicePipeline:
     def _discard(task: asyncio.Task[Preemption | None]) -> None:
         def cancel_stream(done: asyncio.Task[Preemption | None]) -> None:
             if not done.cancelled() and done.exception() is None and (preemption := done.result()) is not None:
-                preemption.stream.cancel()
+                preemption.cancel()
                 metrics.PREEMPTIONS.labels("dropped").inc()
 
         task.cancel()

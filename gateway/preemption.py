@@ -1,0 +1,85 @@
+"""A reply generated before its turn ends: text, and the first clause's speech, made ahead.
+
+The voice path starts it from the speculative final transcript while the VAD waits out the silence
+(see voice.py). `run_ahead` takes the generation's text as it comes and, when the reply will be
+spoken, synthesizes its first clause at once. Nothing reaches the client from here: the turn's
+response adopts the preemption when its prompt and sampling are the same (see responses.py),
+replays the text, and plays the first clause's audio without waiting for Piper. Otherwise the
+preemption is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inference.llm.engine import GenerationStream, SamplingParams
+from inference.text import ClauseSplitter
+from inference.tts import TtsEngine
+
+
+@dataclass(eq=False)
+class Preemption:
+    user_text: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stream: GenerationStream
+    started_at: float  # monotonic
+    deltas: list[str] = field(default_factory=list)  # the text so far, taken from the stream by run_ahead
+    first_clause: str | None = None
+    first_clause_audio: list[np.ndarray] | None = None  # Piper's audio of first_clause, when the reply speaks
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _first_clause_done: asyncio.Event = field(default_factory=asyncio.Event)
+    _ended: bool = False
+    _error: BaseException | None = None
+
+    def cancel(self) -> None:
+        """Stop generating; run_ahead then ends with the stream."""
+        self.stream.cancel()
+
+    async def run_ahead(self, tts: TtsEngine | None) -> None:
+        """The only reader of the stream: keeps its text, and speaks the first clause with `tts`."""
+        splitter = ClauseSplitter()
+        try:
+            async for delta in self.stream:
+                self.deltas.append(delta)
+                self._changed.set()
+                if self.first_clause is None and (clauses := splitter.push(delta)):
+                    await self._speak_first(clauses[0], tts)
+            if self.first_clause is None and (clauses := splitter.flush()):
+                await self._speak_first(clauses[0], tts)
+        except Exception as exc:  # the response that adopts this reports it
+            self._error = exc
+        finally:
+            self._ended = True
+            self._changed.set()
+            self._first_clause_done.set()
+
+    async def _speak_first(self, clause: str, tts: TtsEngine | None) -> None:
+        self.first_clause = clause
+        if tts is not None:
+            self.first_clause_audio = [pcm async for pcm in tts.synthesize(clause)]
+        self._first_clause_done.set()
+
+    async def replay(self) -> AsyncIterator[str]:
+        """Every text delta of the generation, from the first, as run_ahead receives them."""
+        sent = 0
+        while True:
+            if sent < len(self.deltas):
+                sent += 1
+                yield self.deltas[sent - 1]
+                continue
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def audio_for(self, clause: str) -> list[np.ndarray] | None:
+        """The audio made ahead for `clause`, when it is the first clause and was spoken ahead."""
+        await self._first_clause_done.wait()
+        return self.first_clause_audio if clause == self.first_clause else None
