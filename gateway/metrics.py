@@ -38,20 +38,24 @@ CHAT_TTFT_SECONDS = Histogram(
 )
 
 
-class EngineCollector(Collector):
-    """Reads the LLM engine's counters (prefix cache hits, queue depth, ...) at scrape time."""
+class StatsCollector(Collector):
+    """Reads a component's counters (a `stats()` dict) at scrape time, as gauges named `<prefix><key>`."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str, component: str) -> None:
+        self.prefix = prefix
+        self.component = component
         self.stats: Callable[[], dict[str, float]] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self.stats() if self.stats is not None else {}
         for name, value in sorted(stats.items()):
-            yield GaugeMetricFamily(f"gateway_engine_{name}", f"LLM engine: {name.replace('_', ' ')}", value=float(value))
+            yield GaugeMetricFamily(f"{self.prefix}{name}", f"{self.component}: {name.replace('_', ' ')}", value=float(value))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
 
 
-ENGINE = EngineCollector()
+ENGINE = StatsCollector("gateway_engine_", "LLM engine")  # prefix cache hits, queue depth, threads, ...
+ASR = StatsCollector("gateway_asr_", "ASR")  # short-window decodes and their retries over 30 s
 REGISTRY.register(ENGINE)
+REGISTRY.register(ASR)

@@ -116,6 +116,7 @@ class Runtime:
         self.asr = AsrEngine.load(
             self.paths.asr, device=self.device, threads=self.settings.asr_threads, window_s=self.settings.asr_window_s
         )
+        metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
 

@@ -100,6 +100,9 @@ class AsrEngine:
         self._partials: dict[str, _Job] = {}  # insertion order = submission order
         self._closed = False
 
+    def stats(self) -> dict[str, float]:
+        return {"windowed_calls": self.windowed_calls, "full_window_retries": self.full_window_retries}
+
     @classmethod
     def load(
         cls,

@@ -87,6 +87,10 @@ async def test_conversation_is_prefilled_while_the_user_speaks(
     assert usage["input_token_details"]["cached_tokens"] >= 15, usage
 
 
+def gauge(metrics: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(f"{name} "))
+
+
 def preemptions(metrics: str, outcome: str) -> float:
     prefix = f'gateway_voice_preemptions_total{{outcome="{outcome}"}} '
     return next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix)), 0.0)
@@ -140,6 +144,8 @@ async def test_speech_that_resumes_cancels_the_preempted_reply(
     assert "france" in final.lower()
     # The reply to "Tell me the capital" was dropped when speech resumed.
     assert preemptions(after, "dropped") - preemptions(before, "dropped") >= 1
+    # Every transcription of the turn (partials, speculative finals) ran in the short Whisper window.
+    assert gauge(after, "gateway_asr_windowed_calls") >= gauge(before, "gateway_asr_windowed_calls") + 3
     assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
 
 
