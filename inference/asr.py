@@ -4,8 +4,8 @@ A short window: Whisper encodes 30 s of (padded) audio whatever the utterance's 
 CPU that encoder pass is most of a call (tiny.en, int8: 0.30 s of 0.40-0.50 s for a 2 s question).
 Utterances that fit are encoded in a `window_s` window instead (15 s: 0.12-0.22 s a call, the same
 text on the test questions). Below ~15 s the decoder starts repeating itself; a transcript that runs
-to its token budget or compresses like a loop is decoded again over the full 30 s, so the window
-never costs correctness. Audio longer than the window goes through faster-whisper's own long-form
+to its token budget, repeats a sentence back to back or compresses like a loop is decoded again over
+the full 30 s, so the window does not cost correctness. Audio longer than the window goes through faster-whisper's own long-form
 transcription.
 
 Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
@@ -226,7 +226,7 @@ class AsrEngine:
             ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None], dtype=np.float32)),
             [tokens],
             beam_size=beam_size,
-            max_length=budget,
+            max_length=budget + len(tokens),  # whether or not CTranslate2 counts the prompt in it
             suppress_blank=True,
             suppress_tokens=self._suppress,
         )[0]
