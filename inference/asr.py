@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from inference.cpu import using_cores
+
 log = logging.getLogger(__name__)
 
 ASR_RATE = 16000
@@ -82,6 +84,7 @@ class AsrEngine:
         final_beam_size: int,
         load_seconds: float,
         window_s: float = DEFAULT_WINDOW_S,
+        threads: int = 1,
     ) -> None:
         if not 1.0 <= window_s <= FULL_WINDOW_S:
             raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
@@ -90,6 +93,7 @@ class AsrEngine:
         self.final_beam_size = final_beam_size
         self.load_seconds = load_seconds
         self.window_s = window_s
+        self.threads = threads  # CTranslate2's threads: the cores a transcription keeps busy
         self.windowed_calls = 0
         self.full_window_retries = 0
         self._tokenizer: Any = None
@@ -123,7 +127,9 @@ class AsrEngine:
         model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
         if language is None and not model.model.is_multilingual:
             language = "en"
-        engine = cls(model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s)
+        engine = cls(
+            model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads
+        )
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
             engine._run(np.zeros(ASR_RATE, dtype=np.float32), final=True, prompt=None)
@@ -179,7 +185,8 @@ class AsrEngine:
             return
         waited = time.perf_counter() - job.submitted
         try:
-            text, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
+            with using_cores(self.threads):
+                text, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)

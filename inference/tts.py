@@ -9,21 +9,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from inference.cpu import using_cores
+
 
 class TtsEngine:
-    def __init__(self, voice: object, *, volume: float, load_seconds: float) -> None:
+    def __init__(self, voice: object, *, volume: float, load_seconds: float, threads: int = 1) -> None:
         from piper import SynthesisConfig
 
         self._voice = voice  # piper.PiperVoice
         self._config = SynthesisConfig(normalize_audio=True, volume=volume)
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
+        self.threads = threads  # onnxruntime's intra-op threads: the cores a synthesis keeps busy
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
 
     @classmethod
@@ -49,14 +52,19 @@ class TtsEngine:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-        engine = cls(PiperVoice(session=session, config=config), volume=volume, load_seconds=0.0)
+        engine = cls(PiperVoice(session=session, config=config), volume=volume, load_seconds=0.0, threads=threads)
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
         engine.load_seconds = time.perf_counter() - started
         return engine
 
-    def _chunks(self, text: str) -> Iterator[np.ndarray]:
-        for chunk in self._voice.synthesize(text, syn_config=self._config):  # type: ignore[attr-defined]
+    def _chunks(self, text: str) -> Generator[np.ndarray, None, None]:
+        sentences = iter(self._voice.synthesize(text, syn_config=self._config))  # type: ignore[attr-defined]
+        while True:
+            with using_cores(self.threads):  # the synthesis happens inside next()
+                chunk = next(sentences, None)
+            if chunk is None:
+                return
             yield chunk.audio_int16_array
 
     async def synthesize(self, text: str) -> AsyncIterator[np.ndarray]:

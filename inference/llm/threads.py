@@ -8,6 +8,9 @@ Measured on this 2-vCPU machine (real steps alternated between 1 and 2 threads, 
   parallel region waits for a descheduled team thread, and 2 threads ran up to 10-17x *slower* than 1
   (a decoding step took 0.65-1.2 s instead of ~70 ms).
 
+While Whisper or Piper runs (``inference.cpu``), a step uses only the cores they leave free, and
+such steps do not count for the policy below.
+
 Policy, per kind of step (single decode / decode batch / prefill):
 - run with the current choice and keep a running cost of its steps;
 - every ``explore_every`` steps of that kind, run one step with the other choice; switch when it was
@@ -38,6 +41,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
+
+from inference.cpu import cores_in_use
 
 T = TypeVar("T")
 
@@ -87,6 +92,7 @@ class ThreadPolicy:
         self.ratio = 0.5  # EWMA of probe t(N threads) / t(1 thread)
         self.probes = 0
         self.switches = 0
+        self.yielded_steps = 0  # steps run on fewer threads while other model work held cores
         self._use = {k: (self.fixed if self.fixed > 0 else self.max_threads) for k in KINDS}
         self._kinds = {k: _Kind() for k in KINDS}
         self._current = 0
@@ -148,6 +154,15 @@ class ThreadPolicy:
             n = self.fixed if self.fixed > 0 else 1
             self._set(n)
             return n
+        busy = cores_in_use()
+        if busy:
+            # Whisper or Piper is running: leave their cores alone. Not recorded: it says nothing
+            # about which choice is cheaper when the cores are free.
+            self.yielded_steps += 1
+            self._last = None
+            n = max(1, min(self._use[self.kind(rows)], self.max_threads - busy))
+            self._set(n)
+            return n
         now = time.monotonic()
         if now >= self._next_probe:
             self._probe()
@@ -191,6 +206,7 @@ class ThreadPolicy:
             "threads_probe_ratio": round(self.ratio, 3),
             "threads_probes": self.probes,
             "threads_switches": self.switches,
+            "threads_yielded_steps": self.yielded_steps,
         }
         for kind in KINDS:
             out[f"threads_{kind}"] = self._use[kind]

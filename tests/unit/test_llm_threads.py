@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference.cpu import using_cores
 from inference.llm.threads import ThreadPolicy
 
 
@@ -80,3 +81,12 @@ def test_real_probe_runs():
     p = ThreadPolicy(2, interval_s=0.0, probe_weight=torch.randn(64, 128))
     p.before_step(1)
     assert p.probes == 1 and p.ratio > 0
+
+
+def test_steps_leave_the_cores_whisper_or_piper_hold_and_do_not_count():
+    p = Scripted([0.55])
+    assert steps(p, 3, {1: 0.09, 2: 0.05}) == [2, 2, 2]
+    with using_cores(1):
+        assert steps(p, 30, {1: 0.5, 2: 0.5}) == [1] * 30  # nothing explored, nothing learnt
+    assert p.yielded_steps == 30
+    assert steps(p, 3, {1: 0.09, 2: 0.05}) == [2, 2, 2]
