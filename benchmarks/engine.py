@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from inference.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.llm.engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm
@@ -204,6 +204,19 @@ def generate_rate(lm: LoadedLM, ids: list[int], tokens: int, threads: int) -> fl
     return (tokens - 1) / max(tn - t1, 1e-6)
 
 
+async def measure_decode(
+    lm: LoadedLM, ids: list[int], params: SamplingParams, threads: int = 0
+) -> tuple[GenerationResult, float, dict]:
+    """One generation on a fresh engine: (result, decode tok/s, engine stats)."""
+    async with running(LLMEngine(lm, EngineConfig(threads=threads))) as engine:
+        # Warm-up as long as the measured run: a new engine's KV pool pages and thread choice settle.
+        await engine.submit(ids, params).result()
+        engine.clear_prefix_cache()
+        result = await engine.submit(ids, params).result()
+        stats = engine.stats()
+    return result, (result.completion_tokens - 1) / (result.finished_at - result.first_token_at), stats
+
+
 async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeats: int, threads: int) -> dict:
     """Paired runs: the engine, the opt-in int8 engine, then generate() with 1 and with N threads, right
     after (same load). Each runs alone: an engine is started for its run and closed after it, and
@@ -219,21 +232,12 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
     res = res8 = None
     threads_used: dict = {}
 
-    async def run(model: LoadedLM):
-        async with running(LLMEngine(model)) as eng:
-            # Warm-up as long as the measured run: a new engine's KV pool pages and thread choice settle.
-            await eng.submit(ids, params).result()
-            eng.clear_prefix_cache()
-            r = await eng.submit(ids, params).result()
-            stats = eng.stats()
-        return r, (r.completion_tokens - 1) / (r.finished_at - r.first_token_at), stats
-
     for _ in range(repeats):
-        res, rate, stats = await run(lm)
+        res, rate, stats = await measure_decode(lm, ids, params)
         threads_used = {k: v for k, v in stats.items() if k.startswith("threads_")}
         ours.append(rate)
         if int8_lm is not None:
-            res8, rate8, _ = await run(int8_lm)
+            res8, rate8, _ = await measure_decode(int8_lm, ids, params)
             ours8.append(rate8)
         best = 0.0
         for n in theirs:

@@ -4,8 +4,10 @@
 
 Options: weights float32 (exact, the default on CPU), bfloat16, int8 (weight-only, bfloat16
 activations); intra-op threads 1, 2 or adaptive. Each repeat runs every option once, back to back, so
-they see the same machine load; the figures are medians. "agreement" is how many leading greedy tokens
-of each option equal float32 ``generate()``'s, over a few prompts.
+they see the same machine load; the figures are medians. One engine runs at a time and generate()
+on a short-lived thread: two live OpenMP pools would throttle each other (inference/llm/threads.py).
+"agreement" is how many leading greedy tokens of each option equal float32 ``generate()``'s, over a
+few prompts.
 
 torch.compile was tried on the two dense halves of a layer (norm+qkv+rope, o_proj+norm+MLP): 34 s to
 compile, and no faster than eager for 1 row (the GEMMs dominate and stay MKL calls), so it is not used.
@@ -26,8 +28,10 @@ from pathlib import Path
 
 import torch
 
-from inference.llm.engine import EngineConfig, LLMEngine, SamplingParams
+from benchmarks.engine import measure_decode, render, running
+from inference.llm.engine import LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM, load_lm
+from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm
 
 PROMPTS = [
@@ -36,44 +40,46 @@ PROMPTS = [
     "Explain how a bicycle works.",
     "Tell me about Paris.",
 ]
+GREEDY = dict(temperature=0, repetition_penalty=1.0)
 
 
-def render(lm: LoadedLM, q: str) -> list[int]:
-    out = lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)
-    return list(out["input_ids"])
+def ids_for(lm: LoadedLM, question: str) -> list[int]:
+    return render(lm, [{"role": "user", "content": question}])
 
 
-async def decode_rate(engine: LLMEngine, ids: list[int], tokens: int) -> float:
-    engine.clear_prefix_cache()
-    params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
-    r = await engine.submit(ids, params).result()
-    return (r.completion_tokens - 1) / (r.finished_at - r.first_token_at)
+async def decode_rate(lm: LoadedLM, threads: int, tokens: int) -> float:
+    params = SamplingParams(**GREEDY, max_tokens=tokens, ignore_eos=True)
+    return (await measure_decode(lm, ids_for(lm, PROMPTS[0]), params, threads))[1]
 
 
-async def aggregate_rate(engine: LLMEngine, lm: LoadedLM, n: int, tokens: int) -> float:
-    engine.clear_prefix_cache()
-    params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
-    t0 = time.monotonic()
-    streams = [engine.submit(render(lm, f"{PROMPTS[i % len(PROMPTS)]} Version {i}."), params) for i in range(n)]
-    results = [await s.result() for s in streams]
+async def aggregate_rate(lm: LoadedLM, streams: int, tokens: int) -> float:
+    params = SamplingParams(**GREEDY, max_tokens=tokens, ignore_eos=True)
+    prompts = [ids_for(lm, f"{PROMPTS[i % len(PROMPTS)]} Version {i}.") for i in range(streams)]
+    async with running(LLMEngine(lm)) as engine:
+        await engine.submit(prompts[0], params).result()  # warm-up
+        engine.clear_prefix_cache()
+        t0 = time.monotonic()
+        results = [await s.result() for s in [engine.submit(p, params) for p in prompts]]
     return sum(r.completion_tokens for r in results) / (max(r.finished_at for r in results) - t0)
 
 
-async def agreement(engine: LLMEngine, lm_ref: LoadedLM, tokens: int) -> list[str]:
+def reference_tokens(lm: LoadedLM, ids: list[int], tokens: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, do_sample=False,
+                                repetition_penalty=1.0, pad_token_id=lm.tokenizer.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+async def agreement(lm: LoadedLM, references: list[list[int]], tokens: int) -> list[str]:
     out = []
-    for q in PROMPTS:
-        ids = render(lm_ref, q)
-        x = torch.tensor([ids])
-        with torch.inference_mode():
-            ref = lm_ref.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, do_sample=False,
-                                        repetition_penalty=1.0, pad_token_id=lm_ref.tokenizer.pad_token_id)
-        ref = ref[0, len(ids):].tolist()
-        r = await engine.submit(ids, SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens)).result()
-        n = 0
-        while n < min(len(ref), len(r.token_ids)) and ref[n] == r.token_ids[n]:
-            n += 1
-        out.append(f"{n}/{len(ref)}")
+    async with running(LLMEngine(lm)) as engine:
+        for question, ref in zip(PROMPTS, references):
+            r = await engine.submit(ids_for(lm, question), SamplingParams(**GREEDY, max_tokens=tokens)).result()
+            n = 0
+            while n < min(len(ref), len(r.token_ids)) and ref[n] == r.token_ids[n]:
+                n += 1
+            out.append(f"{n}/{len(ref)}")
     return out
 
 
@@ -82,41 +88,32 @@ async def main_async(args) -> dict:
     fp32 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")
     bf16 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="bfloat16")
     int8 = dataclasses.replace(fp32, weight_format="int8")
+    reference = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")  # never re-laid by an engine
     max_threads = torch.get_num_threads()
-    configs = {}
+    configs: dict[str, tuple[LoadedLM, int]] = {}
     for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8)):
         for threads in sorted({1, max_threads}) + [0]:
             if threads == 0 and name != "float32":
                 continue
-            label = f"{name}/threads={'adaptive' if threads == 0 else threads}"
-            configs[label] = (lm, LLMEngine(lm, EngineConfig(threads=threads)))
-    for _, eng in configs.values():
-        eng.start()
-    try:
-        rates: dict[str, list[float]] = {k: [] for k in configs}
-        for _ in range(args.repeats):
-            for label, (lm, eng) in configs.items():
-                rates[label].append(await decode_rate(eng, render(lm, PROMPTS[0]), args.tokens))
-        agg: dict[str, dict[str, float]] = {}
-        for label in (f"float32/threads={max_threads}", f"int8/threads={max_threads}"):
-            lm, eng = configs[label]
-            one = [await aggregate_rate(eng, lm, 1, args.tokens) for _ in range(2)]
-            eight = [await aggregate_rate(eng, lm, 8, args.tokens) for _ in range(2)]
-            agg[label] = {"1_stream_tok_s": round(max(one), 2), "8_streams_tok_s": round(max(eight), 2),
-                          "ratio": round(max(eight) / max(one), 2)}
-        agree = {}
-        for name in ("float32", "bfloat16", "int8"):
-            lm, eng = configs[f"{name}/threads={max_threads}"]
-            agree[name] = await agreement(eng, fp32, 24)
-    finally:
-        for _, eng in configs.values():
-            eng.close()
+            configs[f"{name}/threads={'adaptive' if threads == 0 else threads}"] = (lm, threads)
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(args.repeats):
+        for label, (lm, threads) in configs.items():
+            rates[label].append(await decode_rate(lm, threads, args.tokens))
+    agg: dict[str, dict[str, float]] = {}
+    for name, lm in (("float32", fp32), ("int8", int8)):
+        one = [await aggregate_rate(lm, 1, args.tokens) for _ in range(2)]
+        eight = [await aggregate_rate(lm, 8, args.tokens) for _ in range(2)]
+        agg[name] = {"1_stream_tok_s": round(max(one), 2), "8_streams_tok_s": round(max(eight), 2),
+                     "ratio": round(max(eight) / max(one), 2)}
+    references = [await run_in_own_thread(reference_tokens, reference, ids_for(reference, q), 24) for q in PROMPTS]
+    agree = {name: await agreement(lm, references, 24) for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8))}
     return {
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "tokens": args.tokens,
         "single_stream_decode_tok_s_median": {k: round(statistics.median(v), 2) for k, v in rates.items()},
         "single_stream_decode_tok_s_all": {k: [round(x, 1) for x in v] for k, v in rates.items()},
-        "aggregate": agg,
+        "aggregate_adaptive_threads": agg,
         "greedy_agreement_with_float32_generate": agree,
     }
 
