@@ -30,7 +30,6 @@ class Outbox:
         self._sequence = itertools.count(1)
         self._prefix = secrets.token_hex(4)
 
-
     def send(self, event: dict[str, Any]) -> None:
         if self._closed:
             return

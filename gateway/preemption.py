@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gateway import metrics
 from inference.llm.engine import GenerationStream, SamplingParams
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
@@ -23,7 +24,6 @@ from inference.tts import TtsEngine
 
 @dataclass(eq=False)
 class Preemption:
-    user_text: str
     prompt_ids: list[int]
     sampling: SamplingParams
     stream: GenerationStream
@@ -35,10 +35,14 @@ class Preemption:
     _first_clause_done: asyncio.Event = field(default_factory=asyncio.Event)
     _ended: bool = False
     _error: BaseException | None = None
+    _dropped: bool = False
 
     def cancel(self) -> None:
-        """Stop generating; run_ahead then ends with the stream."""
-        self.stream.cancel()
+        """Drop it, unadopted: generation stops and run_ahead ends with the stream (idempotent)."""
+        if not self._dropped:
+            self._dropped = True
+            self.stream.cancel()
+            metrics.PREEMPTIONS.labels("dropped").inc()
 
     async def run_ahead(self, tts: TtsEngine | None) -> None:
         """The only reader of the stream: keeps its text, and speaks the first clause with `tts`."""

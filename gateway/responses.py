@@ -93,7 +93,6 @@ class ResponseRunner:
             if preemption is not None:
                 log.debug("preempted reply dropped: the response's prompt or sampling differs")
                 preemption.cancel()
-                metrics.PREEMPTIONS.labels("dropped").inc()
             try:
                 self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key)
                 job.marks.mark("generation_started")

@@ -295,7 +295,7 @@ class RealtimeSession:
             stream = engine.submit(prompt_ids, sampling, conversation_id=self.conversation.id)
         except (ApiError, EngineOverloaded, EngineClosed):
             return None  # the response itself will meet (and report) the same condition
-        return Preemption(user_text=user_text, prompt_ids=prompt_ids, sampling=sampling, stream=stream, started_at=now())
+        return Preemption(prompt_ids=prompt_ids, sampling=sampling, stream=stream, started_at=now())
 
     def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
         """Start a response now (synchronously), or raise if one is already running.

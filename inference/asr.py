@@ -5,8 +5,8 @@ CPU that encoder pass is most of a call (tiny.en, int8: 0.30 s of 0.40-0.50 s fo
 Utterances that fit are encoded in a `window_s` window instead (15 s: 0.12-0.22 s a call, the same
 text on the test questions). Below ~15 s the decoder starts repeating itself; a transcript that runs
 to its token budget, repeats a sentence back to back or compresses like a loop is decoded again over
-the full 30 s, so the window does not cost correctness. Audio longer than the window goes through faster-whisper's own long-form
-transcription.
+the full 30 s, so the window does not cost correctness. Audio longer than the window goes through
+faster-whisper's own long-form transcription.
 
 Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 - finals run before any queued partial;

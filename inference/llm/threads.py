@@ -58,9 +58,6 @@ async def run_in_own_thread(fn: Callable[..., T], *args: Any) -> T:
 def one_intra_op_thread() -> Iterator[None]:
     """Run the torch work of the block on this thread with one intra-op thread (no OpenMP pool)."""
     before = torch.get_num_threads()
-    if before == 1:
-        yield
-        return
     torch.set_num_threads(1)
     try:
         yield

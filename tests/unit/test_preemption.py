@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from gateway import metrics
 from gateway.preemption import Preemption
 from inference.llm.engine import SamplingParams
 
@@ -39,7 +40,7 @@ class Voice:
 
 
 def preemption(stream: Deltas) -> Preemption:
-    return Preemption(user_text="hi", prompt_ids=[1, 2], sampling=SamplingParams(), stream=stream, started_at=0.0)  # type: ignore[arg-type]
+    return Preemption(prompt_ids=[1, 2], sampling=SamplingParams(), stream=stream, started_at=0.0)  # type: ignore[arg-type]
 
 
 async def collect(p: Preemption) -> list[str]:
@@ -84,7 +85,14 @@ async def test_a_generation_error_reaches_the_adopting_response() -> None:
         await collect(p)
 
 
-def test_cancel_stops_the_generation() -> None:
+def dropped() -> float:
+    return metrics.REGISTRY.get_sample_value("gateway_voice_preemptions_total", {"outcome": "dropped"}) or 0.0
+
+
+def test_cancel_stops_the_generation_and_counts_one_drop() -> None:
     stream = Deltas([])
-    preemption(stream).cancel()
-    assert stream.cancelled
+    p = preemption(stream)
+    before = dropped()
+    p.cancel()
+    p.cancel()  # every owner that gives up on it may cancel it
+    assert stream.cancelled and dropped() == before + 1
