@@ -1,4 +1,4 @@
-"""Browser tests: find Chromium and Playwright. Missing either skips locally and fails in CI (CI=true)."""
+"""Browser tests: find Chromium, Firefox and Playwright. Missing ones skip locally and fail in CI (CI=true)."""
 
 from __future__ import annotations
 
@@ -20,16 +20,37 @@ def _missing(message: str) -> None:
     pytest.skip(message)
 
 
+def _require_playwright() -> None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _missing("the playwright Python package is not installed (pip install playwright; no `playwright install`)")
+
+
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     """Debian's chromium (or $CHROMIUM). Playwright's own browser download is never used."""
     path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if not path or not Path(path).exists():
         _missing("chromium not found: apt-get install -y chromium (or set CHROMIUM=/path/to/chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        _missing("the playwright Python package is not installed (pip install playwright; no `playwright install`)")
+    _require_playwright()
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def firefox_path() -> str:
+    """Debian's firefox-esr (or $FIREFOX), plus the PulseAudio server and paplay that feed its microphone.
+
+    Playwright drives it over WebDriver BiDi (channel "moz-firefox"); its own browser download is
+    never used.
+    """
+    path = os.environ.get("FIREFOX") or shutil.which("firefox-esr") or shutil.which("firefox")
+    if not path or not Path(path).exists():
+        _missing("firefox not found: apt-get install -y firefox-esr (or set FIREFOX=/path/to/firefox)")
+    missing = [tool for tool in ("pulseaudio", "paplay", "pactl") if not shutil.which(tool)]
+    if missing:
+        _missing(f"{', '.join(missing)} not found: apt-get install -y pulseaudio pulseaudio-utils")
+    _require_playwright()
     return str(path)
 
 
@@ -39,7 +60,7 @@ def netns_prefix() -> list[str]:
 
     `unshare -rn` works as root and as an ordinary user where user namespaces are allowed. Where
     it does not work, or with GW_E2E_NETNS=0, the scenario runs in the host's network (it still
-    offers only 127.0.0.1 from the gateway, but Chromium may then try its other interfaces).
+    offers only 127.0.0.1 from the gateway, but the browser may then try its other interfaces).
     """
     if os.environ.get("GW_E2E_NETNS", "1") == "0" or os.environ.get("GW_E2E_IN_NETNS") == "1":
         return []

@@ -1,18 +1,28 @@
-"""Headless Chromium speaks to the real gateway over WebRTC, through the page at `/`.
+"""Headless Chromium and Firefox speak to the real gateway over WebRTC, through the page at `/`.
 
-Design: the whole run (gateway subprocess + Chromium + Playwright) happens in one child process,
-tests/e2e/browser_scenario.py, started inside `unshare -rn` when this test is not already in a
-network namespace: a fresh namespace holds only `lo`, so ICE can only pair 127.0.0.1 with
+Design: each browser's run (gateway subprocess + browser + Playwright) happens in one child
+process, tests/e2e/browser_scenario.py, started inside `unshare -rn` when this test is not already
+in a network namespace: a fresh namespace holds only `lo`, so ICE can only pair 127.0.0.1 with
 127.0.0.1 and the result does not depend on the host's network cards (see TESTING.md). The
 child writes what it saw as JSON; the assertions live here, with that JSON in their messages.
+Both browsers get the same assertions.
 
-    pytest -m browser tests/e2e/test_browser.py            # about 25-35 s with cached models
+    pytest -m browser tests/e2e/test_browser.py            # about 25-35 s per browser with cached models
+    pytest -m browser tests/e2e/test_browser.py -k firefox # one browser
     GW_E2E_NETNS=0 pytest -m browser tests/e2e/...         # without the namespace
 
-Chromium's fake microphone plays a WAV of Piper saying "What is the capital of France?" with
-1.5 s of silence before it and 20 s after it, passed with Chromium's `%noloop` suffix. Should a
-Chromium build loop the file anyway, the long tail keeps the repeat far away: the call is
-stopped (Stop button) right after the first answer and the typed turn, about 10 s in.
+The microphone says "What is the capital of France?" (Piper, into a 48 kHz WAV with 1.5 s of
+silence before it and 20 s after it):
+- Chromium (Debian's `chromium`): its fake capture device plays the WAV, with Chromium's `%noloop`
+  suffix. Should a Chromium build loop the file anyway, the long tail keeps the repeat far away:
+  the call is stopped (Stop button) right after the first answer and the typed turn, about 10 s in.
+- Firefox (Debian's `firefox-esr`, driven by Playwright over WebDriver BiDi): Firefox has no
+  switch to play a file as its microphone (its fake device plays a tone), so it records with its
+  real audio stack from a private PulseAudio server whose default source is a null sink's
+  monitor, and `paplay` plays the WAV into that sink once the call is up. The page's own
+  getUserMedia/RTCPeerConnection code runs unchanged; the test checks that Firefox recorded from
+  that source. Firefox ESR runs behind tests/e2e/firefox_bidi_relay.py, which answers the one
+  BiDi command Playwright sends that ESR does not know (a no-op media-feature override).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ SCENARIO = Path(__file__).with_name("browser_scenario.py")
 RUN_TIMEOUT_S = 240  # 120 s for a cold gateway start, the rest for the call itself
 
 
-def run_scenario(tmp_path: Path, chromium: str, netns_prefix: list[str]) -> dict[str, Any]:
+def run_scenario(tmp_path: Path, browser: str, executable: str, netns_prefix: list[str]) -> dict[str, Any]:
     out = tmp_path / "result.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -48,8 +58,10 @@ def run_scenario(tmp_path: Path, chromium: str, netns_prefix: list[str]) -> dict
         str(out),
         "--workdir",
         str(tmp_path),
-        "--chromium",
-        chromium,
+        "--browser",
+        browser,
+        "--executable",
+        executable,
     ]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if proc.returncode != 0 or not out.exists():
@@ -65,6 +77,9 @@ def describe(result: dict[str, Any]) -> str:
     page = result.get("page") or {}
     brief = {
         "failure": result.get("failure"),
+        "browser": result.get("user_agent") or result.get("browser"),
+        "microphone": result.get("microphone"),
+        "ice_pairs": result.get("ice_pairs"),
         "network_namespace": result.get("network_namespace"),
         "timings_s": result.get("timings_s"),
         "status": result.get("status_text"),
@@ -86,19 +101,29 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory, chromium_path: str, netns_prefix: list[str]) -> dict[str, Any]:
-    """One run of the scenario (one gateway, one browser, one call) for both tests below."""
-    return run_scenario(tmp_path_factory.mktemp("browser"), chromium_path, netns_prefix)
+@pytest.fixture(scope="module", params=["chromium", "firefox"])
+def scenario(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, netns_prefix: list[str]
+) -> dict[str, Any]:
+    """One run of the scenario per browser (one gateway, one browser, one call) for both tests below."""
+    browser = request.param
+    executable = request.getfixturevalue(f"{browser}_path")
+    return run_scenario(tmp_path_factory.mktemp(f"browser-{browser}"), browser, executable, netns_prefix)
 
 
-def test_voice_turn_in_chromium(scenario: dict[str, Any]) -> None:
+def test_voice_turn(scenario: dict[str, Any]) -> None:
     result = scenario
     context = describe(result)
     print(context)
     page = result.get("page") or {}
     assert result.get("failure") is None, context
     assert page.get("connected") is not None, context
+    assert result["ice_pairs"], "the gateway logged no successful ICE check\n" + context
+    if result["network_namespace"]:  # loopback only: nothing else can pair
+        assert all(pair == ["127.0.0.1", "127.0.0.1"] for pair in result["ice_pairs"]), context
+    if result["browser"] == "firefox":
+        # The question reached Firefox through PulseAudio, from the null sink paplay plays into.
+        assert (result.get("microphone") or {}).get("recording_from") == ["mic.monitor"], context
     assert any("capital" in t.lower() for t in page["transcripts"]), "no final transcript with 'capital'\n" + context
     assert page["assistantText"].strip(), "no assistant text\n" + context
     assert page["maxRemoteLevel"] > 0.01, "the answer was not heard (remote peak level <= 0.01)\n" + context
