@@ -73,6 +73,12 @@ class Settings(BaseSettings):
         None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
     )
     tts_threads: int = Field(1, ge=1, description="onnxruntime threads for Piper.")
+    tts_first_clause_threads: int = Field(
+        2,
+        ge=1,
+        description="onnxruntime threads for a reply's first clause, while the LLM engine waits (capped at the "
+        "CPU count; at or below --tts-threads, the first clause is synthesized like the others).",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Where converted model weights are cached."
     )

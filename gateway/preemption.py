@@ -65,7 +65,7 @@ class Preemption:
     async def _speak_first(self, clause: str, tts: TtsEngine | None) -> None:
         self.first_clause = clause
         if tts is not None:
-            self.first_clause_audio = [pcm async for pcm in tts.synthesize(clause)]
+            self.first_clause_audio = [pcm async for pcm in tts.synthesize(clause, first_clause=True)]
         self._first_clause_done.set()
 
     async def replay(self) -> AsyncIterator[str]:

@@ -131,11 +131,14 @@ class ResponseRunner:
         assert self.tts is not None and self.speech is not None
         item = self.events.item
         ahead = self._adopted
+        first = True
         while (clause := await clauses.get()) is not None:
             start_ms = item.audio_ms_sent
             made_ahead = await ahead.audio_for(clause) if ahead is not None else None
             ahead = None  # only the first clause is spoken ahead
-            async for pcm in self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause):
+            audio = self.tts.synthesize(clause, first_clause=first) if made_ahead is None else self._iterate(made_ahead)
+            first = False
+            async for pcm in audio:
                 self.speech.write(pcm)
                 item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate
             item.spoken.append(SpokenSegment(clause, start_ms, item.audio_ms_sent))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -124,7 +125,12 @@ class Runtime:
         from inference.tts import TtsEngine
 
         assert self.paths is not None
-        self.tts = TtsEngine.load(self.paths.tts_model, self.paths.tts_config, threads=self.settings.tts_threads)
+        self.tts = TtsEngine.load(
+            self.paths.tts_model,
+            self.paths.tts_config,
+            threads=self.settings.tts_threads,
+            first_clause_threads=min(self.settings.tts_first_clause_threads, os.cpu_count() or 1),
+        )
         self.load_times.tts_s = self.tts.load_seconds
 
     def close(self) -> None:

@@ -3,30 +3,51 @@
 The LLM engine's adaptive thread policy reads this: while Piper synthesizes a clause or Whisper
 transcribes, a decoding step uses the cores left over instead of contending for all of them (on two
 cores, a 2-thread step stalls on a core Piper holds, and Piper waits for the step).
+
+Some work is worth every core: a reply's first clause, which the user is waiting to hear while
+nothing plays yet. It is declared `exclusive`, and the engine does not step while it runs (up to a
+bound), so Piper can use all the cores.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_lock = threading.Lock()
+_changed = threading.Condition()
 _busy = 0
+_exclusive = 0
 
 
 @contextmanager
-def using_cores(cores: int = 1) -> Iterator[None]:
-    """Declare `cores` cores busy for the duration of the block (thread-safe, nestable)."""
-    global _busy
-    with _lock:
+def using_cores(cores: int = 1, *, exclusive: bool = False) -> Iterator[None]:
+    """Declare `cores` cores busy for the duration of the block (thread-safe, nestable).
+
+    `exclusive`: nothing else should run meanwhile; `wait_for_exclusive_work` blocks until it ends."""
+    global _busy, _exclusive
+    with _changed:
         _busy += cores
+        _exclusive += exclusive
     try:
         yield
     finally:
-        with _lock:
+        with _changed:
             _busy -= cores
+            _exclusive -= exclusive
+            _changed.notify_all()
 
 
 def cores_in_use() -> int:
     return _busy
+
+
+def wait_for_exclusive_work(timeout: float) -> float:
+    """Block while exclusive work runs, at most `timeout` seconds; returns the seconds waited."""
+    if not _exclusive:  # the common case: no lock, no clock
+        return 0.0
+    started = time.monotonic()
+    with _changed:
+        _changed.wait_for(lambda: not _exclusive, timeout)
+    return time.monotonic() - started

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,14 +20,26 @@ from inference.cpu import using_cores
 
 
 class TtsEngine:
-    def __init__(self, voice: object, *, volume: float, load_seconds: float, threads: int = 1) -> None:
+    def __init__(
+        self,
+        voice: object,
+        *,
+        volume: float,
+        load_seconds: float,
+        threads: int = 1,
+        first_clause_voice: object | None = None,
+        first_clause_threads: int = 1,
+    ) -> None:
         from piper import SynthesisConfig
 
         self._voice = voice  # piper.PiperVoice
+        # The same voice on more threads, for a reply's first clause (see synthesize).
+        self._first_clause_voice = first_clause_voice
         self._config = SynthesisConfig(normalize_audio=True, volume=volume)
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
         self.threads = threads  # onnxruntime's intra-op threads: the cores a synthesis keeps busy
+        self.first_clause_threads = first_clause_threads if first_clause_voice is not None else threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
 
     @classmethod
@@ -36,41 +49,59 @@ class TtsEngine:
         config_path: Path | str | None = None,
         threads: int = 1,
         *,
+        first_clause_threads: int = 1,
         volume: float = 0.9,
         warmup: bool = True,
     ) -> TtsEngine:
-        """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots."""
-        import onnxruntime
+        """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
+
+        `first_clause_threads` > `threads` loads a second onnxruntime session of the voice for first
+        clauses (about 60 MB more for a medium voice)."""
         from piper import PiperVoice
         from piper.config import PiperConfig
 
         started = time.perf_counter()
         config_file = Path(config_path) if config_path else Path(f"{model_path}.json")
         config = PiperConfig.from_dict(json.loads(config_file.read_text(encoding="utf-8")))
-        # PiperVoice.load gives onnxruntime every core; build the session ourselves to bound its threads.
-        opts = onnxruntime.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-        engine = cls(PiperVoice(session=session, config=config), volume=volume, load_seconds=0.0, threads=threads)
+        voice = PiperVoice(session=_session(model_path, threads), config=config)
+        first_clause_voice = None
+        if first_clause_threads > threads:
+            first_clause_voice = PiperVoice(session=_session(model_path, first_clause_threads), config=config)
+        engine = cls(
+            voice,
+            volume=volume,
+            load_seconds=0.0,
+            threads=threads,
+            first_clause_voice=first_clause_voice,
+            first_clause_threads=first_clause_threads,
+        )
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
+            if first_clause_voice is not None:
+                engine.synthesize_blocking("Hello.", first_clause=True)
         engine.load_seconds = time.perf_counter() - started
         return engine
 
-    def _chunks(self, text: str) -> Generator[np.ndarray, None, None]:
-        sentences = iter(self._voice.synthesize(text, syn_config=self._config))  # type: ignore[attr-defined]
+    def _chunks(self, text: str, first_clause: bool) -> Generator[np.ndarray, None, None]:
+        exclusive = first_clause and self._first_clause_voice is not None
+        voice = self._first_clause_voice if exclusive else self._voice
+        threads = self.first_clause_threads if exclusive else self.threads
+        sentences = iter(voice.synthesize(text, syn_config=self._config))  # type: ignore[attr-defined]
         while True:
-            with using_cores(self.threads):  # the synthesis happens inside next()
+            with using_cores(threads, exclusive=exclusive):  # the synthesis happens inside next()
                 chunk = next(sentences, None)
             if chunk is None:
                 return
             yield chunk.audio_int16_array
 
-    async def synthesize(self, text: str) -> AsyncIterator[np.ndarray]:
-        """int16 mono PCM at sample_rate, one Piper sentence per item."""
+    async def synthesize(self, text: str, *, first_clause: bool = False) -> AsyncIterator[np.ndarray]:
+        """int16 mono PCM at sample_rate, one Piper sentence per item.
+
+        `first_clause`: the reply's first words, which the user waits for in silence. With a
+        first-clause voice loaded, they are synthesized on its threads while the LLM engine waits
+        (inference/cpu.py): the rest of the reply has the whole clause's playing time to catch up."""
         loop = asyncio.get_running_loop()
-        chunks = self._chunks(text)
+        chunks = self._chunks(text, first_clause)
         try:
             while True:
                 pcm = await loop.run_in_executor(self._executor, next, chunks, None)
@@ -84,10 +115,24 @@ class TtsEngine:
             except RuntimeError:
                 pass  # closed engine: the generator is simply dropped
 
-    def synthesize_blocking(self, text: str) -> np.ndarray:
+    def synthesize_blocking(self, text: str, *, first_clause: bool = False) -> np.ndarray:
         """Whole utterance on the calling thread, for tools and tests."""
-        parts = list(self._chunks(text))
+        parts = list(self._chunks(text, first_clause))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _session(model_path: Path | str, threads: int) -> Any:
+    """An onnxruntime session on `threads` threads (PiperVoice.load would give it every core).
+
+    Its workers sleep between runs instead of spinning: a spinning worker would hold a core the
+    LLM engine is about to use."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])

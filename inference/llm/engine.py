@@ -31,6 +31,8 @@ from typing import Literal
 
 import torch
 
+from inference.cpu import wait_for_exclusive_work
+
 from .cache import PrefixCache, RadixNode
 from .forward import LeanForward, Segment
 from .loader import LoadedLM
@@ -40,6 +42,8 @@ from .threads import ThreadPolicy
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "cancelled"]
+# The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
+EXCLUSIVE_WAIT_MAX_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ class LLMEngine:
         self._step_seconds = 0.0
         self._avg_request_s = 2.0
         self._last_free_latency = 0.0
+        self._exclusive_wait_seconds = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -381,6 +386,7 @@ class LLMEngine:
             kv_pool_slots_used=self.pool.used,
             avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
             last_cancel_free_ms=self._last_free_latency * 1000.0,
+            exclusive_wait_seconds_total=self._exclusive_wait_seconds,
         )
         return s
 
@@ -400,6 +406,7 @@ class LLMEngine:
                 self._drop_cancelled()
                 self._admit()
                 if self._active:
+                    self._yield_to_exclusive_work()
                     self._step()
             except Exception as exc:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("LLM engine step failed")
@@ -410,6 +417,11 @@ class LLMEngine:
                     self._fail(r, exc)
         self._finish_leftovers()
         log.debug("LLM engine thread stopped")
+
+    def _yield_to_exclusive_work(self) -> None:
+        """Let work that needs every core (a reply's first clause in Piper) have them; see inference/cpu.py."""
+        if self.fwd.device.type == "cpu":
+            self._exclusive_wait_seconds += wait_for_exclusive_work(EXCLUSIVE_WAIT_MAX_S)
 
     def _apply_conv_ops(self) -> None:
         while True:

@@ -387,3 +387,22 @@ async def test_int8_weights_engine(lm, chat_ids, collect):
         assert "Paris" in solo[0].text  # weight-only int8: close to float32, not bit-identical
     finally:
         eng.close()
+
+
+async def test_engine_waits_for_exclusive_work(make_engine, chat_ids, collect):
+    """No step runs while a first clause is being synthesized on every core (inference/cpu.py)."""
+    from inference.cpu import using_cores
+
+    eng = make_engine()
+    ids = chat_ids(("user", QUESTIONS[0]))
+    alone = await collect(eng, ids)
+    steps_before = eng.stats()["steps"]
+    hold_s = 0.4
+    with using_cores(2, exclusive=True):
+        stream = eng.submit(ids, GREEDY)
+        await asyncio.sleep(hold_s)
+        assert eng.stats()["steps"] == steps_before  # admitted, but nothing computed meanwhile
+    res = await asyncio.wait_for(stream.result(), 30)
+    assert res.token_ids == alone.token_ids
+    assert eng.stats()["steps"] > steps_before
+    assert eng.stats()["exclusive_wait_seconds_total"] >= hold_s * 0.5

@@ -34,7 +34,8 @@ class Voice:
     def __init__(self) -> None:
         self.spoken: list[str] = []
 
-    async def synthesize(self, text: str) -> AsyncIterator[np.ndarray]:
+    async def synthesize(self, text: str, *, first_clause: bool = False) -> AsyncIterator[np.ndarray]:
+        assert first_clause  # what the preemption speaks ahead is always a reply's first clause
         self.spoken.append(text)
         yield np.full(10, len(text), dtype=np.int16)
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from inference.asr import AsrEngine, TranscriptStabilizer
-from inference.models import embedded_asr
+from inference.models import embedded_asr, embedded_tts
 from inference.tts import TtsEngine
 from media.frames import AudioChunk
+from media.resample import resample
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
 
 LEAD_MS = 1000
@@ -164,3 +165,33 @@ async def test_tts_streams_and_cancels_between_chunks(tts: TtsEngine) -> None:
         break
     assert time.perf_counter() - t1 < max(0.5, whole_seconds / 2), whole_seconds
     assert len(got) == 1
+
+
+async def test_first_clause_voice_holds_every_core_and_says_the_same(
+    asr: AsrEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first clause runs on its own 2-thread session, declared exclusive (the LLM engine waits)."""
+    import inference.tts
+
+    two = TtsEngine.load(embedded_tts(), threads=1, first_clause_threads=2)
+    declared: list[tuple[int, bool]] = []
+    real = inference.tts.using_cores
+
+    def spy(cores: int = 1, *, exclusive: bool = False):  # type: ignore[no-untyped-def]
+        declared.append((cores, exclusive))
+        return real(cores, exclusive=exclusive)
+
+    monkeypatch.setattr(inference.tts, "using_cores", spy)
+    try:
+        text = "The capital of France is Paris."
+        first = np.concatenate([pcm async for pcm in two.synthesize(text, first_clause=True)])
+        assert declared and set(declared) == {(2, True)}
+        declared.clear()
+        rest = np.concatenate([pcm async for pcm in two.synthesize(text)])
+        assert declared and set(declared) == {(1, False)}
+    finally:
+        two.close()
+    # Piper's duration noise makes every take differ a little; both voices say the sentence.
+    assert abs(first.size - rest.size) < 0.15 * rest.size
+    heard = await asr.transcribe(AudioChunk(resample(first, two.sample_rate, 16000), 16000).to_float32(), final=True)
+    assert heard is not None and contains_words(heard.text, "capital", "Paris"), heard
