@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     )
 
     # Turn taking
+    webrtc_audio_reorder_frames: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Incoming WebRTC audio packets wait for this many later ones before decoding (reordering "
+        "on a bad link). aiortc's default is 4: 80 ms before the VAD hears anything; 1 waits 20 ms.",
+    )
     vad_silence_duration_ms: int = Field(
         400, ge=100, le=5000, description="Sessions' default server_vad silence_duration_ms (clients can change it)."
     )

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import numpy as np
+from aiortc import RTCPeerConnection
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
@@ -28,6 +30,30 @@ FRAME_MS = 20
 _MAX_LAG_S = 0.1
 
 PlayoutEvent = Literal["started", "stopped"]
+# aiortc's audio receiver: a 16-packet reorder window that releases a packet once `prefetch` later
+# frames have arrived (aiortc's default 4: 80 ms before the VAD hears anything).
+_JITTER_CAPACITY = 16
+_RECEIVER_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
+
+
+def shorten_audio_reorder_wait(pc: RTCPeerConnection, frames: int) -> bool:
+    """Release each incoming audio packet once `frames` later ones have arrived (1: after 20 ms).
+
+    Call after setRemoteDescription, before media flows. Packets later than that are dropped, as
+    any packet older than aiortc's window is: on a clean link nothing arrives out of order, and
+    the VAD and Whisper shrug off a lost 20 ms. Returns False (and changes nothing) if this aiortc
+    keeps its buffer elsewhere."""
+    changed = False
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if transceiver.kind != "audio" or receiver is None:
+            continue
+        if not isinstance(getattr(receiver, _RECEIVER_JITTER_BUFFER, None), JitterBuffer):
+            log.warning("this aiortc has no audio jitter buffer where expected; keeping its default")
+            return False
+        setattr(receiver, _RECEIVER_JITTER_BUFFER, JitterBuffer(capacity=_JITTER_CAPACITY, prefetch=frames))
+        changed = True
+    return changed
 PlayoutCallback = Callable[[PlayoutEvent, str | None], None]
 ChunkCallback = Callable[[AudioChunk], Awaitable[None] | None]
 

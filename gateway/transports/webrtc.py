@@ -30,7 +30,7 @@ from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.speech_out import PlayoutSpeech
 from media.playout import PlayoutBuffer
-from media.tracks import InboundAudioReader, OutboundAudioTrack
+from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -211,6 +211,7 @@ async def create_call(request: Request) -> Response:
 
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        shorten_audio_reorder_wait(pc, svc.settings.webrtc_audio_reorder_frames)
         pc.addTrack(OutboundAudioTrack(playout, on_event=session.on_playout_event))
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use

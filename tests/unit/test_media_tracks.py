@@ -101,3 +101,29 @@ async def test_inbound_reader_close_cancels_a_waiting_reader_and_survives_callba
     await asyncio.wait_for(ended.wait(), 2)
     assert reader.frames_received == 5
     await reader.close()
+
+
+async def test_incoming_audio_waits_for_one_later_packet_not_four() -> None:
+    from aiortc import RTCPeerConnection
+    from aiortc.rtp import RtpPacket
+
+    from media.tracks import shorten_audio_reorder_wait
+
+    caller, gateway = RTCPeerConnection(), RTCPeerConnection()
+    try:
+        caller.addTrack(OutboundAudioTrack(PlayoutBuffer(48000, 960)))
+        await caller.setLocalDescription(await caller.createOffer())
+        await gateway.setRemoteDescription(caller.localDescription)
+        assert shorten_audio_reorder_wait(gateway, 1)
+        (transceiver,) = gateway.getTransceivers()
+        buffer = transceiver.receiver._RTCRtpReceiver__jitter_buffer
+        # One 20 ms Opus packet after another: each comes out as soon as the next one is in.
+        released = []
+        for n in range(4):
+            packet = RtpPacket(sequence_number=n, timestamp=960 * n)
+            packet._data = b"opus"  # the depayloaded frame, as the receiver sets it
+            released.append(buffer.add(packet)[1])
+        assert released[0] is None and [f.timestamp for f in released[1:]] == [0, 960, 1920]
+    finally:
+        await caller.close()
+        await gateway.close()
