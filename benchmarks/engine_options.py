@@ -3,7 +3,8 @@
     python -m benchmarks.engine_options [--tokens 48] [--repeats 3]
 
 Options: weights float32 (exact, the default on CPU), bfloat16, int8 (weight-only, bfloat16
-activations); intra-op threads 1, 2 or adaptive. Each repeat runs every option once, back to back, so
+activations), int4 (the Q4_1 weights in 4-bit groups, bfloat16 matmul inputs, float32 elsewhere);
+intra-op threads 1, 2 or adaptive. Each repeat runs every option once, back to back, so
 they see the same machine load; the figures are medians. One engine runs at a time and generate()
 on a short-lived thread: two live OpenMP pools would throttle each other (inference/llm/threads.py).
 "agreement" is how many leading greedy tokens of each option equal float32 ``generate()``'s, over a
@@ -88,10 +89,11 @@ async def main_async(args) -> dict:
     fp32 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")
     bf16 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="bfloat16")
     int8 = dataclasses.replace(fp32, weight_format="int8")
+    int4 = dataclasses.replace(fp32, weight_format="int4")
     reference = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")  # never re-laid by an engine
     max_threads = torch.get_num_threads()
     configs: dict[str, tuple[LoadedLM, int]] = {}
-    for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8)):
+    for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8), ("int4", int4)):
         for threads in sorted({1, max_threads}) + [0]:
             if threads == 0 and name != "float32":
                 continue
@@ -101,13 +103,16 @@ async def main_async(args) -> dict:
         for label, (lm, threads) in configs.items():
             rates[label].append(await decode_rate(lm, threads, args.tokens))
     agg: dict[str, dict[str, float]] = {}
-    for name, lm in (("float32", fp32), ("int8", int8)):
+    for name, lm in (("float32", fp32), ("int8", int8), ("int4", int4)):
         one = [await aggregate_rate(lm, 1, args.tokens) for _ in range(2)]
         eight = [await aggregate_rate(lm, 8, args.tokens) for _ in range(2)]
         agg[name] = {"1_stream_tok_s": round(max(one), 2), "8_streams_tok_s": round(max(eight), 2),
                      "ratio": round(max(eight) / max(one), 2)}
     references = [await run_in_own_thread(reference_tokens, reference, ids_for(reference, q), 24) for q in PROMPTS]
-    agree = {name: await agreement(lm, references, 24) for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8))}
+    agree = {
+        name: await agreement(lm, references, 24)
+        for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8), ("int4", int4))
+    }
     return {
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "tokens": args.tokens,

@@ -105,6 +105,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "voice": runtime.voice_ready,
             "load_seconds": vars(runtime.load_times),
         }
+        if runtime.engine is not None:
+            body["llm_weights"] = runtime.engine.fwd.weight_format  # native, int8 or int4 (see --llm-dtype)
         if runtime.load_error:
             body["error"] = runtime.load_error
         return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)

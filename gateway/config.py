@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
-DType = Literal["auto", "float32", "bfloat16", "float16", "int8"]
+DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 
 
 def default_cache_dir() -> Path:
@@ -47,7 +47,9 @@ class Settings(BaseSettings):
     )
     llm_dtype: DType = Field(
         "auto",
-        description="auto: bfloat16 on cuda, float32 on cpu. int8: weight-only int8 on cpu, ~1.7x faster decoding, slightly different tokens.",
+        description="auto: bfloat16 on cuda; on cpu int4 when the weights are 4-bit groups already (a Q4_1 GGUF, "
+        "such as the embedded model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
+        "int8 / int4: weight-only quantized copies on cpu (bfloat16 matmul inputs, slightly different tokens).",
     )
     llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
     model_name: str = Field(

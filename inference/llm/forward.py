@@ -247,7 +247,8 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     return fused_t, bias
 
 
-WEIGHT_FORMATS = ("native", "int8")
+WEIGHT_FORMATS = ("native", "int8", "int4")
+INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
 
 
 def _lin_native(x: torch.Tensor, w: tuple) -> torch.Tensor:
@@ -265,7 +266,47 @@ def _quantize_int8(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype
 
 def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
     q, scale, b = w
-    y = torch.ops.aten._weight_int8pack_mm(x, q, scale)
+    y = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale).to(x.dtype)
+    return y if b is None else y + b
+
+
+def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """Asymmetric 4-bit of a ``[in, out]`` matrix in groups of INT4_GROUP inputs, packed for torch's CPU kernel.
+
+    Each group keeps its minimum m and step d = (max - m) / 15, as GGUF's Q4_1 does: weights that came
+    from a Q4_1 file lie on that grid already, so they round-trip to their own 4-bit values.
+    Returns (packed ``[out, in/2]`` uint8, scales and zeros ``[in/G, out, 2]``, bias); the kernel
+    computes ``(q - 8) * d + zero``, so zero = m + 8 d."""
+    w = w_t.t().float()
+    out_features, in_features = w.shape
+    groups = w.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    low = groups.amin(dim=2)
+    step = (groups.amax(dim=2) - low) / 15.0
+    step = torch.where(step > 0, step, torch.ones_like(step))  # a constant group: every q is 0
+    q = torch.round((groups - low[..., None]) / step[..., None]).clamp_(0, 15).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_features, in_features).contiguous(), 1)
+    scales_and_zeros = torch.stack([step, low + 8.0 * step], dim=-1).transpose(0, 1).to(dtype).contiguous()
+    return packed, scales_and_zeros, b
+
+
+def on_int4_grid(w_t: torch.Tensor) -> bool:
+    """Whether a ``[in, out]`` matrix is already 4-bit in groups of INT4_GROUP (as a Q4_1 GGUF's weights are),
+    so that "int4" keeps its weights exactly."""
+    if w_t.shape[0] % INT4_GROUP or not w_t.is_floating_point():
+        return False
+    w = w_t.t().float()
+    groups = w.reshape(w.shape[0], -1, INT4_GROUP)
+    low = groups.amin(dim=2, keepdim=True)
+    step = (groups.amax(dim=2, keepdim=True) - low) / 15.0
+    q = (groups - low) / torch.where(step > 0, step, torch.ones_like(step))
+    return bool((q - q.round()).abs().max() < 1e-3)
+
+
+def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    packed, scales_and_zeros, b = w
+    # The kernel's fast path takes bfloat16 in and out; the residual stream around it stays float32.
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(scales_and_zeros.dtype), packed, INT4_GROUP, scales_and_zeros)
+    y = y.to(x.dtype)
     return y if b is None else y + b
 
 
@@ -293,7 +334,10 @@ class LeanForward:
         """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
         as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
         bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
-        greedy tokens follow float32's closely but not exactly)."""
+        greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
+        weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model) and the
+        output head as int8; the matmuls take bfloat16 activations, everything else (residual stream,
+        norms, attention, KV) stays in the model's float32."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
@@ -303,7 +347,9 @@ class LeanForward:
         base = model.model
         p = base.embed_tokens.weight
         self.device = p.device
-        self.dtype = p.dtype if weight_format == "native" else torch.bfloat16
+        # int8 runs everything in bfloat16; int4 only its matmuls (float32 elsewhere: with bfloat16
+        # activations throughout, the 135M model's greedy answers changed within the first tokens).
+        self.dtype = torch.bfloat16 if weight_format == "int8" else p.dtype
         attn0 = base.layers[0].self_attn
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -350,7 +396,7 @@ class LeanForward:
                 L.act = mlp.act_fn
                 self.layers.append(L)
             self.final_norm = self.final_norm.to(self.dtype)
-            self.head = self._prep((self.lm_head_t, self.lm_head_bias))
+            self.head = self._prep((self.lm_head_t, self.lm_head_bias), head=True)
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
             pos = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
@@ -360,18 +406,27 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
-        self._lin = _lin_native if weight_format == "native" else _lin_int8
+        self._lin = {"native": _lin_native, "int8": _lin_int8, "int4": _lin_int4}[weight_format]
+        self._lin_head = _lin_native if weight_format == "native" else _lin_int8
         self._cast_embed = self.embed.dtype != self.dtype
-        if weight_format == "int8":
+        if weight_format != "native":
             try:  # fail at load time, not in the first step, where the kernel is missing
                 self._lin(torch.zeros(1, self.hidden, dtype=self.dtype, device=self.device), self.layers[0].o)
             except Exception as exc:  # pragma: no cover - depends on the torch build/device
-                raise UnsupportedModel(f"int8 weights are not supported on {self.device}: {exc}") from exc
+                raise UnsupportedModel(f"{weight_format} weights are not supported on {self.device}: {exc}") from exc
 
-    def _prep(self, fused: tuple[torch.Tensor, torch.Tensor | None]) -> tuple:
+    def _prep(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False) -> tuple:
         w_t, b = fused
-        if self.weight_format == "int8":
-            return _quantize_int8(w_t, b, self.dtype)
+        if self.weight_format == "int4" and not head:
+            if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
+                raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
+            try:
+                return _quantize_int4(w_t, b, torch.bfloat16)
+            except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
+                raise UnsupportedModel(f"int4 weights are not supported for a {tuple(w_t.shape)} matrix: {exc}") from exc
+        if self.weight_format != "native":
+            # The output head stays int8 under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
+            return _quantize_int8(w_t, b, torch.bfloat16)
         return (w_t, b)
 
     # -- KV -----------------------------------------------------------------------------------------------
@@ -519,5 +574,5 @@ class LeanForward:
                 return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
             rows = torch.tensor(list(logit_rows), dtype=torch.long, device=self.device)
         hs = self._norm(x.index_select(0, rows), self.final_norm, self.final_eps)
-        logits = lin(hs, self.head)
+        logits = self._lin_head(hs, self.head)
         return logits.float()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .forward import on_int4_grid
 from .threads import one_intra_op_thread
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,8 +42,9 @@ class LoadedLM:
     source: Path
     load_seconds: float
     converted: bool  # True when this load did the GGUF -> safetensors conversion
-    # Addition: "native" (the engine runs ``dtype`` weights: exact) or "int8" (dtype="int8": float32
-    # weights kept for the model itself, the engine runs int8 copies with bfloat16 activations).
+    # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
+    # "int4": float32 weights kept for the model itself, the engine runs quantized copies with bfloat16
+    # activations; see forward.py).
     weight_format: str = "native"
 
 
@@ -54,13 +56,22 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _weights_are_4bit(model: torch.nn.Module) -> bool:
+    """Whether the first layer's linear weights lie on a 4-bit group grid (a Q4_1 GGUF's do)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return False
+    first = layers[0]
+    matrices = [first.self_attn.q_proj.weight, first.mlp.down_proj.weight]
+    return all(on_int4_grid(w.data.t()) for w in matrices)
+
+
 def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
-        # CUDA: bfloat16. CPU: float32. Measured on this 2-vCPU Xeon (avx512_bf16), with the lean
-        # engine: see benchmarks/engine_options.py and the engine docs. bfloat16 halves the weight
-        # bytes, but the CPU kernels for small bf16 matmuls (M=1..16 rows) do not reach the
-        # bandwidth bound, and greedy outputs drift from float32 ones after a few dozen tokens;
-        # float32 was the faster *and* exact choice for the default.
+        # CUDA: bfloat16. CPU: float32 weights for the model itself; the engine may still run them as
+        # int4 (see _weights_are_4bit). Measured on this 2-vCPU Xeon (avx512_bf16): the CPU kernels for
+        # small bf16 matmuls (M=1..16 rows) do not reach the bandwidth bound, and bfloat16 everywhere
+        # changes greedy outputs within a few dozen tokens (benchmarks/engine_options.py).
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     table = {
         "float32": torch.float32, "fp32": torch.float32,
@@ -70,7 +81,7 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     try:
         return table[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16 or int8") from None
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16, int8 or int4") from None
 
 
 def gguf_cache_folder(path: Path, cache_dir: Path) -> Path:
@@ -167,8 +178,9 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     t_start = time.perf_counter()
     path = Path(path).expanduser()
     dev = _resolve_device(device)
-    weight_format = "int8" if dtype == "int8" else "native"
-    dt = _resolve_dtype("float32" if dtype == "int8" else dtype, dev)
+    quantized = dtype in ("int8", "int4")
+    weight_format = dtype if quantized else "native"
+    dt = _resolve_dtype("float32" if quantized else dtype, dev)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
 
@@ -199,6 +211,10 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     model.requires_grad_(False)
     t2 = time.perf_counter()
     log.info("model loaded in %.2f s (%s, %s)", t2 - t1, dev, dt)
+
+    if dtype == "auto" and dev.type == "cpu" and _weights_are_4bit(model):
+        weight_format = "int4"  # the engine keeps these weights exactly at a quarter of the bytes
+        log.info("the linear weights are 4-bit groups already: the engine runs them as int4")
 
     window = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
     if max_context_tokens > 0:

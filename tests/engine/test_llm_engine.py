@@ -61,6 +61,7 @@ def test_loader_reads_converted_folder(lm, gateway_cache_dir):
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name and p.name.startswith("." + folder.name)]
     again = load_lm(folder, cache_dir=gateway_cache_dir, max_context_tokens=512)
     assert not again.converted and again.context_window == 512
+    assert again.weight_format == "int4"  # "auto" on a CPU: the Q4_1 weights are 4-bit already
     assert again.eos_token_ids == lm.eos_token_ids
     with pytest.raises(ValueError):
         load_lm(folder / "config.json", cache_dir=gateway_cache_dir)
@@ -385,6 +386,35 @@ async def test_int8_weights_engine(lm, chat_ids, collect):
         batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
         assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
         assert "Paris" in solo[0].text  # weight-only int8: close to float32, not bit-identical
+    finally:
+        eng.close()
+
+
+async def test_int4_weights_engine(lm, chat_ids, collect):
+    """4-bit groups of the Q4_1 weights: exact weights, bfloat16 matmul inputs; batching changes nothing."""
+    import dataclasses
+
+    from inference.llm.forward import INT4_GROUP, _quantize_int4
+
+    # The embedded model's weights come from Q4_1 blocks: re-packing finds each block's own grid.
+    w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t()
+    packed, scales_and_zeros, _ = _quantize_int4(w_t, None, torch.float32)
+    step, zero = scales_and_zeros[..., 0], scales_and_zeros[..., 1]
+    w = w_t.t().reshape(w_t.shape[1], -1, INT4_GROUP)
+    q = (w - (zero.t() - 8 * step.t())[..., None]) / step.t()[..., None]
+    assert (q - q.round()).abs().max() < 1e-3 and int(q.round().min()) == 0 and int(q.round().max()) == 15
+
+    lm4 = dataclasses.replace(lm, weight_format="int4")
+    eng = LLMEngine(lm4, EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        assert eng.fwd.weight_format == "int4" and eng.fwd.dtype == torch.float32
+        prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
+        params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
+        solo = [await collect(eng, p, params) for p in prompts]
+        batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
+        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+        assert "Paris" in solo[0].text
     finally:
         eng.close()
 
