@@ -46,14 +46,14 @@ def speech_span(pcm: np.ndarray, rate: int, threshold_dbfs: float = SPEECH_DBFS)
 
 
 class Speaker:
-    """Piper, loaded once in this process (about 1-3 s), saying texts at any sample rate."""
+    """Piper, loaded once in this process (about 1-3 s), saying texts at any sample rate, the same take every time."""
 
     def __init__(self, threads: int = 1) -> None:
         from inference.models import embedded_tts
         from inference.tts import TtsEngine
 
         path = embedded_tts()
-        self.tts = TtsEngine.load(path, path.with_name(path.name + ".json"), threads=threads)
+        self.tts = TtsEngine.load(path, path.with_name(path.name + ".json"), threads=threads, variation=False)
 
     def say(self, text: str, rate: int) -> Clip:
         from media.resample import resample

@@ -29,6 +29,7 @@ class TtsEngine:
         threads: int = 1,
         first_clause_voice: object | None = None,
         first_clause_threads: int = 1,
+        variation: bool = True,
     ) -> None:
         from piper import SynthesisConfig
 
@@ -36,6 +37,9 @@ class TtsEngine:
         # The same voice on more threads, for a reply's first clause (see synthesize).
         self._first_clause_voice = first_clause_voice
         self._config = SynthesisConfig(normalize_audio=True, volume=volume)
+        if not variation:  # Piper samples noise for every take; without it a text always sounds the same
+            self._config.noise_scale = 0.0
+            self._config.noise_w_scale = 0.0
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
         self.threads = threads  # onnxruntime's intra-op threads: the cores a synthesis keeps busy
@@ -52,11 +56,13 @@ class TtsEngine:
         first_clause_threads: int = 1,
         volume: float = 0.9,
         warmup: bool = True,
+        variation: bool = True,
     ) -> TtsEngine:
         """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
 
         `first_clause_threads` > `threads` loads a second onnxruntime session of the voice for first
-        clauses (about 60 MB more for a medium voice)."""
+        clauses (about 60 MB more for a medium voice). `variation=False`: the same text always gives
+        the same audio (test and benchmark speech: a run does not depend on the take)."""
         from piper import PiperVoice
         from piper.config import PiperConfig
 
@@ -74,6 +80,7 @@ class TtsEngine:
             threads=threads,
             first_clause_voice=first_clause_voice,
             first_clause_threads=first_clause_threads,
+            variation=variation,
         )
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
