@@ -49,6 +49,9 @@ IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
 IDLE_NUDGE = "The user has been silent for a while. Briefly ask whether they are still there."
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
+# The speculative final transcript waits for this much silence: Silero drops below its threshold on a
+# word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
+SPECULATIVE_SILENCE_MS = 64
 
 
 @dataclass
@@ -214,7 +217,8 @@ class VoicePipeline:
             await self.session.interrupt("turn_detected")
         probability = self.vad.last_probability
         settings = self.vad.detector.settings
-        if probability < settings.continue_threshold:
+        silence_started = self.vad.detector.silence_started_ms
+        if silence_started is not None and self.vad.position_ms - silence_started >= SPECULATIVE_SILENCE_MS:
             # Silence began: transcribe now, so the transcript is ready if the turn ends here,
             # unless a transcription already running reaches this far.
             if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):

@@ -77,6 +77,11 @@ class TurnDetector:
     def in_speech(self) -> bool:
         return self._speaking
 
+    @property
+    def silence_started_ms(self) -> float | None:
+        """Start of the silence running in a turn (it ends the turn after silence_duration_ms), if any."""
+        return self._silence_start_ms if self._speaking else None
+
     def feed(self, prob: float, window_end_ms: float) -> list[VadEvent]:
         s = self.settings
         start_ms = window_end_ms - self.window_ms

@@ -62,6 +62,18 @@ def test_mid_probability_does_not_reset_a_running_silence() -> None:
     assert events[-1] == SpeechStopped(audio_end_ms=round(10 * W), detected_ms=round(20 * W))
 
 
+def test_silence_started_is_known_while_a_turn_waits_it_out() -> None:
+    d = TurnDetector(VadSettings(silence_duration_ms=320))
+    run(d, [0.9] * 10)
+    assert d.silence_started_ms is None
+    run(d, [0.1, 0.1], start_window=10)
+    assert d.silence_started_ms == 10 * W  # the start of the first silent window
+    run(d, [0.9], start_window=12)
+    assert d.silence_started_ms is None  # speech again
+    run(d, [0.1] * 10, start_window=13)  # 320 ms: the turn ends
+    assert d.silence_started_ms is None and not d.in_speech
+
+
 def test_prefix_padding_is_clamped_at_zero_and_configurable() -> None:
     d = TurnDetector(VadSettings(prefix_padding_ms=300))
     assert run(d, [0.9] * 5)[0].padded_start_ms == 0
