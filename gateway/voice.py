@@ -5,7 +5,7 @@ task per session runs the VAD on a shared worker thread, in order; transcription
 owned here, cancelled and awaited on close. To shorten the wait after the user stops:
 - partial transcripts run while the user speaks, and their stable words are prefilled into the
   conversation's KV cache;
-- a speculative final transcript starts as soon as the VAD hears silence, and is used when the
+- a speculative final transcript starts after 64 ms of silence, and is used when the
   turn really ends there; so is a partial whose audio already covers the end of speech (partials
   and finals decode the same way, so its text is the final text);
 - the reply is generated from that speculative transcript while the VAD waits out the silence
