@@ -372,43 +372,16 @@ async def test_bfloat16_engine(gateway_cache_dir, chat_ids, collect):
         eng.close()
 
 
-async def test_int8_weights_engine(lm, chat_ids, collect):
+@pytest.mark.parametrize(("weight_format", "activations"), [("int8", torch.bfloat16), ("int4", torch.float32)])
+async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, activations):
+    """Weight-only quantized copies: close to float32, not bit-identical; batching changes nothing."""
     import dataclasses
 
-    lm8 = dataclasses.replace(lm, weight_format="int8")
-    eng = LLMEngine(lm8, EngineConfig(prefix_cache_bytes=0))
+    quantized = dataclasses.replace(lm, weight_format=weight_format)
+    eng = LLMEngine(quantized, EngineConfig(prefix_cache_bytes=0))
     eng.start()
     try:
-        assert eng.fwd.weight_format == "int8" and eng.fwd.dtype == torch.bfloat16
-        prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
-        params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
-        solo = [await collect(eng, p, params) for p in prompts]
-        batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
-        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
-        assert "Paris" in solo[0].text  # weight-only int8: close to float32, not bit-identical
-    finally:
-        eng.close()
-
-
-async def test_int4_weights_engine(lm, chat_ids, collect):
-    """4-bit groups of the Q4_1 weights: exact weights, bfloat16 matmul inputs; batching changes nothing."""
-    import dataclasses
-
-    from inference.llm.forward import INT4_GROUP, _quantize_int4
-
-    # The embedded model's weights come from Q4_1 blocks: re-packing finds each block's own grid.
-    w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t()
-    packed, scales_and_zeros, _ = _quantize_int4(w_t, None, torch.float32)
-    step, zero = scales_and_zeros[..., 0], scales_and_zeros[..., 1]
-    w = w_t.t().reshape(w_t.shape[1], -1, INT4_GROUP)
-    q = (w - (zero.t() - 8 * step.t())[..., None]) / step.t()[..., None]
-    assert (q - q.round()).abs().max() < 1e-3 and int(q.round().min()) == 0 and int(q.round().max()) == 15
-
-    lm4 = dataclasses.replace(lm, weight_format="int4")
-    eng = LLMEngine(lm4, EngineConfig(prefix_cache_bytes=0))
-    eng.start()
-    try:
-        assert eng.fwd.weight_format == "int4" and eng.fwd.dtype == torch.float32
+        assert eng.fwd.weight_format == weight_format and eng.fwd.dtype == activations
         prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]
@@ -417,6 +390,15 @@ async def test_int4_weights_engine(lm, chat_ids, collect):
         assert "Paris" in solo[0].text
     finally:
         eng.close()
+
+
+def test_int4_keeps_q4_1_weights_exactly(lm):
+    """The embedded model's weights come from Q4_1 blocks: each group of 32 is on its own 4-bit grid."""
+    from inference.llm.forward import on_int4_grid
+
+    layer = lm.model.model.layers[0]
+    assert on_int4_grid(layer.mlp.down_proj.weight.data.t()) and on_int4_grid(layer.self_attn.o_proj.weight.data.t())
+    assert not on_int4_grid(torch.randn(64, 16))  # a float32 matrix is not
 
 
 async def test_engine_waits_for_exclusive_work(make_engine, chat_ids, collect):
