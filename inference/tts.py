@@ -18,6 +18,24 @@ import numpy as np
 
 from inference.cpu import using_cores
 
+# Piper starts every sentence with 30-60 ms of near silence. A reply's first words go out without it
+# (the user is waiting), keeping a few ms so that the first sound does not start abruptly.
+LEAD_IN_LEVEL = 100  # int16 RMS of a 5 ms frame below which it is silence (about -50 dBFS)
+LEAD_IN_KEPT_MS = 10
+
+
+def trim_lead_in(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """`pcm` from LEAD_IN_KEPT_MS before its first non-silent 5 ms frame (all of it if none is)."""
+    frame = rate // 200
+    count = len(pcm) // frame
+    if count == 0:
+        return pcm
+    levels = np.sqrt(np.mean(pcm[: count * frame].astype(np.float64).reshape(count, frame) ** 2, axis=1))
+    loud = np.flatnonzero(levels > LEAD_IN_LEVEL)
+    if loud.size == 0:
+        return pcm
+    return pcm[max(0, int(loud[0]) * frame - rate * LEAD_IN_KEPT_MS // 1000) :]
+
 
 class TtsEngine:
     def __init__(
@@ -94,19 +112,24 @@ class TtsEngine:
         voice = self._first_clause_voice if exclusive else self._voice
         threads = self.first_clause_threads if exclusive else self.threads
         sentences = iter(voice.synthesize(text, syn_config=self._config))  # type: ignore[attr-defined]
+        lead_in = first_clause
         while True:
             with using_cores(threads, exclusive=exclusive):  # the synthesis happens inside next()
                 chunk = next(sentences, None)
             if chunk is None:
                 return
-            yield chunk.audio_int16_array
+            pcm = chunk.audio_int16_array
+            if lead_in:
+                pcm, lead_in = trim_lead_in(pcm, self.sample_rate), False
+            yield pcm
 
     async def synthesize(self, text: str, *, first_clause: bool = False) -> AsyncIterator[np.ndarray]:
         """int16 mono PCM at sample_rate, one Piper sentence per item.
 
-        `first_clause`: the reply's first words, which the user waits for in silence. With a
-        first-clause voice loaded, they are synthesized on its threads while the LLM engine waits
-        (inference/cpu.py): the rest of the reply has the whole clause's playing time to catch up."""
+        `first_clause`: the reply's first words, which the user waits for in silence. They start
+        without Piper's lead-in silence, and with a first-clause voice loaded they are synthesized
+        on its threads while the LLM engine waits (inference/cpu.py): the rest of the reply has the
+        whole clause's playing time to catch up."""
         loop = asyncio.get_running_loop()
         chunks = self._chunks(text, first_clause)
         try:

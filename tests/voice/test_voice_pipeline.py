@@ -193,5 +193,6 @@ async def test_first_clause_voice_holds_every_core_and_says_the_same(
         two.close()
     # Piper's duration noise makes every take differ a little; both voices say the sentence.
     assert abs(first.size - rest.size) < 0.15 * rest.size
+    assert np.sqrt(np.mean(first[: two.sample_rate // 50].astype(np.float64) ** 2)) > 100  # no lead-in silence
     heard = await asr.transcribe(AudioChunk(resample(first, two.sample_rate, 16000), 16000).to_float32(), final=True)
     assert heard is not None and contains_words(heard.text, "capital", "Paris"), heard
