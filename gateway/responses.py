@@ -130,14 +130,12 @@ class ResponseRunner:
     async def _speak(self, clauses: asyncio.Queue[str | None]) -> None:
         assert self.tts is not None and self.speech is not None
         item = self.events.item
-        ahead = self._adopted
-        first = True
         while (clause := await clauses.get()) is not None:
             start_ms = item.audio_ms_sent
-            made_ahead = await ahead.audio_for(clause) if ahead is not None else None
-            ahead = None  # only the first clause is spoken ahead
-            audio = self.tts.synthesize(clause, first_clause=first) if made_ahead is None else self._iterate(made_ahead)
-            first = False
+            first = not item.spoken
+            # Only the first clause can have been spoken ahead, by an adopted preemption.
+            made_ahead = await self._adopted.audio_for(clause) if first and self._adopted is not None else None
+            audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first)
             async for pcm in audio:
                 self.speech.write(pcm)
                 item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate

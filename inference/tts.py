@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Generator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,13 @@ def trim_lead_in(pcm: np.ndarray, rate: int) -> np.ndarray:
     return pcm[max(0, int(loud[0]) * frame - rate * LEAD_IN_KEPT_MS // 1000) :]
 
 
+@dataclass(frozen=True)
+class _Voice:
+    piper: Any  # piper.PiperVoice on its own onnxruntime session
+    threads: int  # the session's intra-op threads: the cores a synthesis keeps busy
+    exclusive: bool  # the LLM engine waits while it synthesizes (inference/cpu.py)
+
+
 class TtsEngine:
     def __init__(
         self,
@@ -51,17 +59,17 @@ class TtsEngine:
     ) -> None:
         from piper import SynthesisConfig
 
-        self._voice = voice  # piper.PiperVoice
+        self._voice = _Voice(voice, threads, exclusive=False)
         # The same voice on more threads, for a reply's first clause (see synthesize).
-        self._first_clause_voice = first_clause_voice
+        self._first_clause_voice = (
+            _Voice(first_clause_voice, first_clause_threads, exclusive=True) if first_clause_voice is not None else self._voice
+        )
         self._config = SynthesisConfig(normalize_audio=True, volume=volume)
         if not variation:  # Piper samples noise for every take; without it a text always sounds the same
             self._config.noise_scale = 0.0
             self._config.noise_w_scale = 0.0
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
-        self.threads = threads  # onnxruntime's intra-op threads: the cores a synthesis keeps busy
-        self.first_clause_threads = first_clause_threads if first_clause_voice is not None else threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
 
     @classmethod
@@ -79,7 +87,7 @@ class TtsEngine:
         """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
 
         `first_clause_threads` > `threads` loads a second onnxruntime session of the voice for first
-        clauses (about 60 MB more for a medium voice). `variation=False`: the same text always gives
+        clauses (about 100 MB more for a medium voice, measured). `variation=False`: the same text always gives
         the same audio (test and benchmark speech: a run does not depend on the take)."""
         from piper import PiperVoice
         from piper.config import PiperConfig
@@ -108,13 +116,11 @@ class TtsEngine:
         return engine
 
     def _chunks(self, text: str, first_clause: bool) -> Generator[np.ndarray, None, None]:
-        exclusive = first_clause and self._first_clause_voice is not None
-        voice = self._first_clause_voice if exclusive else self._voice
-        threads = self.first_clause_threads if exclusive else self.threads
-        sentences = iter(voice.synthesize(text, syn_config=self._config))  # type: ignore[attr-defined]
+        voice = self._first_clause_voice if first_clause else self._voice
+        sentences = iter(voice.piper.synthesize(text, syn_config=self._config))
         lead_in = first_clause
         while True:
-            with using_cores(threads, exclusive=exclusive):  # the synthesis happens inside next()
+            with using_cores(voice.threads, exclusive=voice.exclusive):  # the synthesis happens inside next()
                 chunk = next(sentences, None)
             if chunk is None:
                 return

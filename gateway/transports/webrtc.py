@@ -44,11 +44,15 @@ MAX_SDP_BYTES = 64 * 1024
 
 def configure_ice(settings: Settings) -> None:
     """Offer the configured host addresses as ICE candidates (aioice never offers loopback itself)."""
-    addresses = list(settings.ice_host_addresses)
-    if addresses:
-        aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [  # type: ignore[assignment]
-            address for address in addresses if (":" in address and use_ipv6) or (":" not in address and use_ipv4)
-        ]
+    if settings.ice_host_addresses:
+        offer_host_addresses(list(settings.ice_host_addresses))
+
+
+def offer_host_addresses(addresses: list[str]) -> None:
+    """Make this process's aioice offer exactly `addresses` (IPv4 and IPv6 as it asks for them)."""
+    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [  # type: ignore[assignment]
+        address for address in addresses if (":" in address and use_ipv6) or (":" not in address and use_ipv4)
+    ]
 
 
 def ice_servers(settings: Settings) -> list[RTCIceServer]:

@@ -270,23 +270,16 @@ def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
     return y if b is None else y + b
 
 
-def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
-    """Asymmetric 4-bit of a ``[in, out]`` matrix in groups of INT4_GROUP inputs, packed for torch's CPU kernel.
-
-    Each group keeps its minimum m and step d = (max - m) / 15, as GGUF's Q4_1 does: weights that came
-    from a Q4_1 file lie on that grid already, so they round-trip to their own 4-bit values.
-    Returns (packed ``[out, in/2]`` uint8, scales and zeros ``[in/G, out, 2]``, bias); the kernel
-    computes ``(q - 8) * d + zero``, so zero = m + 8 d."""
+def _int4_grid(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A ``[in, out]`` matrix on Q4_1's grid: per group of INT4_GROUP inputs of each output, its minimum m
+    and step d = (max - m) / 15 (``[out, in/G]`` each), and every weight as (w - m) / d (``[out, in/G, G]``;
+    whole numbers 0..15 for weights that came from a Q4_1 file)."""
     w = w_t.t().float()
-    out_features, in_features = w.shape
-    groups = w.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    groups = w.reshape(w.shape[0], -1, INT4_GROUP)
     low = groups.amin(dim=2)
     step = (groups.amax(dim=2) - low) / 15.0
     step = torch.where(step > 0, step, torch.ones_like(step))  # a constant group: every q is 0
-    q = torch.round((groups - low[..., None]) / step[..., None]).clamp_(0, 15).to(torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_features, in_features).contiguous(), 1)
-    scales_and_zeros = torch.stack([step, low + 8.0 * step], dim=-1).transpose(0, 1).to(dtype).contiguous()
-    return packed, scales_and_zeros, b
+    return low, step, (groups - low[..., None]) / step[..., None]
 
 
 def on_int4_grid(w_t: torch.Tensor) -> bool:
@@ -294,12 +287,21 @@ def on_int4_grid(w_t: torch.Tensor) -> bool:
     so that "int4" keeps its weights exactly."""
     if w_t.shape[0] % INT4_GROUP or not w_t.is_floating_point():
         return False
-    w = w_t.t().float()
-    groups = w.reshape(w.shape[0], -1, INT4_GROUP)
-    low = groups.amin(dim=2, keepdim=True)
-    step = (groups.amax(dim=2, keepdim=True) - low) / 15.0
-    q = (groups - low) / torch.where(step > 0, step, torch.ones_like(step))
+    q = _int4_grid(w_t)[2]
     return bool((q - q.round()).abs().max() < 1e-3)
+
+
+def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """Asymmetric 4-bit of a ``[in, out]`` matrix on Q4_1's grid (_int4_grid), packed for torch's CPU kernel.
+
+    Weights that came from a Q4_1 file lie on that grid already, so they round-trip to their own 4-bit
+    values. Returns (packed ``[out, in/2]`` uint8, scales and zeros ``[in/G, out, 2]`` in `dtype`,
+    bias); the kernel computes ``(q - 8) * d + zero``, so zero = m + 8 d."""
+    low, step, q = _int4_grid(w_t)
+    q = torch.round(q).clamp_(0, 15).to(torch.int32).reshape(step.shape[0], -1).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_and_zeros = torch.stack([step, low + 8.0 * step], dim=-1).transpose(0, 1).to(dtype).contiguous()
+    return packed, scales_and_zeros, b
 
 
 def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
