@@ -91,6 +91,31 @@ async def running(engine: LLMEngine) -> AsyncIterator[LLMEngine]:
         engine.close()
 
 
+def greedy_reference(lm: LoadedLM, ids: list[int], tokens: int, fixed_length: bool = False) -> list[int]:
+    """transformers' own greedy tokens for `ids` (blocking): `tokens` of them, or up to EOS."""
+    x = torch.tensor([ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens,
+                                min_new_tokens=tokens if fixed_length else None, do_sample=False,
+                                repetition_penalty=1.0, pad_token_id=lm.tokenizer.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+def leading_agreement(reference: list[int], tokens: list[int]) -> str:
+    """How many leading tokens equal the reference's, as "n/len(reference)"."""
+    n = 0
+    while n < min(len(reference), len(tokens)) and reference[n] == tokens[n]:
+        n += 1
+    return f"{n}/{len(reference)}"
+
+
+async def warm_up(engine: LLMEngine, lm: LoadedLM) -> None:
+    """A first short request, then an empty prefix cache: a new engine's first step pays one-off costs
+    (allocations, the thread pool) that belong to no measured figure."""
+    await engine.submit(render(lm, [{"role": "user", "content": "Hi"}]), SamplingParams(max_tokens=4)).result()
+    engine.clear_prefix_cache()
+
+
 async def ttft(engine: LLMEngine, ids: list[int], max_tokens: int = 4, **kw) -> tuple[float, object]:
     stream = engine.submit(ids, SamplingParams(temperature=0, max_tokens=max_tokens), **kw)
     result = await stream.result()
@@ -139,6 +164,7 @@ async def bench_conversation(lm: LoadedLM, repeats: int) -> dict:
                     cached_ttfts.append(t_cached)
                     prompt_len, cached_tokens = len(ids), res.cached_prompt_tokens
         async with running(LLMEngine(lm, EngineConfig(prefix_cache_bytes=0))) as fresh_engine:
+            await warm_up(fresh_engine, lm)
             t_fresh, _ = await ttft(fresh_engine, ids)
             fresh_ttfts.append(t_fresh)
     return {
@@ -254,22 +280,9 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
         for f in formats:
             ratios[f].append(rates[f][-1] / best)
 
-    def reference(model: LoadedLM) -> list[int]:
-        x = torch.tensor([ids], device=lm.device)
-        with torch.inference_mode():
-            out = model.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens,
-                                       min_new_tokens=tokens, do_sample=False,
-                                       pad_token_id=lm.tokenizer.pad_token_id)
-        return out[0, len(ids):].tolist()
-
-    ref = await run_in_own_thread(reference, lm)  # same (re-laid) model: bit-exact with the native format
-    sref = await run_in_own_thread(reference, stock)
-
-    def lead(a: list[int], b: list[int]) -> str:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return f"{n}/{len(a)}"
+    # The same (re-laid) model: bit-exact with the native format; and the stock copy.
+    ref = await run_in_own_thread(greedy_reference, lm, ids, tokens, True)
+    sref = await run_in_own_thread(greedy_reference, stock, ids, tokens, True)
 
     relaid = await run_in_own_thread(generate_rate, lm, ids, tokens, threads)
     weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
@@ -287,7 +300,7 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
             f: {
                 "engine_decode_tok_s": round(med(rates[f]), 2),
                 "ratio_vs_best_generate": round(med(ratios[f]), 2),
-                "leading_tokens_equal_to_stock_generate": lead(sref, results[f].token_ids),
+                "leading_tokens_equal_to_stock_generate": leading_agreement(sref, results[f].token_ids),
             }
             for f in formats
         },
@@ -389,6 +402,7 @@ async def bench_transformers_batching(lm: LoadedLM, stock: LoadedLM, tokens: int
     same = 0
     for _ in range(repeats):
         async with running(LLMEngine(lm)) as engine:
+            await warm_up(engine, lm)  # transformers' side gets one too
             t0 = time.monotonic()
             results = [await s.result() for s in [engine.submit(p, params) for p in prompts]]
             wall = max(r.finished_at for r in results) - t0
@@ -435,21 +449,25 @@ async def main_async(args) -> dict:
     report["load"] = load
     report["engine_weight_format"] = lm.weight_format  # the default for this model and device
     # A second copy, never given to an engine (which re-lays its model's weights).
-    stock = load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device)
+    stock = await run_in_own_thread(
+        lambda: load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device)
+    )
     async with running(LLMEngine(lm)) as engine:
-        # Warm-up (first-call allocations, thread pools).
-        await engine.submit(render(lm, [{"role": "user", "content": "Hi"}]), SamplingParams(max_tokens=4)).result()
+        await warm_up(engine, lm)
         report["1_system_prompt_ttft"] = await bench_system_prompt(engine, lm, args.repeats)
     report["2_conversation_turn5_ttft"] = await bench_conversation(lm, args.repeats)
     async with running(LLMEngine(lm)) as engine:
+        await warm_up(engine, lm)
         report["3_concurrency"] = await bench_concurrency(engine, lm, args.tokens, max(1, args.repeats - 1))
     if lm.weight_format != "native":
         # A quantized single stream is already faster, so batching has less left to win: float32 too.
         exact = dataclasses.replace(lm, weight_format="native")
         async with running(LLMEngine(exact)) as engine:
+            await warm_up(engine, exact)
             report["3_concurrency_float32"] = await bench_concurrency(engine, exact, args.tokens, max(1, args.repeats - 1))
     report["4_single_stream"] = await bench_single_stream(lm, stock, args.tokens, max(3, args.repeats), threads)
     async with running(LLMEngine(lm)) as engine:
+        await warm_up(engine, lm)
         report["5_cancel"] = await bench_cancel(engine, lm)
         report["engine_stats"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in engine.stats().items()}
     # Token for token against transformers: the engine runs the same float32 weights here.

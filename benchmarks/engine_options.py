@@ -2,7 +2,7 @@
 
     python -m benchmarks.engine_options [--tokens 48] [--repeats 3]
 
-Options: weights float32 (exact, the default on CPU), bfloat16, int8 (weight-only, bfloat16
+Options: weights float32 (exact: generate()'s tokens), bfloat16, int8 (weight-only, bfloat16
 activations), int4 (the Q4_1 weights in 4-bit groups, bfloat16 matmul inputs, float32 elsewhere);
 intra-op threads 1, 2 or adaptive. Each repeat runs every option once, back to back, so
 they see the same machine load; the figures are medians. One engine runs at a time and generate()
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import measure_decode, render, running
+from benchmarks.engine import greedy_reference, leading_agreement, measure_decode, render, running
 from inference.llm.engine import LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
@@ -64,23 +64,12 @@ async def aggregate_rate(lm: LoadedLM, streams: int, tokens: int) -> float:
     return sum(r.completion_tokens for r in results) / (max(r.finished_at for r in results) - t0)
 
 
-def reference_tokens(lm: LoadedLM, ids: list[int], tokens: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        out = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, do_sample=False,
-                                repetition_penalty=1.0, pad_token_id=lm.tokenizer.pad_token_id)
-    return out[0, len(ids):].tolist()
-
-
 async def agreement(lm: LoadedLM, references: list[list[int]], tokens: int) -> list[str]:
     out = []
     async with running(LLMEngine(lm)) as engine:
         for question, ref in zip(PROMPTS, references):
             r = await engine.submit(ids_for(lm, question), SamplingParams(**GREEDY, max_tokens=tokens)).result()
-            n = 0
-            while n < min(len(ref), len(r.token_ids)) and ref[n] == r.token_ids[n]:
-                n += 1
-            out.append(f"{n}/{len(ref)}")
+            out.append(leading_agreement(ref, r.token_ids))
     return out
 
 
@@ -88,12 +77,16 @@ async def main_async(args) -> dict:
     cache_dir = Path(args.cache_dir).expanduser()
     fp32 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")
     bf16 = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="bfloat16")
-    int8 = dataclasses.replace(fp32, weight_format="int8")
-    int4 = dataclasses.replace(fp32, weight_format="int4")
+    formats = {
+        "float32": fp32,
+        "bfloat16": bf16,
+        "int8": dataclasses.replace(fp32, weight_format="int8"),
+        "int4": dataclasses.replace(fp32, weight_format="int4"),
+    }
     reference = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")  # never re-laid by an engine
     max_threads = torch.get_num_threads()
     configs: dict[str, tuple[LoadedLM, int]] = {}
-    for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8), ("int4", int4)):
+    for name, lm in formats.items():
         for threads in sorted({1, max_threads}) + [0]:
             if threads == 0 and name != "float32":
                 continue
@@ -103,16 +96,13 @@ async def main_async(args) -> dict:
         for label, (lm, threads) in configs.items():
             rates[label].append(await decode_rate(lm, threads, args.tokens))
     agg: dict[str, dict[str, float]] = {}
-    for name, lm in (("float32", fp32), ("int8", int8), ("int4", int4)):
+    for name, lm in formats.items():
         one = [await aggregate_rate(lm, 1, args.tokens) for _ in range(2)]
         eight = [await aggregate_rate(lm, 8, args.tokens) for _ in range(2)]
         agg[name] = {"1_stream_tok_s": round(max(one), 2), "8_streams_tok_s": round(max(eight), 2),
                      "ratio": round(max(eight) / max(one), 2)}
-    references = [await run_in_own_thread(reference_tokens, reference, ids_for(reference, q), 24) for q in PROMPTS]
-    agree = {
-        name: await agreement(lm, references, 24)
-        for name, lm in (("float32", fp32), ("bfloat16", bf16), ("int8", int8), ("int4", int4))
-    }
+    references = [await run_in_own_thread(greedy_reference, reference, ids_for(reference, q), 24) for q in PROMPTS]
+    agree = {name: await agreement(lm, references, 24) for name, lm in formats.items()}
     return {
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "tokens": args.tokens,

@@ -13,7 +13,7 @@ What is measured (all clocks on this machine; the gateway's `gateway_latency.epo
   with Piper's trailing silence; placed within its chunk) to the answer's first audio received.
   WebSocket: the first `response.output_audio.delta`. WebRTC: the first loud 20 ms frame (RMS > 300)
   on the gateway's track, which plays silence between replies (the server decides what the caller
-  hears); this includes Piper's 0-60 ms of quiet lead-in, which the first delta does not.
+  hears).
 - Stages of the same turn, from the `response.done` latency marks; they add up to voice-to-voice
   (for a preempted turn, whose reply began generating from the speculative transcript before the
   final one existed, llm_first_token is ~0 and generation_head_start_ms says by how much it led):
@@ -21,8 +21,9 @@ What is measured (all clocks on this machine; the gateway's `gateway_latency.epo
   response_start (-> response created), llm_first_token, first_clause_wait (-> the first clause of
   text is complete; when the gateway marks it), tts_first_audio (-> first audio handed to the
   socket or queued for the WebRTC track: Piper), delivery (-> received here; over WebRTC: the
-  track's next frame, Opus, RTP, decoding, and aiortc's receive jitter buffer, which hands a frame
-  on once 4 more have arrived: 80 ms; the gateway's inbound track has the same buffer).
+  track's next frame, Opus, RTP, decoding, and this caller's aiortc receive jitter buffer, which
+  hands a frame on once 4 more have arrived: 80 ms; the gateway waits for 1, see
+  --webrtc-audio-reorder-frames).
 - Barge-in: a story is asked for; 1.5 s after its first audio arrives, "Wait, stop." is streamed.
   From the time the chunk with the first speech of that utterance left to: the speech_started
   event (a WebSocket client flushes its playback there), the last audio of the story received
@@ -265,7 +266,11 @@ class WebSocketSession(EventStream):
 
         self.ws = await connect(self.ws_url, max_size=None, open_timeout=30, ping_interval=None)
         self._tasks.append(asyncio.create_task(self._read(), name=f"{self.name} reader"))
-        await self.expect("session.created", timeout=15)
+        try:
+            await self.expect("session.created", timeout=15)
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -563,17 +568,20 @@ async def run_worker(
     measured = attempts = 0
     while measured < work.barge_in_runs and attempts < 2 * work.barge_in_runs:
         attempts += 1  # a story that ends before the interruption measures nothing: try again
-        async with connect(f"b{index}.{attempts}") as session:
-            await session.send(
-                {"type": "session.update", "session": {"type": "realtime", "instructions": STORY_INSTRUCTIONS}}
-            )
-            await session.expect("session.updated", timeout=10)
-            mic = session.start_mic()
-            await session.quiet(0.5)
-            record = await barge_in_run(session, work.story, work.stop, work.barge_in_after_s)
-            out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
-            if (link := await session.link_stats()) is not None:
-                out["links"].append({"session": session.name, **link})
+        try:
+            async with connect(f"b{index}.{attempts}") as session:
+                await session.send(
+                    {"type": "session.update", "session": {"type": "realtime", "instructions": STORY_INSTRUCTIONS}}
+                )
+                await session.expect("session.updated", timeout=10)
+                mic = session.start_mic()
+                await session.quiet(0.5)
+                record = await barge_in_run(session, work.story, work.stop, work.barge_in_after_s)
+                out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
+                if (link := await session.link_stats()) is not None:
+                    out["links"].append({"session": session.name, **link})
+        except (ConnectionError, TimeoutError, OSError) as exc:  # this attempt's session failed, not the run
+            record = {"error": f"session: {exc!r}"}
         record.update(session=index, attempt=attempts)
         out["barge_in"].append(record)
         ok = bool(record.get("story_interrupted"))
@@ -666,9 +674,11 @@ def aggregate(
 def connector(args: argparse.Namespace, wall_offset: float) -> tuple[Callable[[str], EventStream], int]:
     """How a session of the chosen transport is opened, and its microphone's sample rate."""
     if args.transport == "webrtc":
-        from benchmarks.voice_rtc import RATE, WebRtcSession, offer_ice_host
+        from benchmarks.voice_rtc import RATE, WebRtcSession
+        from gateway.transports.webrtc import offer_host_addresses
 
-        offer_ice_host(args.ice_host)
+        # aioice never offers 127.0.0.1 by itself: on a loopback-only host the call could not connect.
+        offer_host_addresses([args.ice_host])
         return (lambda name: WebRtcSession(args.url, name, wall_offset)), RATE
     return (lambda name: WebSocketSession(args.url, name, wall_offset)), WS_RATE
 

@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aioice.ice
 import httpx
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -33,16 +32,6 @@ LOUD_RMS = 300.0  # int16 RMS of a 20 ms frame that counts as audio (the WebRTC 
 # arrive until this long passed with none.
 TAIL_S = 0.5
 Timed = tuple[float, dict[str, Any]]  # (perf_counter at arrival, event)
-
-
-def offer_ice_host(address: str) -> None:
-    """Make aioice offer `address` as this process's only ICE host candidate.
-
-    aioice never offers 127.0.0.1 by itself, so on a loopback-only host the offer would carry no
-    candidate and the call could not connect. tests/integration/test_webrtc_call.py patches the same
-    function; the gateway that benchmarks.voice_server starts gets `--ice-host-addresses 127.0.0.1`.
-    """
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [address]
 
 
 class MicTrack(MediaStreamTrack):
