@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -380,6 +381,8 @@ def main() -> int:
     parser.add_argument("--executable", help="the browser (default: $CHROMIUM or chromium; $FIREFOX or firefox-esr)")
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds for the gateway's /healthz")
     args = parser.parse_args()
+    # Terminated (the test timed out): unwind, so that the gateway, the browser and PulseAudio are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args.executable = args.executable or default_executable(args.browser)
     result = run(args)
     result["network_namespace"] = os.environ.get("GW_E2E_IN_NETNS") == "1"

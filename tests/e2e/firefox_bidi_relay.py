@@ -76,6 +76,7 @@ async def relay(client: Any, upstream_base: str) -> None:
         finally:
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # a closed socket on either side is the end
 
 
 async def main(argv: list[str]) -> int:
@@ -107,6 +108,7 @@ async def main(argv: list[str]) -> int:
     code = await firefox.wait()
     if server is not None:
         server.close()
+        await server.wait_closed()
     return code
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -63,10 +64,24 @@ def run_scenario(tmp_path: Path, browser: str, executable: str, netns_prefix: li
         "--executable",
         executable,
     ]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    # A process group of its own: on a timeout, everything it started (gateway, browser, PulseAudio)
+    # goes with it. SIGTERM first, so that the scenario's own clean-up runs.
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"the browser scenario timed out after {RUN_TIMEOUT_S} s:\n{stdout[-4000:]}\n{stderr[-4000:]}", pytrace=False)
     if proc.returncode != 0 or not out.exists():
         pytest.fail(
-            f"the browser scenario crashed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}",
+            f"the browser scenario crashed (exit {proc.returncode}):\n{stdout[-4000:]}\n{stderr[-4000:]}",
             pytrace=False,
         )
     return json.loads(out.read_text())
@@ -119,8 +134,6 @@ def test_voice_turn(scenario: dict[str, Any]) -> None:
     assert result.get("failure") is None, context
     assert page.get("connected") is not None, context
     assert result["ice_pairs"], "the gateway logged no successful ICE check\n" + context
-    if result["network_namespace"]:  # loopback only: nothing else can pair
-        assert all(pair == ["127.0.0.1", "127.0.0.1"] for pair in result["ice_pairs"]), context
     if result["browser"] == "firefox":
         # The question reached Firefox through PulseAudio, from the null sink paplay plays into.
         assert (result.get("microphone") or {}).get("recording_from") == ["mic.monitor"], context

@@ -393,12 +393,19 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
 
 
 def test_int4_keeps_q4_1_weights_exactly(lm):
-    """The embedded model's weights come from Q4_1 blocks: each group of 32 is on its own 4-bit grid."""
-    from inference.llm.forward import on_int4_grid
+    """The embedded model's weights come from Q4_1 blocks: packed as int4, each comes back as itself
+    (read through the kernel with an identity input, up to its bfloat16 output and scales)."""
+    from inference.llm.forward import _lin_int4, _quantize_int4, on_int4_grid
 
-    layer = lm.model.model.layers[0]
-    assert on_int4_grid(layer.mlp.down_proj.weight.data.t()) and on_int4_grid(layer.self_attn.o_proj.weight.data.t())
-    assert not on_int4_grid(torch.randn(64, 16))  # a float32 matrix is not
+    w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t()  # [in, out]
+    assert on_int4_grid(w_t) and not on_int4_grid(torch.randn(64, 16))
+    packed = _quantize_int4(w_t, None, torch.bfloat16)
+    back = _lin_int4(torch.eye(w_t.shape[0]), packed)
+    assert torch.allclose(back, w_t, rtol=2**-7, atol=2**-7 * w_t.abs().max().item()), (back - w_t).abs().max()
+    # Not a tautology: a matrix off the grid does not come back.
+    noisy = w_t + 0.3 * w_t.abs().max() * torch.rand_like(w_t) / 15
+    assert not torch.allclose(_lin_int4(torch.eye(w_t.shape[0]), _quantize_int4(noisy, None, torch.bfloat16)), noisy,
+                              rtol=2**-7, atol=2**-7 * noisy.abs().max().item())
 
 
 async def test_engine_waits_for_exclusive_work(make_engine, chat_ids, collect):
