@@ -270,6 +270,36 @@ def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
     return y if b is None else y + b
 
 
+def _quantize_w8a8(w_t: torch.Tensor, b: torch.Tensor | None) -> tuple:
+    """Per-output-channel int8 weights, prepacked for oneDNN's int8 GEMM (VNNI), for :func:`_lin_w8a8`."""
+    q, scale, _ = _quantize_int8(w_t, None, torch.float32)
+    packed = torch.ops.onednn.qlinear_prepack(q, None)
+    return packed, scale, torch.zeros(scale.shape, dtype=torch.long, device=scale.device), b
+
+
+def _lin_w8a8(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    """int8 weights times int8 activations, each row with its own scale, in two passes: the row rounded
+    to 8 bits, then its rounding error to 8 more (both as rows of one uint8 GEMM, around 128).
+
+    The products add up in int32, exactly, so a row's result never depends on the other rows of the
+    batch. For the 49152 x 576 output head, one call costs 0.8 ms for 1 row and 1.0 ms for 8, against
+    1.4 and 4.5 ms with bfloat16 activations (``_weight_int8pack_mm``). One pass alone was too coarse:
+    it changed the first answer token of "What is the capital of France?"; with two, the head's top
+    token equals float32's at 96.0% of 1000 positions of text, against 94.7% with bfloat16 activations."""
+    packed, w_scale, w_zero, b = w
+    xf = x.float()
+    rows = xf.shape[0]
+    step = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)
+    high = torch.round(xf / step)
+    fine = step / 254.0  # the rounding error is within +-step/2
+    low = torch.round((xf - high * step) / fine)
+    q = torch.cat([high, low]).add_(128.0).to(torch.uint8)
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32,
+                                           "none", [], "")
+    y = y[:rows].mul_(step).add_(y[rows:].mul_(fine))
+    return y if b is None else y + b
+
+
 def _int4_grid(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A ``[in, out]`` matrix on Q4_1's grid: per group of INT4_GROUP inputs of each output, its minimum m
     and step d = (max - m) / 15 (``[out, in/G]`` each), and every weight as (w - m) / d (``[out, in/G, G]``;
@@ -337,9 +367,10 @@ class LeanForward:
         as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
         bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
         greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
-        weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model) and the
-        output head as int8; the matmuls take bfloat16 activations, everything else (residual stream,
-        norms, attention, KV) stays in the model's float32."""
+        weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model) with
+        bfloat16 matmul inputs; everything else (residual stream, norms, attention, KV) stays in the
+        model's float32. Both run the output head as int8, on the CPU with int8 activations too
+        (:func:`_lin_w8a8`)."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
@@ -409,11 +440,14 @@ class LeanForward:
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
         self._lin = {"native": _lin_native, "int8": _lin_int8, "int4": _lin_int4}[weight_format]
-        self._lin_head = _lin_native if weight_format == "native" else _lin_int8
+        self._lin_head = _lin_native if weight_format == "native" else (
+            _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
         self._cast_embed = self.embed.dtype != self.dtype
         if weight_format != "native":
             try:  # fail at load time, not in the first step, where the kernel is missing
-                self._lin(torch.zeros(1, self.hidden, dtype=self.dtype, device=self.device), self.layers[0].o)
+                probe = torch.zeros(1, self.hidden, dtype=self.dtype, device=self.device)
+                self._lin(probe, self.layers[0].o)
+                self._lin_head(probe, self.head)
             except Exception as exc:  # pragma: no cover - depends on the torch build/device
                 raise UnsupportedModel(f"{weight_format} weights are not supported on {self.device}: {exc}") from exc
 
@@ -426,8 +460,10 @@ class LeanForward:
                 return _quantize_int4(w_t, b, torch.bfloat16)
             except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
                 raise UnsupportedModel(f"int4 weights are not supported for a {tuple(w_t.shape)} matrix: {exc}") from exc
+        if head and self.weight_format != "native" and self.device.type == "cpu":
+            # The output head stays 8-bit under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
+            return _quantize_w8a8(w_t, b)
         if self.weight_format != "native":
-            # The output head stays int8 under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
             return _quantize_int8(w_t, b, torch.bfloat16)
         return (w_t, b)
 
