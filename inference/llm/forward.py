@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import q4_vnni
 from .threads import one_intra_op_thread
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -334,6 +335,18 @@ def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype
     return packed, scales_and_zeros, b
 
 
+def _quantize_int4_vnni(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
+    """The same Q4_1 grid as :func:`_quantize_int4`, packed for the AVX512-VNNI kernel (q4_vnni)."""
+    low, step, q = _int4_grid(w_t)
+    return lib, q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15)), w_t.shape[1], b
+
+
+def _lin_int4_vnni(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    lib, blob, out_features, b = w
+    y = q4_vnni.matmul(lib, x.float(), blob, out_features).to(x.dtype)
+    return y if b is None else y + b
+
+
 def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
     packed, scales_and_zeros, b = w
     # The kernel's fast path takes bfloat16 in and out; the residual stream around it stays float32.
@@ -413,6 +426,18 @@ class LeanForward:
         self.lm_head_bias = getattr(head, "bias", None)
         self.vocab_size = self.lm_head_t.shape[1]
         self.embed = base.embed_tokens.weight
+        # int4 runs on the VNNI kernel where the CPU has it and every output count is a multiple of its
+        # tile (all 30 layers' GEMMs: 2.4-2.6 ms for 1 row, 7.7 ms for 8, 0.21 s for a 256-token chunk,
+        # against 4.4-4.5, 14.2-14.3 ms and 0.42 s with torch's int4 kernel, in one run here).
+        self.int4_kernel = ""
+        if weight_format == "int4" and self.device.type == "cpu":
+            lib = q4_vnni.load()
+            linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+            if lib is not None and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
+                self._vnni = lib
+                self.int4_kernel = "vnni"
+            else:
+                self.int4_kernel = "torch"
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -439,7 +464,8 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
-        self._lin = {"native": _lin_native, "int8": _lin_int8, "int4": _lin_int4}[weight_format]
+        self._lin = {"native": _lin_native, "int8": _lin_int8,
+                     "int4": _lin_int4_vnni if self.int4_kernel == "vnni" else _lin_int4}[weight_format]
         self._lin_head = _lin_native if weight_format == "native" else (
             _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
         self._cast_embed = self.embed.dtype != self.dtype
@@ -456,6 +482,8 @@ class LeanForward:
         if self.weight_format == "int4" and not head:
             if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
                 raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
+            if self.int4_kernel == "vnni":
+                return _quantize_int4_vnni(w_t, b, self._vnni)
             try:
                 return _quantize_int4(w_t, b, torch.bfloat16)
             except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import torch
 
+from inference.llm import q4_vnni
 from inference.llm.engine import (
     EngineClosed,
     EngineConfig,
@@ -382,12 +383,31 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
     eng.start()
     try:
         assert eng.fwd.weight_format == weight_format and eng.fwd.dtype == activations
+        if weight_format == "int4":  # the VNNI kernel wherever this machine can build and run it
+            assert eng.fwd.int4_kernel == ("vnni" if q4_vnni.load() is not None else "torch")
         prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]
         batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
         assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
         assert "Paris" in solo[0].text
+    finally:
+        eng.close()
+
+
+async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
+    """Where the VNNI kernel cannot be built or run, int4 falls back to torch's kernel, and the two
+    answer alike (both a little off float32's logits, in different ways)."""
+    import dataclasses
+
+    monkeypatch.setattr(q4_vnni, "load", lambda *a, **k: None)
+    monkeypatch.setattr(lm.model, "_lean_forward", {}, raising=False)  # a new LeanForward, built without it
+    eng = LLMEngine(dataclasses.replace(lm, weight_format="int4"), EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        assert eng.fwd.int4_kernel == "torch"
+        result = await collect(eng, chat_ids(("user", QUESTIONS[0])), SamplingParams(temperature=0, max_tokens=12))
+        assert "Paris" in result.text
     finally:
         eng.close()
 

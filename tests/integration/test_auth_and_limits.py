@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from inference.llm import q4_vnni
 from tests.gateway_process import GatewayProcess
 from tests.integration.conftest import API_KEY, MODEL
 from tests.integration.realtime_client import RealtimeClient
@@ -152,4 +153,7 @@ def test_healthz_said_503_while_loading_then_200(secured_gateway: GatewayProcess
 def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> None:
     health = httpx.get(f"{secured_gateway.url}/healthz").json()
     assert health["status"] == "ready" and health["voice"] is False
+    # The embedded Q4_1 model runs as int4 on a CPU, on the VNNI kernel wherever this machine can build it.
+    assert health["llm_weights"] == "int4"
+    assert health["llm_int4_kernel"] == ("vnni" if q4_vnni.load() is not None else "torch")
     assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text

@@ -1,0 +1,87 @@
+"""The int4 x int8 VNNI kernel (inference/llm/q4_vnni.c) against float references, on this machine's CPU."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from inference.llm import q4_vnni
+from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
+
+
+@pytest.fixture(scope="module")
+def lib():
+    built = q4_vnni.load()
+    if built is None:
+        pytest.skip("no AVX512-VNNI or no gcc on this machine: the int4 format runs on torch's kernel")
+    return built
+
+
+def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``[k, n]`` matrix on Q4_1's grid (fp16 steps and minimums, as a GGUF has), and its blob."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(k, n, generator=gen) * 0.05
+    low, step, q = _int4_grid(w)
+    low, step = low.half().float(), step.half().float()
+    q = torch.round((w.t().reshape(n, -1, 32) - low[..., None]) / step[..., None]).clamp_(0, 15)
+    on_grid = (q * step[..., None] + low[..., None]).reshape(n, k).t().contiguous()
+    low2, step2, q2 = _int4_grid(on_grid)
+    return on_grid, q4_vnni.pack(step2, low2, torch.round(q2).clamp_(0, 15))
+
+
+def test_weights_come_back_through_the_kernel(lib, lm):
+    """The embedded model's Q4_1 weights, read back with identity rows, to float32 rounding."""
+    w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t().contiguous()  # [in, out]
+    low, step, q = _int4_grid(w_t)
+    blob = q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15))
+    back = q4_vnni.matmul(lib, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
+    assert torch.allclose(back, w_t, rtol=1e-5, atol=1e-6 * w_t.abs().max().item()), (back - w_t).abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
+def test_closer_to_float_than_torchs_int4_kernel(lib, rows):
+    """15-bit activations: the error against a float64 product is below that of torch's bfloat16 kernel."""
+    w, blob = grid_matrix(576, 960, seed=rows)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(100 + rows))
+    x[:, 7] *= 30.0  # an outlier channel, as real activations have
+    exact = (x.double() @ w.double()).float()
+    ours = q4_vnni.matmul(lib, x, blob, 960)
+    theirs = _lin_int4(x, _quantize_int4(w, None, torch.bfloat16))
+    err_ours = ((ours - exact).norm() / exact.norm()).item()
+    err_theirs = ((theirs - exact).norm() / exact.norm()).item()
+    assert err_ours < 2e-3 and err_ours < err_theirs / 2, (err_ours, err_theirs)
+
+
+def test_a_row_does_not_depend_on_the_batch(lib):
+    w, blob = grid_matrix(1536, 576, seed=7)
+    x = torch.randn(19, 1536, generator=torch.Generator().manual_seed(8))
+    batched = q4_vnni.matmul(lib, x, blob, 576)
+    alone = torch.cat([q4_vnni.matmul(lib, x[i : i + 1], blob, 576) for i in range(19)])
+    assert torch.equal(batched, alone)
+    # Not vacuous: the rows differ.
+    assert not torch.equal(batched[0], batched[1])
+
+
+def test_zero_rows_give_zero(lib):
+    _, blob = grid_matrix(576, 576, seed=3)
+    out = q4_vnni.matmul(lib, torch.zeros(2, 576), blob, 576)
+    assert torch.equal(out, torch.zeros(2, 576))
+    assert q4_vnni.matmul(lib, torch.zeros(0, 576), blob, 576).shape == (0, 576)
+
+
+def test_outputs_must_fill_whole_tiles():
+    low, step, q = _int4_grid(torch.randn(64, 24))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        q4_vnni.pack(step, low, torch.round(q))
+
+
+def test_without_a_compiler_the_kernel_is_not_used(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(q4_vnni.shutil, "which", lambda name: None)
+    monkeypatch.setattr(q4_vnni, "cpu_flags", lambda: q4_vnni.REQUIRED_CPU_FLAGS)
+    monkeypatch.setattr(q4_vnni.platform, "machine", lambda: "x86_64")
+    with caplog.at_level(logging.WARNING, logger=q4_vnni.__name__):
+        assert q4_vnni.load(tmp_path) is None
+    assert "no gcc" in caplog.text
+    assert not (tmp_path / "kernels").exists()
