@@ -13,13 +13,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
 class RowSampler:
     """Sampling state of one request: its parameters, generator and the token ids seen so far."""
 
-    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids", "_dirty",
+    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids",
                  "suppress_ids", "_suppress")
 
     def __init__(
@@ -51,8 +52,8 @@ class RowSampler:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(int(seed) if seed is not None else random.getrandbits(63))
         self.seen: set[int] = set(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else set()
-        self._seen_ids: torch.Tensor | None = None
-        self._dirty = True
+        # The seen ids as a tensor too, appended in place: ``_seen_ids[:len(self.seen)]``.
+        self._seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long, device=device)
         self.suppress_ids = tuple(int(t) for t in suppress_ids)  # never sampled (e.g. EOS with ignore_eos)
         self._suppress: torch.Tensor | None = None
 
@@ -62,14 +63,18 @@ class RowSampler:
 
     def observe(self, token_id: int) -> None:
         if self.repetition_penalty != 1.0 and token_id not in self.seen:
+            n = len(self.seen)
+            if n == self._seen_ids.shape[0]:
+                grown = self._seen_ids.new_empty(max(16, 2 * n))
+                grown[:n] = self._seen_ids
+                self._seen_ids = grown
+            self._seen_ids[n] = token_id
             self.seen.add(token_id)
-            self._dirty = True
 
     def seen_ids(self, device: torch.device) -> torch.Tensor:
-        if self._dirty or self._seen_ids is None or self._seen_ids.device != device:
-            self._seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long, device=device)
-            self._dirty = False
-        return self._seen_ids
+        if self._seen_ids.device != device:
+            self._seen_ids = self._seen_ids.to(device)
+        return self._seen_ids[: len(self.seen)]
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply the logits processors to one row (``[V]``, float32); returns the processed row."""
@@ -101,7 +106,7 @@ class RowSampler:
     def sample(self, logits: torch.Tensor) -> int:
         row = self.process(logits)
         if self.greedy:
-            return int(torch.argmax(row))
+            return argmax_rows(row.unsqueeze(0))[0]
         probs = torch.softmax(row, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
@@ -110,20 +115,49 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[in
     """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler."""
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
-    # Fast path: rows that are plain greedy (no penalty) share one argmax.
-    plain = [i for i, s in enumerate(samplers) if s.greedy and s.repetition_penalty == 1.0 and not s.suppress_ids]
     out: list[int] = [0] * len(samplers)
-    if plain:
-        if len(plain) == len(samplers):
-            return [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
-        idx = torch.argmax(logits[plain], dim=-1).tolist()
-        for i, t in zip(plain, idx):
-            out[i] = int(t)
-    plain_set = set(plain)
+    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    if greedy:
+        for i, t in zip(greedy, _greedy_tokens(logits, greedy, [samplers[i] for i in greedy])):
+            out[i] = t
     for i, s in enumerate(samplers):
-        if i not in plain_set:
+        if not s.greedy:
             out[i] = s.sample(logits[i])
     return out
+
+
+def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+    """The greedy rows in one pass: their suppressed and repeated tokens, of every row at once, are
+    penalized with a few indexed ops (as :meth:`RowSampler.process` would, row by row: 8 rows took
+    1.4 ms that way)."""
+    picked = logits if len(rows) == logits.shape[0] else logits[rows]
+    penalized = [(j, s) for j, s in enumerate(samplers) if s.repetition_penalty != 1.0 and s.seen]
+    suppressed = [(j, s) for j, s in enumerate(samplers) if s.suppress_ids]
+    if penalized or suppressed:
+        picked = picked.clone()
+    if penalized:
+        ids = [s.seen_ids(picked.device) for _, s in penalized]
+        counts = [len(t) for t in ids]
+        row_idx = torch.from_numpy(np.repeat(np.array([j for j, _ in penalized]), counts)).to(picked.device)
+        penalty = torch.from_numpy(
+            np.repeat(np.array([s.repetition_penalty for _, s in penalized], dtype=np.float32), counts)
+        ).to(picked.device, picked.dtype)
+        tok_idx = torch.cat(ids)
+        score = picked[row_idx, tok_idx]
+        picked[row_idx, tok_idx] = torch.where(score < 0, score * penalty, score / penalty)
+    if suppressed:
+        row_idx = torch.from_numpy(np.array([j for j, s in suppressed for _ in s.suppress_ids])).to(picked.device)
+        tok_idx = torch.from_numpy(np.array([t for _, s in suppressed for t in s.suppress_ids])).to(picked.device)
+        picked[row_idx, tok_idx] = float("-inf")
+    return argmax_rows(picked)
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's first maximal index. On the CPU through numpy, whose argmax is vectorized: 63 us for
+    8 x 49152 here, against 425-815 us for torch.argmax."""
+    if logits.device.type == "cpu":
+        return logits.numpy().argmax(axis=-1).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
 
 
 class IncrementalDetokenizer:

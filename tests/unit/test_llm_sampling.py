@@ -41,6 +41,43 @@ def test_greedy_and_penalty():
     assert sampler(temperature=0.8, top_k=1).greedy
 
 
+def test_greedy_rows_of_a_batch_equal_each_row_processed_alone():
+    """The one-pass greedy path (penalties and suppressed tokens of all rows at once) picks what
+    process() + argmax picks row by row, also after tokens are observed and with a sampled row mixed in."""
+    torch.manual_seed(3)
+    vocab = 500
+    samplers = [
+        sampler(temperature=0, repetition_penalty=1.3, prompt_ids=[1, 2, 3, 250]),
+        sampler(temperature=0),
+        sampler(temperature=0, suppress_ids=[7, 8]),
+        sampler(temperature=0.9, seed=5, repetition_penalty=1.2, prompt_ids=[4]),
+        sampler(temperature=0, repetition_penalty=0.7, prompt_ids=list(range(0, 500, 3)), suppress_ids=[9]),
+    ]
+    mirrors = [
+        sampler(temperature=0, repetition_penalty=1.3, prompt_ids=[1, 2, 3, 250]),
+        sampler(temperature=0),
+        sampler(temperature=0, suppress_ids=[7, 8]),
+        None,
+        sampler(temperature=0, repetition_penalty=0.7, prompt_ids=list(range(0, 500, 3)), suppress_ids=[9]),
+    ]
+    changed = [0] * len(samplers)
+    for _ in range(40):
+        logits = torch.randn(len(samplers), vocab) * 2
+        logits[2, 7] = 50.0  # the suppressed token would win
+        batched = sample_rows(logits.clone(), samplers)
+        for i, mirror in enumerate(mirrors):
+            if mirror is None:
+                continue
+            alone = int(torch.argmax(mirror.process(logits[i].clone())))
+            assert batched[i] == alone
+            changed[i] += alone != int(torch.argmax(logits[i]))
+            mirror.observe(alone)
+        for s, t in zip(samplers, batched):
+            s.observe(t)
+    # Not vacuous: penalties and suppression did change picks.
+    assert changed[0] > 0 and changed[2] == 40 and changed[4] > 0 and changed[1] == 0
+
+
 def test_seeded_rows_do_not_depend_on_the_batch():
     torch.manual_seed(1)
     rows = torch.randn(3, 100)
