@@ -5,7 +5,9 @@ Threads: the event loop calls :meth:`LLMEngine.submit` / :meth:`LLMEngine.prefil
 only enqueue); one scheduler thread owns the model, the KV buffers and the prefix cache. Every step it
 
 1. drops cancelled requests and admits queued ones up to ``max_batch_size`` (prefix-cache lookup:
-   the longest cached prefix of the prompt is copied into the request's own KV buffer);
+   the longest cached prefix of the prompt is copied into the request's own KV buffer). A request
+   whose prompt shares a long prefix with one still being prefilled waits in the queue until that KV
+   is in the cache, so requests arriving together with one system prompt compute it once;
 2. builds one ragged batch: one token per decoding request plus prompt chunks of prefilling requests
    (at most ``prefill_chunk_tokens`` prompt tokens per step, so a long prompt never stalls the others);
 3. runs one forward pass (:mod:`.forward`), samples one token for every row that needs it
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 FinishReason = Literal["stop", "length", "cancelled"]
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
+# A queued request waits for another's prefill of a shared prompt prefix when it would reuse at least
+# this many tokens of it (the chat template's default system prompt alone is about 30).
+SHARED_PREFIX_MIN_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,7 @@ class _Request:
         "id", "kind", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
         "slot", "cached", "prefilled", "generated", "sampler", "detok", "stopper", "emitted_text",
         "cancelled", "submitted_at", "first_token_at", "max_new", "finished", "admitted_at", "cancel_at",
+        "waited_for_prefix",
     )
 
     def __init__(self, rid: str, kind: str, prompt: list[int], params: SamplingParams | None,
@@ -184,6 +190,7 @@ class _Request:
         self.first_token_at: float | None = None
         self.max_new = 0
         self.finished = False
+        self.waited_for_prefix = False  # held in the queue for another request's prefill of a shared prefix
 
 
 
@@ -224,6 +231,7 @@ class LLMEngine:
         self._avg_request_s = 2.0
         self._last_free_latency = 0.0
         self._exclusive_wait_seconds = 0.0
+        self._requests_waited_for_prefix = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -387,6 +395,7 @@ class LLMEngine:
             avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
             last_cancel_free_ms=self._last_free_latency * 1000.0,
             exclusive_wait_seconds_total=self._exclusive_wait_seconds,
+            requests_waited_for_shared_prefix=self._requests_waited_for_prefix,
         )
         return s
 
@@ -450,23 +459,62 @@ class LLMEngine:
             self._finish(r, "cancelled")
 
     def _admit(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue or len(self._active) >= self.config.max_batch_size:
-                    return
-                req = self._queue.popleft()
-            try:
-                self._start_request(req)
-            except Exception as exc:
-                log.exception("admission of %s failed", req.id)
-                self._fail(req, exc)
+        waiting: list[_Request] = []
+        try:
+            while True:
+                with self._lock:
+                    if not self._queue or len(self._active) >= self.config.max_batch_size:
+                        return
+                    req = self._queue.popleft()
+                if self._should_wait_for_shared_prefix(req):
+                    waiting.append(req)
+                    continue
+                self._admit_one(req)
+        finally:
+            if waiting:  # back at the head of the queue, in their order
+                with self._lock:
+                    self._queue.extendleft(reversed(waiting))
+
+    def _should_wait_for_shared_prefix(self, req: _Request) -> bool:
+        """Whether ``req`` shares a prompt prefix with a request that is still prefilling it, long enough
+        to be worth waiting for: that request's KV goes into the prefix cache when its prompt is done
+        (one step for a short prompt), and ``req`` then prefills only the rest. Requests that arrive
+        together with the same system prompt thus compute it once, not once each."""
+        if self.cache.max_bytes <= 0:
+            return False
+        limit = len(req.prompt) - 1 if req.kind == "generate" else len(req.prompt)
+        cached = -1
+        for other in self._active:
+            if other.prefilled or other.slot is None:
                 continue
-            if req.kind == "prefill" and self._computed(req) == len(req.prompt):
-                req.prefilled = True  # everything was cached already
-                self._finish(req, "stop")
+            shared = _shared_length(req.prompt, other.prompt, limit)
+            if shared < SHARED_PREFIX_MIN_TOKENS:
                 continue
-            with self._lock:
-                self._active.append(req)
+            if cached < 0:
+                cached = self.cache.match(req.prompt, max_length=limit, record=False).length
+            gain = shared - cached
+            still_to_compute = len(other.prompt) - self.pool.lengths[other.slot]
+            # Waiting costs at most the other's remaining prefill; worth it when it saves at least half.
+            if gain >= SHARED_PREFIX_MIN_TOKENS and 2 * gain >= still_to_compute:
+                if not req.waited_for_prefix:
+                    req.waited_for_prefix = True
+                    self._requests_waited_for_prefix += 1
+                return True
+        return False
+
+    def _admit_one(self, req: _Request) -> None:
+        try:
+            self._start_request(req)
+        except Exception as exc:
+            log.exception("admission of %s failed", req.id)
+            self._fail(req, exc)
+            return
+        if req.kind == "prefill" and self._computed(req) == len(req.prompt):
+            req.prefilled = True  # everything was cached already
+            self._finish(req, "stop")
+            return
+        with self._lock:
+            self._active.append(req)
 
     def _computed(self, req: _Request) -> int:
         return 0 if req.slot is None else self.pool.lengths[req.slot]
@@ -727,6 +775,20 @@ class LLMEngine:
             self._call(req, _fail_future, req.future, exc)
         else:
             self._call(req, req.stream._deliver, None, None, exc)
+
+
+def _shared_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``: compared a block at a time."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n:
+        j = min(n, i + 64)
+        if a[i:j] != b[i:j]:
+            while a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n
 
 
 def _resolve_future(fut: asyncio.Future, value) -> None:

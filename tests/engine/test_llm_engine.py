@@ -113,6 +113,31 @@ async def test_greedy_identical_alone_batched_cached(make_engine, chat_ids, coll
     assert st["cache_hits"] >= 7 and st["cache_misses"] == 1 and st["cache_hit_tokens"] > 0
 
 
+
+async def test_requests_arriving_together_compute_their_system_prompt_once(make_engine, chat_ids):
+    """Four requests in the queue at once with one system prompt: the first prefills it, the others
+    wait for its KV in the prefix cache and prefill only their question; same tokens as alone."""
+    prompts = [chat_ids(("user", q), system=SYSTEM) for q in QUESTIONS]
+    shared = lcp(prompts[0], prompts[1])
+    assert shared > 2 * 16  # long enough to wait for (engine.SHARED_PREFIX_MIN_TOKENS)
+    solo_eng = make_engine(prefix_cache_bytes=0)
+    solo = [await solo_eng.submit(p, GREEDY).result() for p in prompts]
+
+    for cache_bytes, waits in ((1 << 30, 3), (0, 0)):
+        eng = make_engine(start=False, prefix_cache_bytes=cache_bytes)
+        streams = [eng.submit(p, GREEDY) for p in prompts]
+        eng.start()
+        results = [await s.result() for s in streams]
+        stats = eng.stats()
+        assert [r.token_ids for r in results] == [r.token_ids for r in solo]
+        assert stats["requests_waited_for_shared_prefix"] == waits
+        computed_once = sum(len(p) for p in prompts) - 3 * shared
+        if waits:
+            assert all(r.cached_prompt_tokens >= shared for r in results[1:])
+            assert stats["prefill_tokens"] <= computed_once
+        else:
+            assert stats["prefill_tokens"] == sum(len(p) for p in prompts)
+
 async def test_eviction_under_tiny_budget(lm, make_engine, chat_ids, collect):
     prompts = [chat_ids(("user", q)) for q in QUESTIONS]
     ref_eng = make_engine(prefix_cache_bytes=0)
