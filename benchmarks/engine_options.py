@@ -3,7 +3,8 @@
     python -m benchmarks.engine_options [--tokens 48] [--repeats 3]
 
 Options: weights float32 (exact: generate()'s tokens), bfloat16, int8 (weight-only, bfloat16
-activations), int4 (the Q4_1 weights in 4-bit groups, bfloat16 matmul inputs, float32 elsewhere);
+activations), int4 (the Q4_1 weights in 4-bit groups on the VNNI kernel where the CPU has it, float32
+elsewhere);
 intra-op threads 1, 2 or adaptive. Each repeat runs every option once, back to back, so
 they see the same machine load; the figures are medians. One engine runs at a time and generate()
 on a short-lived thread: two live OpenMP pools would throttle each other (inference/llm/threads.py).

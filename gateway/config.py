@@ -49,7 +49,8 @@ class Settings(BaseSettings):
         "auto",
         description="auto: bfloat16 on cuda; on cpu int4 when the weights are 4-bit groups already (a Q4_1 GGUF, "
         "such as the embedded model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
-        "int8 / int4: weight-only quantized copies on cpu (bfloat16 matmul inputs, slightly different tokens).",
+        "int8 / int4: quantized weight copies on cpu (slightly different tokens); int4 multiplies 15-bit "
+        "activations on an AVX512-VNNI kernel where the CPU has it, else bfloat16 ones on torch's kernel.",
     )
     llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
     model_name: str = Field(
@@ -82,7 +83,8 @@ class Settings(BaseSettings):
         "CPU count; at or below --tts-threads, the first clause is synthesized like the others).",
     )
     cache_dir: Path = Field(
-        default_factory=default_cache_dir, description="Where converted model weights are cached."
+        default_factory=default_cache_dir,
+        description="Where converted model weights are cached and the int4 VNNI kernel is built."
     )
     load_voice_models: bool = Field(True, description="Load ASR and TTS at start (text-only when false).")
 

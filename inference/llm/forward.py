@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -362,7 +363,8 @@ class LeanForward:
     """
 
     @classmethod
-    def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native") -> LeanForward:
+    def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native",
+                  kernel_dir: Path | None = None) -> LeanForward:
         cache = getattr(model, "_lean_forward", None)
         if not isinstance(cache, dict):
             cache = {}
@@ -371,19 +373,21 @@ class LeanForward:
         if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
         with one_intra_op_thread():  # re-laying the weights must not leave an OpenMP pool on this thread
-            inst = cls(model, context_window, weight_format=weight_format)
+            inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir)
         cache[weight_format] = inst
         return inst
 
-    def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native") -> None:
+    def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native",
+                 kernel_dir: Path | None = None) -> None:
         """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
         as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
         bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
         greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
-        weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model) with
-        bfloat16 matmul inputs; everything else (residual stream, norms, attention, KV) stays in the
-        model's float32. Both run the output head as int8, on the CPU with int8 activations too
-        (:func:`_lin_w8a8`)."""
+        weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model), on the
+        AVX512-VNNI kernel of q4_vnni (15-bit activations; built into ``kernel_dir``) where the CPU
+        has it, else on torch's int4 kernel with bfloat16 matmul inputs; everything else (residual
+        stream, norms, attention, KV) stays in the model's float32. Both run the output head as int8,
+        on the CPU with int8 activations too (:func:`_lin_w8a8`)."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
@@ -430,8 +434,9 @@ class LeanForward:
         # tile (all 30 layers' GEMMs: 2.4-2.6 ms for 1 row, 7.7 ms for 8, 0.21 s for a 256-token chunk,
         # against 4.4-4.5, 14.2-14.3 ms and 0.42 s with torch's int4 kernel, in one run here).
         self.int4_kernel = ""
+        self._vnni = None
         if weight_format == "int4" and self.device.type == "cpu":
-            lib = q4_vnni.load()
+            lib = q4_vnni.load(kernel_dir)
             linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
             if lib is not None and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
                 self._vnni = lib
