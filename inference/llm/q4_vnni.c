@@ -32,6 +32,8 @@
 static void quantize_rows(const float *x, int rows, int k, int8_t *hi, int8_t *lo, float *scale,
                           float *scaled_sum) {
     const int groups = k / GROUP;
+    /* A prompt chunk's rows are many: quantize them on every thread too. */
+#pragma omp parallel for schedule(static) if (rows >= 16)
     for (int r = 0; r < rows; r++) {
         for (int g = 0; g < groups; g++) {
             const size_t at = (size_t)r * k + (size_t)g * GROUP;

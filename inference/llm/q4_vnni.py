@@ -93,6 +93,9 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
             try:
                 if not target.exists():
                     _compile(target, compiler)
+                    for stale in target.parent.glob("q4_vnni-*.so"):  # builds of older sources
+                        if stale != target:
+                            stale.unlink(missing_ok=True)
                 lib = ctypes.CDLL(str(target))
                 fn = lib.q4_vnni_matmul
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +86,13 @@ def test_without_a_compiler_the_kernel_is_not_used(monkeypatch, tmp_path, caplog
         assert q4_vnni.load(tmp_path) is None
     assert "no gcc" in caplog.text
     assert not (tmp_path / "kernels").exists()
+
+
+def test_builds_into_the_cache_dir_and_drops_older_builds(lib, tmp_path):
+    stale = tmp_path / "kernels" / "q4_vnni-0000000000000000.so"
+    stale.parent.mkdir()
+    stale.write_bytes(b"an older source's build")
+    built = q4_vnni.load(tmp_path)
+    assert built is not None and built is not lib
+    names = [p.name for p in (tmp_path / "kernels").iterdir()]
+    assert names == [Path(built._name).name] and names[0].startswith("q4_vnni-")
