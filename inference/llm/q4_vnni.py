@@ -1,12 +1,13 @@
 """int4 weights times int8 activations on AVX512-VNNI: the int4 kernel for CPUs that have it.
 
 torch's own int4 kernel (``_weight_int4pack_mm_for_cpu``) dequantizes the weights to float and
-multiplies with float FMAs, once per block of 4 rows: its cost grows with the rows (all 30 layers of
-the embedded model: 5.0 ms for 1 row, 14.6 ms for 8), so a decoding batch gained little. Here the
-4-bit weights meet 8-bit activations in VPDPBUSD, 64 products per instruction, as in llama.cpp's Q4_1
-x Q8_1 dot product; the activations take two such passes, for 15 bits (q4_vnni.c). The same 30 layers,
-in one run: 2.4-2.6 ms for 1 row, 7.7 ms for 8, 0.21 s for 256. No library on PyPI offers that for torch tensors on this torch
-(torchao's wheel there carries CUDA kernels only; Intel's extension stops at torch 2.8).
+multiplies with float FMAs, once per block of 4 rows, so its cost grows with the rows. Here the 4-bit
+weights meet 8-bit activations in VPDPBUSD, 64 products per instruction, as in llama.cpp's Q4_1 x
+Q8_1 dot product; the activations take two such passes, for 15 bits (q4_vnni.c). All 30 layers of
+the embedded model, in one run: 2.4-2.6 ms for 1 row, 7.7 ms for 8 and 0.21 s for 256, against
+4.4-4.5 ms, 14.2-14.3 ms and 0.42 s on torch's kernel. No library on PyPI offers this for torch
+tensors on this torch (torchao's wheel there carries CUDA kernels only; Intel's extension stops at
+torch 2.8).
 
 The C source is compiled once per machine with gcc into ``<cache>/kernels/`` and loaded with
 ctypes (which lets go of the GIL during the call). It runs its OpenMP loop on torch's own libgomp
