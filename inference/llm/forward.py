@@ -521,7 +521,12 @@ class LeanForward:
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
         q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
         k = torch.arange(start + n, device=self.device).unsqueeze(0)
-        return k <= q
+        return self._additive(k <= q)
+
+    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
+        """A boolean attention mask as sdpa would turn it into one, 0 or -inf, made once per step
+        instead of in each of the layers' sdpa calls."""
+        return torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
 
     @torch.inference_mode()
     def forward(
@@ -576,7 +581,7 @@ class LeanForward:
                     if e < lmax:
                         pool.sanitize(slot, lmax)
                 lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
-                dec_mask = torch.arange(lmax, device=self.device).view(1, 1, 1, lmax) < lens
+                dec_mask = self._additive(torch.arange(lmax, device=self.device).view(1, 1, 1, lmax) < lens)
             slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
             pos_idx = positions[:n_dec]
         chunk_plan = []
