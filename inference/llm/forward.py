@@ -431,8 +431,8 @@ class LeanForward:
         self.vocab_size = self.lm_head_t.shape[1]
         self.embed = base.embed_tokens.weight
         # int4 runs on the VNNI kernel where the CPU has it and every output count is a multiple of its
-        # tile (all 30 layers' GEMMs: 2.4-2.6 ms for 1 row, 7.7 ms for 8, 0.21 s for a 256-token chunk,
-        # against 4.4-4.5, 14.2-14.3 ms and 0.42 s with torch's int4 kernel, in one run here).
+        # tile: 1.4-2.3x torch's int4 kernel for 8 rows, 1.9x for a 256-token chunk, up to 1.8x for one
+        # row (benchmarks/int4_kernels.py).
         self.int4_kernel = ""
         self._vnni = None
         if weight_format == "int4" and self.device.type == "cpu":

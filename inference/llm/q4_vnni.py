@@ -4,8 +4,9 @@ torch's own int4 kernel (``_weight_int4pack_mm_for_cpu``) dequantizes the weight
 multiplies with float FMAs, once per block of 4 rows, so its cost grows with the rows. Here the 4-bit
 weights meet 8-bit activations in VPDPBUSD, 64 products per instruction, as in llama.cpp's Q4_1 x
 Q8_1 dot product; the activations take two such passes, for 15 bits (q4_vnni.c). All 30 layers of
-the embedded model, in one run: 2.4-2.6 ms for 1 row, 7.7 ms for 8 and 0.21 s for 256, against
-4.4-4.5 ms, 14.2-14.3 ms and 0.42 s on torch's kernel. No library on PyPI offers this for torch
+the embedded model (``python -m benchmarks.int4_kernels``): 1.4-2.3x torch's kernel for 8 rows and
+1.7-1.9x for 64-256; for 1 row, where both read the same bytes, 1.8x on a quiet machine (2.4-2.6 vs
+4.4-4.5 ms) and even when its memory bandwidth was contended (5.3-6.7 ms for both). No library on PyPI offers this for torch
 tensors on this torch (torchao's wheel there carries CUDA kernels only; Intel's extension stops at
 torch 2.8).
 
