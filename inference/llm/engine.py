@@ -459,21 +459,17 @@ class LLMEngine:
             self._finish(r, "cancelled")
 
     def _admit(self) -> None:
-        waiting: list[_Request] = []
-        try:
-            while True:
-                with self._lock:
-                    if not self._queue or len(self._active) >= self.config.max_batch_size:
-                        return
-                    req = self._queue.popleft()
-                if self._should_wait_for_shared_prefix(req):
-                    waiting.append(req)
-                    continue
-                self._admit_one(req)
-        finally:
-            if waiting:  # back at the head of the queue, in their order
-                with self._lock:
-                    self._queue.extendleft(reversed(waiting))
+        while True:
+            with self._lock:
+                if len(self._active) >= self.config.max_batch_size:
+                    return
+                # The oldest request that need not wait; the waiting ones keep their place (and count
+                # against the queue's limit).
+                req = next((r for r in self._queue if not self._should_wait_for_shared_prefix(r)), None)
+                if req is None:
+                    return
+                self._queue.remove(req)
+            self._admit_one(req)
 
     def _should_wait_for_shared_prefix(self, req: _Request) -> bool:
         """Whether ``req`` shares a prompt prefix with a request that is still prefilling it, long enough
