@@ -205,12 +205,30 @@ class EventStream(ABC):
         self.wall_offset = wall_offset  # time.time() - time.perf_counter()
         self.events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
         self.mic: Mic | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # cancelled and awaited on close
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._open()
+            await self.expect("session.created", timeout=15)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @abstractmethod
-    async def __aenter__(self) -> Self: ...
+    async def _open(self) -> None:
+        """Connect; session.created is awaited after."""
 
     @abstractmethod
-    async def __aexit__(self, *exc: object) -> None: ...
+    async def _close(self) -> None:
+        """Disconnect (the session's tasks are cancelled and awaited after)."""
 
     @abstractmethod
     def start_mic(self) -> Mic: ...
@@ -259,26 +277,17 @@ class WebSocketSession(EventStream):
             url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + f"/v1/realtime?model={MODEL}"
         )
         self.ws: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> WebSocketSession:
+    async def _open(self) -> None:
         from websockets.asyncio.client import connect
 
         self.ws = await connect(self.ws_url, max_size=None, open_timeout=30, ping_interval=None)
         self._tasks.append(asyncio.create_task(self._read(), name=f"{self.name} reader"))
-        try:
-            await self.expect("session.created", timeout=15)
-        except BaseException:
-            await self.__aexit__()
-            raise
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(), 5)
+    async def _close(self) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(), 5)
 
     def start_mic(self) -> Mic:
         self.mic = Mic(WS_RATE)

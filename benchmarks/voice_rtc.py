@@ -133,21 +133,8 @@ class WebRtcSession(EventStream):
         self.call_path: str | None = None
         self.frame_gaps_ms: list[float] = []
         self._last_frame: float | None = None
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> WebRtcSession:
-        try:
-            await self._call()
-            await self.expect("session.created", timeout=15)
-        except BaseException:
-            await self._close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._close()
-
-    async def _call(self) -> None:
+    async def _open(self) -> None:
         self.channel = self.pc.createDataChannel("oai-events")
         opened = asyncio.Event()
         self.channel.on("open", opened.set)
@@ -178,15 +165,12 @@ class WebRtcSession(EventStream):
         await asyncio.wait_for(opened.wait(), 15)
 
     async def _close(self) -> None:
-        """Hang up, close the peer connection, then cancel and await the listener."""
+        """Hang up and close the peer connection (the listener is cancelled and awaited after)."""
         if self.call_path is not None:
             with contextlib.suppress(httpx.HTTPError):
                 async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
                     await http.post(f"{self.call_path}/hangup", headers={"authorization": f"Bearer {self.secret}"})
         await self.pc.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def start_mic(self) -> Mic:
         """The track streams from the moment the call connects (silence until something is said)."""

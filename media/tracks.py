@@ -30,6 +30,9 @@ FRAME_MS = 20
 _MAX_LAG_S = 0.1
 
 PlayoutEvent = Literal["started", "stopped"]
+PlayoutCallback = Callable[[PlayoutEvent, str | None], None]
+ChunkCallback = Callable[[AudioChunk], Awaitable[None] | None]
+
 # aiortc's audio receiver: a 16-packet reorder window that releases a packet once `prefetch` later
 # frames have arrived (aiortc's default 4: 80 ms before the VAD hears anything).
 _JITTER_CAPACITY = 16
@@ -54,8 +57,6 @@ def shorten_audio_reorder_wait(pc: RTCPeerConnection, frames: int) -> bool:
         setattr(receiver, _RECEIVER_JITTER_BUFFER, JitterBuffer(capacity=_JITTER_CAPACITY, prefetch=frames))
         changed = True
     return changed
-PlayoutCallback = Callable[[PlayoutEvent, str | None], None]
-ChunkCallback = Callable[[AudioChunk], Awaitable[None] | None]
 
 
 class OutboundAudioTrack(MediaStreamTrack):

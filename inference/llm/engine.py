@@ -463,11 +463,14 @@ class LLMEngine:
             with self._lock:
                 if len(self._active) >= self.config.max_batch_size:
                     return
-                # The oldest request that need not wait; the waiting ones keep their place (and count
-                # against the queue's limit).
-                req = next((r for r in self._queue if not self._should_wait_for_shared_prefix(r)), None)
-                if req is None:
-                    return
+                queued = list(self._queue)
+            # The oldest request that need not wait; the waiting ones keep their place (and count
+            # against the queue's limit). Judged outside the lock, which submit() takes on the event
+            # loop; only this thread removes requests from the queue.
+            req = next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
+            if req is None:
+                return
+            with self._lock:
                 self._queue.remove(req)
             self._admit_one(req)
 

@@ -436,6 +436,8 @@ class LeanForward:
         self.int4_kernel = ""
         self._vnni = None
         if weight_format == "int4" and self.device.type == "cpu":
+            if kernel_dir is None:
+                raise ValueError("int4 weights need kernel_dir, where the VNNI kernel is built")
             lib = q4_vnni.load(kernel_dir)
             linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
             if lib is not None and all(m.out_features % q4_vnni.TILE == 0 for m in linears):

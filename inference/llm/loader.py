@@ -42,10 +42,10 @@ class LoadedLM:
     source: Path
     load_seconds: float
     converted: bool  # True when this load did the GGUF -> safetensors conversion
+    cache_dir: Path  # converted weights; also where the int4 VNNI kernel is built (q4_vnni.py)
     # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
     # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
     weight_format: str = "native"
-    cache_dir: Path | None = None  # where the int4 VNNI kernel is built (q4_vnni.py); None: its default
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -229,8 +229,8 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
         source=path,
         load_seconds=time.perf_counter() - t_start,
         converted=converted,
-        weight_format=weight_format,
         cache_dir=Path(cache_dir).expanduser(),
+        weight_format=weight_format,
     )
     log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
              sorted(lm.eos_token_ids))

@@ -45,10 +45,6 @@ _lock = threading.Lock()
 _loaded: dict[Path, ctypes.CDLL | None] = {}
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("GATEWAY_CACHE_DIR") or Path.home() / ".cache" / "realtime-gateway")
-
-
 def cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
@@ -73,9 +69,10 @@ def _compile(target: Path, compiler: str) -> None:
             os.unlink(tmp)
 
 
-def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
-    """The compiled kernel library, or None where it cannot run (the reason is logged once)."""
-    cache_dir = Path(cache_dir or default_cache_dir()).expanduser()
+def load(cache_dir: Path) -> ctypes.CDLL | None:
+    """The kernel library built in ``cache_dir/kernels/``, or None where it cannot run (the reason is
+    logged once)."""
+    cache_dir = Path(cache_dir).expanduser()
     with _lock:
         if cache_dir in _loaded:
             return _loaded[cache_dir]

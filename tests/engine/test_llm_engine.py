@@ -409,7 +409,7 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
     try:
         assert eng.fwd.weight_format == weight_format and eng.fwd.dtype == activations
         if weight_format == "int4":  # the VNNI kernel wherever this machine can build and run it
-            assert eng.fwd.int4_kernel == ("vnni" if q4_vnni.load() is not None else "torch")
+            assert eng.fwd.int4_kernel == ("vnni" if q4_vnni.load(lm.cache_dir) is not None else "torch")
         prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]

@@ -13,8 +13,8 @@ from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
 
 
 @pytest.fixture(scope="module")
-def lib():
-    built = q4_vnni.load()
+def lib(gateway_cache_dir):
+    built = q4_vnni.load(gateway_cache_dir)
     if built is None:
         pytest.skip("no AVX512-VNNI or no gcc on this machine: the int4 format runs on torch's kernel")
     return built

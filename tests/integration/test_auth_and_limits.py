@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from inference.llm import q4_vnni
+from tests.engine.conftest import cache_dir
 from tests.gateway_process import GatewayProcess
 from tests.integration.conftest import API_KEY, MODEL
 from tests.integration.realtime_client import RealtimeClient
@@ -155,5 +156,5 @@ def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> Non
     assert health["status"] == "ready" and health["voice"] is False
     # The embedded Q4_1 model runs as int4 on a CPU, on the VNNI kernel wherever this machine can build it.
     assert health["llm_weights"] == "int4"
-    assert health["llm_int4_kernel"] == ("vnni" if q4_vnni.load() is not None else "torch")
+    assert health["llm_int4_kernel"] == ("vnni" if q4_vnni.load(cache_dir()) is not None else "torch")
     assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text
