@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from inference.llm import q4_vnni
+from inference.llm import cpu_kernels, q4_vnni
 from inference.llm.forward import INT4_GROUP, _int4_grid, _lin_int4, _quantize_int4, _quantize_int4_vnni
 from inference.llm.loader import load_lm
 from inference.models import embedded_llm
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default="~/.cache/realtime-gateway")
     args = ap.parse_args(argv)
     cache_dir = Path(args.cache_dir).expanduser()
-    lib = q4_vnni.load(cache_dir)
+    lib = cpu_kernels.load(cache_dir)
     if lib is None:
         print(json.dumps({"error": "the VNNI kernel cannot run here (see the log)"}))
         sys.exit(1)

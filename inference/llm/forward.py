@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import q4_vnni
+from . import cpu_kernels, decode_attention, q4_vnni
 from .threads import one_intra_op_thread
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -435,16 +435,20 @@ class LeanForward:
         # row (benchmarks/int4_kernels.py).
         self.int4_kernel = ""
         self._vnni = None
+        if weight_format == "int4" and self.device.type == "cpu" and kernel_dir is None:
+            raise ValueError("int4 weights need kernel_dir, where the VNNI kernel is built")
+        lib = cpu_kernels.load(kernel_dir) if kernel_dir is not None and self.device.type == "cpu" else None
         if weight_format == "int4" and self.device.type == "cpu":
-            if kernel_dir is None:
-                raise ValueError("int4 weights need kernel_dir, where the VNNI kernel is built")
-            lib = q4_vnni.load(kernel_dir)
             linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
             if lib is not None and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
                 self._vnni = lib
                 self.int4_kernel = "vnni"
             else:
                 self.int4_kernel = "torch"
+        # Decoding rows attend on the kernel of decode_attention.c where it runs (float32 KV), else sdpa.
+        self._attention_lib = lib if lib is not None and decode_attention.supported(
+            self.head_dim, self.dtype, self.device) else None
+        self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -567,7 +571,11 @@ class LeanForward:
         if n_dec + sum(s.n for s in chunks) != T:
             raise ValueError(f"segments cover {n_dec + sum(s.n for s in chunks)} rows, got {T} tokens")
         dense = dec_slots == list(range(used))  # every used slot decodes: no gather/scatter of queries
+        kernel = self._attention_lib
         if n_dec:
+            slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
+            pos_idx = positions[:n_dec]
+        if n_dec and kernel is None:
             if dense:
                 ends = [s.start + 1 for s in dec]
             else:
@@ -584,8 +592,6 @@ class LeanForward:
                         pool.sanitize(slot, lmax)
                 lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
                 dec_mask = self._additive(torch.arange(lmax, device=self.device).view(1, 1, 1, lmax) < lens)
-            slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
-            pos_idx = positions[:n_dec]
         chunk_plan = []
         r0 = n_dec
         for s in chunks:
@@ -612,7 +618,9 @@ class LeanForward:
             kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys, then values
             layer = data[li]  # [2, slots, KVH, cap, D]
             outs = []
-            if n_dec:
+            if n_dec and kernel is not None:
+                outs.append(decode_attention.attend(kernel, qkv[:n_dec], H, KVH, layer, slot_idx, pos_idx, scale))
+            elif n_dec:
                 layer[:, slot_idx, :, pos_idx] = kvnew[:n_dec].view(n_dec, 2, KVH, D)
                 k = layer[0, :used, :, :lmax]
                 v = layer[1, :used, :, :lmax]

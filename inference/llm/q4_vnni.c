@@ -1,9 +1,9 @@
 /* y = x @ W for W in 4-bit groups of 32 (Q4_1: w = q * d + m, q in 0..15), on AVX512-VNNI.
  *
- * Built and loaded by q4_vnni.py (gcc, at first use). Each row of x is written per group of 32 as
- * u * qx, with qx = 254 * hi + lo a 15-bit whole number held as two int8 (quantize_rows). The products
- * of 4-bit weights and 8-bit activations add up in int32 with VPDPBUSD, 64 at a time, once for hi and
- * once for lo; the group's sum is then scaled in float:
+ * Built with decode_attention.c into one library by cpu_kernels.py (gcc, at first use). Each row of
+ * x is written per group of 32 as u * qx, with qx = 254 * hi + lo a 15-bit whole number held as two
+ * int8 (quantize_rows). The products of 4-bit weights and 8-bit activations add up in int32 with
+ * VPDPBUSD, 64 at a time, once for hi and once for lo; the group's sum is then scaled in float:
  *     y[r, n] += d[n, g] * u[r, g] * dot(q[n, g], qx[r, g]) + m[n, g] * u[r, g] * sum(qx[r, g])
  * Lanes run over 16 outputs; each 32-bit lane takes 4 consecutive inputs. Every row goes through the
  * same instructions whatever the other rows are, and whole numbers add up exactly, so a row's result

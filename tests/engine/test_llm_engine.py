@@ -11,7 +11,7 @@ import asyncio
 import pytest
 import torch
 
-from inference.llm import q4_vnni
+from inference.llm import cpu_kernels
 from inference.llm.engine import (
     EngineClosed,
     EngineConfig,
@@ -71,6 +71,8 @@ def test_loader_reads_converted_folder(lm, gateway_cache_dir):
 # -- the lean forward against transformers ----------------------------------------------------------------
 async def test_matches_generate(lm, make_engine, chat_ids, collect):
     eng = make_engine(prefix_cache_bytes=0)
+    # Decoding rows attend on the engine's own kernel wherever it builds (the fallback test runs sdpa).
+    assert eng.fwd.decode_attention == ("kernel" if cpu_kernels.load(lm.cache_dir) is not None else "sdpa")
     cases = [(QUESTIONS[0], 1.0), (QUESTIONS[2], 1.0), (QUESTIONS[1], 1.1)]
     for q, penalty in cases:
         ids = chat_ids(("user", q))
@@ -409,7 +411,7 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
     try:
         assert eng.fwd.weight_format == weight_format and eng.fwd.dtype == activations
         if weight_format == "int4":  # the VNNI kernel wherever this machine can build and run it
-            assert eng.fwd.int4_kernel == ("vnni" if q4_vnni.load(lm.cache_dir) is not None else "torch")
+            assert eng.fwd.int4_kernel == ("vnni" if cpu_kernels.load(lm.cache_dir) is not None else "torch")
         prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]
@@ -421,16 +423,16 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
 
 
 async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
-    """Where the VNNI kernel cannot be built or run, int4 falls back to torch's kernel, which still
-    answers the France question."""
+    """Where the engine's kernels cannot be built or run, int4 falls back to torch's kernel and
+    decoding rows to sdpa, which still answer the France question."""
     import dataclasses
 
-    monkeypatch.setattr(q4_vnni, "load", lambda *a, **k: None)
+    monkeypatch.setattr(cpu_kernels, "load", lambda *a, **k: None)
     monkeypatch.setattr(lm.model, "_lean_forward", {}, raising=False)  # a new LeanForward, built without it
     eng = LLMEngine(dataclasses.replace(lm, weight_format="int4"), EngineConfig(prefix_cache_bytes=0))
     eng.start()
     try:
-        assert eng.fwd.int4_kernel == "torch"
+        assert eng.fwd.int4_kernel == "torch" and eng.fwd.decode_attention == "sdpa"
         result = await collect(eng, chat_ids(("user", QUESTIONS[0])), SamplingParams(temperature=0, max_tokens=12))
         assert "Paris" in result.text
     finally:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import pytest
 import torch
 
-from inference.llm import q4_vnni
+from inference.llm import cpu_kernels, q4_vnni
 from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
 
 
 @pytest.fixture(scope="module")
 def lib(gateway_cache_dir):
-    built = q4_vnni.load(gateway_cache_dir)
+    built = cpu_kernels.load(gateway_cache_dir)
     if built is None:
         pytest.skip("no AVX512-VNNI or no gcc on this machine: the int4 format runs on torch's kernel")
     return built
@@ -76,23 +73,3 @@ def test_outputs_must_fill_whole_tiles():
     low, step, q = _int4_grid(torch.randn(64, 24))
     with pytest.raises(ValueError, match="multiples of 16"):
         q4_vnni.pack(step, low, torch.round(q))
-
-
-def test_without_a_compiler_the_kernel_is_not_used(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(q4_vnni.shutil, "which", lambda name: None)
-    monkeypatch.setattr(q4_vnni, "cpu_flags", lambda: q4_vnni.REQUIRED_CPU_FLAGS)
-    monkeypatch.setattr(q4_vnni.platform, "machine", lambda: "x86_64")
-    with caplog.at_level(logging.WARNING, logger=q4_vnni.__name__):
-        assert q4_vnni.load(tmp_path) is None
-    assert "no gcc" in caplog.text
-    assert not (tmp_path / "kernels").exists()
-
-
-def test_builds_into_the_cache_dir_and_drops_older_builds(lib, tmp_path):
-    stale = tmp_path / "kernels" / "q4_vnni-0000000000000000.so"
-    stale.parent.mkdir()
-    stale.write_bytes(b"an older source's build")
-    built = q4_vnni.load(tmp_path)
-    assert built is not None and built is not lib
-    names = [p.name for p in (tmp_path / "kernels").iterdir()]
-    assert names == [Path(built._name).name] and names[0].startswith("q4_vnni-")

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from inference.llm import q4_vnni
+from inference.llm import cpu_kernels
 from tests.engine.conftest import cache_dir
 from tests.gateway_process import GatewayProcess
 from tests.integration.conftest import API_KEY, MODEL
@@ -156,5 +156,7 @@ def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> Non
     assert health["status"] == "ready" and health["voice"] is False
     # The embedded Q4_1 model runs as int4 on a CPU, on the VNNI kernel wherever this machine can build it.
     assert health["llm_weights"] == "int4"
-    assert health["llm_int4_kernel"] == ("vnni" if q4_vnni.load(cache_dir()) is not None else "torch")
+    built = cpu_kernels.load(cache_dir()) is not None
+    assert health["llm_int4_kernel"] == ("vnni" if built else "torch")
+    assert health["llm_decode_attention"] == ("kernel" if built else "sdpa")
     assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text

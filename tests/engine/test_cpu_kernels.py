@@ -1,0 +1,106 @@
+"""The engine's C kernel library (inference/llm/cpu_kernels.py): its build, and the decoding rows'
+attention (decode_attention.c) against a float64 reference, on this machine's CPU."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.llm import cpu_kernels, decode_attention
+
+
+@pytest.fixture(scope="module")
+def lib(gateway_cache_dir):
+    built = cpu_kernels.load(gateway_cache_dir)
+    if built is None:
+        pytest.skip("no AVX512-VNNI or no gcc on this machine: the engine runs torch's kernels")
+    return built
+
+
+def reference(qkv: torch.Tensor, layer: torch.Tensor, slots: list[int], positions: list[int],
+              heads: int, kv_heads: int) -> torch.Tensor:
+    """Each row alone, in float64: its new key and value at its position, then softmax attention."""
+    dim = qkv.shape[2]
+    out = []
+    for r, (slot, pos) in enumerate(zip(slots, positions)):
+        k = layer[0, slot, :, : pos + 1].double().clone()
+        v = layer[1, slot, :, : pos + 1].double().clone()
+        k[:, pos] = qkv[r, heads : heads + kv_heads].double()
+        v[:, pos] = qkv[r, heads + kv_heads :].double()
+        q = qkv[r, :heads].double().view(kv_heads, heads // kv_heads, dim)
+        out.append(F.scaled_dot_product_attention(q, k, v, scale=dim**-0.5).reshape(heads * dim))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 128), (6, 6, 48)])
+def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(dim)
+    layer = torch.randn(2, 5, kv_heads, 300, dim, generator=gen)
+    slots, positions = [3, 0, 4], [0, 137, 299]  # a first token, ragged lengths, the last position
+    qkv = torch.randn(3, heads + 2 * kv_heads, dim, generator=gen) * 3
+    want = reference(qkv, layer, slots, positions, heads, kv_heads)
+    before = layer.clone()
+    got = decode_attention.attend(lib, qkv, heads, kv_heads, layer, torch.tensor(slots), torch.tensor(positions),
+                                  dim**-0.5)
+    assert (got.double() - want).abs().max().item() < 2e-6
+    for r, (slot, pos) in enumerate(zip(slots, positions)):
+        assert torch.equal(layer[0, slot, :, pos], qkv[r, heads : heads + kv_heads])
+        assert torch.equal(layer[1, slot, :, pos], qkv[r, heads + kv_heads :])
+        before[:, slot, :, pos] = layer[:, slot, :, pos]
+    assert torch.equal(layer, before)  # nothing else written
+
+
+def test_a_rows_output_does_not_depend_on_the_batch(lib):
+    gen = torch.Generator().manual_seed(1)
+    layer = torch.randn(2, 8, 3, 256, 64, generator=gen)
+    rows = torch.randn(8, 15, 64, generator=gen)
+    slots, positions = torch.arange(8), torch.tensor([5, 200, 17, 99, 1, 255, 64, 128])
+    together = decode_attention.attend(lib, rows, 9, 3, layer, slots, positions, 0.125)
+    for r in range(8):
+        alone = decode_attention.attend(lib, rows[r : r + 1], 9, 3, layer, slots[r : r + 1], positions[r : r + 1], 0.125)
+        assert torch.equal(alone[0], together[r])
+
+
+def test_strided_rows_of_a_wider_projection(lib):
+    """The forward passes a view of its fused q/k/v output: rows further apart than their heads."""
+    gen = torch.Generator().manual_seed(2)
+    layer = torch.randn(2, 2, 1, 64, 64, generator=gen)
+    wide = torch.randn(2, 10, 64, generator=gen)
+    got = decode_attention.attend(lib, wide[:, :6], 4, 1, layer.clone(), torch.tensor([1, 0]), torch.tensor([9, 40]),
+                                  0.125)
+    want = decode_attention.attend(lib, wide[:, :6].contiguous(), 4, 1, layer.clone(), torch.tensor([1, 0]),
+                                   torch.tensor([9, 40]), 0.125)
+    assert torch.equal(got, want)
+
+
+def test_only_float32_cpu_kv_and_head_dims_it_takes():
+    cpu = torch.device("cpu")
+    assert decode_attention.supported(64, torch.float32, cpu)
+    assert not decode_attention.supported(64, torch.bfloat16, cpu)
+    assert not decode_attention.supported(72, torch.float32, cpu)
+    assert not decode_attention.supported(64, torch.float32, torch.device("meta"))
+
+
+def test_without_a_compiler_the_kernels_are_not_used(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.REQUIRED_CPU_FLAGS)
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+        assert cpu_kernels.load(tmp_path) is None
+    assert "no gcc" in caplog.text
+    assert not (tmp_path / "kernels").exists()
+
+
+def test_builds_into_the_cache_dir_and_drops_older_builds(lib, tmp_path):
+    stale = [tmp_path / "kernels" / "cpu_kernels-0000000000000000.so", tmp_path / "kernels" / "q4_vnni-00.so"]
+    stale[0].parent.mkdir()
+    for path in stale:
+        path.write_bytes(b"an older source's build")
+    built = cpu_kernels.load(tmp_path)
+    assert built is not None and built is not lib
+    names = [p.name for p in (tmp_path / "kernels").iterdir()]
+    assert names == [Path(built._name).name] and names[0].startswith("cpu_kernels-")
