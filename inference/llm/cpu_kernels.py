@@ -2,7 +2,8 @@
 
 - ``q4_vnni.c``: int4 weights times 15-bit activations on AVX512-VNNI (see q4_vnni.py);
 - ``decode_attention.c``: attention of decoding rows over their own KV slots (see
-  decode_attention.py).
+  decode_attention.py);
+- ``vec_exp.h``: a vectorized exp both use.
 
 The sources are compiled once per machine with gcc into ``<cache>/kernels/`` (about a second; the
 file name carries a hash of the sources, the flags, gcc's and torch's versions, and builds of older
@@ -30,6 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).with_name("q4_vnni.c"), Path(__file__).with_name("decode_attention.c"))
+HEADERS = (Path(__file__).with_name("vec_exp.h"),)
 REQUIRED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 COMPILE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp",
                  "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
@@ -37,7 +39,7 @@ PREFIX = "cpu_kernels-"
 
 _c_int, _ptr = ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
-    "q4_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _c_int, _ptr],
+    "q4_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _c_int, _ptr, _ptr, ctypes.c_float, _c_int, _c_int],
     "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _ptr, _ptr,
                          ctypes.c_float, _ptr],
 }
@@ -87,7 +89,7 @@ def load(cache_dir: Path) -> ctypes.CDLL | None:
         else:
             version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
             digest = hashlib.sha256(
-                b"".join(s.read_bytes() for s in SOURCES) + " ".join(COMPILE_FLAGS + [version, torch.__version__]).encode()
+                b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(COMPILE_FLAGS + [version, torch.__version__]).encode()
             ).hexdigest()[:16]
             target = cache_dir / "kernels" / f"{PREFIX}{digest}.so"
             try:

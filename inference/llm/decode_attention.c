@@ -18,27 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_CHUNKS 16 /* head dims up to 256 */
+#include "vec_exp.h"
 
-/* exp(x) for x <= 0 to about 2 ulp: x = n ln2 + r with |r| <= ln2 / 2, a degree-7 polynomial for e^r,
- * then scaled by 2^n. Results below e^-87 flush to 0, which a softmax weight can lose. */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
-    const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+#define MAX_CHUNKS 16 /* head dims up to 256 */
 
 /* One query head over `len` positions. CHUNKS (dim / 16, at most MAX_CHUNKS) is a constant where
  * inlined, so the accumulators stay in registers; keys are scored four at a time and values summed
@@ -76,12 +58,12 @@ static inline __attribute__((always_inline)) void attend(
     const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
     __m512 total = _mm512_setzero_ps();
     for (t = 0; t + 16 <= len; t += 16) {
-        const __m512 w = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + t), shift));
+        const __m512 w = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + t), shift));
         _mm512_storeu_ps(scores + t, w);
         total = _mm512_add_ps(total, w);
     }
     if (t < len) {
-        const __m512 w = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + t), shift));
+        const __m512 w = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + t), shift));
         _mm512_mask_storeu_ps(scores + t, tail, w);
         total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, w));
     }

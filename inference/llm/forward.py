@@ -475,6 +475,8 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
+        self._fused_vnni = self.int4_kernel == "vnni"
+        self._silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
         self._lin = {"native": _lin_native, "int8": _lin_int8,
                      "int4": _lin_int4_vnni if self.int4_kernel == "vnni" else _lin_int4}[weight_format]
         self._lin_head = _lin_native if weight_format == "native" else (
@@ -523,6 +525,28 @@ class LeanForward:
             return F.rms_norm(x, (self.hidden,), w, eps)
         # As LlamaRMSNorm: normalise in float32, cast back, then scale.
         return w * F.rms_norm(x.float(), (self.hidden,), None, eps).to(self.dtype)
+
+    def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
+        """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
+        if self._fused_vnni:
+            lib, blob, out_features, b = weights
+            y = q4_vnni.matmul(lib, x, blob, out_features, norm=(w, eps))
+            return y if b is None else y + b
+        return self._lin(self._norm(x, w, eps), weights)
+
+    def _residual_lin(self, x: torch.Tensor, inp: torch.Tensor, weights: tuple, gate: nn.Module | None = None
+                      ) -> torch.Tensor:
+        """``x + lin(inp)``, or with ``gate``, ``x + lin(gate(inp[:, :i]) * inp[:, i:])`` (a gated MLP's
+        down projection). The VNNI kernel gates a SiLU MLP's rows as it quantizes them and adds its
+        product to ``x`` in place (``x`` is the step's own residual stream)."""
+        if self._fused_vnni and (gate is None or self._silu_mlp):
+            lib, blob, out_features, b = weights
+            y = q4_vnni.matmul(lib, inp, blob, out_features, gated=gate is not None, add_to=x)
+            return y if b is None else y.add_(b)
+        if gate is not None:
+            inter = inp.shape[1] // 2
+            inp = gate(inp[:, :inter]).mul_(inp[:, inter:])
+        return x + self._lin(inp, weights)
 
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
         q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
@@ -605,13 +629,11 @@ class LeanForward:
         x = F.embedding(token_ids, self.embed)
         if self._cast_embed:
             x = x.to(self.dtype)
-        lin = self._lin
         cos = self.cos.index_select(0, positions).unsqueeze(1)
         sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
         half = D // 2
         for li, L in enumerate(self.layers):
-            h = self._norm(x, L.ln1, L.eps1)
-            qkv = lin(h, L.qkv).view(T, H + 2 * KVH, D)
+            qkv = self._norm_lin(x, L.ln1, L.eps1, L.qkv).view(T, H + 2 * KVH, D)
             qk = qkv[:, : H + KVH]
             rot = torch.roll(qk, half, -1).mul_(sin)
             qk.mul_(cos).add_(rot)
@@ -641,12 +663,9 @@ class LeanForward:
                 o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
                 outs.append(o[0].transpose(0, 1).reshape(n, H * D))
             att = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            x = x + lin(att, L.o)
-            h = self._norm(x, L.ln2, L.eps2)
-            gu = lin(h, L.gu)
-            inter = gu.shape[1] // 2
-            m = L.act(gu[:, :inter]).mul_(gu[:, inter:])
-            x = x + lin(m, L.down)
+            x = self._residual_lin(x, att, L.o)
+            gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
+            x = self._residual_lin(x, gu, L.down, gate=L.act)
         for s in segments:
             end = s.start + s.n
             if end > pool.lengths[s.slot]:

@@ -43,11 +43,31 @@ def pack(step: torch.Tensor, low: torch.Tensor, q: torch.Tensor) -> torch.Tensor
     return torch.cat([nibbles, per_tile(step), per_tile(low)], dim=2).contiguous()
 
 
-def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ W`` for a float32 ``[rows, in]`` x and W packed by :func:`pack`: float32 ``[rows, out]``."""
+def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: int, *,
+           norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
+           add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W`` for a float32 ``[rows, in]`` x and W packed by :func:`pack`: float32 ``[rows, out]``.
+
+    In the same call (q4_vnni.c): ``norm=(weight, eps)`` multiplies ``rms_norm(x, weight, eps)``
+    instead; ``gated`` multiplies ``silu(x[:, :in]) * x[:, in:]`` for an x of ``2 * in`` columns;
+    ``add_to`` (float32, contiguous, ``[rows, out]``) adds the product to that tensor in place and
+    returns it (a residual add)."""
     x = x.contiguous()
     rows, k = x.shape
-    y = torch.empty((rows, out_features), dtype=torch.float32)
-    if rows and lib.q4_vnni_matmul(x.data_ptr(), rows, k, blob.data_ptr(), out_features, y.data_ptr()) != 0:
+    if gated:
+        k //= 2
+    if norm is not None and (gated or norm[0].shape != (k,) or norm[0].dtype != torch.float32):
+        raise ValueError("a norm needs a float32 weight of the input's width, and no gating")
+    if add_to is None:
+        y = torch.empty((rows, out_features), dtype=torch.float32)
+    elif add_to.shape != (rows, out_features) or add_to.dtype != torch.float32 or not add_to.is_contiguous():
+        raise ValueError(f"add_to must be a contiguous float32 [{rows}, {out_features}] tensor")
+    else:
+        y = add_to
+    weight = norm[0].contiguous() if norm is not None else None
+    eps = norm[1] if norm is not None else 0.0
+    if rows and lib.q4_vnni_matmul(x.data_ptr(), rows, k, blob.data_ptr(), out_features, y.data_ptr(),
+                                   None if weight is None else weight.data_ptr(), eps, int(gated),
+                                   int(add_to is not None)) != 0:
         raise MemoryError("q4_vnni_matmul could not allocate its activation buffers")
     return y

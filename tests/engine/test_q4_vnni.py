@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from inference.llm import cpu_kernels, q4_vnni
 from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
@@ -73,3 +74,42 @@ def test_outputs_must_fill_whole_tiles():
     low, step, q = _int4_grid(torch.randn(64, 24))
     with pytest.raises(ValueError, match="multiples of 16"):
         q4_vnni.pack(step, low, torch.round(q))
+
+
+@pytest.mark.parametrize("rows", [1, 8, 21])
+def test_fused_norm_gate_and_residual_add(lib, rows):
+    """The forward's fused calls against torch's own ops followed by the plain product: a norm's and
+    a gate's inputs agree to float32 rounding (so the products to that over the weights' scale), a
+    residual add is exactly the sum of the plain product, and each stays batch-invariant."""
+    gen = torch.Generator().manual_seed(rows)
+    w, blob = grid_matrix(576, 576, seed=11)
+    x = torch.randn(rows, 576, generator=gen) * 2
+    norm_w = torch.rand(576, generator=gen) + 0.5
+    tol = 1e-4 * (x.abs().max() * w.abs().sum(0).max()).item()
+
+    normed = q4_vnni.matmul(lib, x, blob, 576, norm=(norm_w, 1e-5))
+    plain = q4_vnni.matmul(lib, F.rms_norm(x, (576,), norm_w, 1e-5), blob, 576)
+    assert (normed - plain).abs().max().item() < tol
+
+    gate_up = torch.randn(rows, 1152, generator=gen) * 3
+    gated = q4_vnni.matmul(lib, gate_up, blob, 576, gated=True)
+    plain = q4_vnni.matmul(lib, F.silu(gate_up[:, :576]) * gate_up[:, 576:], blob, 576)
+    assert (gated - plain).abs().max().item() < 1e-4 * (gate_up.abs().max() ** 2 * w.abs().sum(0).max()).item()
+
+    residual = torch.randn(rows, 576, generator=gen)
+    expected = residual + q4_vnni.matmul(lib, x, blob, 576)
+    out = q4_vnni.matmul(lib, x, blob, 576, add_to=residual)
+    assert out is residual and torch.equal(out, expected)
+
+    for r in range(rows):
+        assert torch.equal(q4_vnni.matmul(lib, x[r : r + 1], blob, 576, norm=(norm_w, 1e-5))[0], normed[r])
+        assert torch.equal(q4_vnni.matmul(lib, gate_up[r : r + 1], blob, 576, gated=True)[0], gated[r])
+
+
+def test_fused_calls_check_their_operands(lib):
+    _, blob = grid_matrix(576, 576, seed=3)
+    x = torch.randn(2, 576)
+    with pytest.raises(ValueError, match="norm"):
+        q4_vnni.matmul(lib, x, blob, 576, norm=(torch.ones(100), 1e-5))
+    with pytest.raises(ValueError, match="add_to"):
+        q4_vnni.matmul(lib, x, blob, 576, add_to=torch.zeros(2, 576).t())
