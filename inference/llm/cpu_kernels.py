@@ -40,7 +40,7 @@ PREFIX = "cpu_kernels-"
 _c_int, _ptr = ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "q4_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _c_int, _ptr, _ptr, ctypes.c_float, _c_int, _c_int],
-    "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _ptr, _ptr,
+    "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _c_int, _ptr, _ptr,
                          ctypes.c_float, _ptr],
 }
 

@@ -4,7 +4,9 @@ torch's flash attention for the CPU is made for long queries: a decoding row cos
 alone and 150 us for eight at 100 tokens of context, and rows of different lengths need one padded,
 masked call. The kernel takes each (row, head) as one work item over exactly its own slot's 0..pos,
 so it needs no mask, and a row's output never depends on the batch. It also stores the rows' new keys
-and values in the pool. Float32 KV only (the int8 format's bfloat16 KV and CUDA run torch's sdpa).
+and values in the pool. The pool may hold float32 or float16 KV (the int4 format's: half the bytes
+that each step reads, widened to float32 as they are loaded); queries and sums stay float32. The
+int8 format's bfloat16 KV and CUDA run torch's sdpa.
 """
 
 from __future__ import annotations
@@ -14,23 +16,27 @@ import ctypes
 import torch
 
 
-def supported(head_dim: int, kv_dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and kv_dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256
+def supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the kernel runs a model whose activations are ``dtype`` on ``device``."""
+    return device.type == "cpu" and dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256
 
 
 def attend(lib: ctypes.CDLL, qkv: torch.Tensor, heads: int, kv_heads: int, layer: torch.Tensor,
            slots: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
-    """``qkv``: ``[rows, heads + 2 * kv_heads, head_dim]`` (rotated queries and keys, then values; rows
-    may be strided). ``layer``: one layer of the pool, ``[2, slots, kv_heads, capacity, head_dim]``,
-    contiguous. ``slots`` and ``positions``: int64 ``[rows]``, each row's slot and new position. Stores
-    the new keys and values at those positions and returns ``[rows, heads * head_dim]``."""
+    """``qkv``: float32 ``[rows, heads + 2 * kv_heads, head_dim]`` (rotated queries and keys, then
+    values; rows may be strided). ``layer``: one layer of the pool, ``[2, slots, kv_heads, capacity,
+    head_dim]``, contiguous, float32 or float16. ``slots`` and ``positions``: int64 ``[rows]``, each
+    row's slot and new position. Stores the new keys and values at those positions and returns
+    ``[rows, heads * head_dim]``."""
     rows, _, dim = qkv.shape
-    if qkv.stride(2) != 1 or qkv.stride(1) != dim or not layer.is_contiguous():
-        raise ValueError("decode attention needs rows of contiguous heads and a contiguous pool layer")
+    if qkv.dtype != torch.float32 or qkv.stride(2) != 1 or qkv.stride(1) != dim:
+        raise ValueError("decode attention needs float32 rows of contiguous heads")
+    if layer.dtype not in (torch.float32, torch.float16) or not layer.is_contiguous():
+        raise ValueError("decode attention needs a contiguous float32 or float16 pool layer")
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     code = lib.decode_attention(qkv.data_ptr(), rows, qkv.stride(0), heads, kv_heads, dim, layer.data_ptr(),
-                                layer.shape[1], layer.shape[3], slots.data_ptr(), positions.data_ptr(), scale,
-                                out.data_ptr())
+                                int(layer.dtype == torch.float16), layer.shape[1], layer.shape[3], slots.data_ptr(),
+                                positions.data_ptr(), scale, out.data_ptr())
     if code == -1:
         raise ValueError(f"decode attention takes head dims in multiples of 16 up to 256, not {dim}")
     if code != 0:

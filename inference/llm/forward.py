@@ -117,7 +117,7 @@ class KVPool:
     def _alloc(self, capacity: int) -> torch.Tensor:
         f = self.fwd
         return torch.empty((f.num_layers, 2, self.slots, f.num_kv_heads, capacity, f.head_dim),
-                           dtype=f.dtype, device=f.device)
+                           dtype=f.kv_dtype, device=f.device)
 
     @property
     def nbytes(self) -> int:
@@ -449,6 +449,9 @@ class LeanForward:
         self._attention_lib = lib if lib is not None and decode_attention.supported(
             self.head_dim, self.dtype, self.device) else None
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
+        # int4 keeps its KV in float16 where that kernel reads it: half the bytes a decoding step reads
+        # (llama.cpp's default too). Prompt chunks widen it to float32 for sdpa.
+        self.kv_dtype = torch.float16 if weight_format == "int4" and self._attention_lib is not None else self.dtype
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -510,7 +513,7 @@ class LeanForward:
 
     # -- KV -----------------------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.kv_dtype).bits // 8
 
     def new_pool(self, slots: int, max_capacity: int, capacity: int = 0) -> KVPool:
         """A KV pool; initial capacity: 64 MiB per slot, clamped to 256..1024 tokens (it grows by doubling).
@@ -657,8 +660,8 @@ class LeanForward:
                     outs.append(o[slot_idx].view(n_dec, H * D))
             for (c0, n, slot, start, end, mask, causal) in chunk_plan:
                 layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
-                k = layer[0, slot, :, :end].unsqueeze(0)
-                v = layer[1, slot, :, :end].unsqueeze(0)
+                k = layer[0, slot, :, :end].unsqueeze(0).to(self.dtype)
+                v = layer[1, slot, :, :end].unsqueeze(0).to(self.dtype)
                 q = qkv[c0 : c0 + n, :H].transpose(0, 1).unsqueeze(0)
                 o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
                 outs.append(o[0].transpose(0, 1).reshape(n, H * D))

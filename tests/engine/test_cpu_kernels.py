@@ -36,27 +36,31 @@ def reference(qkv: torch.Tensor, layer: torch.Tensor, slots: list[int], position
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 128), (6, 6, 48)])
-def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim):
+def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim, kv_dtype):
     gen = torch.Generator().manual_seed(dim)
-    layer = torch.randn(2, 5, kv_heads, 300, dim, generator=gen)
+    layer = torch.randn(2, 5, kv_heads, 300, dim, generator=gen).to(kv_dtype)
     slots, positions = [3, 0, 4], [0, 137, 299]  # a first token, ragged lengths, the last position
     qkv = torch.randn(3, heads + 2 * kv_heads, dim, generator=gen) * 3
-    want = reference(qkv, layer, slots, positions, heads, kv_heads)
+    stored = qkv.clone()  # the new keys and values as the pool holds them (rounded to float16)
+    stored[:, heads:] = stored[:, heads:].to(kv_dtype).float()
+    want = reference(stored, layer, slots, positions, heads, kv_heads)
     before = layer.clone()
     got = decode_attention.attend(lib, qkv, heads, kv_heads, layer, torch.tensor(slots), torch.tensor(positions),
                                   dim**-0.5)
     assert (got.double() - want).abs().max().item() < 2e-6
     for r, (slot, pos) in enumerate(zip(slots, positions)):
-        assert torch.equal(layer[0, slot, :, pos], qkv[r, heads : heads + kv_heads])
-        assert torch.equal(layer[1, slot, :, pos], qkv[r, heads + kv_heads :])
+        assert torch.equal(layer[0, slot, :, pos], qkv[r, heads : heads + kv_heads].to(kv_dtype))
+        assert torch.equal(layer[1, slot, :, pos], qkv[r, heads + kv_heads :].to(kv_dtype))
         before[:, slot, :, pos] = layer[:, slot, :, pos]
     assert torch.equal(layer, before)  # nothing else written
 
 
-def test_a_rows_output_does_not_depend_on_the_batch(lib):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_a_rows_output_does_not_depend_on_the_batch(lib, kv_dtype):
     gen = torch.Generator().manual_seed(1)
-    layer = torch.randn(2, 8, 3, 256, 64, generator=gen)
+    layer = torch.randn(2, 8, 3, 256, 64, generator=gen).to(kv_dtype)
     rows = torch.randn(8, 15, 64, generator=gen)
     slots, positions = torch.arange(8), torch.tensor([5, 200, 17, 99, 1, 255, 64, 128])
     together = decode_attention.attend(lib, rows, 9, 3, layer, slots, positions, 0.125)
@@ -77,7 +81,7 @@ def test_strided_rows_of_a_wider_projection(lib):
     assert torch.equal(got, want)
 
 
-def test_only_float32_cpu_kv_and_head_dims_it_takes():
+def test_only_float32_activations_on_the_cpu_and_head_dims_it_takes():
     cpu = torch.device("cpu")
     assert decode_attention.supported(64, torch.float32, cpu)
     assert not decode_attention.supported(64, torch.bfloat16, cpu)
