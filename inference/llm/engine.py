@@ -232,6 +232,8 @@ class LLMEngine:
         self._last_free_latency = 0.0
         self._exclusive_wait_seconds = 0.0
         self._requests_waited_for_prefix = 0
+        # Calls to make on event loops, gathered during a step and sent once per loop at its end.
+        self._deliveries: dict[asyncio.AbstractEventLoop, list[tuple[_Request, object, tuple]]] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -416,7 +418,11 @@ class LLMEngine:
                 self._admit()
                 if self._active:
                     self._yield_to_exclusive_work()
-                    self._step()
+                    self._deliveries = {}
+                    try:
+                        self._step()
+                    finally:
+                        self._flush_deliveries()
             except Exception as exc:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("LLM engine step failed")
                 with self._lock:
@@ -703,10 +709,25 @@ class LLMEngine:
         self._call(req, req.stream._deliver, delta, None, None)
 
     def _call(self, req: _Request, fn, *args) -> None:
+        if self._deliveries is not None:  # in a step: sent with the step's other calls
+            self._deliveries.setdefault(req.loop, []).append((req, fn, args))
+        else:
+            self._send(req.loop, [(req, fn, args)])
+
+    def _flush_deliveries(self) -> None:
+        """One wake-up of each event loop per step, not one per token: with 8 streams, 8 cross-thread
+        calls a step took 0.3 ms of the scheduler's time, and as many GIL hand-overs."""
+        batch, self._deliveries = self._deliveries or {}, None
+        for loop, calls in batch.items():
+            self._send(loop, calls)
+
+    @staticmethod
+    def _send(loop: asyncio.AbstractEventLoop, calls: list[tuple[_Request, object, tuple]]) -> None:
         try:
-            req.loop.call_soon_threadsafe(fn, *args)
+            loop.call_soon_threadsafe(_run_calls, calls)
         except RuntimeError:  # the event loop is closed: nobody listens any more
-            req.cancelled = True
+            for req, _, _ in calls:
+                req.cancelled = True
 
     def _cache_insert(self, req: _Request, upto: int, *, pin: bool) -> RadixNode | None:
         if req.slot is None or upto <= 0:
@@ -788,6 +809,15 @@ def _shared_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
             return i
         i = j
     return n
+
+
+def _run_calls(calls: list[tuple[_Request, object, tuple]]) -> None:
+    """On the event loop: one step's calls, in order (a stream's deltas before its result)."""
+    for req, fn, args in calls:
+        try:
+            fn(*args)  # type: ignore[operator]
+        except Exception:  # one stream's consumer must not cost the others their tokens
+            log.exception("delivering to request %s failed", req.id)
 
 
 def _resolve_future(fut: asyncio.Future, value) -> None:
