@@ -603,18 +603,12 @@ class LLMEngine:
         if failed:
             sample_reqs = [r for r in sample_reqs if id(r) not in failed]
         if sample_reqs:
-            try:
-                toks = sample_rows(logits, [r.sampler for r in sample_reqs])
-            except Exception:
-                toks = []
-                for i, r in enumerate(sample_reqs):
-                    try:
-                        toks.append(r.sampler.sample(logits[i]))
-                    except Exception as exc:
-                        self._fail(r, exc)
-                        toks.append(-1)
-            for req, tok in zip(sample_reqs, toks):
-                if tok < 0 or req.finished:
+            for req, tok in zip(sample_reqs, sample_rows(logits, [r.sampler for r in sample_reqs])):
+                if isinstance(tok, Exception):
+                    log.error("sampling for %s failed: %r", req.id, tok)
+                    self._fail(req, tok)
+                    continue
+                if req.finished:
                     continue
                 try:
                     reason = self._accept_token(req, tok, now)

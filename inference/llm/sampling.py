@@ -111,25 +111,35 @@ class RowSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[int]:
-    """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler."""
+def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[int | Exception]:
+    """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler, or the
+    exception that row's sampling raised (the other rows still get theirs). On the CPU, the greedy
+    rows of ``logits`` are overwritten with their penalized scores."""
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
-    out: list[int] = [0] * len(samplers)
+    out: list[int | Exception] = [0] * len(samplers)
     greedy = [i for i, s in enumerate(samplers) if s.greedy]
     if greedy:
-        for i, t in zip(greedy, _greedy_tokens(logits, greedy, [samplers[i] for i in greedy])):
-            out[i] = t
+        pick = _greedy_tokens_cpu if logits.device.type == "cpu" else _greedy_tokens
+        try:
+            for i, t in zip(greedy, pick(logits, greedy, [samplers[i] for i in greedy])):
+                out[i] = t
+        except Exception as exc:
+            for i in greedy:
+                out[i] = exc
     for i, s in enumerate(samplers):
         if not s.greedy:
-            out[i] = s.sample(logits[i])
+            try:
+                out[i] = s.sample(logits[i])
+            except Exception as exc:  # e.g. NaN probabilities from a broken row
+                out[i] = exc
     return out
 
 
 def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
-    """The greedy rows in one pass: their suppressed and repeated tokens, of every row at once, are
-    penalized with a few indexed ops (as :meth:`RowSampler.process` would, row by row: 8 rows took
-    1.4 ms that way)."""
+    """The greedy rows in one pass (off the CPU): their suppressed and repeated tokens, of every row at
+    once, are penalized with a few indexed ops (as :meth:`RowSampler.process` would, row by row: 8 rows
+    took 1.4 ms that way)."""
     picked = logits if len(rows) == logits.shape[0] else logits[rows]
     penalized = [(j, s) for j, s in enumerate(samplers) if s.repetition_penalty != 1.0 and s.seen]
     suppressed = [(j, s) for j, s in enumerate(samplers) if s.suppress_ids]
@@ -150,6 +160,24 @@ def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSamp
         tok_idx = torch.from_numpy(np.array([t for _, s in suppressed for t in s.suppress_ids])).to(picked.device)
         picked[row_idx, tok_idx] = float("-inf")
     return argmax_rows(picked)
+
+
+def _greedy_tokens_cpu(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+    """:func:`_greedy_tokens` on the CPU, in numpy and in place (no copy of the rows when every row
+    is greedy): suppressed ids to -inf, then each row's seen ids penalized, then one vectorized
+    argmax. The same float32 arithmetic as the torch ops; 8 rows took 0.65 ms a step in the engine
+    with those, about a third of it copying the logits."""
+    scores = logits.numpy()
+    picked = scores if len(rows) == scores.shape[0] else scores[rows]
+    for j, s in enumerate(samplers):
+        if s.suppress_ids:
+            picked[j, list(s.suppress_ids)] = -np.inf
+        if s.repetition_penalty != 1.0 and s.seen:
+            ids = s.seen_ids(logits.device).numpy()
+            seen = picked[j, ids]
+            picked[j, ids] = np.where(seen < 0, seen * np.float32(s.repetition_penalty),
+                                      seen / np.float32(s.repetition_penalty))
+    return picked.argmax(axis=-1).tolist()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

@@ -10,7 +10,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from inference.llm.sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+from inference.llm.sampling import (
+    IncrementalDetokenizer,
+    RowSampler,
+    StopChecker,
+    _greedy_tokens,
+    _greedy_tokens_cpu,
+    sample_rows,
+)
 
 
 def sampler(**kw):
@@ -76,6 +83,32 @@ def test_greedy_rows_of_a_batch_equal_each_row_processed_alone():
             s.observe(t)
     # Not vacuous: penalties and suppression did change picks.
     assert changed[0] > 0 and changed[2] == 40 and changed[4] > 0 and changed[1] == 0
+
+
+def test_greedy_rows_on_the_cpu_equal_the_torch_path():
+    """The CPU's numpy pass (in place) and the torch pass other devices run pick the same tokens."""
+    torch.manual_seed(4)
+    rows = [0, 2, 3]
+    for step in range(30):
+        samplers = [
+            sampler(temperature=0, repetition_penalty=1.1, prompt_ids=list(range(step, 400, 7))),
+            sampler(temperature=0, suppress_ids=[5, 6]),
+            sampler(temperature=0, repetition_penalty=0.8, prompt_ids=[1, 2, 3], suppress_ids=[4]),
+        ]
+        logits = torch.randn(4, 400) * 3
+        logits[2, 5] = 40.0
+        want = _greedy_tokens(logits.clone(), rows, samplers)
+        assert _greedy_tokens_cpu(logits.clone(), rows, samplers) == want  # a copy of the rows: some aren't greedy
+        every = logits[rows].clone()
+        assert _greedy_tokens_cpu(every, [0, 1, 2], samplers) == want  # every row greedy: in place
+        assert not torch.equal(every, logits[rows])
+
+
+def test_a_failing_row_gets_its_exception_and_the_others_their_tokens():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [float("nan"), 1.0, 2.0], [3.0, 0.0, 1.0]])
+    out = sample_rows(logits, [sampler(temperature=0), sampler(temperature=1.0), sampler(temperature=0)])
+    assert out[0] == 1 and out[2] == 0
+    assert isinstance(out[1], RuntimeError)
 
 
 def test_seeded_rows_do_not_depend_on_the_batch():
