@@ -1,6 +1,7 @@
 """The engine's own CPU kernels: one library, built from C at first use and loaded with ctypes.
 
 - ``q4_vnni.c``: int4 weights times 15-bit activations on AVX512-VNNI (see q4_vnni.py);
+- ``q8_vnni.c``: the output head's int8 weights times 15-bit activations (see q8_vnni.py);
 - ``decode_attention.c``: attention of decoding rows over their own KV slots (see
   decode_attention.py);
 - ``vec_exp.h``: a vectorized exp both use.
@@ -30,7 +31,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("q4_vnni.c"), Path(__file__).with_name("decode_attention.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("q4_vnni.c", "q8_vnni.c", "decode_attention.c"))
 HEADERS = (Path(__file__).with_name("vec_exp.h"),)
 REQUIRED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 COMPILE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp",
@@ -40,6 +41,7 @@ PREFIX = "cpu_kernels-"
 _c_int, _ptr = ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "q4_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _c_int, _ptr, _ptr, ctypes.c_float, _c_int, _c_int],
+    "q8_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _ptr, _c_int, _ptr],
     "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _c_int, _ptr, _ptr,
                          ctypes.c_float, _ptr],
 }
