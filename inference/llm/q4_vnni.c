@@ -26,6 +26,9 @@
 #define TILE 16
 #define BLOCK_BYTES 320
 #define MAX_ROWS 8
+/* Weights are read once a step, from memory: fetched this many groups ahead (2.5 KB), the 8-row
+ * step's GEMMs took 6.4 instead of 8.5 ms in the engine's forward (1 row: 4.0 instead of 4.3 ms). */
+#define PREFETCH_GROUPS 8
 
 /* Row r's input, transformed into out (k floats): x * w / sqrt(mean(x^2) + eps) (RMSNorm), or
  * silu(a) * b for a row [a | b] of 2k floats (a SwiGLU MLP's gate and up projections). Returns out. */
@@ -124,6 +127,8 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const uint8_t *blk = tile_blob + (size_t)g * BLOCK_BYTES;
+        for (int line = 0; line < BLOCK_BYTES; line += 64)
+            _mm_prefetch((const char *)(blk + PREFETCH_GROUPS * BLOCK_BYTES + line), _MM_HINT_T0);
         const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
         const int8_t *lo = hi + ROWS * GROUP;
         const float *f = factors + (size_t)g * 2 * ROWS;
