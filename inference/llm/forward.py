@@ -444,9 +444,9 @@ class LeanForward:
         self.lm_head_bias = getattr(head, "bias", None)
         self.vocab_size = self.lm_head_t.shape[1]
         self.embed = base.embed_tokens.weight
-        # int4 runs on the VNNI kernel where the CPU has it and every output count is a multiple of its
-        # tile: 1.4-2.3x torch's int4 kernel for 8 rows, 1.9x for a 256-token chunk, up to 1.8x for one
-        # row (benchmarks/int4_kernels.py).
+        # int4 runs on the VNNI kernel where the engine's kernels run and every output count is a multiple
+        # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
+        # (benchmarks/int4_kernels.py).
         self.int4_kernel = ""
         self._vnni = None
         if weight_format == "int4" and self.device.type == "cpu" and kernel_dir is None:
@@ -463,7 +463,8 @@ class LeanForward:
         # on oneDNN (_lin_w8a8).
         self._head_lib = lib if (weight_format != "native" and lib is not None and self.vocab_size % q8_vnni.TILE == 0
                                  and self.hidden % 16 == 0) else None
-        # Decoding rows attend on the kernel of decode_attention.c where it runs (float32 KV), else sdpa.
+        # Decoding rows attend on the kernel of decode_attention.c where it runs (float32 activations),
+        # else on sdpa.
         self._attention_lib = lib if lib is not None and decode_attention.supported(
             self.head_dim, self.dtype, self.device) else None
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"

@@ -4,11 +4,9 @@ torch's own int4 kernel (``_weight_int4pack_mm_for_cpu``) dequantizes the weight
 multiplies with float FMAs, once per block of 4 rows, so its cost grows with the rows. Here the 4-bit
 weights meet 8-bit activations in VPDPBUSD, 64 products per instruction, as in llama.cpp's Q4_1 x
 Q8_1 dot product; the activations take two such passes, for 15 bits (q4_vnni.c). All 30 layers of
-the embedded model (``python -m benchmarks.int4_kernels``): 1.4-2.3x torch's kernel for 8 rows and
-1.7-1.9x for 64-256; for 1 row, where both read the same bytes, 1.8x on a quiet machine (2.4-2.6 vs
-4.4-4.5 ms) and even when its memory bandwidth was contended (5.3-6.7 ms for both). No library on
-PyPI offers this for torch tensors on this torch (torchao's wheel there carries CUDA kernels only; Intel's extension stops at
-torch 2.8).
+the embedded model (``python -m benchmarks.int4_kernels``, alternated in one run): 1 row 2.8 vs 4.9
+ms, 8 rows 5.3 vs 14.5 ms, 64 rows 33 vs 107 ms. No library on PyPI offers this for torch tensors on
+this torch (torchao's wheel there carries CUDA kernels only; Intel's extension stops at torch 2.8).
 
 Built and loaded with the engine's other C kernels by cpu_kernels.py; without gcc or without
 AVX512-VNNI the int4 format runs on torch's kernel.
