@@ -199,13 +199,21 @@ class PulseMicrophone:
             time.sleep(0.02)
         return self
 
-    def play(self, wav: Path) -> dict[str, Any]:
-        """Start playing the WAV into "mic"; say which sources the clients (the browser) record from."""
+    def play(self, wav: Path, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Start playing the WAV into "mic" once a client (the browser) records from a source, and say
+        which sources it records from. The page can be connected before Firefox opens its PulseAudio
+        stream: once that came more than the WAV's lead-in silence later, and the question's first
+        words were lost."""
+        started = time.monotonic()
+        while not self._list("source-outputs") and time.monotonic() - started < timeout_s:
+            time.sleep(0.05)
+        waited = time.monotonic() - started
         command = ["paplay", "--device=mic", str(wav)]
         self.player = subprocess.Popen(command, env={**os.environ, **self.env}, stderr=subprocess.DEVNULL)
         names = {row[0]: row[1] for row in self._list("sources")}
         recording = [names.get(row[1], row[1]) for row in self._list("source-outputs")]
-        return {"feed": "paplay into a PulseAudio null sink", "recording_from": recording}
+        return {"feed": "paplay into a PulseAudio null sink", "recording_from": recording,
+                "waited_for_recording_s": round(waited, 2)}
 
     def _list(self, what: str) -> list[list[str]]:
         command = ["pactl", "list", "short", what]
