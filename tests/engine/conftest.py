@@ -6,11 +6,13 @@ The GGUF -> safetensors conversion happens once, into GATEWAY_CACHE_DIR (default
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
 import pytest
 
+from inference.llm import cpu_kernels
 from inference.llm.engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM, load_lm
 from inference.models import ModelNotFound, embedded_llm
@@ -23,6 +25,15 @@ def cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def gateway_cache_dir() -> Path:
     return cache_dir()
+
+
+@pytest.fixture(scope="session")
+def kernels(gateway_cache_dir: Path) -> ctypes.CDLL:
+    """The engine's C kernel library (inference/llm/cpu_kernels.py), built for this machine."""
+    built = cpu_kernels.load(gateway_cache_dir)
+    if built is None:
+        pytest.skip("no AVX512-VNNI or no gcc on this machine: the engine runs torch's kernels")
+    return built
 
 
 @pytest.fixture(scope="session")

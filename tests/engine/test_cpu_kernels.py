@@ -13,14 +13,6 @@ import torch.nn.functional as F
 from inference.llm import cpu_kernels, decode_attention
 
 
-@pytest.fixture(scope="module")
-def lib(gateway_cache_dir):
-    built = cpu_kernels.load(gateway_cache_dir)
-    if built is None:
-        pytest.skip("no AVX512-VNNI or no gcc on this machine: the engine runs torch's kernels")
-    return built
-
-
 def reference(qkv: torch.Tensor, layer: torch.Tensor, slots: list[int], positions: list[int],
               heads: int, kv_heads: int) -> torch.Tensor:
     """Each row alone, in float64: its new key and value at its position, then softmax attention."""
@@ -38,7 +30,7 @@ def reference(qkv: torch.Tensor, layer: torch.Tensor, slots: list[int], position
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 128), (6, 6, 48)])
-def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim, kv_dtype):
+def test_matches_float64_and_stores_the_new_kv(kernels, heads, kv_heads, dim, kv_dtype):
     gen = torch.Generator().manual_seed(dim)
     layer = torch.randn(2, 5, kv_heads, 300, dim, generator=gen).to(kv_dtype)
     slots, positions = [3, 0, 4], [0, 137, 299]  # a first token, ragged lengths, the last position
@@ -47,7 +39,7 @@ def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim, kv_dty
     stored[:, heads:] = stored[:, heads:].to(kv_dtype).float()
     want = reference(stored, layer, slots, positions, heads, kv_heads)
     before = layer.clone()
-    got = decode_attention.attend(lib, qkv, heads, kv_heads, layer, torch.tensor(slots), torch.tensor(positions),
+    got = decode_attention.attend(kernels, qkv, heads, kv_heads, layer, torch.tensor(slots), torch.tensor(positions),
                                   dim**-0.5)
     assert (got.double() - want).abs().max().item() < 2e-6
     for r, (slot, pos) in enumerate(zip(slots, positions)):
@@ -58,25 +50,25 @@ def test_matches_float64_and_stores_the_new_kv(lib, heads, kv_heads, dim, kv_dty
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-def test_a_rows_output_does_not_depend_on_the_batch(lib, kv_dtype):
+def test_a_rows_output_does_not_depend_on_the_batch(kernels, kv_dtype):
     gen = torch.Generator().manual_seed(1)
     layer = torch.randn(2, 8, 3, 256, 64, generator=gen).to(kv_dtype)
     rows = torch.randn(8, 15, 64, generator=gen)
     slots, positions = torch.arange(8), torch.tensor([5, 200, 17, 99, 1, 255, 64, 128])
-    together = decode_attention.attend(lib, rows, 9, 3, layer, slots, positions, 0.125)
+    together = decode_attention.attend(kernels, rows, 9, 3, layer, slots, positions, 0.125)
     for r in range(8):
-        alone = decode_attention.attend(lib, rows[r : r + 1], 9, 3, layer, slots[r : r + 1], positions[r : r + 1], 0.125)
+        alone = decode_attention.attend(kernels, rows[r : r + 1], 9, 3, layer, slots[r : r + 1], positions[r : r + 1], 0.125)
         assert torch.equal(alone[0], together[r])
 
 
-def test_strided_rows_of_a_wider_projection(lib):
+def test_strided_rows_of_a_wider_projection(kernels):
     """The forward passes a view of its fused q/k/v output: rows further apart than their heads."""
     gen = torch.Generator().manual_seed(2)
     layer = torch.randn(2, 2, 1, 64, 64, generator=gen)
     wide = torch.randn(2, 10, 64, generator=gen)
-    got = decode_attention.attend(lib, wide[:, :6], 4, 1, layer.clone(), torch.tensor([1, 0]), torch.tensor([9, 40]),
+    got = decode_attention.attend(kernels, wide[:, :6], 4, 1, layer.clone(), torch.tensor([1, 0]), torch.tensor([9, 40]),
                                   0.125)
-    want = decode_attention.attend(lib, wide[:, :6].contiguous(), 4, 1, layer.clone(), torch.tensor([1, 0]),
+    want = decode_attention.attend(kernels, wide[:, :6].contiguous(), 4, 1, layer.clone(), torch.tensor([1, 0]),
                                    torch.tensor([9, 40]), 0.125)
     assert torch.equal(got, want)
 
@@ -99,12 +91,12 @@ def test_without_a_compiler_the_kernels_are_not_used(monkeypatch, tmp_path, capl
     assert not (tmp_path / "kernels").exists()
 
 
-def test_builds_into_the_cache_dir_and_drops_older_builds(lib, tmp_path):
+def test_builds_into_the_cache_dir_and_drops_older_builds(kernels, tmp_path):
     stale = [tmp_path / "kernels" / "cpu_kernels-0000000000000000.so", tmp_path / "kernels" / "q4_vnni-00.so"]
     stale[0].parent.mkdir()
     for path in stale:
         path.write_bytes(b"an older source's build")
     built = cpu_kernels.load(tmp_path)
-    assert built is not None and built is not lib
+    assert built is not None and built is not kernels
     names = [p.name for p in (tmp_path / "kernels").iterdir()]
     assert names == [Path(built._name).name] and names[0].startswith("cpu_kernels-")

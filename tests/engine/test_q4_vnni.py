@@ -6,16 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.llm import cpu_kernels, q4_vnni
+from inference.llm import q4_vnni
 from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
-
-
-@pytest.fixture(scope="module")
-def lib(gateway_cache_dir):
-    built = cpu_kernels.load(gateway_cache_dir)
-    if built is None:
-        pytest.skip("no AVX512-VNNI or no gcc on this machine: the int4 format runs on torch's kernel")
-    return built
 
 
 def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,44 +22,44 @@ def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return on_grid, q4_vnni.pack(step2, low2, torch.round(q2).clamp_(0, 15))
 
 
-def test_weights_come_back_through_the_kernel(lib, lm):
+def test_weights_come_back_through_the_kernel(kernels, lm):
     """The embedded model's Q4_1 weights, read back with identity rows, to float32 rounding."""
     w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t().contiguous()  # [in, out]
     low, step, q = _int4_grid(w_t)
     blob = q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15))
-    back = q4_vnni.matmul(lib, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
+    back = q4_vnni.matmul(kernels, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
     assert torch.allclose(back, w_t, rtol=1e-5, atol=1e-6 * w_t.abs().max().item()), (back - w_t).abs().max()
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
-def test_closer_to_float_than_torchs_int4_kernel(lib, rows):
+def test_closer_to_float_than_torchs_int4_kernel(kernels, rows):
     """15-bit activations: the error against a float64 product is below that of torch's bfloat16 kernel."""
     w, blob = grid_matrix(576, 960, seed=rows)
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(100 + rows))
     x[:, 7] *= 30.0  # an outlier channel, as real activations have
     exact = (x.double() @ w.double()).float()
-    ours = q4_vnni.matmul(lib, x, blob, 960)
+    ours = q4_vnni.matmul(kernels, x, blob, 960)
     theirs = _lin_int4(x, _quantize_int4(w, None, torch.bfloat16))
     err_ours = ((ours - exact).norm() / exact.norm()).item()
     err_theirs = ((theirs - exact).norm() / exact.norm()).item()
     assert err_ours < 2e-3 and err_ours < err_theirs / 2, (err_ours, err_theirs)
 
 
-def test_a_row_does_not_depend_on_the_batch(lib):
+def test_a_row_does_not_depend_on_the_batch(kernels):
     w, blob = grid_matrix(1536, 576, seed=7)
     x = torch.randn(19, 1536, generator=torch.Generator().manual_seed(8))
-    batched = q4_vnni.matmul(lib, x, blob, 576)
-    alone = torch.cat([q4_vnni.matmul(lib, x[i : i + 1], blob, 576) for i in range(19)])
+    batched = q4_vnni.matmul(kernels, x, blob, 576)
+    alone = torch.cat([q4_vnni.matmul(kernels, x[i : i + 1], blob, 576) for i in range(19)])
     assert torch.equal(batched, alone)
     # Not vacuous: the rows differ.
     assert not torch.equal(batched[0], batched[1])
 
 
-def test_zero_rows_give_zero(lib):
+def test_zero_rows_give_zero(kernels):
     _, blob = grid_matrix(576, 576, seed=3)
-    out = q4_vnni.matmul(lib, torch.zeros(2, 576), blob, 576)
+    out = q4_vnni.matmul(kernels, torch.zeros(2, 576), blob, 576)
     assert torch.equal(out, torch.zeros(2, 576))
-    assert q4_vnni.matmul(lib, torch.zeros(0, 576), blob, 576).shape == (0, 576)
+    assert q4_vnni.matmul(kernels, torch.zeros(0, 576), blob, 576).shape == (0, 576)
 
 
 def test_outputs_must_fill_whole_tiles():
@@ -77,7 +69,7 @@ def test_outputs_must_fill_whole_tiles():
 
 
 @pytest.mark.parametrize("rows", [1, 8, 21])
-def test_fused_norm_gate_and_residual_add(lib, rows):
+def test_fused_norm_gate_and_residual_add(kernels, rows):
     """The forward's fused calls against torch's own ops followed by the plain product: a norm's and
     a gate's inputs agree to float32 rounding (so the products to that over the weights' scale), a
     residual add is exactly the sum of the plain product, and each stays batch-invariant."""
@@ -87,29 +79,29 @@ def test_fused_norm_gate_and_residual_add(lib, rows):
     norm_w = torch.rand(576, generator=gen) + 0.5
     tol = 1e-4 * (x.abs().max() * w.abs().sum(0).max()).item()
 
-    normed = q4_vnni.matmul(lib, x, blob, 576, norm=(norm_w, 1e-5))
-    plain = q4_vnni.matmul(lib, F.rms_norm(x, (576,), norm_w, 1e-5), blob, 576)
+    normed = q4_vnni.matmul(kernels, x, blob, 576, norm=(norm_w, 1e-5))
+    plain = q4_vnni.matmul(kernels, F.rms_norm(x, (576,), norm_w, 1e-5), blob, 576)
     assert (normed - plain).abs().max().item() < tol
 
     gate_up = torch.randn(rows, 1152, generator=gen) * 3
-    gated = q4_vnni.matmul(lib, gate_up, blob, 576, gated=True)
-    plain = q4_vnni.matmul(lib, F.silu(gate_up[:, :576]) * gate_up[:, 576:], blob, 576)
+    gated = q4_vnni.matmul(kernels, gate_up, blob, 576, gated=True)
+    plain = q4_vnni.matmul(kernels, F.silu(gate_up[:, :576]) * gate_up[:, 576:], blob, 576)
     assert (gated - plain).abs().max().item() < 1e-4 * (gate_up.abs().max() ** 2 * w.abs().sum(0).max()).item()
 
     residual = torch.randn(rows, 576, generator=gen)
-    expected = residual + q4_vnni.matmul(lib, x, blob, 576)
-    out = q4_vnni.matmul(lib, x, blob, 576, add_to=residual)
+    expected = residual + q4_vnni.matmul(kernels, x, blob, 576)
+    out = q4_vnni.matmul(kernels, x, blob, 576, add_to=residual)
     assert out is residual and torch.equal(out, expected)
 
     for r in range(rows):
-        assert torch.equal(q4_vnni.matmul(lib, x[r : r + 1], blob, 576, norm=(norm_w, 1e-5))[0], normed[r])
-        assert torch.equal(q4_vnni.matmul(lib, gate_up[r : r + 1], blob, 576, gated=True)[0], gated[r])
+        assert torch.equal(q4_vnni.matmul(kernels, x[r : r + 1], blob, 576, norm=(norm_w, 1e-5))[0], normed[r])
+        assert torch.equal(q4_vnni.matmul(kernels, gate_up[r : r + 1], blob, 576, gated=True)[0], gated[r])
 
 
-def test_fused_calls_check_their_operands(lib):
+def test_fused_calls_check_their_operands(kernels):
     _, blob = grid_matrix(576, 576, seed=3)
     x = torch.randn(2, 576)
     with pytest.raises(ValueError, match="norm"):
-        q4_vnni.matmul(lib, x, blob, 576, norm=(torch.ones(100), 1e-5))
+        q4_vnni.matmul(kernels, x, blob, 576, norm=(torch.ones(100), 1e-5))
     with pytest.raises(ValueError, match="add_to"):
-        q4_vnni.matmul(lib, x, blob, 576, add_to=torch.zeros(2, 576).t())
+        q4_vnni.matmul(kernels, x, blob, 576, add_to=torch.zeros(2, 576).t())

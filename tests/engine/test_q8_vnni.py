@@ -6,16 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.llm import cpu_kernels, q8_vnni
+from inference.llm import q8_vnni
 from inference.llm.forward import _lin_w8a8, _quantize_int8, _quantize_w8a8
-
-
-@pytest.fixture(scope="module")
-def lib(gateway_cache_dir):
-    built = cpu_kernels.load(gateway_cache_dir)
-    if built is None:
-        pytest.skip("no AVX512-VNNI or no gcc on this machine: the head runs on oneDNN")
-    return built
 
 
 @pytest.fixture(scope="module")
@@ -27,30 +19,30 @@ def head():
 
 
 @pytest.mark.parametrize("rows", [1, 8, 13])
-def test_as_close_to_float64_as_onednn(lib, head, rows):
+def test_as_close_to_float64_as_onednn(kernels, head, rows):
     weights, blob, scale, onednn = head
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
     x[:, 5] *= 25.0  # an outlier channel
     exact = x.double() @ weights
-    ours = q8_vnni.matmul(lib, x, blob, scale)
+    ours = q8_vnni.matmul(kernels, x, blob, scale)
     theirs = _lin_w8a8(x, onednn)
     err_ours = ((ours.double() - exact).norm() / exact.norm()).item()
     err_theirs = ((theirs.double() - exact).norm() / exact.norm()).item()
     assert err_ours < 1e-3 and err_ours < 1.5 * err_theirs, (err_ours, err_theirs)
 
 
-def test_a_row_does_not_depend_on_the_batch(lib, head):
+def test_a_row_does_not_depend_on_the_batch(kernels, head):
     _, blob, scale, _ = head
     x = torch.randn(11, 576, generator=torch.Generator().manual_seed(3))
-    batched = q8_vnni.matmul(lib, x, blob, scale)
-    alone = torch.cat([q8_vnni.matmul(lib, x[i : i + 1], blob, scale) for i in range(11)])
+    batched = q8_vnni.matmul(kernels, x, blob, scale)
+    alone = torch.cat([q8_vnni.matmul(kernels, x[i : i + 1], blob, scale) for i in range(11)])
     assert torch.equal(batched, alone) and not torch.equal(batched[0], batched[1])
 
 
-def test_zero_rows(lib, head):
+def test_zero_rows(kernels, head):
     _, blob, scale, _ = head
-    assert torch.equal(q8_vnni.matmul(lib, torch.zeros(2, 576), blob, scale), torch.zeros(2, 4096))
-    assert q8_vnni.matmul(lib, torch.zeros(0, 576), blob, scale).shape == (0, 4096)
+    assert torch.equal(q8_vnni.matmul(kernels, torch.zeros(2, 576), blob, scale), torch.zeros(2, 4096))
+    assert q8_vnni.matmul(kernels, torch.zeros(0, 576), blob, scale).shape == (0, 4096)
 
 
 def test_shapes_it_takes():
