@@ -1,12 +1,14 @@
-/* Attention of decoding rows (one new token each) over their own slot of the KV pool, in float32
- * arithmetic, on AVX512F. Built with q4_vnni.c into one library by cpu_kernels.py.
+/* Attention of a step's rows (decoding tokens, and the tokens of prompt chunks) over their own slot of
+ * the KV pool, in float32 arithmetic, on AVX512F. Built with the engine's other kernels into one
+ * library by cpu_kernels.py.
  *
- * torch's flash attention for CPU cost 40 us a layer for one row and 150 us for eight at 100 tokens of
- * context: its blocking is made for long queries, and a batch of slots of different lengths needs a
- * padded, masked call. Here each (row, head) pair is one work item: it stores the row's new key and
- * value in its slot, scores the query against the slot's keys 0..pos, takes an exact softmax and sums
- * the values. An item reads only its own row's data, and always in the same order, so a row's output
- * never depends on the other rows of the batch.
+ * torch's flash attention for CPU cost 40 us a layer for one decoding row and 150 us for eight at 100
+ * tokens of context: its blocking is made for long queries, and a batch of slots of different lengths
+ * needs a padded, masked call. Here every row's new key and value are stored first; then each (row,
+ * head) pair is one work item: it scores the query against its slot's keys 0..pos (a prompt row thus
+ * sees the rows of its chunk before it), takes an exact softmax and sums the values. An item reads
+ * only its own row's data, always in the same order, so a row's output never depends on the other
+ * rows of the step. Items are dealt out one by one (a prompt's later rows have more to read).
  *
  * The pool layer: [2, slots, kv_heads, capacity, dim] (keys, then values), float32 or float16 (which
  * halves the bytes a step reads; they are widened to float32 as they are loaded). qkv: per row, `heads`
@@ -131,7 +133,7 @@ int decode_attention(const float *qkv, int rows, int row_stride, int heads, int 
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
         for (int item = 0; item < rows * heads; item++) {
             if (!scores) continue;
             const int r = item / heads, h = item % heads;

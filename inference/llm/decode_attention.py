@@ -1,12 +1,15 @@
-"""Attention of decoding rows (one new token each) on the engine's own CPU kernel (decode_attention.c).
+"""Attention of a step's rows over the KV pool on the engine's own CPU kernel (decode_attention.c).
 
-torch's flash attention for the CPU is made for long queries: a decoding row cost about 40 us a layer
-alone and 150 us for eight at 100 tokens of context, and rows of different lengths need one padded,
-masked call. The kernel takes each (row, head) as one work item over exactly its own slot's 0..pos,
-so it needs no mask, and a row's output never depends on the batch. It also stores the rows' new keys
-and values in the pool. The pool may hold float32 or float16 KV (the int4 format's: half the bytes
-that each step reads, widened to float32 as they are loaded); queries and sums stay float32. The
-int8 format's bfloat16 KV and CUDA run torch's sdpa.
+Every row, a decoding token or a prompt token of a chunk, attends over its own slot up to its own
+position. torch's flash attention for the CPU is made for long queries: a decoding row cost about 40
+us a layer alone and 150 us for eight at 100 tokens of context, rows of different lengths need one
+padded, masked call, and each prompt chunk another call with its causal mask. The kernel takes each
+(row, head) as one work item over exactly its slot's 0..pos, so it needs no mask, and a row's output
+never depends on the batch or on how its prompt was chunked. It first stores every row's new key and
+value in the pool (so a prompt row sees the rows of its chunk before it). The pool may hold float32
+or float16 KV (the int4 format's: half the bytes that each step reads, widened to float32 as they
+are loaded); queries and sums stay float32. The int8 format's bfloat16 activations and CUDA run
+torch's sdpa.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
 def attend(lib: ctypes.CDLL, qkv: torch.Tensor, heads: int, kv_heads: int, layer: torch.Tensor,
            slots: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
     """``qkv``: float32 ``[rows, heads + 2 * kv_heads, head_dim]`` (rotated queries and keys, then
-    values; rows may be strided). ``layer``: one layer of the pool, ``[2, slots, kv_heads, capacity,
+    values; rows may be strided; rows of one slot in increasing positions). ``layer``: one layer of the pool, ``[2, slots, kv_heads, capacity,
     head_dim]``, contiguous, float32 or float16. ``slots`` and ``positions``: int64 ``[rows]``, each
     row's slot and new position. Stores the new keys and values at those positions and returns
     ``[rows, heads * head_dim]``."""

@@ -18,7 +18,7 @@ memory is duplicated.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -210,6 +210,20 @@ class Segment:
     slot: int
     start: int
     n: int
+
+
+@dataclass
+class _SdpaPlan:
+    """A step's attention layout for sdpa, the same in every layer (see LeanForward._sdpa_plan)."""
+
+    n_dec: int = 0
+    used: int = 0
+    dense: bool = True
+    lmax: int = 0
+    dec_mask: torch.Tensor | None = None
+    slot_idx: torch.Tensor | None = None
+    pos_idx: torch.Tensor | None = None
+    chunks: list[tuple[int, int, int, int, int, torch.Tensor | None]] = field(default_factory=list)
 
 
 class _Layer:
@@ -572,6 +586,67 @@ class LeanForward:
             inp = gate(inp[:, :inter]).mul_(inp[:, inter:])
         return x + self._lin(inp, weights)
 
+    def _sdpa_plan(self, pool: KVPool, dec: Sequence[Segment], chunks: Sequence[Segment],
+                   positions: torch.Tensor) -> _SdpaPlan:
+        """What sdpa needs each layer: decoding rows share one call over slots ``0..used-1`` (padded to
+        the longest and masked), prompt chunks attend per request."""
+        plan = _SdpaPlan()
+        n_dec, used = len(dec), pool.used
+        dec_slots = [s.slot for s in dec]
+        if n_dec:
+            plan.dense = dec_slots == list(range(used))  # every used slot decodes: no gather/scatter of queries
+            if plan.dense:
+                ends = [s.start + 1 for s in dec]
+            else:
+                ends = [1] * used
+                for s in dec:
+                    ends[s.slot] = s.start + 1
+            plan.lmax = max(ends)
+            if min(ends) < plan.lmax:
+                # Padded positions are masked, but must hold finite numbers (0 * NaN is NaN).
+                for slot, e in enumerate(ends):
+                    if e < plan.lmax:
+                        pool.sanitize(slot, plan.lmax)
+                lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
+                plan.dec_mask = self._additive(torch.arange(plan.lmax, device=self.device).view(1, 1, 1, plan.lmax) < lens)
+            plan.slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
+            plan.pos_idx = positions[:n_dec]
+        plan.n_dec, plan.used = n_dec, used
+        r0 = n_dec
+        for s in chunks:
+            mask = None if s.start == 0 else self._causal_mask(s.start, s.n)
+            plan.chunks.append((r0, s.n, s.slot, s.start, s.start + s.n, mask))
+            r0 += s.n
+        return plan
+
+    def _attend_sdpa(self, layer: torch.Tensor, qkv: torch.Tensor, plan: _SdpaPlan) -> torch.Tensor:
+        """One layer's attention on torch's sdpa (where the kernel does not run); stores the new KV."""
+        H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
+        sdpa, scale, n_dec = F.scaled_dot_product_attention, self.scaling, plan.n_dec
+        kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys, then values
+        outs = []
+        if n_dec:
+            layer[:, plan.slot_idx, :, plan.pos_idx] = kvnew[:n_dec].view(n_dec, 2, KVH, D)
+            k = layer[0, : plan.used, :, : plan.lmax]
+            v = layer[1, : plan.used, :, : plan.lmax]
+            q = qkv[:n_dec, :H].view(n_dec, KVH, G, D)
+            if plan.dense:
+                o = sdpa(q, k, v, attn_mask=plan.dec_mask, scale=scale)
+                outs.append(o.view(n_dec, H * D))
+            else:
+                qf = q.new_zeros((plan.used, KVH, G, D))
+                qf[plan.slot_idx] = q
+                o = sdpa(qf, k, v, attn_mask=plan.dec_mask, scale=scale)
+                outs.append(o[plan.slot_idx].view(n_dec, H * D))
+        for c0, n, slot, start, end, mask in plan.chunks:
+            layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
+            k = layer[0, slot, :, :end].unsqueeze(0)
+            v = layer[1, slot, :, :end].unsqueeze(0)
+            q = qkv[c0 : c0 + n, :H].transpose(0, 1).unsqueeze(0)
+            o = sdpa(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=G > 1)
+            outs.append(o[0].transpose(0, 1).reshape(n, H * D))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
     def _causal_mask(self, start: int, n: int) -> torch.Tensor:
         q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
         k = torch.arange(start + n, device=self.device).unsqueeze(0)
@@ -599,18 +674,14 @@ class LeanForward:
         must suffice: :meth:`KVPool.ensure_capacity`), and the slot lengths are updated at the end, so a
         step that raises commits nothing and can be retried.
         """
-        H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         T = token_ids.shape[0]
         data = pool.data
-        sdpa = F.scaled_dot_product_attention
-        scale = self.scaling
-        # -- plan: decode rows (one token) attend in one batched call over slots [0, used) ------------
         n_dec = 0
         while n_dec < len(segments) and segments[n_dec].n == 1:
             n_dec += 1
         dec = segments[:n_dec]
         chunks = segments[n_dec:]
-        used = pool.used
         dec_slots = [s.slot for s in dec]
         if any(b <= a for a, b in zip(dec_slots, dec_slots[1:])):
             raise ValueError("single-token segments must come first, in increasing slot order")
@@ -618,37 +689,15 @@ class LeanForward:
             raise ValueError("empty segment")
         if n_dec + sum(s.n for s in chunks) != T:
             raise ValueError(f"segments cover {n_dec + sum(s.n for s in chunks)} rows, got {T} tokens")
-        dense = dec_slots == list(range(used))  # every used slot decodes: no gather/scatter of queries
         kernel = self._attention_lib
-        if n_dec:
-            slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
-            pos_idx = positions[:n_dec]
-        if n_dec and kernel is None:
-            if dense:
-                ends = [s.start + 1 for s in dec]
-            else:
-                ends = [1] * used
-                for s in dec:
-                    ends[s.slot] = s.start + 1
-            lmax = max(ends)
-            if min(ends) == lmax:
-                dec_mask = None
-            else:
-                # Padded positions are masked, but must hold finite numbers (0 * NaN is NaN).
-                for slot, e in enumerate(ends):
-                    if e < lmax:
-                        pool.sanitize(slot, lmax)
-                lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
-                dec_mask = self._additive(torch.arange(lmax, device=self.device).view(1, 1, 1, lmax) < lens)
-        chunk_plan = []
-        r0 = n_dec
-        for s in chunks:
-            end = s.start + s.n
-            if s.start == 0:
-                chunk_plan.append((r0, s.n, s.slot, s.start, end, None, True))
-            else:
-                chunk_plan.append((r0, s.n, s.slot, s.start, end, self._causal_mask(s.start, s.n), False))
-            r0 += s.n
+        if kernel is not None:
+            # Every row, decoding or prompt, attends on the kernel over its own slot up to its own
+            # position (a prompt row sees the rows of its chunk before it: the kernel stores them all
+            # first). So a row's result is the same whatever else the step holds, and a prompt's
+            # chunks need no masks.
+            row_slots = torch.tensor(dec_slots + [s.slot for s in chunks for _ in range(s.n)], dtype=torch.long)
+        else:
+            plan = self._sdpa_plan(pool, dec, chunks, positions)
 
         x = F.embedding(token_ids, self.embed)
         if self._cast_embed:
@@ -661,32 +710,11 @@ class LeanForward:
             qk = qkv[:, : H + KVH]
             rot = torch.roll(qk, half, -1).mul_(sin)
             qk.mul_(cos).add_(rot)
-            kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys, then values
             layer = data[li]  # [2, slots, KVH, cap, D]
-            outs = []
-            if n_dec and kernel is not None:
-                outs.append(decode_attention.attend(kernel, qkv[:n_dec], H, KVH, layer, slot_idx, pos_idx, scale))
-            elif n_dec:
-                layer[:, slot_idx, :, pos_idx] = kvnew[:n_dec].view(n_dec, 2, KVH, D)
-                k = layer[0, :used, :, :lmax]
-                v = layer[1, :used, :, :lmax]
-                q = qkv[:n_dec, :H].view(n_dec, KVH, G, D)
-                if dense:
-                    o = sdpa(q, k, v, attn_mask=dec_mask, scale=scale)
-                    outs.append(o.view(n_dec, H * D))
-                else:
-                    qf = q.new_zeros((used, KVH, G, D))
-                    qf[slot_idx] = q
-                    o = sdpa(qf, k, v, attn_mask=dec_mask, scale=scale)
-                    outs.append(o[slot_idx].view(n_dec, H * D))
-            for (c0, n, slot, start, end, mask, causal) in chunk_plan:
-                layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
-                k = layer[0, slot, :, :end].unsqueeze(0).to(self.dtype)
-                v = layer[1, slot, :, :end].unsqueeze(0).to(self.dtype)
-                q = qkv[c0 : c0 + n, :H].transpose(0, 1).unsqueeze(0)
-                o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=G > 1)
-                outs.append(o[0].transpose(0, 1).reshape(n, H * D))
-            att = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+            if kernel is not None:
+                att = decode_attention.attend(kernel, qkv, H, KVH, layer, row_slots, positions, self.scaling)
+            else:
+                att = self._attend_sdpa(layer, qkv, plan)
             x = self._residual_lin(x, att, L.o)
             gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
             x = self._residual_lin(x, gu, L.down, gate=L.act)

@@ -100,3 +100,23 @@ def test_builds_into_the_cache_dir_and_drops_older_builds(kernels, tmp_path):
     assert built is not None and built is not kernels
     names = [p.name for p in (tmp_path / "kernels").iterdir()]
     assert names == [Path(built._name).name] and names[0].startswith("cpu_kernels-")
+
+
+def test_prompt_rows_see_the_rows_of_their_chunk_before_them(kernels):
+    """A chunk of one slot's prompt (rows at consecutive positions) beside a decoding row of another
+    slot: each prompt row attends over the cached prefix and the chunk's rows up to its own."""
+    gen = torch.Generator().manual_seed(5)
+    layer = torch.randn(2, 2, 3, 64, 64, generator=gen)
+    rows = torch.randn(6, 15, 64, generator=gen)
+    slots, positions = [1, 0, 0, 0, 0, 0], [20, 10, 11, 12, 13, 14]  # slot 0 holds 10 cached tokens
+    want = []
+    cache = layer.double().clone()
+    for r, (slot, pos) in enumerate(zip(slots, positions)):
+        cache[0, slot, :, pos] = rows[r, 9:12].double()
+        cache[1, slot, :, pos] = rows[r, 12:].double()
+    for r, (slot, pos) in enumerate(zip(slots, positions)):
+        q = rows[r, :9].double().view(3, 3, 64)
+        k, v = cache[0, slot, :, : pos + 1], cache[1, slot, :, : pos + 1]
+        want.append(F.scaled_dot_product_attention(q, k, v, scale=0.125).reshape(576))
+    got = decode_attention.attend(kernels, rows, 9, 3, layer, torch.tensor(slots), torch.tensor(positions), 0.125)
+    assert (got.double() - torch.stack(want)).abs().max().item() < 2e-6

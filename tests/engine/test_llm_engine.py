@@ -422,6 +422,38 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ac
         eng.close()
 
 
+def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(lm):
+    """On the engine's kernels every row of an int4 step is computed alone (GEMMs in whole numbers,
+    attention per row): a prompt prefilled in one chunk, in chunks of 7 and beside another prompt
+    gives bit-identical logits."""
+    import dataclasses
+
+    from inference.llm.forward import Segment
+
+    if cpu_kernels.load(lm.cache_dir) is None:
+        pytest.skip("the engine's kernels do not run on this machine")
+    quantized = dataclasses.replace(lm, weight_format="int4")
+    fwd = LeanForward.for_model(quantized.model, quantized.context_window, "int4", kernel_dir=lm.cache_dir)
+    ids = torch.tensor(lm.tokenizer("The quick brown fox jumps over the lazy dog near the river bank.")["input_ids"])
+    other = torch.tensor(lm.tokenizer("A completely different prompt, somewhat longer than it.")["input_ids"])
+    n = len(ids)
+
+    def new_pool():
+        pool = fwd.new_pool(2, 256, 64)
+        for _ in range(2):
+            pool.acquire(type("Owner", (), {})())
+        return pool
+
+    whole = fwd.forward(new_pool(), ids, torch.arange(n), [Segment(0, 0, n)], [n - 1])
+    pool = new_pool()
+    for start in range(0, n, 7):
+        m = min(7, n - start)
+        last = fwd.forward(pool, ids[start : start + m], torch.arange(start, start + m), [Segment(0, start, m)], [m - 1])
+    beside = fwd.forward(new_pool(), torch.cat([other, ids]), torch.cat([torch.arange(len(other)), torch.arange(n)]),
+                         [Segment(1, 0, len(other)), Segment(0, 0, n)], [len(other) + n - 1])
+    assert torch.equal(whole, last) and torch.equal(whole, beside)
+
+
 async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
     """Where the engine's kernels cannot be built or run, int4 falls back to torch's kernel and
     decoding rows to sdpa, which still answer the France question."""
