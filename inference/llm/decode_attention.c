@@ -8,7 +8,7 @@
  * head) pair is one work item: it scores the query against its slot's keys 0..pos (a prompt row thus
  * sees the rows of its chunk before it), takes an exact softmax and sums the values. An item reads
  * only its own row's data, always in the same order, so a row's output never depends on the other
- * rows of the step. Items are dealt out one by one (a prompt's later rows have more to read).
+ * rows of the step.
  *
  * The pool layer: [2, slots, kv_heads, capacity, dim] (keys, then values), float32 or float16 (which
  * halves the bytes a step reads; they are widened to float32 as they are loaded). qkv: per row, `heads`
@@ -133,7 +133,10 @@ int decode_attention(const float *qkv, int rows, int row_stride, int heads, int 
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static, 1)
+        /* A thread takes a row's query heads that share a KV head together (their keys and values
+         * stay in its cache), and the next such group when it is done (a prompt's later rows have
+         * more to read). Dealing out single heads cost 8 decoding rows 10% more. */
+#pragma omp for schedule(dynamic, group)
         for (int item = 0; item < rows * heads; item++) {
             if (!scores) continue;
             const int r = item / heads, h = item % heads;
