@@ -2,9 +2,9 @@
 
 - ``q4_vnni.c``: int4 weights times 15-bit activations on AVX512-VNNI (see q4_vnni.py);
 - ``q8_vnni.c``: the output head's int8 weights times 15-bit activations (see q8_vnni.py);
-- ``decode_attention.c``: attention of decoding rows over their own KV slots (see
-  decode_attention.py);
-- ``vec_exp.h``: a vectorized exp both use.
+- ``decode_attention.c``: attention of a step's rows, decoding or prompt, each over its own KV slot
+  (see decode_attention.py);
+- ``vec_exp.h``: the vectorized exp of q4_vnni.c (SiLU) and decode_attention.c (softmax).
 
 The sources are compiled once per machine with gcc into ``<cache>/kernels/`` (about a second; the
 file name carries a hash of the sources, the flags, gcc's and torch's versions, and builds of older
