@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
-        description="Where converted model weights are cached and the int4 VNNI kernel is built."
+        description="Where converted model weights are cached and the engine's C kernels are built."
     )
     load_voice_models: bool = Field(True, description="Load ASR and TTS at start (text-only when false).")
 

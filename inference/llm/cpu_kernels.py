@@ -4,7 +4,7 @@
 - ``q8_vnni.c``: the output head's int8 weights times 15-bit activations (see q8_vnni.py);
 - ``decode_attention.c``: attention of a step's rows, decoding or prompt, each over its own KV slot
   (see decode_attention.py);
-- ``vec_exp.h``: the vectorized exp of q4_vnni.c (SiLU) and decode_attention.c (softmax).
+- ``simd.h``: what they share: a vectorized exp (SiLU, softmax) and VPDPBUSD with a broadcast operand.
 
 The sources are compiled once per machine with gcc into ``<cache>/kernels/`` (about a second; the
 file name carries a hash of the sources, the flags, gcc's and torch's versions, and builds of older
@@ -32,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("q4_vnni.c", "q8_vnni.c", "decode_attention.c"))
-HEADERS = (Path(__file__).with_name("vec_exp.h"),)
+HEADERS = (Path(__file__).with_name("simd.h"),)
 REQUIRED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 COMPILE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp",
                  "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]

@@ -10,8 +10,8 @@
  * only its own row's data, always in the same order, so a row's output never depends on the other
  * rows of the step.
  *
- * The pool layer: [2, slots, kv_heads, capacity, dim] (keys, then values), float32 or float16 (which
- * halves the bytes a step reads; they are widened to float32 as they are loaded). qkv: per row, `heads`
+ * The pool layer: [2, slots, kv_heads, capacity, dim] (keys, then values), float32 or float16 (half
+ * the memory; widened to float32 as it is loaded). qkv: per row, `heads`
  * rotated queries, then `kv_heads` rotated keys, then `kv_heads` values, each `dim` floats, rows
  * `row_stride` floats apart. out: [rows, heads * dim].
  */
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vec_exp.h"
+#include "simd.h"
 
 #define MAX_CHUNKS 16 /* head dims up to 256 */
 

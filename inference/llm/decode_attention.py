@@ -7,8 +7,8 @@ padded, masked call, and each prompt chunk another call with its causal mask. Th
 (row, head) as one work item over exactly its slot's 0..pos, so it needs no mask, and a row's output
 never depends on the batch or on how its prompt was chunked. It first stores every row's new key and
 value in the pool (so a prompt row sees the rows of its chunk before it). The pool may hold float32
-or float16 KV (the int4 format's: half the bytes that each step reads, widened to float32 as they
-are loaded); queries and sums stay float32. The int8 format's bfloat16 activations and CUDA run
+or float16 KV (the int4 format's: half the memory, widened to float32 as it is loaded); queries and
+sums stay float32. The int8 format's bfloat16 activations and CUDA run
 torch's sdpa.
 """
 

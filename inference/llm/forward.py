@@ -370,10 +370,13 @@ def _quantize_int4_vnni(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple
     return lib, q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15)), w_t.shape[1], b
 
 
-def _lin_int4_vnni(x: torch.Tensor, w: tuple) -> torch.Tensor:
+def _lin_int4_vnni(x: torch.Tensor, w: tuple, *, norm: tuple[torch.Tensor, float] | None = None,
+                   gated: bool = False, add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W (+ bias)`` on q4_vnni.c, optionally normalizing or gating ``x`` first and adding the
+    product to ``add_to`` in place (see :func:`q4_vnni.matmul`). int4 activations are float32."""
     lib, blob, out_features, b = w
-    y = q4_vnni.matmul(lib, x.float(), blob, out_features).to(x.dtype)
-    return y if b is None else y + b
+    y = q4_vnni.matmul(lib, x, blob, out_features, norm=norm, gated=gated, add_to=add_to)
+    return y if b is None else y.add_(b)
 
 
 def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
@@ -413,9 +416,10 @@ class LeanForward:
         greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
         weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model), on the
         AVX512-VNNI kernel of q4_vnni (15-bit activations; built into ``kernel_dir``) where the CPU
-        has it, else on torch's int4 kernel with bfloat16 matmul inputs; everything else (residual
-        stream, norms, attention, KV) stays in the model's float32. Both run the output head as int8,
-        on the CPU with int8 activations too (:func:`_lin_w8a8`)."""
+        has it, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream, norms
+        and attention stay in the model's float32, the KV is float16 where the engine's attention
+        kernel runs. Both run the output head as int8, on the CPU with int8 activations too
+        (q8_vnni.c, else :func:`_lin_w8a8`)."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
@@ -468,7 +472,7 @@ class LeanForward:
         lib = cpu_kernels.load(kernel_dir) if kernel_dir is not None and self.device.type == "cpu" else None
         if weight_format == "int4" and self.device.type == "cpu":
             linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
-            if lib is not None and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
+            if lib is not None and self.dtype == torch.float32 and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
                 self._vnni = lib
                 self.int4_kernel = "vnni"
             else:
@@ -477,13 +481,13 @@ class LeanForward:
         # on oneDNN (_lin_w8a8).
         self._head_lib = lib if (weight_format != "native" and lib is not None and self.vocab_size % q8_vnni.TILE == 0
                                  and self.hidden % 16 == 0) else None
-        # Decoding rows attend on the kernel of decode_attention.c where it runs (float32 activations),
-        # else on sdpa.
+        # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
+        # activations), else on sdpa.
         self._attention_lib = lib if lib is not None and decode_attention.supported(
             self.head_dim, self.dtype, self.device) else None
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
-        # int4 keeps its KV in float16 where that kernel reads it: half the bytes a decoding step reads
-        # (llama.cpp's default too). Prompt chunks widen it to float32 for sdpa.
+        # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
+        # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
         self.kv_dtype = torch.float16 if weight_format == "int4" and self._attention_lib is not None else self.dtype
         self.layers: list[_Layer] = []
         with torch.no_grad():
@@ -511,7 +515,6 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
-        self._fused_vnni = self.int4_kernel == "vnni"
         self._silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
         self._lin = {"native": _lin_native, "int8": _lin_int8,
                      "int4": _lin_int4_vnni if self.int4_kernel == "vnni" else _lin_int4}[weight_format]
@@ -566,10 +569,8 @@ class LeanForward:
 
     def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
         """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
-        if self._fused_vnni:
-            lib, blob, out_features, b = weights
-            y = q4_vnni.matmul(lib, x, blob, out_features, norm=(w, eps))
-            return y if b is None else y + b
+        if self._vnni is not None:
+            return _lin_int4_vnni(x, weights, norm=(w, eps))
         return self._lin(self._norm(x, w, eps), weights)
 
     def _residual_lin(self, x: torch.Tensor, inp: torch.Tensor, weights: tuple, gate: nn.Module | None = None
@@ -577,10 +578,8 @@ class LeanForward:
         """``x + lin(inp)``, or with ``gate``, ``x + lin(gate(inp[:, :i]) * inp[:, i:])`` (a gated MLP's
         down projection). The VNNI kernel gates a SiLU MLP's rows as it quantizes them and adds its
         product to ``x`` in place (``x`` is the step's own residual stream)."""
-        if self._fused_vnni and (gate is None or self._silu_mlp):
-            lib, blob, out_features, b = weights
-            y = q4_vnni.matmul(lib, inp, blob, out_features, gated=gate is not None, add_to=x)
-            return y if b is None else y.add_(b)
+        if self._vnni is not None and (gate is None or self._silu_mlp):
+            return _lin_int4_vnni(inp, weights, gated=gate is not None, add_to=x)
         if gate is not None:
             inter = inp.shape[1] // 2
             inp = gate(inp[:, :inter]).mul_(inp[:, inter:])

@@ -42,7 +42,7 @@ class LoadedLM:
     source: Path
     load_seconds: float
     converted: bool  # True when this load did the GGUF -> safetensors conversion
-    cache_dir: Path  # converted weights; also where the int4 VNNI kernel is built (q4_vnni.py)
+    cache_dir: Path  # converted weights; also where the engine's C kernels are built (cpu_kernels.py)
     # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
     # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
     weight_format: str = "native"

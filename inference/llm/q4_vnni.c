@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vec_exp.h"
+#include "simd.h"
 
 #define GROUP 32
 #define TILE 16
@@ -107,14 +107,6 @@ static void quantize_rows(const float *x, int rows, int k, const float *norm_w, 
             f[n] = s / 256.0f * (float)total;
         }
     }
-}
-
-/* acc += w (16 lanes of 4 unsigned bytes) . the 4 signed bytes at p, broadcast to every lane. Written
- * out so that the broadcast is VPDPBUSD's own memory operand: gcc loads it with a separate
- * VPBROADCASTD, and with that extra instruction per product 8 rows took 6-18% longer. */
-static inline __m512i dot4(__m512i acc, __m512i w, const int8_t *p) {
-    __asm__("vpdpbusd %[p]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [p] "m"(*(const int32_t *)p));
-    return acc;
 }
 
 /* One tile of 16 outputs for a block of ROWS (1..MAX_ROWS) rows; inlined with a constant ROWS so

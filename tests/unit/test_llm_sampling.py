@@ -14,8 +14,6 @@ from inference.llm.sampling import (
     IncrementalDetokenizer,
     RowSampler,
     StopChecker,
-    _greedy_tokens,
-    _greedy_tokens_cpu,
     sample_rows,
 )
 
@@ -85,23 +83,22 @@ def test_greedy_rows_of_a_batch_equal_each_row_processed_alone():
     assert changed[0] > 0 and changed[2] == 40 and changed[4] > 0 and changed[1] == 0
 
 
-def test_greedy_rows_on_the_cpu_equal_the_torch_path():
-    """The CPU's numpy pass (in place) and the torch pass other devices run pick the same tokens."""
+def test_greedy_rows_penalized_in_place_equal_each_row_processed_alone():
+    """When every row is greedy, sample_rows penalizes the logits in place (no copy); it still picks
+    what process() + argmax picks row by row."""
     torch.manual_seed(4)
-    rows = [0, 2, 3]
     for step in range(30):
         samplers = [
             sampler(temperature=0, repetition_penalty=1.1, prompt_ids=list(range(step, 400, 7))),
             sampler(temperature=0, suppress_ids=[5, 6]),
             sampler(temperature=0, repetition_penalty=0.8, prompt_ids=[1, 2, 3], suppress_ids=[4]),
         ]
-        logits = torch.randn(4, 400) * 3
-        logits[2, 5] = 40.0
-        want = _greedy_tokens(logits.clone(), rows, samplers)
-        assert _greedy_tokens_cpu(logits.clone(), rows, samplers) == want  # a copy of the rows: some aren't greedy
-        every = logits[rows].clone()
-        assert _greedy_tokens_cpu(every, [0, 1, 2], samplers) == want  # every row greedy: in place
-        assert not torch.equal(every, logits[rows])
+        logits = torch.randn(3, 400) * 3
+        logits[1, 5] = 40.0
+        want = [int(torch.argmax(s.process(logits[i].clone()))) for i, s in enumerate(samplers)]
+        every = logits.clone()
+        assert sample_rows(every, samplers) == want
+        assert not torch.equal(every, logits)  # it did work in place
 
 
 def test_a_failing_row_gets_its_exception_and_the_others_their_tokens():
