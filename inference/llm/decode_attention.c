@@ -24,6 +24,8 @@
 #include "simd.h"
 
 #define MAX_CHUNKS 16 /* head dims up to 256 */
+#define MAX_HEADS 3   /* query heads taken together */
+#define MAX_HELD 12   /* registers for their queries (HEADS * CHUNKS) */
 
 /* 16 floats of K or V at element `at`: float32, or float16 (HALF) widened. */
 static inline __attribute__((always_inline)) __m512 load_kv(const void *kv, size_t at, const int HALF) {
@@ -31,67 +33,91 @@ static inline __attribute__((always_inline)) __m512 load_kv(const void *kv, size
     return _mm512_loadu_ps((const float *)kv + at);
 }
 
-/* One query head over `len` positions. CHUNKS (dim / 16, at most MAX_CHUNKS) and HALF are constants
- * where inlined, so the accumulators stay in registers; keys are scored four at a time and values
- * summed two at a time, to keep independent FMAs in flight. */
+/* Lane j of the result: the sum of v[j]'s 16 lanes. A transposing tree of 45 shuffles and adds for
+ * the 16 sums, against about 8 dependent instructions for each one alone (_mm512_reduce_add_ps). */
+static inline __attribute__((always_inline)) __m512 sum_lanes16(const __m512 *v) {
+    __m512 pairs[8], quads[4], octs[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] for v[2i], v[2i+1] */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per block: the block's sum for each of 4 vectors */
+        const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; i++) /* blocks 0+1 and 2+3, for 8 vectors */
+        octs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* HEADS query heads that share one KV head (consecutive in q and out, `dim` floats apart) over `len`
+ * positions. Each key is loaded (and widened) once for all of them. CHUNKS (dim / 16), HALF and HEADS
+ * are constants where inlined, so that the queries, a key and the value sums stay in registers
+ * (HEADS * CHUNKS <= MAX_HELD). `scores` holds HEADS rows of `stride` floats (len rounded up to 16). */
 static inline __attribute__((always_inline)) void attend(
-    const float *q, const void *k, const void *v, int len, float scale, float *scores, float *out,
-    const int CHUNKS, const int HALF) {
+    const float *q, const void *k, const void *v, int len, float scale, float *scores, int stride, float *out,
+    const int CHUNKS, const int HALF, const int HEADS) {
     const size_t dim = 16 * CHUNKS;
-    __m512 query[MAX_CHUNKS];
-    for (int c = 0; c < CHUNKS; c++) query[c] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), _mm512_set1_ps(scale));
-    int t = 0;
-    for (; t + 4 <= len; t += 4) {
-        const size_t at = (size_t)t * dim;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int c = 0; c < CHUNKS; c++) {
-            a0 = _mm512_fmadd_ps(query[c], load_kv(k, at + 16 * c, HALF), a0);
-            a1 = _mm512_fmadd_ps(query[c], load_kv(k, at + dim + 16 * c, HALF), a1);
-            a2 = _mm512_fmadd_ps(query[c], load_kv(k, at + 2 * dim + 16 * c, HALF), a2);
-            a3 = _mm512_fmadd_ps(query[c], load_kv(k, at + 3 * dim + 16 * c, HALF), a3);
+    __m512 query[MAX_HEADS][MAX_CHUNKS];
+    for (int h = 0; h < HEADS; h++)
+        for (int c = 0; c < CHUNKS; c++) query[h][c] = _mm512_mul_ps(_mm512_loadu_ps(q + h * dim + 16 * c), _mm512_set1_ps(scale));
+    /* Scores 16 keys at a time: each key's per-lane products, then their lane sums together. */
+    __m512 partial[MAX_HEADS][16];
+    for (int t0 = 0; t0 < len; t0 += 16) {
+        const int n = len - t0 < 16 ? len - t0 : 16;
+        for (int j = 0; j < n; j++) {
+            const size_t at = (size_t)(t0 + j) * dim;
+            __m512 key[MAX_CHUNKS];
+            for (int c = 0; c < CHUNKS; c++) key[c] = load_kv(k, at + 16 * c, HALF);
+            for (int h = 0; h < HEADS; h++) {
+                __m512 a = _mm512_mul_ps(query[h][0], key[0]);
+                for (int c = 1; c < CHUNKS; c++) a = _mm512_fmadd_ps(query[h][c], key[c], a);
+                partial[h][j] = a;
+            }
         }
-        scores[t] = _mm512_reduce_add_ps(a0);
-        scores[t + 1] = _mm512_reduce_add_ps(a1);
-        scores[t + 2] = _mm512_reduce_add_ps(a2);
-        scores[t + 3] = _mm512_reduce_add_ps(a3);
-    }
-    for (; t < len; t++) {
-        __m512 a = _mm512_setzero_ps();
-        for (int c = 0; c < CHUNKS; c++) a = _mm512_fmadd_ps(query[c], load_kv(k, (size_t)t * dim + 16 * c, HALF), a);
-        scores[t] = _mm512_reduce_add_ps(a);
-    }
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (t = 0; t + 16 <= len; t += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(scores + t));
-    const __mmask16 tail = (__mmask16)((1u << (len - t)) - 1u);
-    if (t < len) top = _mm512_mask_max_ps(top, tail, top, _mm512_maskz_loadu_ps(tail, scores + t));
-    const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    __m512 total = _mm512_setzero_ps();
-    for (t = 0; t + 16 <= len; t += 16) {
-        const __m512 w = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + t), shift));
-        _mm512_storeu_ps(scores + t, w);
-        total = _mm512_add_ps(total, w);
-    }
-    if (t < len) {
-        const __m512 w = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + t), shift));
-        _mm512_mask_storeu_ps(scores + t, tail, w);
-        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, w));
-    }
-    __m512 even[MAX_CHUNKS], odd[MAX_CHUNKS];
-    for (int c = 0; c < CHUNKS; c++) even[c] = odd[c] = _mm512_setzero_ps();
-    for (t = 0; t + 2 <= len; t += 2) {
-        const __m512 w0 = _mm512_set1_ps(scores[t]), w1 = _mm512_set1_ps(scores[t + 1]);
-        const size_t at = (size_t)t * dim;
-        for (int c = 0; c < CHUNKS; c++) {
-            even[c] = _mm512_fmadd_ps(w0, load_kv(v, at + 16 * c, HALF), even[c]);
-            odd[c] = _mm512_fmadd_ps(w1, load_kv(v, at + dim + 16 * c, HALF), odd[c]);
+        for (int h = 0; h < HEADS; h++) {
+            for (int j = n; j < 16; j++) partial[h][j] = _mm512_setzero_ps();
+            _mm512_storeu_ps(scores + h * stride + t0, sum_lanes16(partial[h]));
         }
     }
-    if (t < len) {
-        const __m512 w = _mm512_set1_ps(scores[t]);
-        for (int c = 0; c < CHUNKS; c++) even[c] = _mm512_fmadd_ps(w, load_kv(v, (size_t)t * dim + 16 * c, HALF), even[c]);
+    /* An exact softmax per head. */
+    const int whole = len & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (len - whole)) - 1u);
+    float inverse[MAX_HEADS];
+    for (int h = 0; h < HEADS; h++) {
+        float *s = scores + h * stride;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int t = 0; t < whole; t += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t));
+        if (whole < len) top = _mm512_mask_max_ps(top, tail, top, _mm512_loadu_ps(s + whole));
+        const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        __m512 total = _mm512_setzero_ps();
+        for (int t = 0; t < whole; t += 16) {
+            const __m512 w = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), shift));
+            _mm512_storeu_ps(s + t, w);
+            total = _mm512_add_ps(total, w);
+        }
+        if (whole < len) {
+            const __m512 w = _mm512_maskz_mov_ps(tail, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + whole), shift)));
+            _mm512_storeu_ps(s + whole, w);
+            total = _mm512_add_ps(total, w);
+        }
+        inverse[h] = 1.0f / _mm512_reduce_add_ps(total);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-    for (int c = 0; c < CHUNKS; c++) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), inv));
+    /* The weighted values: each value loaded once for all heads, one accumulator per head and chunk. */
+    __m512 sum[MAX_HEADS][MAX_CHUNKS];
+    for (int h = 0; h < HEADS; h++)
+        for (int c = 0; c < CHUNKS; c++) sum[h][c] = _mm512_setzero_ps();
+    for (int t = 0; t < len; t++) {
+        __m512 value[MAX_CHUNKS];
+        for (int c = 0; c < CHUNKS; c++) value[c] = load_kv(v, (size_t)t * dim + 16 * c, HALF);
+        for (int h = 0; h < HEADS; h++) {
+            const __m512 w = _mm512_set1_ps(scores[h * stride + t]);
+            for (int c = 0; c < CHUNKS; c++) sum[h][c] = _mm512_fmadd_ps(w, value[c], sum[h][c]);
+        }
+    }
+    for (int h = 0; h < HEADS; h++)
+        for (int c = 0; c < CHUNKS; c++)
+            _mm512_storeu_ps(out + h * dim + 16 * c, _mm512_mul_ps(sum[h][c], _mm512_set1_ps(inverse[h])));
 }
 
 /* Store dim floats at element `at` of kv, as float32 or float16 (rounded to nearest). */
@@ -123,34 +149,46 @@ int decode_attention(const float *qkv, int rows, int row_stride, int heads, int 
     }
     int longest = 0;
     for (int r = 0; r < rows; r++) longest = pos[r] + 1 > longest ? (int)pos[r] + 1 : longest;
+    const int stride = (longest + 15) & ~15;
     const int group = heads / kv_heads;
+    const int chunks = dim / 16;
+    /* Query heads of one KV head are taken together, as many as fit in registers. */
+    int together = MAX_HELD / chunks;
+    together = together < 1 ? 1 : together > MAX_HEADS ? MAX_HEADS : together;
+    together = together > group ? group : together;
+    const int parts = (group + together - 1) / together; /* items per (row, KV head) */
     const size_t item_size = half ? 2 : 4;
     int failed = 0;
 #pragma omp parallel
     {
-        float *scores = (float *)malloc(sizeof(float) * ((size_t)longest + 16));
+        float *scores = (float *)malloc(sizeof(float) * (size_t)together * stride);
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
         }
-        /* A thread takes a row's query heads that share a KV head together (their keys and values
-         * stay in its cache), and the next such group when it is done (a prompt's later rows have
-         * more to read). Dealing out single heads cost 8 decoding rows 10% more. */
-#pragma omp for schedule(dynamic, group)
-        for (int item = 0; item < rows * heads; item++) {
+        /* One item: a row's query heads that share a KV head (its keys and values read once); the next
+         * item to a thread that is done (a prompt's later rows have more to read). */
+#pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < rows * kv_heads * parts; item++) {
             if (!scores) continue;
-            const int r = item / heads, h = item % heads;
-            const char *k = (const char *)layer + ((size_t)slot[r] * kv_heads + h / group) * head_size * item_size;
+            const int r = item / (kv_heads * parts), kvh = item / parts % kv_heads, part = item % parts;
+            const int h0 = kvh * group + part * together;
+            const int n = group - part * together < together ? group - part * together : together;
+            const char *k = (const char *)layer + ((size_t)slot[r] * kv_heads + kvh) * head_size * item_size;
             const char *v = k + values * item_size;
-            const float *q = qkv + (size_t)r * row_stride + (size_t)h * dim;
-            float *o = out + ((size_t)r * heads + h) * dim;
+            const float *q = qkv + (size_t)r * row_stride + (size_t)h0 * dim;
+            float *o = out + ((size_t)r * heads + h0) * dim;
             const int len = (int)pos[r] + 1;
-            if (half && dim == 64) attend(q, k, v, len, scale, scores, o, 4, 1);
-            else if (half && dim == 128) attend(q, k, v, len, scale, scores, o, 8, 1);
-            else if (half) attend(q, k, v, len, scale, scores, o, dim / 16, 1);
-            else if (dim == 64) attend(q, k, v, len, scale, scores, o, 4, 0);
-            else if (dim == 128) attend(q, k, v, len, scale, scores, o, 8, 0);
-            else attend(q, k, v, len, scale, scores, o, dim / 16, 0);
+#define ATTEND(CHUNKS, HALF, HEADS) attend(q, k, v, len, scale, scores, stride, o, CHUNKS, HALF, HEADS)
+            if (chunks == 4 && n == 3) half ? ATTEND(4, 1, 3) : ATTEND(4, 0, 3);
+            else if (chunks == 4 && n == 2) half ? ATTEND(4, 1, 2) : ATTEND(4, 0, 2);
+            else if (chunks == 4) half ? ATTEND(4, 1, 1) : ATTEND(4, 0, 1);
+            else if (chunks == 8) half ? ATTEND(8, 1, 1) : ATTEND(8, 0, 1);
+            else
+                for (int h = 0; h < n; h++)
+                    half ? attend(q + h * dim, k, v, len, scale, scores, stride, o + h * dim, chunks, 1, 1)
+                         : attend(q + h * dim, k, v, len, scale, scores, stride, o + h * dim, chunks, 0, 1);
+#undef ATTEND
         }
         free(scores);
     }
