@@ -2,7 +2,7 @@
  *
  * Built with decode_attention.c into one library by cpu_kernels.py (gcc, at first use). Each row of
  * x is written per group of 32 as u * qx, with qx = 256 * hi + lo a 15-bit whole number held as two
- * int8 (quantize_rows). The products of 4-bit weights and 8-bit activations add up in int32 with
+ * int8 (quantize_group). The products of 4-bit weights and 8-bit activations add up in int32 with
  * VPDPBUSD, 64 at a time, once for hi and once for lo; the group's sum is then scaled in float:
  *     y[r, n] += d[n, g] * u[r, g] * dot(q[n, g], qx[r, g]) + m[n, g] * u[r, g] * sum(qx[r, g])
  * Lanes run over 16 outputs; each 32-bit lane takes 4 consecutive inputs. Every row goes through the
@@ -30,83 +30,75 @@
  * step's GEMMs took 6.4 instead of 8.5 ms in the engine's forward (1 row: 4.0 instead of 4.3 ms). */
 #define PREFETCH_GROUPS 8
 
-/* Row r's input, transformed into out (k floats): x * w / sqrt(mean(x^2) + eps) (RMSNorm), or
- * silu(a) * b for a row [a | b] of 2k floats (a SwiGLU MLP's gate and up projections). Returns out. */
-static const float *transform_row(const float *x, int r, int k, const float *norm_w, float eps, int gated,
-                                  float *out) {
-    if (gated) {
-        const float *a = x + (size_t)r * 2 * k, *b = a + k;
-        for (int i = 0; i < k; i += 16) {
-            const __m512 v = _mm512_loadu_ps(a + i);
-            const __m512 one = _mm512_set1_ps(1.0f);
-            const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-            _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(v, sigmoid), _mm512_loadu_ps(b + i)));
-        }
-        return out;
-    }
+/* 1 / sqrt(mean(x^2) + eps) over row r (k floats): RMSNorm's factor. */
+static float inverse_rms(const float *x, int r, int k, float eps) {
     const float *row = x + (size_t)r * k;
     __m512 squares = _mm512_setzero_ps();
     for (int i = 0; i < k; i += 16) {
         const __m512 v = _mm512_loadu_ps(row + i);
         squares = _mm512_fmadd_ps(v, v, squares);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)k + eps));
-    for (int i = 0; i < k; i += 16) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + i), inv);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(v, _mm512_loadu_ps(norm_w + i)));
-    }
-    return out;
+    return 1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)k + eps);
 }
 
-/* Row r of x in two int8 passes per group of 32: hi = round(x / s) with s = max|x| / 127, then the
- * rounding error lo = round((x - hi * s) / (s / 256)), clamped to +-127, so that x = u * (256 * hi + lo)
- * with u = s / 256, to 15 bits. (lo would reach 128 only within 1/256 of a step of hi's rounding
- * boundary; 256 rather than 254 makes the combination a shift.) One 8-bit pass alone (llama.cpp's
- * Q8_1 for Q4_1) doubled the model's divergence from float32, and its greedy answer to "What is the
- * capital of France?" turned French. Also stored per group: u, and u times the sum of 256 * hi + lo
- * (the m term).
+/* The 32 inputs of group g of row r, transformed, into v[0..1]: x itself; x * inv_rms * w (RMSNorm,
+ * with norm_w); or with gated, silu(a) * b for a row [a | b] of 2k floats (a SwiGLU MLP's gate and
+ * up projections). */
+static inline void group_input(const float *x, int r, int k, int g, const float *norm_w, float inv_rms, int gated,
+                               __m512 v[2]) {
+    for (int h = 0; h < 2; h++) {
+        const int i = g * GROUP + 16 * h;
+        if (gated) {
+            const float *a = x + (size_t)r * 2 * k + i;
+            const __m512 gate = _mm512_loadu_ps(a);
+            const __m512 one = _mm512_set1_ps(1.0f);
+            const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gate))));
+            v[h] = _mm512_mul_ps(_mm512_mul_ps(gate, sigmoid), _mm512_loadu_ps(a + k));
+        } else if (norm_w) {
+            const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + (size_t)r * k + i), _mm512_set1_ps(inv_rms));
+            v[h] = _mm512_mul_ps(scaled, _mm512_loadu_ps(norm_w + i));
+        } else {
+            v[h] = _mm512_loadu_ps(x + (size_t)r * k + i);
+        }
+    }
+}
+
+/* Group g of row r (its 32 inputs in v) in two int8 passes: hi = round(x / s) with s = max|x| / 127,
+ * then the rounding error lo = round((x - hi * s) / (s / 256)), clamped to +-127, so that
+ * x = u * (256 * hi + lo) with u = s / 256, to 15 bits. (lo would reach 128 only within 1/256 of a
+ * step of hi's rounding boundary; 256 rather than 254 makes the combination a shift.) One 8-bit pass
+ * alone (llama.cpp's Q8_1 for Q4_1) doubled the model's divergence from float32 (KL 0.0018 -> 0.0042
+ * over 1800 tokens), and its greedy answer to "What is the capital of France?" turned to French
+ * nonsense; so did one pass for only the normalized inputs, or only the others. Also stored per
+ * group: u, and u times the sum of 256 * hi + lo (the m term).
  *
  * Laid out by blocks of MAX_ROWS rows (the last may be shorter, `n` rows), group by group: for block
  * row r0 and group g, at qx + 2 * r0 * k + g * 2 * n * 32, the n rows' 32 hi bytes, then their 32 lo
  * bytes; at factors + 2 * r0 * groups + g * 2 * n, the n rows' u, then their m-term factors. So the
- * multiplying loop reaches every row of its block from one pointer, with constant offsets.
- *
- * The row may first be transformed (see q4_vnni_matmul): normalized (RMSNorm with weight norm_w), or
- * gated (x holds 2k columns, the input is silu(x[:k]) * x[k:]), into `staged` (k floats per row). */
-static void quantize_rows(const float *x, int rows, int k, const float *norm_w, float eps, int gated,
-                          float *staged, int8_t *qx, float *factors) {
+ * multiplying loop reaches every row of its block from one pointer, with constant offsets. */
+static inline void quantize_group(const __m512 v[2], int rows, int r, int k, int g, int8_t *qx, float *factors) {
     const int groups = k / GROUP;
-    /* A prompt chunk's rows are many: quantize them on every thread too. */
-#pragma omp parallel for schedule(static) if (rows >= 16)
-    for (int r = 0; r < rows; r++) {
-        const int r0 = r - r % MAX_ROWS;
-        const int n = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
-        const float *row = x + (size_t)r * k;
-        if (norm_w || gated) row = transform_row(x, r, k, norm_w, eps, gated, staged + (size_t)r * k);
-        for (int g = 0; g < groups; g++) {
-            const float *xg = row + (size_t)g * GROUP;
-            int8_t *hi = qx + (size_t)2 * r0 * k + (size_t)g * 2 * n * GROUP + (size_t)(r - r0) * GROUP;
-            int8_t *lo = hi + (size_t)n * GROUP;
-            float *f = factors + (size_t)2 * r0 * groups + (size_t)g * 2 * n + (r - r0);
-            int total = 0;
-            __m512 v[2] = {_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16)};
-            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-            const float s = amax / 127.0f;
-            const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            const __m512 inv_fine = _mm512_set1_ps(amax > 0.0f ? 256.0f * 127.0f / amax : 0.0f);
-            for (int h = 0; h < 2; h++) {
-                __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv)); /* round to nearest even */
-                __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qh), _mm512_set1_ps(s), v[h]);
-                __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(rest, inv_fine));
-                ql = _mm512_max_epi32(_mm512_min_epi32(ql, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-                _mm_storeu_si128((__m128i *)(hi + 16 * h), _mm512_cvtsepi32_epi8(qh));
-                _mm_storeu_si128((__m128i *)(lo + 16 * h), _mm512_cvtsepi32_epi8(ql));
-                total += 256 * _mm512_reduce_add_epi32(qh) + _mm512_reduce_add_epi32(ql);
-            }
-            f[0] = s / 256.0f;
-            f[n] = s / 256.0f * (float)total;
-        }
+    const int r0 = r - r % MAX_ROWS;
+    const int n = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
+    int8_t *hi = qx + (size_t)2 * r0 * k + (size_t)g * 2 * n * GROUP + (size_t)(r - r0) * GROUP;
+    int8_t *lo = hi + (size_t)n * GROUP;
+    float *f = factors + (size_t)2 * r0 * groups + (size_t)g * 2 * n + (r - r0);
+    int total = 0;
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const float s = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m512 inv_fine = _mm512_set1_ps(amax > 0.0f ? 256.0f * 127.0f / amax : 0.0f);
+    for (int h = 0; h < 2; h++) {
+        __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv)); /* round to nearest even */
+        __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qh), _mm512_set1_ps(s), v[h]);
+        __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(rest, inv_fine));
+        ql = _mm512_max_epi32(_mm512_min_epi32(ql, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        _mm_storeu_si128((__m128i *)(hi + 16 * h), _mm512_cvtsepi32_epi8(qh));
+        _mm_storeu_si128((__m128i *)(lo + 16 * h), _mm512_cvtsepi32_epi8(ql));
+        total += 256 * _mm512_reduce_add_epi32(qh) + _mm512_reduce_add_epi32(ql);
     }
+    f[0] = s / 256.0f;
+    f[n] = s / 256.0f * (float)total;
 }
 
 /* One tile of 16 outputs for a block of ROWS (1..MAX_ROWS) rows; inlined with a constant ROWS so
@@ -168,35 +160,53 @@ int q4_vnni_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, 
     const int tiles = n / TILE;
     int8_t *qx = (int8_t *)malloc((size_t)rows * k * 2);
     float *factors = (float *)malloc(sizeof(float) * (size_t)rows * groups * 2);
-    float *staged = (norm_w || gated) ? (float *)malloc(sizeof(float) * (size_t)rows * k) : NULL;
-    if (!qx || !factors || ((norm_w || gated) && !staged)) {
+    float *inv_rms = norm_w ? (float *)malloc(sizeof(float) * (size_t)rows) : NULL;
+    if (!qx || !factors || (norm_w && !inv_rms)) {
         free(qx);
         free(factors);
-        free(staged);
+        free(inv_rms);
         return -1;
     }
-    quantize_rows(x, rows, k, norm_w, eps, gated, staged, qx, factors);
-    free(staged);
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        const uint8_t *tile_blob = blob + (size_t)t * groups * BLOCK_BYTES;
-        for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-            const int8_t *q = qx + (size_t)2 * r0 * k;
-            const float *f = factors + (size_t)2 * r0 * groups;
-            float *out = y + (size_t)r0 * n + (size_t)t * TILE;
-            switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
-            case 1: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 1); break;
-            case 2: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 2); break;
-            case 3: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 3); break;
-            case 4: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 4); break;
-            case 5: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 5); break;
-            case 6: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 6); break;
-            case 7: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 7); break;
-            default: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 8); break;
+    /* One parallel region: the rows are transformed and quantized group by group on every thread
+     * (on the calling thread alone, that had cost 8 rows 0.6 ms a step while the other waited), then
+     * the tiles are dealt out. */
+#pragma omp parallel
+    {
+        if (norm_w) {
+#pragma omp for schedule(static)
+            for (int r = 0; r < rows; r++) inv_rms[r] = inverse_rms(x, r, k, eps);
+        }
+        /* Group-major, so that a thread writes all the rows of a group (their bytes and factors
+         * share cache lines). */
+#pragma omp for schedule(static)
+        for (int item = 0; item < rows * groups; item++) {
+            const int g = item / rows, r = item % rows;
+            __m512 v[2];
+            group_input(x, r, k, g, norm_w, norm_w ? inv_rms[r] : 0.0f, gated, v);
+            quantize_group(v, rows, r, k, g, qx, factors);
+        }
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; t++) {
+            const uint8_t *tile_blob = blob + (size_t)t * groups * BLOCK_BYTES;
+            for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+                const int8_t *q = qx + (size_t)2 * r0 * k;
+                const float *f = factors + (size_t)2 * r0 * groups;
+                float *out = y + (size_t)r0 * n + (size_t)t * TILE;
+                switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
+                case 1: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 1); break;
+                case 2: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 2); break;
+                case 3: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 3); break;
+                case 4: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 4); break;
+                case 5: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 5); break;
+                case 6: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 6); break;
+                case 7: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 7); break;
+                default: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 8); break;
+                }
             }
         }
     }
     free(qx);
     free(factors);
+    free(inv_rms);
     return 0;
 }
