@@ -26,6 +26,7 @@
 #define MAX_CHUNKS 16 /* head dims up to 256 */
 #define MAX_HEADS 3   /* query heads taken together */
 #define MAX_HELD 12   /* registers for their queries (HEADS * CHUNKS) */
+#define PREFETCH_KEYS 8
 
 /* 16 floats of K or V at element `at`: float32, or float16 (HALF) widened. */
 static inline __attribute__((always_inline)) __m512 load_kv(const void *kv, size_t at, const int HALF) {
@@ -61,12 +62,20 @@ static inline __attribute__((always_inline)) void attend(
     __m512 query[MAX_HEADS][MAX_CHUNKS];
     for (int h = 0; h < HEADS; h++)
         for (int c = 0; c < CHUNKS; c++) query[h][c] = _mm512_mul_ps(_mm512_loadu_ps(q + h * dim + 16 * c), _mm512_set1_ps(scale));
-    /* Scores 16 keys at a time: each key's per-lane products, then their lane sums together. */
+    /* Scores 16 keys at a time: each key's per-lane products, then their lane sums together. The keys
+     * are fetched PREFETCH_KEYS ahead and each position's value with its key: in a step the KV comes
+     * from memory (the weights pass through the caches in between), and 8 rows' attention at 200
+     * tokens took 2.5 instead of 3.2 ms a step (alternated in one process). */
+    const size_t bytes = HALF ? 2 : 4; /* of an element */
     __m512 partial[MAX_HEADS][16];
     for (int t0 = 0; t0 < len; t0 += 16) {
         const int n = len - t0 < 16 ? len - t0 : 16;
         for (int j = 0; j < n; j++) {
             const size_t at = (size_t)(t0 + j) * dim;
+            for (size_t line = 0; line < dim * bytes; line += 64) {
+                _mm_prefetch((const char *)k + (at + PREFETCH_KEYS * dim) * bytes + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)v + at * bytes + line, _MM_HINT_T0);
+            }
             __m512 key[MAX_CHUNKS];
             for (int c = 0; c < CHUNKS; c++) key[c] = load_kv(k, at + 16 * c, HALF);
             for (int h = 0; h < HEADS; h++) {
