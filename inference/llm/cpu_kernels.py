@@ -43,7 +43,7 @@ SIGNATURES = {
     "q4_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _c_int, _ptr, _ptr, ctypes.c_float, _c_int, _c_int],
     "q8_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _ptr, _c_int, _ptr],
     "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _c_int, _ptr, _ptr,
-                         ctypes.c_float, _ptr],
+                         _ptr, _ptr, _c_int, ctypes.c_float, _ptr],
 }
 
 _lock = threading.Lock()

@@ -140,22 +140,28 @@ static void store_kv(void *kv, size_t at, const float *from, int dim, int half) 
                             _mm512_cvtps_ph(_mm512_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-/* layer holds float16 when half, else float32. Returns 0; -1 if dim is not a multiple of 16 up to
- * 256; -2 when out of memory. */
-int decode_attention(const float *qkv, int rows, int row_stride, int heads, int kv_heads, int dim,
+/* x (dim floats) rotated in place by its position's rotary embedding: x * cos + roll(x, dim / 2) * sin,
+ * sin's first half negated (rotate_half), as the products and the sum torch's ops take (no FMA: the
+ * kernels build as ISO C, which does not contract), so the rotation is bit for bit torch's. */
+static void rotate(float *x, const float *cos, const float *sin, int dim) {
+    float rolled[16 * MAX_CHUNKS];
+    const int half = dim / 2;
+    for (int i = 0; i < dim; i++) rolled[i] = x[(i + half) % dim];
+    for (int i = 0; i < dim; i++) x[i] = x[i] * cos[i] + rolled[i] * sin[i];
+}
+
+/* layer holds float16 when half, else float32. With cos and sin (tables of `dim` floats for each of
+ * rope_positions positions), each row's queries and keys are first rotated in place for its position;
+ * without, they come rotated. Returns 0; -1 if dim is not a multiple of 16 up to 256; -2 when out of
+ * memory; -3 for a position beyond the tables. */
+int decode_attention(float *qkv, int rows, int row_stride, int heads, int kv_heads, int dim,
                      void *layer, int half, int slots, int capacity, const int64_t *slot, const int64_t *pos,
-                     float scale, float *out) {
+                     const float *cos, const float *sin, int rope_positions, float scale, float *out) {
     if (dim % 16 != 0 || dim > 16 * MAX_CHUNKS) return -1;
+    for (int r = 0; cos && r < rows; r++)
+        if (pos[r] < 0 || pos[r] >= rope_positions) return -3;
     const size_t head_size = (size_t)capacity * dim;
     const size_t values = (size_t)slots * kv_heads * head_size;
-    for (int r = 0; r < rows; r++) {
-        for (int h = 0; h < kv_heads; h++) {
-            const size_t at = ((size_t)slot[r] * kv_heads + h) * head_size + (size_t)pos[r] * dim;
-            const float *fresh = qkv + (size_t)r * row_stride + (size_t)(heads + h) * dim;
-            store_kv(layer, at, fresh, dim, half);
-            store_kv(layer, at + values, fresh + (size_t)kv_heads * dim, dim, half);
-        }
-    }
     int longest = 0;
     for (int r = 0; r < rows; r++) longest = pos[r] + 1 > longest ? (int)pos[r] + 1 : longest;
     const int stride = (longest + 15) & ~15;
@@ -170,6 +176,21 @@ int decode_attention(const float *qkv, int rows, int row_stride, int heads, int 
     int failed = 0;
 #pragma omp parallel
     {
+        /* Every row's new key and value are stored before any row attends: a prompt row sees the rows
+         * of its chunk before it. */
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            float *row = qkv + (size_t)r * row_stride;
+            if (cos)
+                for (int h = 0; h < heads + kv_heads; h++)
+                    rotate(row + (size_t)h * dim, cos + (size_t)pos[r] * dim, sin + (size_t)pos[r] * dim, dim);
+            for (int h = 0; h < kv_heads; h++) {
+                const size_t at = ((size_t)slot[r] * kv_heads + h) * head_size + (size_t)pos[r] * dim;
+                const float *fresh = row + (size_t)(heads + h) * dim;
+                store_kv(layer, at, fresh, dim, half);
+                store_kv(layer, at + values, fresh + (size_t)kv_heads * dim, dim, half);
+            }
+        }
         float *scores = (float *)malloc(sizeof(float) * (size_t)together * stride);
         if (!scores) {
 #pragma omp atomic write

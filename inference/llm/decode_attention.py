@@ -25,23 +25,37 @@ def supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def attend(lib: ctypes.CDLL, qkv: torch.Tensor, heads: int, kv_heads: int, layer: torch.Tensor,
-           slots: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
-    """``qkv``: float32 ``[rows, heads + 2 * kv_heads, head_dim]`` (rotated queries and keys, then
-    values; rows may be strided; rows of one slot in increasing positions). ``layer``: one layer of the pool, ``[2, slots, kv_heads, capacity,
-    head_dim]``, contiguous, float32 or float16. ``slots`` and ``positions``: int64 ``[rows]``, each
-    row's slot and new position. Stores the new keys and values at those positions and returns
+           slots: torch.Tensor, positions: torch.Tensor, scale: float,
+           rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``qkv``: float32 ``[rows, heads + 2 * kv_heads, head_dim]`` (queries and keys, then values; rows
+    may be strided; rows of one slot in increasing positions). ``rope``: float32 ``(cos, sin)`` tables,
+    ``[positions, head_dim]``, ``sin`` with its first half negated; the queries and keys are then
+    rotated here, in place, for each row's position (bit for bit as ``x * cos + roll(x, head_dim // 2)
+    * sin``); without it they come rotated. ``layer``: one layer of the pool, ``[2, slots, kv_heads,
+    capacity, head_dim]``, contiguous, float32 or float16. ``slots`` and ``positions``: int64 ``[rows]``,
+    each row's slot and new position. Stores the new keys and values at those positions and returns
     ``[rows, heads * head_dim]``."""
     rows, _, dim = qkv.shape
     if qkv.dtype != torch.float32 or qkv.stride(2) != 1 or qkv.stride(1) != dim:
         raise ValueError("decode attention needs float32 rows of contiguous heads")
     if layer.dtype not in (torch.float32, torch.float16) or not layer.is_contiguous():
         raise ValueError("decode attention needs a contiguous float32 or float16 pool layer")
+    cos = sin = None
+    if rope is not None:
+        cos, sin = rope
+        if (cos.dtype != torch.float32 or sin.dtype != torch.float32 or not cos.is_contiguous()
+                or not sin.is_contiguous() or cos.shape != sin.shape or cos.shape[1] != dim):
+            raise ValueError(f"rope needs contiguous float32 [positions, {dim}] cos and sin tables")
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     code = lib.decode_attention(qkv.data_ptr(), rows, qkv.stride(0), heads, kv_heads, dim, layer.data_ptr(),
                                 int(layer.dtype == torch.float16), layer.shape[1], layer.shape[3], slots.data_ptr(),
-                                positions.data_ptr(), scale, out.data_ptr())
+                                positions.data_ptr(), None if cos is None else cos.data_ptr(),
+                                None if sin is None else sin.data_ptr(), 0 if cos is None else cos.shape[0],
+                                scale, out.data_ptr())
     if code == -1:
         raise ValueError(f"decode attention takes head dims in multiples of 16 up to 256, not {dim}")
+    if code == -3:
+        raise ValueError(f"a position beyond the rope tables' {cos.shape[0]}")
     if code != 0:
         raise MemoryError("decode_attention could not allocate its score buffers")
     return out

@@ -120,3 +120,30 @@ def test_prompt_rows_see_the_rows_of_their_chunk_before_them(kernels):
         want.append(F.scaled_dot_product_attention(q, k, v, scale=0.125).reshape(576))
     got = decode_attention.attend(kernels, rows, 9, 3, layer, torch.tensor(slots), torch.tensor(positions), 0.125)
     assert (got.double() - torch.stack(want)).abs().max().item() < 2e-6
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_rotating_in_the_kernel_is_torchs_rotation_bit_for_bit(kernels, kv_dtype):
+    """With rope tables the kernel rotates queries and keys itself, exactly as the forward's torch ops
+    (x * cos + roll(x, d/2) * sin) would before a call without them."""
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_heads, dim = 9, 3, 64
+    angles = torch.arange(300).unsqueeze(1) * (10000.0 ** (-torch.arange(0, dim, 2) / dim)).repeat(2).unsqueeze(0)
+    cos, sin = angles.cos().contiguous(), angles.sin()
+    sin_signed = torch.cat([-sin[:, : dim // 2], sin[:, dim // 2 :]], dim=-1).contiguous()
+    layer = torch.randn(2, 4, kv_heads, 300, dim, generator=gen).to(kv_dtype)
+    qkv = torch.randn(5, heads + 2 * kv_heads, dim, generator=gen)
+    slots, positions = torch.tensor([2, 0, 0, 0, 3]), torch.tensor([17, 40, 41, 42, 299])
+    rotated = qkv.clone()
+    qk = rotated[:, : heads + kv_heads]
+    rot = torch.roll(qk, dim // 2, -1).mul_(sin_signed[positions].unsqueeze(1))
+    qk.mul_(cos[positions].unsqueeze(1)).add_(rot)
+    want_layer = layer.clone()
+    want = decode_attention.attend(kernels, rotated, heads, kv_heads, want_layer, slots, positions, 0.125)
+    got_qkv = qkv.clone()
+    got = decode_attention.attend(kernels, got_qkv, heads, kv_heads, layer, slots, positions, 0.125,
+                                  rope=(cos, sin_signed))
+    assert torch.equal(got, want) and torch.equal(layer, want_layer) and torch.equal(got_qkv, rotated)
+    with pytest.raises(ValueError, match="beyond the rope tables"):
+        decode_attention.attend(kernels, qkv.clone(), heads, kv_heads, layer, slots, positions + 1, 0.125,
+                                rope=(cos, sin_signed))
