@@ -16,8 +16,9 @@ Policy, per kind of step (single decode / decode batch / prefill):
 - every ``explore_every`` steps of that kind, run one step with the other choice; switch when it was
   clearly cheaper (paired in time with the steps around it, so the machine's load is about the same);
 - a cheap probe (the same small matmul with 1 and with N threads, back to back, at most once per
-  ``interval_s``) detects the pathological case; while it says N threads are several times slower,
-  N is neither used nor explored, so exploring never costs a one-second step.
+  ``interval_s``) detects the pathological case; while its running average says N threads are
+  several times slower, N is neither used nor explored, so exploring never costs a one-second step;
+  once it no longer does, the kinds it put on one thread return to N.
 
 ``torch.set_num_threads`` on the scheduler thread changes that thread's OpenMP/MKL setting only (both
 are per thread); it also becomes the default of threads that start using torch afterwards.
@@ -91,6 +92,7 @@ class ThreadPolicy:
         self.switches = 0
         self.yielded_steps = 0  # steps run on fewer threads while other model work held cores
         self._use = {k: (self.fixed if self.fixed > 0 else self.max_threads) for k in KINDS}
+        self._forced: set[str] = set()  # kinds put on one thread by a pathological probe
         self._kinds = {k: _Kind() for k in KINDS}
         self._current = 0
         self._next_probe = 0.0
@@ -123,6 +125,10 @@ class ThreadPolicy:
         times = []
         for n in (1, self.max_threads):
             self._set(n)
+            if self.probes == 0:
+                # A thread's first parallel region starts its OpenMP team: 2 threads then measured 1.4-2.5x
+                # slower than 1, and a new engine ran on one thread until later probes outvoted it.
+                torch.mm(self._x, self._w)
             t = time.perf_counter()
             torch.mm(self._x, self._w)
             torch.mm(self._x, self._w)
@@ -132,13 +138,25 @@ class ThreadPolicy:
     def _probe(self) -> None:
         t1, tn = self._measure()
         sample = tn / max(t1, 1e-9)
-        self.ratio = sample if self.probes == 0 else 0.5 * self.ratio + 0.5 * sample
+        # The average starts from the prior (N threads pay off), so one probe alone condemns N threads
+        # only when it is far out: a new engine's first probe, taken while the process was still busy
+        # elsewhere, had measured 2.5-4x, and every kind of step then ran on one thread (100 instead
+        # of 185 tok/s) until exploring won it back, for prefill steps a long while.
+        self.ratio = 0.5 * self.ratio + 0.5 * sample
         self.probes += 1
         if self.pathological:
             for k in KINDS:
                 if self._use[k] != 1:
                     self._use[k] = 1
+                    self._forced.add(k)
                     self.switches += 1
+        elif self._forced:
+            # Contention has passed: the kinds it forced down return to N threads (exploring still
+            # decides from there).
+            for k in self._forced:
+                self._use[k] = self.max_threads
+                self.switches += 1
+            self._forced.clear()
 
     @property
     def pathological(self) -> bool:

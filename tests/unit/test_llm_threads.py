@@ -70,6 +70,22 @@ def test_pathological_contention_never_runs_n_threads():
     assert p.pathological and p.snapshot()["threads_current"] == 1
 
 
+def test_contention_that_passes_gives_every_kind_its_n_threads_back():
+    p = Scripted([6.0, 6.0, 0.6])
+    assert steps(p, 2, {1: 0.07, 2: 1.2}) == [1, 1]
+    assert steps(p, 1, {1: 0.07, 2: 1.2}, rows=200) == [1]  # prefill too
+    used = steps(p, 30, {1: 0.08, 2: 0.045})  # the average falls below the limit again
+    assert not p.pathological and used.count(1) <= 2 and p.snapshot()["threads_decode"] == 2  # 1 only to explore
+    assert steps(p, 1, {1: 0.2, 2: 0.12}, rows=200) == [2]  # without waiting for 24 prefill steps
+
+
+def test_one_outlying_first_probe_does_not_put_the_engine_on_one_thread():
+    """A new engine's first probe, with the process busy elsewhere for a moment, measured 2.5-4x."""
+    p = Scripted([3.0, 0.6])
+    assert steps(p, 3, {1: 0.08, 2: 0.045}) == [2, 2, 2]
+    assert p.snapshot()["threads_batch"] == 2 and p.snapshot()["threads_prefill"] == 2
+
+
 def test_kinds_are_separate():
     p = Scripted([0.9])
     steps(p, 40, {1: 0.050, 2: 0.070}, rows=1)  # decoding one stream: 1 thread wins
