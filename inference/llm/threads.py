@@ -13,8 +13,9 @@ such steps do not count for the policy below.
 
 Policy, per kind of step (single decode / decode batch / prefill):
 - run with the current choice and keep a running cost of its steps;
-- every ``explore_every`` steps of that kind, run one step with the other choice; switch when it was
+- every ``EXPLORE_EVERY`` steps of that kind, run one step with the other choice; switch when it was
   clearly cheaper (paired in time with the steps around it, so the machine's load is about the same);
+  while exploring keeps clearly losing, the wait doubles, up to ``EXPLORE_EVERY_MAX`` steps;
 - a cheap probe (the same small matmul with 1 and with N threads, back to back, at most once per
   ``interval_s``) detects the pathological case; while its running average says N threads are
   several times slower, N is neither used nor explored, so exploring never costs a one-second step;
@@ -69,16 +70,21 @@ KINDS = ("decode", "batch", "prefill")
 
 
 class _Kind:
-    __slots__ = ("cost", "steps", "next_explore")
+    __slots__ = ("cost", "steps", "next_explore", "explore_every")
 
     def __init__(self) -> None:
         self.cost: dict[int, float] = {}
         self.steps = 0
         self.next_explore = 8
+        self.explore_every = ThreadPolicy.EXPLORE_EVERY
 
 
 class ThreadPolicy:
     EXPLORE_EVERY = 24
+    # An exploration that loses clearly doubles the wait for the next one, up to this: a step of 8
+    # rows on one thread costs about 9 ms more, so exploring every 24 steps cost 8 streams ~3%.
+    EXPLORE_EVERY_MAX = 384
+    CLEAR_LOSS = 1.3
     SWITCH_GAIN = 0.88  # switch when the other choice costs < 88% of the current one
     PATHOLOGICAL = 2.0  # probe: N threads this many times slower than 1 -> never use or explore N
 
@@ -191,7 +197,7 @@ class ThreadPolicy:
             other = 1 if n != 1 else self.max_threads
             if not (other != 1 and self.pathological):
                 n, exploring = other, True
-            k.next_explore = k.steps + self.EXPLORE_EVERY
+            k.next_explore = k.steps + k.explore_every
         self._last = (kind, n, exploring)
         self._set(n)
         return n
@@ -210,6 +216,12 @@ class ThreadPolicy:
             if cost < self.SWITCH_GAIN * k.cost.get(current, float("inf")):
                 self._use[kind] = n
                 self.switches += 1
+                k.explore_every = self.EXPLORE_EVERY
+            elif cost > self.CLEAR_LOSS * k.cost.get(current, 0.0):
+                k.explore_every = min(2 * k.explore_every, self.EXPLORE_EVERY_MAX)
+            else:
+                k.explore_every = self.EXPLORE_EVERY
+            k.next_explore = k.steps + k.explore_every
         else:
             old = k.cost.get(n)
             k.cost[n] = cost if old is None else 0.7 * old + 0.3 * cost

@@ -54,6 +54,12 @@ def test_keeps_n_threads_while_they_pay_off():
     assert p.snapshot()["threads_decode"] == 2
 
 
+def test_explores_less_often_while_exploring_keeps_losing():
+    p = Scripted([0.55])
+    used = steps(p, 600, {1: 0.080, 2: 0.045})
+    assert 3 <= used.count(1) <= 5  # every 24 steps it would have been 25
+
+
 def test_explores_and_switches_to_one_when_cheaper():
     p = Scripted([0.9])
     used = steps(p, 40, {1: 0.050, 2: 0.070})
