@@ -198,8 +198,10 @@ async def run_streams(engine: LLMEngine, lm: LoadedLM, n: int, tokens: int) -> d
     wall = max(r.finished_at for r in results) - t0
     total = sum(r.completion_tokens for r in results)
     decode_rates = [(r.completion_tokens - 1) / (r.finished_at - r.first_token_at) for r in results]
+    threads = {k.removeprefix("threads_"): v for k, v in engine.stats().items()
+               if k in ("threads_current", "threads_switches", "threads_probe_ratio", "threads_yielded_steps")}
     return {"streams": n, "tokens": total, "wall_s": round(wall, 3), "aggregate_tok_s": round(total / wall, 2),
-            "per_stream_decode_tok_s": round(med(decode_rates), 2)}
+            "per_stream_decode_tok_s": round(med(decode_rates), 2), "engine_threads_after": threads}
 
 
 # 1-then-8 runs for section 3: a run of 8 streams takes about a second, so the median of five costs
@@ -220,6 +222,7 @@ async def bench_concurrency(engine: LLMEngine, lm: LoadedLM, tokens: int, pairs:
     return {"one_stream": one, "eight_streams": eight,
             "ratio": round(eight["aggregate_tok_s"] / one["aggregate_tok_s"], 2),
             "ratio_per_pair": [round(e["aggregate_tok_s"] / o["aggregate_tok_s"], 2) for o, e in zip(ones, eights)],
+            "tok_s_per_pair": [(o["aggregate_tok_s"], e["aggregate_tok_s"]) for o, e in zip(ones, eights)],
             "target": ">= 4"}
 
 
