@@ -352,6 +352,7 @@ async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -
     while engine.stats()["active"] >= active_before:
         await asyncio.sleep(0.001)
     t_free = time.monotonic()
+    engine_free_ms = engine.stats()["last_cancel_free_ms"]  # before the others' cancels at the end
     after_start = time.monotonic()
     await asyncio.sleep(window_s)
     after_end = time.monotonic()
@@ -373,7 +374,7 @@ async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -
         "cancelled_finish_reason": res.finish_reason,
         "cancel_to_result_ms": round((t_result - t_cancel) * 1000, 2),
         "cancel_to_slot_free_ms": round((t_free - t_cancel) * 1000, 2),
-        "engine_measured_free_ms": round(engine.stats()["last_cancel_free_ms"], 2),
+        "engine_measured_free_ms": round(engine_free_ms, 2),
         "others_tok_s_before": [round(x, 2) for x in before],
         "others_tok_s_after": [round(x, 2) for x in after],
         "others_rate_after_over_before": round(sum(after) / sum(before), 2),
