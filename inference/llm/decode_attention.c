@@ -4,16 +4,16 @@
  *
  * torch's flash attention for CPU cost 40 us a layer for one decoding row and 150 us for eight at 100
  * tokens of context: its blocking is made for long queries, and a batch of slots of different lengths
- * needs a padded, masked call. Here every row's new key and value are stored first; then each (row,
- * head) pair is one work item: it scores the query against its slot's keys 0..pos (a prompt row thus
- * sees the rows of its chunk before it), takes an exact softmax and sums the values. An item reads
- * only its own row's data, always in the same order, so a row's output never depends on the other
- * rows of the step.
+ * needs a padded, masked call. Here every row's queries and keys are first rotated (RoPE) and its new
+ * key and value stored; then each (row, KV head) pair is one work item: it scores the query heads
+ * that share that KV head against the slot's keys 0..pos (a prompt row thus sees the rows of its chunk
+ * before it), takes an exact softmax per head and sums the values. An item reads only its own row's
+ * data, always in the same order, so a row's output never depends on the other rows of the step.
  *
  * The pool layer: [2, slots, kv_heads, capacity, dim] (keys, then values), float32 or float16 (half
- * the memory; widened to float32 as it is loaded). qkv: per row, `heads`
- * rotated queries, then `kv_heads` rotated keys, then `kv_heads` values, each `dim` floats, rows
- * `row_stride` floats apart. out: [rows, heads * dim].
+ * the memory; widened to float32 as it is loaded). qkv: per row, `heads` queries, then `kv_heads`
+ * keys, then `kv_heads` values, each `dim` floats, rows `row_stride` floats apart. out: [rows, heads *
+ * dim].
  */
 #include <immintrin.h>
 #include <math.h>

@@ -4,9 +4,10 @@ Every row, a decoding token or a prompt token of a chunk, attends over its own s
 position. torch's flash attention for the CPU is made for long queries: a decoding row cost about 40
 us a layer alone and 150 us for eight at 100 tokens of context, rows of different lengths need one
 padded, masked call, and each prompt chunk another call with its causal mask. The kernel takes each
-(row, head) as one work item over exactly its slot's 0..pos, so it needs no mask, and a row's output
-never depends on the batch or on how its prompt was chunked. It first stores every row's new key and
-value in the pool (so a prompt row sees the rows of its chunk before it). The pool may hold float32
+(row, KV head), with the query heads that share it, as one work item over exactly its slot's 0..pos,
+so it needs no mask, and a row's output never depends on the batch or on how its prompt was chunked.
+It first rotates every row's queries and keys (RoPE, when given the tables) and stores its new key
+and value in the pool (so a prompt row sees the rows of its chunk before it). The pool may hold float32
 or float16 KV (the int4 format's: half the memory, widened to float32 as it is loaded); queries and
 sums stay float32. The int8 format's bfloat16 activations and CUDA run
 torch's sdpa.

@@ -84,7 +84,7 @@ class ThreadPolicy:
     # An exploration that loses clearly doubles the wait for the next one, up to this: a step of 8
     # rows on one thread costs about 9 ms more, so exploring every 24 steps cost 8 streams ~3%.
     EXPLORE_EVERY_MAX = 384
-    CLEAR_LOSS = 1.3
+    CLEAR_LOSS = 1.3  # an exploration this much dearer than the current choice "clearly loses"
     SWITCH_GAIN = 0.88  # switch when the other choice costs < 88% of the current one
     PATHOLOGICAL = 2.0  # probe: N threads this many times slower than 1 -> never use or explore N
 
