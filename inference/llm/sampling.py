@@ -136,23 +136,39 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[in
 
 
 def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
-    """The greedy rows in one numpy pass: suppressed ids to -inf, then each row's seen ids penalized as
-    :meth:`RowSampler.process` does (the same float32 arithmetic), then one vectorized argmax. On the
-    CPU in place (no copy of the logits when every row is greedy); elsewhere on a host copy of those
-    rows. In the engine, 8 rows took 0.35 ms a step this way, 0.65 ms with torch's indexed ops (which
-    copied the logits first) and 1.4 ms row by row."""
+    """The greedy rows in one numpy pass: every row's suppressed ids to -inf, then every row's seen ids
+    penalized as :meth:`RowSampler.process` does (the same float32 arithmetic), each with one indexed
+    operation over all rows, then one vectorized argmax. On the CPU in place (no copy of the logits
+    when every row is greedy); elsewhere on a host copy of those rows. 8 rows of 49152 logits with
+    100 seen ids each: 152 us, of it 35 us the argmax (175 us with numpy's indexed operations row by
+    row; in the engine, torch's indexed ops, which copied the logits first, had taken 0.65 ms and torch
+    row by row 1.4 ms)."""
     if logits.device.type != "cpu":
         logits, rows = logits[rows].cpu(), list(range(len(rows)))
     scores = logits.numpy()
     picked = scores if len(rows) == scores.shape[0] else scores[rows]
+    suppressed: list[np.ndarray] = []
+    suppressed_rows: list[int] = []
+    seen: list[np.ndarray] = []
+    seen_rows: list[int] = []
+    penalties: list[float] = []
     for j, s in enumerate(samplers):
         if s.suppress_ids:
-            picked[j, list(s.suppress_ids)] = -np.inf
+            suppressed.append(np.asarray(s.suppress_ids))
+            suppressed_rows.append(j)
         if s.repetition_penalty != 1.0 and s.seen:
-            ids = s.seen_ids(logits.device).numpy()
-            seen = picked[j, ids]
-            picked[j, ids] = np.where(seen < 0, seen * np.float32(s.repetition_penalty),
-                                      seen / np.float32(s.repetition_penalty))
+            seen.append(s.seen_ids(logits.device).numpy())
+            seen_rows.append(j)
+            penalties.append(s.repetition_penalty)
+    if suppressed:
+        counts = [len(ids) for ids in suppressed]
+        picked[np.repeat(suppressed_rows, counts), np.concatenate(suppressed)] = -np.inf
+    if seen:
+        counts = [len(ids) for ids in seen]
+        at = (np.repeat(seen_rows, counts), np.concatenate(seen))
+        factor = np.repeat(np.asarray(penalties, dtype=np.float32), counts)
+        values = picked[at]
+        picked[at] = np.where(values < 0, values * factor, values / factor)
     return picked.argmax(axis=-1).tolist()
 
 
