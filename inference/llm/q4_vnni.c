@@ -66,10 +66,9 @@ static inline void group_input(const float *x, int r, int k, int g, const float 
     }
 }
 
-/* Group g of row r (its 32 inputs in v) in two int8 passes: hi = round(x / s) with s = max|x| / 127,
- * then the rounding error lo = round((x - hi * s) / (s / 256)), clamped to +-127, so that
- * x = u * (256 * hi + lo) with u = s / 256, to 15 bits. (lo would reach 128 only within 1/256 of a
- * step of hi's rounding boundary; 256 rather than 254 makes the combination a shift.) One 8-bit pass
+/* Group g of row r (its 32 inputs in v) in two int8 passes (split_hi_lo) with the step s = max|x| / 127,
+ * so that x = u * (256 * hi + lo) with u = s / 256, to 15 bits (256 rather than 254 makes the
+ * combination a shift). One 8-bit pass
  * alone (llama.cpp's Q8_1 for Q4_1) doubled the model's divergence from float32 (KL 0.0018 -> 0.0042
  * over 1800 tokens), and its greedy answer to "What is the capital of France?" turned to French
  * nonsense; so did one pass for only the normalized inputs, or only the others. Also stored per
@@ -92,10 +91,8 @@ static inline void quantize_group(const __m512 v[2], int rows, int r, int k, int
     const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     const __m512 inv_fine = _mm512_set1_ps(amax > 0.0f ? 256.0f * 127.0f / amax : 0.0f);
     for (int h = 0; h < 2; h++) {
-        __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inv)); /* round to nearest even */
-        __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qh), _mm512_set1_ps(s), v[h]);
-        __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(rest, inv_fine));
-        ql = _mm512_max_epi32(_mm512_min_epi32(ql, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        __m512i qh, ql;
+        split_hi_lo(v[h], s, inv, inv_fine, &qh, &ql);
         _mm_storeu_si128((__m128i *)(hi + 16 * h), _mm512_cvtsepi32_epi8(qh));
         _mm_storeu_si128((__m128i *)(lo + 16 * h), _mm512_cvtsepi32_epi8(ql));
         total += 256 * _mm512_reduce_add_epi32(qh) + _mm512_reduce_add_epi32(ql);

@@ -20,6 +20,7 @@ import torch
 
 GROUP = 32
 TILE = 16
+BLOCK_BYTES = 320  # a tile's group: 256 bytes of 4-bit weights, 16 float16 steps, 16 float16 minimums
 
 
 def pack(step: torch.Tensor, low: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -54,6 +55,11 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: 
     rows, k = x.shape
     if gated:
         k //= 2
+    # The C loop trusts these: a float32 x whose width matches the blob's (it reads k / 32 groups of
+    # out / 16 tiles).
+    if x.dtype != torch.float32 or blob.shape != (out_features // TILE, k // GROUP, BLOCK_BYTES) or (k | out_features) % TILE or k % GROUP:
+        raise ValueError(f"this blob takes a float32 x of {blob.shape[1] * GROUP} columns to "
+                         f"{blob.shape[0] * TILE} outputs, not {x.dtype} of {k} to {out_features}")
     if norm is not None and (gated or norm[0].shape != (k,) or norm[0].dtype != torch.float32):
         raise ValueError("a norm needs a float32 weight of the input's width, and no gating")
     if add_to is None:

@@ -47,11 +47,8 @@ static void quantize_rows(const float *x, int rows, int k, int8_t *qx, float *st
         int8_t *lo = hi + (size_t)n * k;
         int32_t sum_hi = 0, sum_lo = 0;
         for (int i = 0; i < k; i += 16) {
-            const __m512 v = _mm512_loadu_ps(row + i);
-            const __m512i qh = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
-            const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qh), _mm512_set1_ps(step), v);
-            __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(rest, inv_fine));
-            ql = _mm512_max_epi32(_mm512_min_epi32(ql, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            __m512i qh, ql;
+            split_hi_lo(_mm512_loadu_ps(row + i), step, inv, inv_fine, &qh, &ql);
             int8_t h8[16], l8[16];
             _mm_storeu_si128((__m128i *)h8, _mm512_cvtsepi32_epi8(qh));
             _mm_storeu_si128((__m128i *)l8, _mm512_cvtsepi32_epi8(ql));

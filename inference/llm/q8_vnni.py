@@ -32,6 +32,9 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, scale: torch.T
     x = x.contiguous()
     rows, k = x.shape
     n = scale.shape[0]
+    # The C loop trusts these: a float32 x whose width matches the blob's (k / 4 quads of n / 16 tiles).
+    if x.dtype != torch.float32 or blob.shape != (n // TILE, k // 4, TILE, 4) or k % 16:
+        raise ValueError(f"this blob takes a float32 x of {blob.shape[1] * 4} columns, not {x.dtype} of {k}")
     y = torch.empty((rows, n), dtype=torch.float32)
     if rows and lib.q8_vnni_matmul(x.data_ptr(), rows, k, blob.data_ptr(), scale.data_ptr(), n, y.data_ptr()) != 0:
         raise MemoryError("q8_vnni_matmul could not allocate its activation buffers")

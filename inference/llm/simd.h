@@ -35,4 +35,15 @@ static inline __m512i dot4(__m512i acc, __m512i w, const int8_t *p) {
     return acc;
 }
 
+/* 16 floats v as whole numbers hi + lo / 256 of a step (the engine's 15-bit activations, held as two
+ * int8 passes): hi = round(v * inv) to nearest even, lo = the rounding error in 1/256 of a step,
+ * clamped to +-127 (it reaches 128 only within 1/256 of a step of hi's rounding boundary). inv is
+ * 1 / step and inv_fine 256 / step, both 0 for a zero step. */
+static inline void split_hi_lo(__m512 v, float step, __m512 inv, __m512 inv_fine, __m512i *hi, __m512i *lo) {
+    *hi = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+    const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(*hi), _mm512_set1_ps(step), v);
+    const __m512i fine = _mm512_cvtps_epi32(_mm512_mul_ps(rest, inv_fine));
+    *lo = _mm512_max_epi32(_mm512_min_epi32(fine, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
 #endif

@@ -72,17 +72,18 @@ KINDS = ("decode", "batch", "prefill")
 class _Kind:
     __slots__ = ("cost", "steps", "next_explore", "explore_every")
 
-    def __init__(self) -> None:
+    def __init__(self, explore_every: int) -> None:
         self.cost: dict[int, float] = {}
         self.steps = 0
         self.next_explore = 8
-        self.explore_every = ThreadPolicy.EXPLORE_EVERY
+        self.explore_every = explore_every
 
 
 class ThreadPolicy:
     EXPLORE_EVERY = 24
     # An exploration that loses clearly doubles the wait for the next one, up to this: a step of 8
-    # rows on one thread costs about 9 ms more, so exploring every 24 steps cost 8 streams ~3%.
+    # rows on one thread took 6-7 ms more than on two (15.7 vs 9.8 ms at 70 tokens, 17.6 vs 10.6 at
+    # 200), so exploring every 24 steps cost 8 streams ~2.5%.
     EXPLORE_EVERY_MAX = 384
     CLEAR_LOSS = 1.3  # an exploration this much dearer than the current choice "clearly loses"
     SWITCH_GAIN = 0.88  # switch when the other choice costs < 88% of the current one
@@ -99,7 +100,7 @@ class ThreadPolicy:
         self.yielded_steps = 0  # steps run on fewer threads while other model work held cores
         self._use = {k: (self.fixed if self.fixed > 0 else self.max_threads) for k in KINDS}
         self._forced: set[str] = set()  # kinds put on one thread by a pathological probe
-        self._kinds = {k: _Kind() for k in KINDS}
+        self._kinds = {k: _Kind(self.EXPLORE_EVERY) for k in KINDS}
         self._current = 0
         self._next_probe = 0.0
         self._x: torch.Tensor | None = None

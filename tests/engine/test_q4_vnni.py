@@ -105,3 +105,10 @@ def test_fused_calls_check_their_operands(kernels):
         q4_vnni.matmul(kernels, x, blob, 576, norm=(torch.ones(100), 1e-5))
     with pytest.raises(ValueError, match="add_to"):
         q4_vnni.matmul(kernels, x, blob, 576, add_to=torch.zeros(2, 576).t())
+    # What the C loop would otherwise read past or misread: another width, another dtype, other outputs.
+    with pytest.raises(ValueError, match="this blob takes"):
+        q4_vnni.matmul(kernels, torch.randn(2, 608), blob, 576)
+    with pytest.raises(ValueError, match="this blob takes"):
+        q4_vnni.matmul(kernels, x.to(torch.bfloat16), blob, 576)
+    with pytest.raises(ValueError, match="this blob takes"):
+        q4_vnni.matmul(kernels, x, blob, 592)

@@ -48,3 +48,11 @@ def test_zero_rows(kernels, head):
 def test_shapes_it_takes():
     with pytest.raises(ValueError, match="multiples of 16"):
         q8_vnni.pack(torch.zeros(40, 576, dtype=torch.int8))
+
+
+def test_operands_must_match_the_blob(kernels, head):
+    _, blob, scale, _ = head
+    with pytest.raises(ValueError, match="this blob takes"):
+        q8_vnni.matmul(kernels, torch.randn(2, 592), blob, scale)
+    with pytest.raises(ValueError, match="this blob takes"):
+        q8_vnni.matmul(kernels, torch.randn(2, 576, dtype=torch.bfloat16), blob, scale)
