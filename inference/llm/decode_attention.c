@@ -142,12 +142,17 @@ static void store_kv(void *kv, size_t at, const float *from, int dim, int half) 
 
 /* x (dim floats) rotated in place by its position's rotary embedding: x * cos + roll(x, dim / 2) * sin,
  * sin's first half negated (rotate_half), as the products and the sum torch's ops take (no FMA: the
- * kernels build as ISO C, which does not contract), so the rotation is bit for bit torch's. */
+ * kernels build as ISO C, which does not contract), so the rotation is bit for bit torch's. The roll is
+ * two copies, not an index modulo dim per element (a division each: 94 prompt rows' rotation had cost
+ * 77 us a layer, 2.3 ms a step). */
 static void rotate(float *x, const float *cos, const float *sin, int dim) {
     float rolled[16 * MAX_CHUNKS];
     const int half = dim / 2;
-    for (int i = 0; i < dim; i++) rolled[i] = x[(i + half) % dim];
-    for (int i = 0; i < dim; i++) x[i] = x[i] * cos[i] + rolled[i] * sin[i];
+    memcpy(rolled, x + half, sizeof(float) * (size_t)(dim - half));
+    memcpy(rolled + (dim - half), x, sizeof(float) * (size_t)half);
+    for (int i = 0; i < dim; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(cos + i)),
+                                              _mm512_mul_ps(_mm512_loadu_ps(rolled + i), _mm512_loadu_ps(sin + i))));
 }
 
 /* layer holds float16 when half, else float32. With cos and sin (tables of `dim` floats for each of
