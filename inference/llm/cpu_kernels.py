@@ -4,6 +4,8 @@
 - ``q8_vnni.c``: the output head's int8 weights times 15-bit activations (see q8_vnni.py);
 - ``decode_attention.c``: attention of a step's rows, decoding or prompt, each over its own KV slot
   (see decode_attention.py);
+- ``layer_stack.c``: a step's decoder layers in one call, on the two kernels above (see layer_stack.py);
+- ``kernels.h``: their entry points, for the sources that call one another;
 - ``simd.h``: what they share: a vectorized exp (SiLU, softmax) and VPDPBUSD with a broadcast operand.
 
 The sources are compiled once per machine with gcc into ``<cache>/kernels/`` (about a second; the
@@ -31,8 +33,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("q4_vnni.c", "q8_vnni.c", "decode_attention.c"))
-HEADERS = (Path(__file__).with_name("simd.h"),)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("q4_vnni.c", "q8_vnni.c", "decode_attention.c",
+                                                                "layer_stack.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "kernels.h"))
 REQUIRED_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 COMPILE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp",
                  "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
@@ -44,6 +47,8 @@ SIGNATURES = {
     "q8_vnni_matmul": [_ptr, _c_int, _c_int, _ptr, _ptr, _c_int, _ptr],
     "decode_attention": [_ptr, _c_int, _c_int, _c_int, _c_int, _c_int, _ptr, _c_int, _c_int, _c_int, _ptr, _ptr,
                          _ptr, _ptr, _c_int, ctypes.c_float, _ptr],
+    "layer_stack": [_ptr, _c_int, _c_int, _c_int, *[_ptr] * 12, _c_int, _c_int, _c_int, _c_int, _ptr, ctypes.c_size_t,
+                    _c_int, _c_int, _c_int, _ptr, _ptr, _ptr, _ptr, _c_int, ctypes.c_float, _ptr, _ptr, _ptr],
 }
 
 _lock = threading.Lock()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cpu_kernels, decode_attention, q4_vnni, q8_vnni
+from .layer_stack import LayerStack, LayerWeights
 from .threads import one_intra_op_thread
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -516,6 +517,15 @@ class LeanForward:
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
         self._silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
+        # A step's layers in one C call where every part of them runs on the engine's kernels
+        # (layer_stack.py); the loop in forward() otherwise.
+        self._stack: LayerStack | None = None
+        if self._vnni is not None and self._attention_lib is not None and self._silu_mlp:
+            self._stack = LayerStack(
+                lib, [LayerWeights(qkv=L.qkv[1:], o=L.o[1:], gate_up=L.gu[1:], down=L.down[1:],
+                                   ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
+                heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
+                sin_signed=self.sin_signed, scale=self.scaling)
         self._lin = {"native": _lin_native, "int8": _lin_int8,
                      "int4": _lin_int4_vnni if self.int4_kernel == "vnni" else _lin_int4}[weight_format]
         self._lin_head = _lin_native if weight_format == "native" else (
@@ -704,22 +714,25 @@ class LeanForward:
         if kernel is None:
             cos = self.cos.index_select(0, positions).unsqueeze(1)
             sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
-        for li, L in enumerate(self.layers):
-            qkv = self._norm_lin(x, L.ln1, L.eps1, L.qkv).view(T, H + 2 * KVH, D)
-            layer = data[li]  # [2, slots, KVH, cap, D]
-            if kernel is not None:
-                # The kernel rotates the queries and keys itself (torch's roll, products and sum had cost
-                # a step 0.35-0.4 ms, for one row as for eight).
-                att = decode_attention.attend(kernel, qkv, H, KVH, layer, row_slots, positions, self.scaling,
-                                              rope=(self.cos, self.sin_signed))
-            else:
-                qk = qkv[:, : H + KVH]
-                rot = torch.roll(qk, D // 2, -1).mul_(sin)
-                qk.mul_(cos).add_(rot)
-                att = self._attend_sdpa(layer, qkv, plan)
-            x = self._residual_lin(x, att, L.o)
-            gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
-            x = self._residual_lin(x, gu, L.down, gate=L.act)
+        if self._stack is not None:
+            self._stack.run(x, data, row_slots, positions)
+        else:
+            for li, L in enumerate(self.layers):
+                qkv = self._norm_lin(x, L.ln1, L.eps1, L.qkv).view(T, H + 2 * KVH, D)
+                layer = data[li]  # [2, slots, KVH, cap, D]
+                if kernel is not None:
+                    # The kernel rotates the queries and keys itself (torch's roll, products and sum had cost
+                    # a step 0.35-0.4 ms, for one row as for eight).
+                    att = decode_attention.attend(kernel, qkv, H, KVH, layer, row_slots, positions, self.scaling,
+                                                  rope=(self.cos, self.sin_signed))
+                else:
+                    qk = qkv[:, : H + KVH]
+                    rot = torch.roll(qk, D // 2, -1).mul_(sin)
+                    qk.mul_(cos).add_(rot)
+                    att = self._attend_sdpa(layer, qkv, plan)
+                x = self._residual_lin(x, att, L.o)
+                gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
+                x = self._residual_lin(x, gu, L.down, gate=L.act)
         for s in segments:
             end = s.start + s.n
             if end > pool.lengths[s.slot]:

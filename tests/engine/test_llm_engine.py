@@ -454,6 +454,40 @@ def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(lm):
     assert torch.equal(whole, last) and torch.equal(whole, beside)
 
 
+def test_int4_layers_run_in_one_call_as_in_the_loop(lm, monkeypatch):
+    """On the engine's kernels an int4 step runs its 30 layers in one C call (layer_stack.c): the same
+    logits and KV, bit for bit, as the forward's loop of Python calls, for prompt chunks and decoding
+    rows in one step."""
+    import dataclasses
+
+    from inference.llm.forward import Segment
+
+    if cpu_kernels.load(lm.cache_dir) is None:
+        pytest.skip("the engine's kernels do not run on this machine")
+    quantized = dataclasses.replace(lm, weight_format="int4")
+    fwd = LeanForward.for_model(quantized.model, quantized.context_window, "int4", kernel_dir=lm.cache_dir)
+    assert fwd._stack is not None
+    ids = torch.tensor(lm.tokenizer("The quick brown fox jumps over the lazy dog near the river bank.")["input_ids"])
+    n = len(ids)
+
+    def two_steps() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pool = fwd.new_pool(3, 256, 64)
+        for _ in range(3):
+            pool.acquire(type("Owner", (), {})())
+        first = fwd.forward(pool, torch.cat([ids, ids[:5]]), torch.cat([torch.arange(n), torch.arange(5)]),
+                            [Segment(0, 0, n), Segment(1, 0, 5)], [n - 1, n + 4])
+        # Two decoding rows, then a chunk of a third prompt.
+        second = fwd.forward(pool, torch.cat([ids[5:7], ids[:4]]), torch.tensor([n, 5, 0, 1, 2, 3]),
+                             [Segment(0, n, 1), Segment(1, 5, 1), Segment(2, 0, 4)], [0, 1, 5])
+        written = [pool.data[:, :, slot, :, :length] for slot, length in enumerate((n + 1, 6, 4))]
+        return first, second, torch.cat([kv.flatten() for kv in written])
+
+    stacked = two_steps()
+    monkeypatch.setattr(fwd, "_stack", None)
+    looped = two_steps()
+    assert all(torch.equal(a, b) for a, b in zip(stacked, looped))
+
+
 async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
     """Where the engine's kernels cannot be built or run, int4 falls back to torch's kernel and
     decoding rows to sdpa, which still answer the France question."""

@@ -1,0 +1,96 @@
+"""A step's decoder layers in one C call (layer_stack.c) against the same kernels called one by one
+from Python, as the forward's loop calls them: bit for bit, biases included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.llm import decode_attention, q4_vnni
+from inference.llm.forward import _int4_grid
+from inference.llm.layer_stack import LayerStack, LayerWeights
+
+HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
+
+
+def int4_blob(gen: torch.Generator, k: int, n: int) -> torch.Tensor:
+    w_t = torch.randn(k, n, generator=gen) * 0.2
+    low, step, q = _int4_grid(w_t)
+    return q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15))
+
+
+def rope_tables(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.arange(positions).unsqueeze(1) * (100.0 ** (-torch.arange(0, DIM, 2) / DIM)).repeat(2).unsqueeze(0)
+    sin = angles.sin()
+    return angles.cos().contiguous(), torch.cat([-sin[:, : DIM // 2], sin[:, DIM // 2 :]], dim=-1).contiguous()
+
+
+def random_layers(gen: torch.Generator, biases: bool) -> list[LayerWeights]:
+    def linear(k: int, n: int):
+        return int4_blob(gen, k, n), n, (torch.randn(n, generator=gen) * 0.1 if biases else None)
+
+    return [LayerWeights(qkv=linear(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), o=linear(HEADS * DIM, HIDDEN),
+                         gate_up=linear(HIDDEN, 2 * INTER), down=linear(INTER, HIDDEN),
+                         ln1=1 + 0.1 * torch.randn(HIDDEN, generator=gen), eps1=1e-5,
+                         ln2=1 + 0.1 * torch.randn(HIDDEN, generator=gen), eps2=1e-6)
+            for _ in range(LAYERS)]
+
+
+def one_by_one(lib, layers: list[LayerWeights], x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
+               positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def add(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return y if bias is None else y.add_(bias)
+
+    for i, L in enumerate(layers):
+        qkv = add(q4_vnni.matmul(lib, x, L.qkv[0], L.qkv[1], norm=(L.ln1, L.eps1)), L.qkv[2])
+        att = decode_attention.attend(lib, qkv.view(len(x), HEADS + 2 * KV_HEADS, DIM), HEADS, KV_HEADS, kv[i],
+                                      slots, positions, DIM**-0.5, rope=rope)
+        add(q4_vnni.matmul(lib, att, L.o[0], HIDDEN, add_to=x), L.o[2])
+        gate_up = add(q4_vnni.matmul(lib, x, L.gate_up[0], 2 * INTER, norm=(L.ln2, L.eps2)), L.gate_up[2])
+        add(q4_vnni.matmul(lib, gate_up, L.down[0], HIDDEN, gated=True, add_to=x), L.down[2])
+
+
+@pytest.mark.parametrize("biases", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtype):
+    gen = torch.Generator().manual_seed(11 + biases)
+    layers = random_layers(gen, biases)
+    cos, sin_signed = rope_tables(64)
+    stack = LayerStack(kernels, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
+                       sin_signed=sin_signed, scale=DIM**-0.5)
+    kv = torch.randn(LAYERS, 2, 3, KV_HEADS, 64, DIM, generator=gen).to(kv_dtype)
+    # Two decoding rows, then a prompt chunk of slot 1 at positions 5..9.
+    slots = torch.tensor([0, 2, 1, 1, 1, 1, 1])
+    positions = torch.tensor([30, 12, 5, 6, 7, 8, 9])
+    x = torch.randn(7, HIDDEN, generator=gen)
+    x_before, kv_before = x.clone(), kv.clone()
+    want_x, want_kv = x.clone(), kv.clone()
+    one_by_one(kernels, layers, want_x, want_kv, slots, positions, (cos, sin_signed))
+    stack.run(x, kv, slots, positions)
+    assert torch.equal(x, want_x) and torch.equal(kv, want_kv)
+    # Not a tautology: the layers changed the stream and stored every row's key and value.
+    assert (x - x_before).abs().min() > 0
+    changed = (kv != kv_before).any(dim=-1)  # [layers, 2, slots, kv_heads, positions]
+    assert changed[:, :, slots, :, positions].all() and changed.sum() == LAYERS * 2 * KV_HEADS * len(slots)
+
+
+def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
+    gen = torch.Generator().manual_seed(3)
+    layers = random_layers(gen, False)
+    cos, sin_signed = rope_tables(16)
+    stack = LayerStack(kernels, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
+                       sin_signed=sin_signed, scale=DIM**-0.5)
+    kv = torch.zeros(LAYERS, 2, 2, KV_HEADS, 32, DIM)
+    x = torch.randn(2, HIDDEN)
+    one = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="beyond the rope tables"):
+        stack.run(x, kv, one, torch.tensor([3, 16]))
+    with pytest.raises(ValueError, match="residual stream"):
+        stack.run(x.double(), kv, one, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="KV pool"):
+        stack.run(x, kv[:2], one, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="int64"):
+        stack.run(x, kv, one.int(), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="outputs"):
+        LayerStack(kernels, [layers[0], LayerWeights(**{**layers[1].__dict__, "o": (layers[1].o[0], 32, None)})],
+                   heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed, scale=1.0)
