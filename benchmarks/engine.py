@@ -324,7 +324,9 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
     }
 
 
-async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -> dict:
+async def cancel_run(engine: LLMEngine, lm: LoadedLM, cancel: bool, window_s: float) -> dict:
+    """4 greedy streams decode; after ``window_s`` the first is cancelled (or, with ``cancel`` False,
+    not), and the other three's token times are kept for another ``window_s``."""
     engine.clear_prefix_cache()
     prompts = [render(lm, [{"role": "user", "content": q}]) for q in LONG_QUESTIONS[:4]]
     params = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
@@ -340,46 +342,57 @@ async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.5) -
     tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
     while min(counts) < 3:  # everyone is decoding
         await asyncio.sleep(0.01)
-    before_start = time.monotonic()
+    start = time.monotonic()
     await asyncio.sleep(window_s)
-    before_end = time.monotonic()
-    active_before = engine.stats()["active"]
-    victim = streams[0]
-    t_cancel = time.monotonic()
-    victim.cancel()
-    res = await victim.result()
-    t_result = time.monotonic()
-    while engine.stats()["active"] >= active_before:
-        await asyncio.sleep(0.001)
-    t_free = time.monotonic()
-    engine_free_ms = engine.stats()["last_cancel_free_ms"]  # before the others' cancels at the end
-    after_start = time.monotonic()
-    await asyncio.sleep(window_s)
-    after_end = time.monotonic()
-    for s in streams[1:]:
+    out: dict = {"at": time.monotonic()}
+    if cancel:
+        active_before = engine.stats()["active"]
+        streams[0].cancel()
+        out["finish_reason"] = (await streams[0].result()).finish_reason
+        out["result_ms"] = (time.monotonic() - out["at"]) * 1000
+        while engine.stats()["active"] >= active_before:
+            await asyncio.sleep(0.001)
+        out["free_ms"] = (time.monotonic() - out["at"]) * 1000
+        out["engine_free_ms"] = engine.stats()["last_cancel_free_ms"]  # before the others' cancels below
+    await asyncio.sleep(window_s - (time.monotonic() - out["at"]))
+    end = time.monotonic()
+    for s in streams:
         s.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    out["others"] = [[t - start for t in stamps[i] if start <= t < end] for i in range(1, len(streams))]
+    out["at"] -= start
+    return out
 
-    def rate(i: int, a: float, b: float) -> float:
-        return sum(1 for t in stamps[i] if a <= t < b) / (b - a)
 
-    def max_gap(i: int, a: float, b: float) -> float:
-        ts = [t for t in stamps[i] if a <= t < b]
-        return max((y - x for x, y in zip(ts, ts[1:])), default=0.0)
+async def bench_cancel(engine: LLMEngine, lm: LoadedLM, window_s: float = 1.0) -> dict:
+    """The cancelled request's slot is free within a step, and the three others keep their pace: their
+    rate after the cancel against the same window of a run where nobody is cancelled (the same context
+    lengths; there four rows share each step, here three)."""
+    control = await cancel_run(engine, lm, False, window_s)
+    run = await cancel_run(engine, lm, True, window_s)
 
-    before = [rate(i, before_start, before_end) for i in range(1, len(streams))]
-    after = [rate(i, after_start, after_end) for i in range(1, len(streams))]
+    def rates(r: dict, after: bool) -> list[float]:
+        a, b = (r["at"], 2 * window_s) if after else (0.0, r["at"])
+        return [sum(1 for t in ts if a <= t < b) / (b - a) for ts in r["others"]]
+
+    def max_gap_ms(r: dict) -> float:  # the longest wait for a token within 0.5 s of the cancel's time
+        at = r["at"]
+        return round(1000 * max(max((y - x for x, y in zip(ts, ts[1:]) if at - 0.5 <= x < at + 0.5), default=0.0)
+                                for ts in r["others"]), 1)
+
+    after, without = rates(run, True), rates(control, True)
     return {
-        "streams": len(streams),
-        "cancelled_finish_reason": res.finish_reason,
-        "cancel_to_result_ms": round((t_result - t_cancel) * 1000, 2),
-        "cancel_to_slot_free_ms": round((t_free - t_cancel) * 1000, 2),
-        "engine_measured_free_ms": round(engine_free_ms, 2),
-        "others_tok_s_before": [round(x, 2) for x in before],
+        "streams": 4,
+        "cancelled_finish_reason": run["finish_reason"],
+        "cancel_to_result_ms": round(run["result_ms"], 2),
+        "cancel_to_slot_free_ms": round(run["free_ms"], 2),
+        "engine_measured_free_ms": round(run["engine_free_ms"], 2),
+        "others_tok_s_before": [round(x, 2) for x in rates(run, False)],
         "others_tok_s_after": [round(x, 2) for x in after],
-        "others_rate_after_over_before": round(sum(after) / sum(before), 2),
-        "others_max_gap_ms_around_cancel": round(
-            max(max_gap(i, t_cancel - 0.5, t_cancel + 0.5) for i in range(1, len(streams))) * 1000, 1),
+        "others_tok_s_same_window_without_cancel": [round(x, 2) for x in without],
+        "others_rate_after_over_without_cancel": round(sum(after) / sum(without), 2),
+        "others_max_gap_ms_around_cancel": max_gap_ms(run),
+        "others_max_gap_ms_same_window_without_cancel": max_gap_ms(control),
     }
 
 
