@@ -93,6 +93,8 @@ class LayerStack:
         for t in (slots, positions):
             if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (rows,):
                 raise ValueError(f"slots and positions must be contiguous int64 [{rows}] tensors")
+        if rows == 0:
+            return
         qkv = torch.empty((rows, self.qkv_width), dtype=torch.float32)
         att = torch.empty((rows, self.att_width), dtype=torch.float32)
         gate_up = torch.empty((rows, 2 * self.inter), dtype=torch.float32)

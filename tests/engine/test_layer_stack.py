@@ -75,6 +75,8 @@ def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtyp
 
 
 def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
+    """Shapes and dtypes the C loop would misread, a position beyond the rope tables, layers of
+    different widths: each a ValueError."""
     gen = torch.Generator().manual_seed(3)
     layers = random_layers(gen, False)
     cos, sin_signed = rope_tables(16)
@@ -83,6 +85,9 @@ def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
     kv = torch.zeros(LAYERS, 2, 2, KV_HEADS, 32, DIM)
     x = torch.randn(2, HIDDEN)
     one = torch.tensor([0, 1])
+    empty = torch.empty(0, dtype=torch.int64)
+    stack.run(torch.empty(0, HIDDEN), kv, empty, empty)  # no rows: nothing to do, nothing read
+    assert not kv.any()
     with pytest.raises(ValueError, match="beyond the rope tables"):
         stack.run(x, kv, one, torch.tensor([3, 16]))
     with pytest.raises(ValueError, match="residual stream"):
