@@ -1,13 +1,13 @@
 """A step's decoder layers in one call of the engine's C kernels (layer_stack.c).
 
 The forward's Python loop makes five kernel calls a layer (four int4 matmuls and the attention),
-150 a step for the embedded model's 30 layers, each with its Python and ctypes work (argument checks,
-an output tensor, marshalling: 6 us for the attention's alone, measured apart), while the other
-OpenMP thread waits; in all a step took about 2 ms longer (see ENGINE.md). Here the pointers are gathered once, when the weights are laid
-out, and a step is one call: the same kernel calls in the same order on the same buffers, so the
-hidden states are bit for bit the loop's. It runs where every layer's matmuls are on q4_vnni.c, the
-attention is on decode_attention.c and the MLP is SiLU-gated (Llama-family models on this CPU's
-int4 format).
+150 a step for the embedded model's 30 layers, each with its Python and ctypes work (argument
+checks, an output tensor, marshalling: 6 us for the attention's alone, measured apart) while the
+other OpenMP thread waits; a step took about 2 ms longer in all (see ENGINE.md). Here the pointers
+are gathered and checked once, when the weights are laid out, and a step is one call: the same
+kernel calls in the same order on the same buffers, so the hidden states are bit for bit the loop's.
+It runs where every layer's matmuls are on q4_vnni.c, the attention is on decode_attention.c and the
+MLP is SiLU-gated (Llama-family models on this CPU's int4 format).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from . import q4_vnni
 
 
 @dataclass(frozen=True)
@@ -39,17 +41,25 @@ def _pointers(tensors: Sequence[torch.Tensor | None]) -> ctypes.Array:
 
 
 class LayerStack:
+    """The pointers of every layer's weights, checked against the shapes the C loop assumes."""
+
     def __init__(self, lib: ctypes.CDLL, layers: Sequence[LayerWeights], *, heads: int, kv_heads: int,
                  head_dim: int, cos: torch.Tensor, sin_signed: torch.Tensor, scale: float) -> None:
         """``cos``/``sin_signed``: the rope tables as decode_attention.attend takes them."""
         if not layers:
             raise ValueError("no layers")
+        if heads % kv_heads:
+            raise ValueError(f"{heads} query heads do not share {kv_heads} KV heads evenly")
+        for table in (cos, sin_signed):
+            if table.dtype != torch.float32 or not table.is_contiguous() or table.shape[1:] != (head_dim,):
+                raise ValueError(f"the rope tables must be contiguous float32 [positions, {head_dim}] tensors")
         first = layers[0]
         self.hidden = first.ln1.shape[0]
         self.qkv_width = (heads + 2 * kv_heads) * head_dim
         self.att_width = heads * head_dim
         self.inter = first.gate_up[1] // 2
         expected = {"qkv": self.qkv_width, "o": self.hidden, "gate_up": 2 * self.inter, "down": self.hidden}
+        inputs = {"qkv": self.hidden, "o": self.att_width, "gate_up": self.hidden, "down": self.inter}
         self._keep: list[torch.Tensor] = []  # every tensor a pointer below refers to
         columns: dict[str, list[torch.Tensor | None]] = {f"{k}_{p}": [] for k in expected for p in ("w", "b")}
         for layer in layers:
@@ -57,7 +67,14 @@ class LayerStack:
                 blob, out_features, bias = getattr(layer, name)
                 if out_features != width:
                     raise ValueError(f"layer {name} has {out_features} outputs, not {width} like the first layer's")
+                # The blob q4_vnni.pack makes for this matrix: the C loop reads exactly that much.
+                blocks = (width // q4_vnni.TILE, inputs[name] // q4_vnni.GROUP, q4_vnni.BLOCK_BYTES)
+                if (blob.dtype != torch.uint8 or not blob.is_contiguous() or blob.shape != blocks
+                        or width % q4_vnni.TILE or inputs[name] % q4_vnni.GROUP):
+                    raise ValueError(f"layer {name}: not a q4_vnni blob of {inputs[name]} inputs to {width} outputs")
                 if bias is not None:
+                    if bias.shape != (width,):
+                        raise ValueError(f"layer {name}: a bias of {tuple(bias.shape)} for {width} outputs")
                     bias = bias.to(torch.float32).contiguous()
                     self._keep.append(bias)
                 self._keep.append(blob)
@@ -87,14 +104,19 @@ class LayerStack:
         rows = x.shape[0]
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1:] != (self.hidden,):
             raise ValueError(f"the layers take a contiguous float32 [rows, {self.hidden}] residual stream")
-        if (kv.dtype not in (torch.float32, torch.float16) or not kv.is_contiguous() or kv.shape[0] != self.layers
-                or kv.shape[3] != self.kv_heads or kv.shape[5] != self.head_dim):
+        if (kv.dtype not in (torch.float32, torch.float16) or not kv.is_contiguous() or kv.dim() != 6
+                or kv.shape[0] != self.layers or kv.shape[1] != 2 or kv.shape[3] != self.kv_heads
+                or kv.shape[5] != self.head_dim):
             raise ValueError("the KV pool does not fit these layers")
         for t in (slots, positions):
             if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (rows,):
                 raise ValueError(f"slots and positions must be contiguous int64 [{rows}] tensors")
         if rows == 0:
             return
+        # The C code stores each row's KV at [slot, position] unchecked.
+        if not (0 <= int(slots.min()) and int(slots.max()) < kv.shape[2]
+                and 0 <= int(positions.min()) and int(positions.max()) < kv.shape[4]):
+            raise ValueError(f"a slot or position outside the pool's {kv.shape[2]} slots of {kv.shape[4]} tokens")
         qkv = torch.empty((rows, self.qkv_width), dtype=torch.float32)
         att = torch.empty((rows, self.att_width), dtype=torch.float32)
         gate_up = torch.empty((rows, 2 * self.inter), dtype=torch.float32)

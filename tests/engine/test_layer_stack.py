@@ -75,8 +75,8 @@ def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtyp
 
 
 def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
-    """Shapes and dtypes the C loop would misread, a position beyond the rope tables, layers of
-    different widths: each a ValueError."""
+    """Shapes and dtypes the C loop would misread, a slot or position outside the pool or beyond the
+    rope tables, blobs and biases of other shapes, layers of different widths: each a ValueError."""
     gen = torch.Generator().manual_seed(3)
     layers = random_layers(gen, False)
     cos, sin_signed = rope_tables(16)
@@ -96,6 +96,19 @@ def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
         stack.run(x, kv[:2], one, torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="int64"):
         stack.run(x, kv, one.int(), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="outside the pool"):
+        stack.run(x, kv, torch.tensor([0, 2]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="outside the pool"):
+        stack.run(x, kv, one, torch.tensor([0, 32]))
+    assert not kv.any()  # nothing was stored by the refused calls
+    wrong_blob = LayerWeights(**{**layers[0].__dict__, "o": (layers[0].qkv[0], HIDDEN, None)})
+    with pytest.raises(ValueError, match="not a q4_vnni blob"):
+        LayerStack(kernels, [wrong_blob], heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
+                   sin_signed=sin_signed, scale=1.0)
+    wrong_bias = LayerWeights(**{**layers[0].__dict__, "down": (layers[0].down[0], HIDDEN, torch.zeros(3))})
+    with pytest.raises(ValueError, match="a bias of"):
+        LayerStack(kernels, [wrong_bias], heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
+                   sin_signed=sin_signed, scale=1.0)
     with pytest.raises(ValueError, match="outputs"):
         LayerStack(kernels, [layers[0], LayerWeights(**{**layers[1].__dict__, "o": (layers[1].o[0], 32, None)})],
                    heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed, scale=1.0)
