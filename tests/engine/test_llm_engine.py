@@ -7,6 +7,7 @@ chunked prefill, or from the prefix cache; and the same tokens as transformers' 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -66,6 +67,20 @@ def test_loader_reads_converted_folder(lm, gateway_cache_dir):
     assert again.eos_token_ids == lm.eos_token_ids
     with pytest.raises(ValueError):
         load_lm(folder / "config.json", cache_dir=gateway_cache_dir)
+
+
+def test_a_reinstalled_copy_of_the_gguf_reuses_its_conversion(lm, gateway_cache_dir, tmp_path):
+    """The same bytes at another path with another mtime (a reinstalled package) are not converted
+    again: the cache is keyed by content."""
+    import shutil
+
+    copy = tmp_path / "site-packages" / embedded_llm().name
+    copy.parent.mkdir()
+    shutil.copyfile(embedded_llm(), copy)
+    os.utime(copy, ns=(1, 1))
+    assert gguf_cache_folder(copy, gateway_cache_dir) == gguf_cache_folder(embedded_llm(), gateway_cache_dir)
+    again = load_lm(copy, cache_dir=gateway_cache_dir, max_context_tokens=512)
+    assert not again.converted and again.eos_token_ids == lm.eos_token_ids
 
 
 # -- the lean forward against transformers ----------------------------------------------------------------
