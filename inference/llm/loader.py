@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -88,6 +89,7 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 GGUF_DIGESTS = "gguf-digests.json"  # in the cache dir: {"<path>|<size>|<mtime_ns>": digest}
+_DIGEST = re.compile(r"[0-9a-f]{16}")
 
 
 def gguf_digest(path: Path, cache_dir: Path) -> str:
@@ -113,12 +115,12 @@ def gguf_digest(path: Path, cache_dir: Path) -> str:
     digest = sha.hexdigest()[:16]
 
     def current(entry: str) -> bool:
-        name, _, version = entry.partition("|")
+        name, size, mtime = (entry.rsplit("|", 2) + ["", ""])[:3]  # a path may hold "|" itself
         try:
             st = os.stat(name)
         except OSError:
             return False
-        return version == f"{st.st_size}|{st.st_mtime_ns}"
+        return f"{size}|{mtime}" == f"{st.st_size}|{st.st_mtime_ns}"
 
     index = {k: v for k, v in index.items() if current(k)}
     index[key] = digest
@@ -153,7 +155,9 @@ def prune_stale_conversions(path: Path, cache_dir: Path) -> list[Path]:
         return []
     removed = []
     for folder in Path(cache_dir).glob(f"{path.stem}-*"):
-        if folder.is_dir() and folder.name.rpartition("-")[2] not in live:
+        digest = folder.name[len(path.stem) + 1 :]
+        # Only this stem's conversions: "<stem>-<16 hex digits>" ("<stem>-v2-..." is another model's).
+        if folder.is_dir() and _DIGEST.fullmatch(digest) and digest not in live:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed

@@ -46,6 +46,15 @@ def test_a_file_is_read_once_per_version_and_gone_files_are_forgotten(tmp_path):
     assert list(index) == [f"{model.resolve()}|{model.stat().st_size}|1"]
 
 
+def test_a_path_with_a_bar_in_it_is_remembered_too(tmp_path):
+    cache = tmp_path / "cache"
+    model = write(tmp_path / "a|b" / "model.gguf", b"GGUF bar")
+    digest = gguf_digest(model, cache)
+    gguf_digest(write(tmp_path / "other.gguf", b"GGUF other"), cache)  # rewrites the index, keeping current files
+    assert json.loads((cache / GGUF_DIGESTS).read_text())[f"{model.resolve()}|{model.stat().st_size}|"
+                                                          f"{model.stat().st_mtime_ns}"] == digest
+
+
 def test_a_broken_index_or_an_unwritable_cache_only_costs_a_rehash(tmp_path):
     model = write(tmp_path / "model.gguf", b"GGUF bytes")
     cache = tmp_path / "cache"
@@ -64,12 +73,12 @@ def test_conversions_of_other_versions_are_pruned_others_kept(tmp_path):
     cache = tmp_path / "cache"
     model = write(tmp_path / "model.gguf", b"GGUF v2")
     keep = gguf_cache_folder(model, cache)
-    for folder in (keep, cache / "model-0123456789abcdef", cache / "model-fedcba9876543210", cache / "other-0123456789abcdef"):
-        folder.mkdir(parents=True)
+    others = ["other-0123456789abcdef", "model-v2-0123456789abcdef", "model-notes"]  # not this stem's conversions
+    for name in [keep.name, "model-0123456789abcdef", "model-fedcba9876543210", *others]:
+        (cache / name).mkdir(parents=True, exist_ok=True)
     (cache / "model-notes.txt").write_text("a file, not a conversion")
     removed = prune_stale_conversions(model, cache)
     assert sorted(p.name for p in removed) == ["model-0123456789abcdef", "model-fedcba9876543210"]
-    assert sorted(p.name for p in cache.iterdir()) == sorted([GGUF_DIGESTS, keep.name, "model-notes.txt",
-                                                             "other-0123456789abcdef"])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([GGUF_DIGESTS, keep.name, "model-notes.txt", *others])
     # Without a digest index nothing is known to be stale: nothing goes.
     assert prune_stale_conversions(model, tmp_path / "empty") == []
