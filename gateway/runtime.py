@@ -104,6 +104,11 @@ class Runtime:
                 prefix_cache_bytes=self.settings.prefix_cache_mb * 1024 * 1024,
             ),
         )
+        if lm.weight_format != "native":
+            # The engine multiplies its quantized copies; nothing in the gateway calls the model itself.
+            freed = engine.fwd.release_model_weights()
+            log.info("released %.0f MB of the model's float weights (the engine runs %s copies)", freed / 2**20,
+                     lm.weight_format)
         engine.start()
         metrics.ENGINE.stats = engine.stats
         self.engine = engine

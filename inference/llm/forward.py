@@ -17,6 +17,7 @@ memory is duplicated.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,6 +389,16 @@ def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
     return y if b is None else y + b
 
 
+def _return_freed_memory() -> None:
+    """Hand glibc's free heap pages back to the system: tensors this size are not always mmapped of
+    their own (glibc's threshold for that grows as large blocks are freed), so freeing them would not
+    lower the process's memory. Elsewhere (no glibc) a no-op."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class LeanForward:
     """Ragged-batch forward over a Llama-family ``*ForCausalLM`` model's own weights.
 
@@ -404,6 +415,8 @@ class LeanForward:
         cached = cache.get(weight_format)
         if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
+        if getattr(model, "_lean_released", False):
+            raise UnsupportedModel("the model's linear weights were released (LeanForward.release_model_weights)")
         with one_intra_op_thread():  # re-laying the weights must not leave an OpenMP pool on this thread
             inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir)
         cache[weight_format] = inst
@@ -558,6 +571,33 @@ class LeanForward:
         if self.weight_format != "native":
             return _quantize_int8(w_t, b, torch.bfloat16)
         return (w_t, b)
+
+    def release_model_weights(self) -> int:
+        """Free the model's own float copies of its layers' linear weights, which a quantized forward
+        never reads (it multiplies its int4 or int8 copies): 424 MB of float32 for the embedded model,
+        a fifth of the gateway's memory. The modules are left with empty weights, so ``generate()`` and
+        new forwards of the model stop working; this forward does not change. For a process that only
+        ever runs this forward (the gateway). Returns the bytes freed."""
+        if self.weight_format == "native":
+            raise ValueError("a native forward multiplies the model's own weights")
+        cache = getattr(self.model, "_lean_forward", {})
+        if any(f is not self and f.weight_format == "native" for f in cache.values()):
+            raise ValueError("a native forward of this model still multiplies its weights")
+        freed = 0
+        fused_seen: set[int] = set()
+        for layer in self.model.model.layers:
+            for m in layer.modules():
+                if not isinstance(m, nn.Linear):
+                    continue
+                fused = getattr(m, "_lean_fused", None)
+                if fused is not None and id(fused[0]) not in fused_seen:
+                    fused_seen.add(id(fused[0]))
+                    freed += fused[0].numel() * fused[0].element_size()
+                m._lean_fused = None
+                m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
+        self.model._lean_released = True
+        _return_freed_memory()
+        return freed
 
     # -- KV -----------------------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:

@@ -20,7 +20,7 @@ from inference.llm.engine import (
     LLMEngine,
     SamplingParams,
 )
-from inference.llm.forward import LeanForward
+from inference.llm.forward import LeanForward, UnsupportedModel
 from inference.llm.loader import gguf_cache_folder, load_lm
 from inference.llm.sampling import RowSampler
 from inference.models import embedded_llm
@@ -501,6 +501,33 @@ def test_int4_layers_run_in_one_call_as_in_the_loop(lm, monkeypatch):
     monkeypatch.setattr(fwd, "_stack", None)
     looped = two_steps()
     assert all(torch.equal(a, b) for a, b in zip(stacked, looped))
+
+
+async def test_a_quantized_engine_runs_on_after_the_float_weights_are_released(gateway_cache_dir, chat_ids, collect):
+    """The gateway frees the model's float32 linear weights once its int4 engine is built: the engine
+    answers token for token as before, and the model can no longer be run another way."""
+    own = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, max_context_tokens=1024)  # this test's copy
+    assert own.weight_format == "int4"
+    eng = LLMEngine(own, EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        ids = chat_ids(("user", QUESTIONS[0]))
+        before = await collect(eng, ids)
+        freed = eng.fwd.release_model_weights()
+        after = await collect(eng, ids)
+    finally:
+        eng.close()
+    assert after.token_ids == before.token_ids and "Paris" in after.text
+    assert freed > 400 * 2**20  # 106M float32 weights
+    assert all(m.weight.numel() == 0 for m in own.model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    with pytest.raises(UnsupportedModel, match="released"):
+        LeanForward.for_model(own.model, own.context_window, "native")
+
+
+def test_a_native_forward_keeps_its_weights(lm):
+    fwd = LeanForward.for_model(lm.model, lm.context_window, "native")
+    with pytest.raises(ValueError, match="multiplies the model's own weights"):
+        fwd.release_model_weights()
 
 
 async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
