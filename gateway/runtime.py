@@ -107,7 +107,7 @@ class Runtime:
         if lm.weight_format != "native":
             # The engine multiplies its quantized copies; nothing in the gateway calls the model itself.
             freed = engine.fwd.release_model_weights()
-            log.info("released %.0f MB of the model's float weights (the engine runs %s copies)", freed / 2**20,
+            log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
                      lm.weight_format)
         engine.start()
         metrics.ENGINE.stats = engine.stats
