@@ -32,7 +32,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.engine import LONG_QUESTIONS, render, run_streams, running, system_prompt, warm_up
+from benchmarks.engine import (
+    LONG_QUESTIONS,
+    leading_agreement,
+    render,
+    run_streams,
+    running,
+    system_prompt,
+    warm_up,
+)
 from inference.llm.engine import LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
@@ -95,13 +103,6 @@ async def engine_round(lm: LoadedLM, p: dict, tokens: int) -> dict:
     }
 
 
-def leading_equal(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 async def main_async(args) -> dict:
     gguf = embedded_llm()
     lm = await run_in_own_thread(lambda: load_lm(gguf, cache_dir=Path(args.cache_dir).expanduser(), device="cpu"))
@@ -125,8 +126,7 @@ async def main_async(args) -> dict:
                        "engine_advantage": round(b / a if faster_is == "lower" else a / b, 2)}
     # The answers themselves: llama.cpp multiplies Q4_1 weights with 8-bit activations (Q8_1), the
     # engine with 15-bit ones (inference/llm/q4_vnni.c says what 8 bits did to this model).
-    report["greedy_tokens_equal_from_the_start"] = (
-        f"{leading_equal(ours[0]['short_tokens'], theirs[0]['short_tokens'])}/{args.tokens}")
+    report["greedy_tokens_equal_from_the_start"] = leading_agreement(ours[0]["short_tokens"], theirs[0]["short_tokens"])
     report["answer_to_short_question"] = {
         "question": SHORT_QUESTION,
         "engine": lm.tokenizer.decode(ours[0]["short_tokens"], skip_special_tokens=True),

@@ -53,10 +53,16 @@ def attend(lib: ctypes.CDLL, qkv: torch.Tensor, heads: int, kv_heads: int, layer
                                 positions.data_ptr(), None if cos is None else cos.data_ptr(),
                                 None if sin is None else sin.data_ptr(), 0 if cos is None else cos.shape[0],
                                 scale, out.data_ptr())
-    if code == -1:
-        raise ValueError(f"decode attention takes head dims in multiples of 16 up to 256, not {dim}")
-    if code == -3:
-        raise ValueError(f"a position beyond the rope tables' {cos.shape[0]}")
-    if code != 0:
-        raise MemoryError("decode_attention could not allocate its score buffers")
+    raise_for(code, dim, 0 if cos is None else cos.shape[0])
     return out
+
+
+def raise_for(code: int, head_dim: int, rope_positions: int) -> None:
+    """decode_attention.c's return code (which layer_stack.c passes on) as an exception: -1 a head
+    dim it does not take, -3 a position beyond the rope tables, any other nonzero code out of memory."""
+    if code == -1:
+        raise ValueError(f"decode attention takes head dims in multiples of 16 up to 256, not {head_dim}")
+    if code == -3:
+        raise ValueError(f"a position beyond the rope tables' {rope_positions}")
+    if code != 0:
+        raise MemoryError("the engine's kernels could not allocate their buffers")

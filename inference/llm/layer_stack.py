@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import q4_vnni
+from . import decode_attention, q4_vnni
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,7 @@ class LayerStack:
                 blob, out_features, bias = getattr(layer, name)
                 if out_features != width:
                     raise ValueError(f"layer {name} has {out_features} outputs, not {width} like the first layer's")
-                # The blob q4_vnni.pack makes for this matrix: the C loop reads exactly that much.
-                blocks = (width // q4_vnni.TILE, inputs[name] // q4_vnni.GROUP, q4_vnni.BLOCK_BYTES)
-                if (blob.dtype != torch.uint8 or not blob.is_contiguous() or blob.shape != blocks
-                        or width % q4_vnni.TILE or inputs[name] % q4_vnni.GROUP):
+                if not q4_vnni.fits(blob, inputs[name], width):
                     raise ValueError(f"layer {name}: not a q4_vnni blob of {inputs[name]} inputs to {width} outputs")
                 if bias is not None:
                     if bias.shape != (width,):
@@ -125,9 +122,4 @@ class LayerStack:
             self.inter, kv.data_ptr(), kv.stride(0) * kv.element_size(), int(kv.dtype == torch.float16), kv.shape[2],
             kv.shape[4], slots.data_ptr(), positions.data_ptr(), self.cos.data_ptr(), self.sin_signed.data_ptr(),
             self.cos.shape[0], self.scale, qkv.data_ptr(), att.data_ptr(), gate_up.data_ptr())
-        if code == -1:
-            raise ValueError(f"the attention kernel takes head dims in multiples of 16 up to 256, not {self.head_dim}")
-        if code == -3:
-            raise ValueError(f"a position beyond the rope tables' {self.cos.shape[0]}")
-        if code != 0:
-            raise MemoryError("the layer kernels could not allocate their buffers")
+        decode_attention.raise_for(code, self.head_dim, self.cos.shape[0])

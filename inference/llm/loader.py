@@ -92,12 +92,23 @@ GGUF_DIGESTS = "gguf-digests.json"  # in the cache dir: {"<path>|<size>|<mtime_n
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 
 
+def _version_key(path: Path | str) -> str | None:
+    """``"<resolved path>|<size>|<mtime_ns>"``, the digest index's key for a file as it is now; None
+    when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def gguf_digest(path: Path, cache_dir: Path) -> str:
     """The first 16 hex digits of the sha256 of ``path``'s bytes. A file is read once per version
     (0.23 s for the embedded model's 98 MB here): the digest is remembered in ``cache_dir`` under the
     file's path, size and mtime, and entries of files that changed or went away are dropped."""
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = _version_key(path)
+    if key is None:
+        raise FileNotFoundError(f"model not found: {path}")
     index_path = Path(cache_dir) / GGUF_DIGESTS
     try:
         index = json.loads(index_path.read_text())
@@ -113,16 +124,8 @@ def gguf_digest(path: Path, cache_dir: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             sha.update(chunk)
     digest = sha.hexdigest()[:16]
-
-    def current(entry: str) -> bool:
-        name, size, mtime = (entry.rsplit("|", 2) + ["", ""])[:3]  # a path may hold "|" itself
-        try:
-            st = os.stat(name)
-        except OSError:
-            return False
-        return f"{size}|{mtime}" == f"{st.st_size}|{st.st_mtime_ns}"
-
-    index = {k: v for k, v in index.items() if current(k)}
+    # Entries of files that changed or went away go (a key is read from the right: a path may hold "|").
+    index = {k: v for k, v in index.items() if _version_key(k.rsplit("|", 2)[0]) == k}
     index[key] = digest
     # Replaced atomically, so a concurrent reader sees the old index or the new one; where the cache
     # cannot be written, the file is just hashed again next time.

@@ -42,6 +42,14 @@ def pack(step: torch.Tensor, low: torch.Tensor, q: torch.Tensor) -> torch.Tensor
     return torch.cat([nibbles, per_tile(step), per_tile(low)], dim=2).contiguous()
 
 
+def fits(blob: torch.Tensor, in_features: int, out_features: int) -> bool:
+    """Whether ``blob`` is what :func:`pack` makes for ``in_features`` inputs to ``out_features``
+    outputs: the C loop reads exactly ``in / 32`` groups of ``out / 16`` tiles from it, unchecked."""
+    return (blob.dtype == torch.uint8 and blob.is_contiguous() and in_features % GROUP == 0
+            and out_features % TILE == 0
+            and blob.shape == (out_features // TILE, in_features // GROUP, BLOCK_BYTES))
+
+
 def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: int, *,
            norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
            add_to: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,9 +63,7 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: 
     rows, k = x.shape
     if gated:
         k //= 2
-    # The C loop trusts these: a float32 x whose width matches the blob's (it reads k / 32 groups of
-    # out / 16 tiles).
-    if x.dtype != torch.float32 or blob.shape != (out_features // TILE, k // GROUP, BLOCK_BYTES) or (k | out_features) % TILE or k % GROUP:
+    if x.dtype != torch.float32 or not fits(blob, k, out_features):
         raise ValueError(f"this blob takes a float32 x of {blob.shape[1] * GROUP} columns to "
                          f"{blob.shape[0] * TILE} outputs, not {x.dtype} of {k} to {out_features}")
     if norm is not None and (gated or norm[0].shape != (k,) or norm[0].dtype != torch.float32):
