@@ -1,27 +1,43 @@
-"""The int4 GEMMs of all the embedded model's layers on both kernels, in one run; prints JSON.
+"""The int4 GEMMs of all the embedded model's layers on the engine's kernel builds and on torch's, in one
+run; prints JSON.
 
-    python -m benchmarks.int4_kernels [--rows 1 8 64 256] [--repeats 20]
+    python -m benchmarks.int4_kernels [--isa vnni avx2] [--rows 1 8 64 256] [--repeats 20]
 
 For each row count, the 30 layers' four fused matmuls (qkv, o, gate+up, down) of one decoding or
-prefill step run on the VNNI kernel (``inference/llm/q4_vnni.c``) and on torch's
-``_weight_int4pack_mm_for_cpu``, alternately, with the model's own Q4_1 weights; the figures are the
-medians of ``--repeats`` passes, and ``ratio`` is torch's time over the VNNI kernel's. It also
-reports each kernel's error against a float64 product on one layer.
+prefill step run on each build of the engine's kernel (``inference/llm/q4_matmul.c``, ``--isa``: by
+default every build this CPU runs) and on torch's ``_weight_int4pack_mm_for_cpu``, alternately, with
+the model's own Q4_1 weights; the figures are the medians of ``--repeats`` passes, and
+``torch_over_<isa>`` is torch's time over that build's. The output head (49152 x 576, int8) runs the
+same way on each build's ``q8_matmul.c`` and on oneDNN (``head_ms``). It also reports each kernel's
+error against a float64 product on one layer. The AVX2 build runs on any x86-64 CPU with AVX2, FMA
+and F16C, so on an AVX512-VNNI machine both builds can be timed side by side (the AVX2 figures then
+stand in for a CPU without AVX512; they are not that CPU's).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from inference.llm import cpu_kernels, q4_vnni
-from inference.llm.forward import INT4_GROUP, _int4_grid, _lin_int4, _quantize_int4, _quantize_int4_vnni
+from inference.llm import cpu_kernels, q4_matmul, q8_matmul
+from inference.llm.forward import (
+    INT4_GROUP,
+    _int4_grid,
+    _lin_int4,
+    _lin_w8a8,
+    _quantize_int4,
+    _quantize_int8,
+    _quantize_w8a8,
+)
 from inference.llm.loader import load_lm
 from inference.models import embedded_llm
 
@@ -36,7 +52,7 @@ def layer_matrices(model) -> list[torch.Tensor]:
     return out
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn: Callable[[], object], repeats: int) -> float:
     fn()
     samples = []
     for _ in range(repeats):
@@ -46,47 +62,81 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def alternated(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Each run's median time in ms, the runs taking turns (3 rounds), so all see the same machine load."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(3):
+        for name, fn in runs.items():
+            samples[name].append(timed(fn, max(1, repeats // 3)))
+    return {name: round(statistics.median(s) * 1000, 2) for name, s in samples.items()}
+
+
+def kernel_step(lib: ctypes.CDLL, inputs: list[torch.Tensor], blobs: list[tuple[torch.Tensor, int]]) -> None:
+    for x, (blob, n) in zip(inputs, blobs):
+        q4_matmul.matmul(lib, x, blob, n)
+
+
+def torch_step(inputs_bf16: list[torch.Tensor], packed: list[tuple]) -> None:
+    for x, (weights, scales, _) in zip(inputs_bf16, packed):
+        torch.ops.aten._weight_int4pack_mm_for_cpu(x, weights, INT4_GROUP, scales)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--isa", nargs="+", choices=cpu_kernels.ISAS, default=None,
+                    help="builds of the engine's kernels to time (default: every one this CPU runs)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--cache-dir", default="~/.cache/realtime-gateway")
     args = ap.parse_args(argv)
     cache_dir = Path(args.cache_dir).expanduser()
-    lib = cpu_kernels.load(cache_dir)
-    if lib is None:
-        print(json.dumps({"error": "the VNNI kernel cannot run here (see the log)"}))
-        sys.exit(1)
+    isas = args.isa or list(cpu_kernels.supported_isas())
+    libs: dict[str, ctypes.CDLL] = {}
+    for isa in isas:
+        lib = cpu_kernels.load(cache_dir, isa)
+        if lib is None:
+            print(json.dumps({"error": f"the {isa} build cannot run here (see the log)"}))
+            sys.exit(1)
+        libs[isa] = lib
     lm = load_lm(embedded_llm(), cache_dir=cache_dir, dtype="float32")
     matrices = layer_matrices(lm.model)
-    vnni = [_quantize_int4_vnni(w, None, lib) for w in matrices]
+    blobs = []
+    for w in matrices:
+        low, step, q = _int4_grid(w)
+        blobs.append((q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15)), w.shape[1]))
     theirs = [_quantize_int4(w, None, torch.bfloat16) for w in matrices]
-    report: dict = {"threads": torch.get_num_threads(), "matrices": len(matrices), "ms_per_step": {}}
+    head_t = lm.model.lm_head.weight.data.t().contiguous()
+    head_q, head_scale, _ = _quantize_int8(head_t, None, torch.float32)
+    head_blob, head_onednn = q8_matmul.pack(head_q), _quantize_w8a8(head_t, None)
+    report: dict = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "matrices": len(matrices),
+                    "ms_per_step": {}, "head_ms": {}}
     for rows in args.rows:
         inputs = [torch.randn(rows, w.shape[0]) for w in matrices]
-        inputs_bf16 = [x.to(torch.bfloat16) for x in inputs]
-
-        def run_vnni(inputs: list[torch.Tensor] = inputs) -> None:
-            for x, (_, blob, n, _) in zip(inputs, vnni):
-                q4_vnni.matmul(lib, x, blob, n)
-
-        def run_torch(inputs_bf16: list[torch.Tensor] = inputs_bf16) -> None:
-            for x, (packed, scales, _) in zip(inputs_bf16, theirs):
-                torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, INT4_GROUP, scales)
-
-        ours, torchs = [], []
-        for _ in range(3):  # alternate, so both see the same machine load
-            ours.append(timed(run_vnni, max(1, args.repeats // 3)))
-            torchs.append(timed(run_torch, max(1, args.repeats // 3)))
-        a, b = statistics.median(ours) * 1000, statistics.median(torchs) * 1000
-        report["ms_per_step"][str(rows)] = {"vnni": round(a, 2), "torch": round(b, 2), "ratio": round(b / a, 2)}
+        runs: dict[str, Callable[[], None]] = {isa: partial(kernel_step, lib, inputs, blobs) for isa, lib in libs.items()}
+        runs["torch"] = partial(torch_step, [x.to(torch.bfloat16) for x in inputs], theirs)
+        times = alternated(runs, args.repeats)
+        for isa in libs:
+            times[f"torch_over_{isa}"] = round(times["torch"] / times[isa], 2)
+        report["ms_per_step"][str(rows)] = times
+        x = torch.randn(rows, head_t.shape[0])
+        heads: dict[str, Callable[[], object]] = {isa: partial(q8_matmul.matmul, lib, x, head_blob, head_scale)
+                                                  for isa, lib in libs.items()}
+        heads["onednn"] = partial(_lin_w8a8, x, head_onednn)
+        report["head_ms"][str(rows)] = alternated(heads, args.repeats)
     w = matrices[3]  # layer 0's down projection
     low, step, q = _int4_grid(w)
     exact_w = (torch.round(q) * step[..., None] + low[..., None]).reshape(w.shape[1], -1).t().double()
     x = torch.randn(8, w.shape[0])
     exact = x.double() @ exact_w
-    for name, y in (("vnni", q4_vnni.matmul(lib, x, vnni[3][1], w.shape[1])), ("torch", _lin_int4(x, theirs[3]))):
-        report.setdefault("relative_error_vs_float64", {})[name] = float((y.double() - exact).norm() / exact.norm())
+    outputs = {isa: q4_matmul.matmul(lib, x, blobs[3][0], w.shape[1]) for isa, lib in libs.items()}
+    outputs["torch"] = _lin_int4(x, theirs[3])
+    report["relative_error_vs_float64"] = {name: float((y.double() - exact).norm() / exact.norm())
+                                           for name, y in outputs.items()}
     print(json.dumps(report, indent=2))
 
 

@@ -125,7 +125,7 @@ async def main_async(args) -> dict:
         report[key] = {"engine": round(a, 4), "llama_cpp": round(b, 4),
                        "engine_advantage": round(b / a if faster_is == "lower" else a / b, 2)}
     # The answers themselves: llama.cpp multiplies Q4_1 weights with 8-bit activations (Q8_1), the
-    # engine with 15-bit ones (inference/llm/q4_vnni.c says what 8 bits did to this model).
+    # engine with 15-bit ones (inference/llm/q4_matmul.c says what 8 bits did to this model).
     report["greedy_tokens_equal_from_the_start"] = leading_agreement(ours[0]["short_tokens"], theirs[0]["short_tokens"])
     report["answer_to_short_question"] = {
         "question": SHORT_QUESTION,

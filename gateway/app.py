@@ -106,10 +106,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "load_seconds": vars(runtime.load_times),
         }
         if runtime.engine is not None:
-            body["llm_weights"] = runtime.engine.fwd.weight_format  # native, int8 or int4 (see --llm-dtype)
-            if runtime.engine.fwd.int4_kernel:
-                body["llm_int4_kernel"] = runtime.engine.fwd.int4_kernel  # vnni, or torch where the CPU lacks it
-            body["llm_decode_attention"] = runtime.engine.fwd.decode_attention  # kernel, or sdpa
+            body["llm"] = runtime.engine.fwd.describe()  # what each part of a step runs on (see --llm-kernels)
         if runtime.load_error:
             body["error"] = runtime.load_error
         return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
+LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
 
 
 def default_cache_dir() -> Path:
@@ -51,6 +52,12 @@ class Settings(BaseSettings):
         "such as the embedded model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
         "int8 / int4: quantized weight copies on cpu (slightly different tokens); int4 multiplies 15-bit "
         "activations on an AVX512-VNNI kernel where the CPU has it, else bfloat16 ones on torch's kernel.",
+    )
+    llm_kernels: LlmKernels = Field(
+        "auto",
+        description="Which kernels the LLM runs on a CPU: the engine's own C kernels built for AVX512-VNNI (vnni) or "
+        "for AVX2 with FMA and F16C (avx2), or torch's own (torch). auto: the fastest this CPU runs. A build the CPU "
+        "cannot run is refused at start; /healthz and the log say what each part runs on.",
     )
     llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
     model_name: str = Field(

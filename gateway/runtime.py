@@ -92,6 +92,7 @@ class Runtime:
             cache_dir=self.settings.cache_dir,
             threads=self.settings.llm_threads,
             max_context_tokens=self.settings.max_context_tokens,
+            kernels=self.settings.llm_kernels,
         )
         self.load_times.llm_s = lm.load_seconds
         self.load_times.llm_converted = lm.converted
@@ -109,6 +110,7 @@ class Runtime:
             freed = engine.fwd.release_model_weights()
             log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
                      lm.weight_format)
+        log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in engine.fwd.describe().items()))
         engine.start()
         metrics.ENGINE.stats = engine.stats
         self.engine = engine

@@ -38,3 +38,39 @@ def question_pcm(tts: TtsEngine) -> np.ndarray:
 @pytest.fixture(scope="session")
 def question_16k(tts: TtsEngine, question_pcm: np.ndarray) -> np.ndarray:
     return resample(question_pcm, tts.sample_rate, 16000)
+
+
+# -- which LLM kernel paths this run tested (issue: CI tests the path its machine runs) ----------------------
+KERNEL_PATHS = ("vnni", "avx2", "torch")
+_kernel_params: dict[str, set[str]] = {}
+_kernel_passed: dict[str, int] = dict.fromkeys(KERNEL_PATHS, 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        paths = {v for v in params.values() if isinstance(v, str) and v in KERNEL_PATHS}
+        if paths:
+            _kernel_params[item.nodeid] = paths
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed:
+        for path in _kernel_params.get(report.nodeid, ()):
+            _kernel_passed[path] += 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    import platform
+
+    from inference.llm import cpu_kernels
+
+    model = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    runs = ", ".join(cpu_kernels.supported_isas()) or "none of the engine's builds"
+    ran = ", ".join(f"{path}: {n} passed" for path, n in _kernel_passed.items())
+    terminalreporter.write_line(f"LLM kernel paths on {model} (runs {runs}): {ran}")

@@ -1,6 +1,6 @@
 /* Attention of a step's rows (decoding tokens, and the tokens of prompt chunks) over their own slot of
- * the KV pool, in float32 arithmetic, on AVX512F. Built with the engine's other kernels into one
- * library by cpu_kernels.py.
+ * the KV pool, in float32 arithmetic, on AVX512F or AVX2 (simd.h: bit for bit the same results). Built
+ * with the engine's other kernels into one library per instruction set by cpu_kernels.py.
  *
  * torch's flash attention for CPU cost 40 us a layer for one decoding row and 150 us for eight at 100
  * tokens of context: its blocking is made for long queries, and a batch of slots of different lengths
@@ -26,49 +26,35 @@
 
 #define MAX_CHUNKS 16 /* head dims up to 256 */
 #define MAX_HEADS 3   /* query heads taken together */
-#define MAX_HELD 12   /* registers for their queries (HEADS * CHUNKS) */
+/* Registers for their queries (HEADS * CHUNKS). The AVX2 build spills them (its 16 ymm hold 8
+ * vectors of 16), and still took 8 rows' attention at 1000 tokens in 0.42 ms, against 0.57 with one
+ * head at a time (4). */
+#define MAX_HELD 12
 #define PREFETCH_KEYS 8
 
 /* 16 floats of K or V at element `at`: float32, or float16 (HALF) widened. */
-static inline __attribute__((always_inline)) __m512 load_kv(const void *kv, size_t at, const int HALF) {
-    if (HALF) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)kv + at)));
-    return _mm512_loadu_ps((const float *)kv + at);
-}
-
-/* Lane j of the result: the sum of v[j]'s 16 lanes. A transposing tree of 45 shuffles and adds for
- * the 16 sums, against about 8 dependent instructions for each one alone (_mm512_reduce_add_ps). */
-static inline __attribute__((always_inline)) __m512 sum_lanes16(const __m512 *v) {
-    __m512 pairs[8], quads[4], octs[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] for v[2i], v[2i+1] */
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) { /* per block: the block's sum for each of 4 vectors */
-        const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; i++) /* blocks 0+1 and 2+3, for 8 vectors */
-        octs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+SIMD_INLINE f32x16 load_kv(const void *kv, size_t at, const int HALF) {
+    if (HALF) return f32x16_load_ph((const uint16_t *)kv + at);
+    return f32x16_load((const float *)kv + at);
 }
 
 /* HEADS query heads that share one KV head (consecutive in q and out, `dim` floats apart) over `len`
  * positions. Each key is loaded (and widened) once for all of them. CHUNKS (dim / 16), HALF and HEADS
  * are constants where inlined, so that the queries, a key and the value sums stay in registers
  * (HEADS * CHUNKS <= MAX_HELD). `scores` holds HEADS rows of `stride` floats (len rounded up to 16). */
-static inline __attribute__((always_inline)) void attend(
+SIMD_INLINE void attend(
     const float *q, const void *k, const void *v, int len, float scale, float *scores, int stride, float *out,
     const int CHUNKS, const int HALF, const int HEADS) {
     const size_t dim = 16 * CHUNKS;
-    __m512 query[MAX_HEADS][MAX_CHUNKS];
+    f32x16 query[MAX_HEADS][MAX_CHUNKS];
     for (int h = 0; h < HEADS; h++)
-        for (int c = 0; c < CHUNKS; c++) query[h][c] = _mm512_mul_ps(_mm512_loadu_ps(q + h * dim + 16 * c), _mm512_set1_ps(scale));
+        for (int c = 0; c < CHUNKS; c++) query[h][c] = f32x16_mul(f32x16_load(q + h * dim + 16 * c), f32x16_set1(scale));
     /* Scores 16 keys at a time: each key's per-lane products, then their lane sums together. The keys
      * are fetched PREFETCH_KEYS ahead and each position's value with its key: in a step the KV comes
      * from memory (the weights pass through the caches in between), and 8 rows' attention at 200
      * tokens took 2.5 instead of 3.2 ms a step (alternated in one process). */
     const size_t bytes = HALF ? 2 : 4; /* of an element */
-    __m512 partial[MAX_HEADS][16];
+    f32x16 partial[MAX_HEADS][16];
     for (int t0 = 0; t0 < len; t0 += 16) {
         const int n = len - t0 < 16 ? len - t0 : 16;
         for (int j = 0; j < n; j++) {
@@ -77,57 +63,57 @@ static inline __attribute__((always_inline)) void attend(
                 _mm_prefetch((const char *)k + (at + PREFETCH_KEYS * dim) * bytes + line, _MM_HINT_T0);
                 _mm_prefetch((const char *)v + at * bytes + line, _MM_HINT_T0);
             }
-            __m512 key[MAX_CHUNKS];
+            f32x16 key[MAX_CHUNKS];
             for (int c = 0; c < CHUNKS; c++) key[c] = load_kv(k, at + 16 * c, HALF);
             for (int h = 0; h < HEADS; h++) {
-                __m512 a = _mm512_mul_ps(query[h][0], key[0]);
-                for (int c = 1; c < CHUNKS; c++) a = _mm512_fmadd_ps(query[h][c], key[c], a);
+                f32x16 a = f32x16_mul(query[h][0], key[0]);
+                for (int c = 1; c < CHUNKS; c++) a = f32x16_fmadd(query[h][c], key[c], a);
                 partial[h][j] = a;
             }
         }
         for (int h = 0; h < HEADS; h++) {
-            for (int j = n; j < 16; j++) partial[h][j] = _mm512_setzero_ps();
-            _mm512_storeu_ps(scores + h * stride + t0, sum_lanes16(partial[h]));
+            for (int j = n; j < 16; j++) partial[h][j] = f32x16_zero();
+            f32x16_store(scores + h * stride + t0, f32x16_sum_lanes16(partial[h]));
         }
     }
     /* An exact softmax per head. */
     const int whole = len & ~15;
-    const __mmask16 tail = (__mmask16)((1u << (len - whole)) - 1u);
+    const mask16 tail = mask16_first(len - whole);
     float inverse[MAX_HEADS];
     for (int h = 0; h < HEADS; h++) {
         float *s = scores + h * stride;
-        __m512 top = _mm512_set1_ps(-INFINITY);
-        for (int t = 0; t < whole; t += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t));
-        if (whole < len) top = _mm512_mask_max_ps(top, tail, top, _mm512_loadu_ps(s + whole));
-        const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-        __m512 total = _mm512_setzero_ps();
+        f32x16 top = f32x16_set1(-INFINITY);
+        for (int t = 0; t < whole; t += 16) top = f32x16_max(top, f32x16_load(s + t));
+        if (whole < len) top = f32x16_mask_max(top, tail, top, f32x16_load(s + whole));
+        const f32x16 shift = f32x16_set1(f32x16_reduce_max(top));
+        f32x16 total = f32x16_zero();
         for (int t = 0; t < whole; t += 16) {
-            const __m512 w = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), shift));
-            _mm512_storeu_ps(s + t, w);
-            total = _mm512_add_ps(total, w);
+            const f32x16 w = f32x16_exp(f32x16_sub(f32x16_load(s + t), shift));
+            f32x16_store(s + t, w);
+            total = f32x16_add(total, w);
         }
         if (whole < len) {
-            const __m512 w = _mm512_maskz_mov_ps(tail, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + whole), shift)));
-            _mm512_storeu_ps(s + whole, w);
-            total = _mm512_add_ps(total, w);
+            const f32x16 w = f32x16_maskz(tail, f32x16_exp(f32x16_sub(f32x16_load(s + whole), shift)));
+            f32x16_store(s + whole, w);
+            total = f32x16_add(total, w);
         }
-        inverse[h] = 1.0f / _mm512_reduce_add_ps(total);
+        inverse[h] = 1.0f / f32x16_reduce_add(total);
     }
     /* The weighted values: each value loaded once for all heads, one accumulator per head and chunk. */
-    __m512 sum[MAX_HEADS][MAX_CHUNKS];
+    f32x16 sum[MAX_HEADS][MAX_CHUNKS];
     for (int h = 0; h < HEADS; h++)
-        for (int c = 0; c < CHUNKS; c++) sum[h][c] = _mm512_setzero_ps();
+        for (int c = 0; c < CHUNKS; c++) sum[h][c] = f32x16_zero();
     for (int t = 0; t < len; t++) {
-        __m512 value[MAX_CHUNKS];
+        f32x16 value[MAX_CHUNKS];
         for (int c = 0; c < CHUNKS; c++) value[c] = load_kv(v, (size_t)t * dim + 16 * c, HALF);
         for (int h = 0; h < HEADS; h++) {
-            const __m512 w = _mm512_set1_ps(scores[h * stride + t]);
-            for (int c = 0; c < CHUNKS; c++) sum[h][c] = _mm512_fmadd_ps(w, value[c], sum[h][c]);
+            const f32x16 w = f32x16_set1(scores[h * stride + t]);
+            for (int c = 0; c < CHUNKS; c++) sum[h][c] = f32x16_fmadd(w, value[c], sum[h][c]);
         }
     }
     for (int h = 0; h < HEADS; h++)
         for (int c = 0; c < CHUNKS; c++)
-            _mm512_storeu_ps(out + h * dim + 16 * c, _mm512_mul_ps(sum[h][c], _mm512_set1_ps(inverse[h])));
+            f32x16_store(out + h * dim + 16 * c, f32x16_mul(sum[h][c], f32x16_set1(inverse[h])));
 }
 
 /* Store dim floats at element `at` of kv, as float32 or float16 (rounded to nearest). */
@@ -137,8 +123,7 @@ static void store_kv(void *kv, size_t at, const float *from, int dim, int half) 
         return;
     }
     for (int i = 0; i < dim; i += 16)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)kv + at + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        f32x16_store_ph((uint16_t *)kv + at + i, f32x16_load(from + i));
 }
 
 /* x (dim floats) rotated in place by its position's rotary embedding: x * cos + roll(x, dim / 2) * sin,
@@ -152,8 +137,8 @@ static void rotate(float *x, const float *cos, const float *sin, int dim) {
     memcpy(rolled, x + half, sizeof(float) * (size_t)(dim - half));
     memcpy(rolled + (dim - half), x, sizeof(float) * (size_t)half);
     for (int i = 0; i < dim; i += 16)
-        _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(cos + i)),
-                                              _mm512_mul_ps(_mm512_loadu_ps(rolled + i), _mm512_loadu_ps(sin + i))));
+        f32x16_store(x + i, f32x16_add(f32x16_mul(f32x16_load(x + i), f32x16_load(cos + i)),
+                                       f32x16_mul(f32x16_load(rolled + i), f32x16_load(sin + i))));
 }
 
 /* layer holds float16 when half, else float32. With cos and sin (tables of `dim` floats for each of

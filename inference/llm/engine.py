@@ -200,7 +200,8 @@ class LLMEngine:
             raise ValueError(f"invalid engine config: {config}")
         self.lm = lm
         self.config = config
-        self.fwd = LeanForward.for_model(lm.model, lm.context_window, lm.weight_format, kernel_dir=lm.cache_dir)
+        self.fwd = LeanForward.for_model(lm.model, lm.context_window, lm.weight_format, kernel_dir=lm.cache_dir,
+                                         kernels=lm.kernels)
         self.pool = self.fwd.new_pool(config.max_batch_size, lm.context_window)
         on_cpu = self.fwd.device.type == "cpu"
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_kernels, decode_attention, q4_vnni, q8_vnni
+from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
 from .layer_stack import LayerStack, LayerWeights
 from .threads import one_intra_op_thread
 
@@ -318,17 +318,17 @@ def _lin_w8a8(x: torch.Tensor, w: tuple) -> torch.Tensor:
     return y if b is None else y + b
 
 
-def _quantize_q8_vnni(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
-    """The same per-channel int8 weights as :func:`_quantize_w8a8`, packed for q8_vnni.c."""
+def _quantize_q8_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
+    """The same per-channel int8 weights as :func:`_quantize_w8a8`, packed for q8_matmul.c."""
     q, scale, _ = _quantize_int8(w_t, None, torch.float32)
-    return lib, q8_vnni.pack(q), scale, b
+    return lib, q8_matmul.pack(q), scale, b
 
 
-def _lin_q8_vnni(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    """The output head on q8_vnni.c: 0.5 ms for 1 row and 1.0 ms for 8 over the 49152 x 576 head,
+def _lin_q8_kernel(x: torch.Tensor, w: tuple) -> torch.Tensor:
+    """The output head on q8_matmul.c: 0.5 ms for 1 row and 1.0 ms for 8 over the 49152 x 576 head,
     against 0.8 and 1.7 ms for :func:`_lin_w8a8` (weights in cache; same error against float64)."""
     lib, blob, scale, b = w
-    y = q8_vnni.matmul(lib, x.float(), blob, scale)
+    y = q8_matmul.matmul(lib, x.float(), blob, scale)
     return y if b is None else y + b
 
 
@@ -366,18 +366,18 @@ def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype
     return packed, scales_and_zeros, b
 
 
-def _quantize_int4_vnni(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
-    """The same Q4_1 grid as :func:`_quantize_int4`, packed for the AVX512-VNNI kernel (q4_vnni)."""
+def _quantize_int4_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
+    """The same Q4_1 grid as :func:`_quantize_int4`, packed for the engine's int4 kernel (either build)."""
     low, step, q = _int4_grid(w_t)
-    return lib, q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15)), w_t.shape[1], b
+    return lib, q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15)), w_t.shape[1], b
 
 
-def _lin_int4_vnni(x: torch.Tensor, w: tuple, *, norm: tuple[torch.Tensor, float] | None = None,
+def _lin_int4_kernel(x: torch.Tensor, w: tuple, *, norm: tuple[torch.Tensor, float] | None = None,
                    gated: bool = False, add_to: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W (+ bias)`` on q4_vnni.c, optionally normalizing or gating ``x`` first and adding the
-    product to ``add_to`` in place (see :func:`q4_vnni.matmul`). int4 activations are float32."""
+    """``x @ W (+ bias)`` on q4_matmul.c, optionally normalizing or gating ``x`` first and adding the
+    product to ``add_to`` in place (see :func:`q4_matmul.matmul`). int4 activations are float32."""
     lib, blob, out_features, b = w
-    y = q4_vnni.matmul(lib, x, blob, out_features, norm=norm, gated=gated, add_to=add_to)
+    y = q4_matmul.matmul(lib, x, blob, out_features, norm=norm, gated=gated, add_to=add_to)
     return y if b is None else y.add_(b)
 
 
@@ -387,6 +387,24 @@ def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(scales_and_zeros.dtype), packed, INT4_GROUP, scales_and_zeros)
     y = y.to(x.dtype)
     return y if b is None else y + b
+
+
+KERNEL_CHOICES = ("auto", *cpu_kernels.ISAS, "torch")
+
+
+def resolve_kernels(requested: str) -> str:
+    """The kernels a CPU forward runs for the ``--llm-kernels`` setting: "auto" is the fastest build of
+    the engine's C kernels this CPU runs ("vnni", then "avx2"), else "torch"; a named build this CPU
+    cannot run is an error, not a silent fall-back."""
+    if requested not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, not {requested!r}")
+    supported = cpu_kernels.supported_isas()
+    if requested == "auto":
+        return supported[0] if supported else "torch"
+    if requested != "torch" and requested not in supported:
+        raise UnsupportedModel(f"the engine's {requested} kernels need a CPU with {requested.upper()}; this one runs "
+                               f"{', '.join(supported) or 'neither'} (use --llm-kernels auto or torch)")
+    return requested
 
 
 def _return_freed_memory() -> None:
@@ -407,33 +425,35 @@ class LeanForward:
 
     @classmethod
     def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native",
-                  kernel_dir: Path | None = None) -> LeanForward:
+                  kernel_dir: Path | None = None, kernels: str = "auto") -> LeanForward:
         cache = getattr(model, "_lean_forward", None)
         if not isinstance(cache, dict):
             cache = {}
             model._lean_forward = cache
-        cached = cache.get(weight_format)
+        key = (weight_format, kernels)
+        cached = cache.get(key)
         if isinstance(cached, cls) and cached.max_positions >= context_window:
             return cached
         if getattr(model, "_lean_released", False):
             raise UnsupportedModel("the model's linear weights were released (LeanForward.release_model_weights)")
         with one_intra_op_thread():  # re-laying the weights must not leave an OpenMP pool on this thread
-            inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir)
-        cache[weight_format] = inst
+            inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir, kernels=kernels)
+        cache[key] = inst
         return inst
 
     def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native",
-                 kernel_dir: Path | None = None) -> None:
+                 kernel_dir: Path | None = None, kernels: str = "auto") -> None:
         """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
         as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
         bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
         greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
         weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model), on the
-        AVX512-VNNI kernel of q4_vnni (15-bit activations; built into ``kernel_dir``) where the CPU
-        has it, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream, norms
-        and attention stay in the model's float32, the KV is float16 where the engine's attention
-        kernel runs. Both run the output head as int8, on the CPU with int8 activations too
-        (q8_vnni.c, else :func:`_lin_w8a8`)."""
+        engine's int4 kernel (15-bit activations; built into ``kernel_dir``) where the CPU runs one
+        of its builds, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream,
+        norms and attention stay in the model's float32, the KV is float16 where the engine's
+        attention kernel runs. Both run the output head as int8, on the CPU with int8 activations
+        too (the engine's q8 kernel, else :func:`_lin_w8a8`). ``kernels`` (``KERNEL_CHOICES``) picks
+        the build of the engine's kernels, or torch's (see :func:`resolve_kernels`)."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
@@ -480,26 +500,42 @@ class LeanForward:
         # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
         # (benchmarks/int4_kernels.py).
         self.int4_kernel = ""
-        self._vnni = None
-        if weight_format == "int4" and self.device.type == "cpu" and kernel_dir is None:
-            raise ValueError("int4 weights need kernel_dir, where the VNNI kernel is built")
-        lib = cpu_kernels.load(kernel_dir) if kernel_dir is not None and self.device.type == "cpu" else None
+        self._int4_lib = None
+        # The build of the engine's C kernels this forward runs ("vnni" or "avx2"), or "torch" for
+        # torch's own kernels: the fastest the CPU runs unless `kernels` names one.
+        self.kernels = resolve_kernels(kernels) if self.device.type == "cpu" else "torch"
+        lib = None
+        if self.kernels != "torch":
+            if kernel_dir is None and (kernels != "auto" or weight_format == "int4"):
+                raise ValueError("the engine's kernels need kernel_dir, where they are built")
+            lib = None if kernel_dir is None else cpu_kernels.load(kernel_dir, self.kernels)
+            if lib is None and kernels != "auto":
+                raise UnsupportedModel(f"the engine's {self.kernels} kernels were asked for but could not be built "
+                                       "(see the log)")
+            if lib is None:
+                self.kernels = "torch"
         if weight_format == "int4" and self.device.type == "cpu":
             linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
-            if lib is not None and self.dtype == torch.float32 and all(m.out_features % q4_vnni.TILE == 0 for m in linears):
-                self._vnni = lib
-                self.int4_kernel = "vnni"
+            if lib is not None and self.dtype == torch.float32 and all(m.out_features % q4_matmul.TILE == 0 for m in linears):
+                self._int4_lib = lib
+                self.int4_kernel = self.kernels
             else:
                 self.int4_kernel = "torch"
-        # The 8-bit output head of the int4 and int8 formats multiplies on q8_vnni.c where it runs, else
+        # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
         # on oneDNN (_lin_w8a8).
-        self._head_lib = lib if (weight_format != "native" and lib is not None and self.vocab_size % q8_vnni.TILE == 0
+        self._head_lib = lib if (weight_format != "native" and lib is not None and self.vocab_size % q8_matmul.TILE == 0
                                  and self.hidden % 16 == 0) else None
         # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
         # activations), else on sdpa.
         self._attention_lib = lib if lib is not None and decode_attention.supported(
             self.head_dim, self.dtype, self.device) else None
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
+        if lib is not None and self._int4_lib is None and self._head_lib is None and self._attention_lib is None:
+            # Nothing of this model and format runs on them (they take float32 activations).
+            if kernels != "auto":
+                raise UnsupportedModel(f"the engine's kernels do not run {weight_format} weights with {self.dtype} "
+                                       "activations (use --llm-kernels auto or torch)")
+            self.kernels = "torch"
         # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
         # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
         self.kv_dtype = torch.float16 if weight_format == "int4" and self._attention_lib is not None else self.dtype
@@ -533,16 +569,16 @@ class LeanForward:
         # A step's layers in one C call where every part of them runs on the engine's kernels
         # (layer_stack.py); the loop in forward() otherwise.
         self._stack: LayerStack | None = None
-        if self._vnni is not None and self._attention_lib is not None and self._silu_mlp:
+        if self._int4_lib is not None and self._attention_lib is not None and self._silu_mlp:
             self._stack = LayerStack(
                 lib, [LayerWeights(qkv=L.qkv[1:], o=L.o[1:], gate_up=L.gu[1:], down=L.down[1:],
                                    ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
                 sin_signed=self.sin_signed, scale=self.scaling)
         self._lin = {"native": _lin_native, "int8": _lin_int8,
-                     "int4": _lin_int4_vnni if self.int4_kernel == "vnni" else _lin_int4}[weight_format]
+                     "int4": _lin_int4_kernel if self._int4_lib is not None else _lin_int4}[weight_format]
         self._lin_head = _lin_native if weight_format == "native" else (
-            _lin_q8_vnni if self._head_lib is not None else _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
+            _lin_q8_kernel if self._head_lib is not None else _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
         self._cast_embed = self.embed.dtype != self.dtype
         if weight_format != "native":
             try:  # fail at load time, not in the first step, where the kernel is missing
@@ -557,8 +593,8 @@ class LeanForward:
         if self.weight_format == "int4" and not head:
             if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
                 raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
-            if self.int4_kernel == "vnni":
-                return _quantize_int4_vnni(w_t, b, self._vnni)
+            if self._int4_lib is not None:
+                return _quantize_int4_kernel(w_t, b, self._int4_lib)
             try:
                 return _quantize_int4(w_t, b, torch.bfloat16)
             except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
@@ -566,7 +602,7 @@ class LeanForward:
         if head and self.weight_format != "native" and self.device.type == "cpu":
             # The output head stays 8-bit under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
             if self._head_lib is not None:
-                return _quantize_q8_vnni(w_t, b, self._head_lib)
+                return _quantize_q8_kernel(w_t, b, self._head_lib)
             return _quantize_w8a8(w_t, b)
         if self.weight_format != "native":
             return _quantize_int8(w_t, b, torch.bfloat16)
@@ -600,6 +636,26 @@ class LeanForward:
         return freed
 
     # -- KV -----------------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, str]:
+        """What each part of a step runs on, for /healthz, the log and the benchmarks' JSON, so that a
+        slower path is never taken silently: the instruction sets this CPU runs the engine's kernels
+        with (``cpu_isas``), the build in use (``kernels``), and per part ``vnni`` / ``avx2`` (that
+        build of the engine's kernels), ``torch`` or ``onednn`` (torch's own kernels) or ``sdpa``."""
+        if self._head_lib is not None:
+            head = self.kernels
+        else:
+            head = "onednn" if self._lin_head is _lin_w8a8 else "torch"
+        return {
+            "device": self.device.type,
+            "cpu_isas": ",".join(cpu_kernels.supported_isas()) or "none",
+            "kernels": self.kernels,
+            "weights": self.weight_format,
+            "matmul": self.int4_kernel or "torch",
+            "attention": self.kernels if self._attention_lib is not None else "sdpa",
+            "head": head,
+            "layers_in_one_call": str(self._stack is not None).lower(),
+        }
+
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.kv_dtype).bits // 8
 
@@ -619,8 +675,8 @@ class LeanForward:
 
     def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
         """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
-        if self._vnni is not None:
-            return _lin_int4_vnni(x, weights, norm=(w, eps))
+        if self._int4_lib is not None:
+            return _lin_int4_kernel(x, weights, norm=(w, eps))
         return self._lin(self._norm(x, w, eps), weights)
 
     def _residual_lin(self, x: torch.Tensor, inp: torch.Tensor, weights: tuple, gate: nn.Module | None = None
@@ -628,8 +684,8 @@ class LeanForward:
         """``x + lin(inp)``, or with ``gate``, ``x + lin(gate(inp[:, :i]) * inp[:, i:])`` (a gated MLP's
         down projection). The VNNI kernel gates a SiLU MLP's rows as it quantizes them and adds its
         product to ``x`` in place (``x`` is the step's own residual stream)."""
-        if self._vnni is not None and (gate is None or self._silu_mlp):
-            return _lin_int4_vnni(inp, weights, gated=gate is not None, add_to=x)
+        if self._int4_lib is not None and (gate is None or self._silu_mlp):
+            return _lin_int4_kernel(inp, weights, gated=gate is not None, add_to=x)
         if gate is not None:
             inter = inp.shape[1] // 2
             inp = gate(inp[:, :inter]).mul_(inp[:, inter:])

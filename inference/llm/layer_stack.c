@@ -1,5 +1,5 @@
 /* All the decoder layers of a step in one call: for each layer, the same kernel calls the forward's
- * Python loop makes (q4_vnni.c's matmuls with their fused norm, gating and residual add, and
+ * Python loop makes (q4_matmul.c's matmuls with their fused norm, gating and residual add, and
  * decode_attention.c), in the same order on the same buffers, so the result is bit for bit the
  * loop's, without the Python and ctypes work of 150 calls a step (about 2 ms a step; layer_stack.py).
  *
@@ -9,7 +9,7 @@
  *   x   += att @ Wo[l] (+ bias)
  *   gu   = rms_norm(x, ln2[l]) @ Wgu[l] (+ bias)
  *   x   += (silu(gu[:, :inter]) * gu[:, inter:]) @ Wdown[l] (+ bias)
- * Weights are q4_vnni blobs; a bias is a float32 vector or NULL. The KV layers are kv_layer_bytes
+ * Weights are q4_matmul blobs; a bias is a float32 vector or NULL. The KV layers are kv_layer_bytes
  * apart from kv. Returns 0; -1 for a head dim the attention kernel does not take, -2 when out of
  * memory, -3 for a position beyond the rope tables. */
 #include <stddef.h>
@@ -33,16 +33,16 @@ int layer_stack(float *x, int rows, int hidden, int layers,
                 int rope_positions, float scale, float *qkv, float *att, float *gu) {
     const int qkv_width = (heads + 2 * kv_heads) * dim, att_width = heads * dim;
     for (int l = 0; l < layers; l++) {
-        if (q4_vnni_matmul(x, rows, hidden, w_qkv[l], qkv_width, qkv, ln1[l], eps1[l], 0, 0)) return -2;
+        if (q4_matmul(x, rows, hidden, w_qkv[l], qkv_width, qkv, ln1[l], eps1[l], 0, 0)) return -2;
         add_bias(qkv, rows, qkv_width, b_qkv[l]);
         const int code = decode_attention(qkv, rows, qkv_width, heads, kv_heads, dim, kv + (size_t)l * kv_layer_bytes,
                                           half, slots, capacity, slot, pos, cos, sin, rope_positions, scale, att);
         if (code) return code;
-        if (q4_vnni_matmul(att, rows, att_width, w_o[l], hidden, x, NULL, 0.0f, 0, 1)) return -2;
+        if (q4_matmul(att, rows, att_width, w_o[l], hidden, x, NULL, 0.0f, 0, 1)) return -2;
         add_bias(x, rows, hidden, b_o[l]);
-        if (q4_vnni_matmul(x, rows, hidden, w_gu[l], 2 * inter, gu, ln2[l], eps2[l], 0, 0)) return -2;
+        if (q4_matmul(x, rows, hidden, w_gu[l], 2 * inter, gu, ln2[l], eps2[l], 0, 0)) return -2;
         add_bias(gu, rows, 2 * inter, b_gu[l]);
-        if (q4_vnni_matmul(gu, rows, inter, w_down[l], hidden, x, NULL, 0.0f, 1, 1)) return -2;
+        if (q4_matmul(gu, rows, inter, w_down[l], hidden, x, NULL, 0.0f, 1, 1)) return -2;
         add_bias(x, rows, hidden, b_down[l]);
     }
     return 0;

@@ -6,7 +6,7 @@ checks, an output tensor, marshalling: 6 us for the attention's alone, measured 
 other OpenMP thread waits; a step took about 2 ms longer in all (see ENGINE.md). Here the pointers
 are gathered and checked once, when the weights are laid out, and a step is one call: the same
 kernel calls in the same order on the same buffers, so the hidden states are bit for bit the loop's.
-It runs where every layer's matmuls are on q4_vnni.c, the attention is on decode_attention.c and the
+It runs where every layer's matmuls are on q4_matmul.c, the attention is on decode_attention.c and the
 MLP is SiLU-gated (Llama-family models on this CPU's int4 format).
 """
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import decode_attention, q4_vnni
+from . import decode_attention, q4_matmul
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer as the kernels take it: q4_vnni blobs with their output counts and optional
+    """One decoder layer as the kernels take it: q4_matmul blobs with their output counts and optional
     float32 biases, and the two RMSNorms' weights and epsilons."""
 
     qkv: tuple[torch.Tensor, int, torch.Tensor | None]
@@ -67,8 +67,8 @@ class LayerStack:
                 blob, out_features, bias = getattr(layer, name)
                 if out_features != width:
                     raise ValueError(f"layer {name} has {out_features} outputs, not {width} like the first layer's")
-                if not q4_vnni.fits(blob, inputs[name], width):
-                    raise ValueError(f"layer {name}: not a q4_vnni blob of {inputs[name]} inputs to {width} outputs")
+                if not q4_matmul.fits(blob, inputs[name], width):
+                    raise ValueError(f"layer {name}: not a q4_matmul blob of {inputs[name]} inputs to {width} outputs")
                 if bias is not None:
                     if bias.shape != (width,):
                         raise ValueError(f"layer {name}: a bias of {tuple(bias.shape)} for {width} outputs")

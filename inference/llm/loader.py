@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .forward import on_int4_grid
+from .forward import on_int4_grid, resolve_kernels
 from .threads import one_intra_op_thread
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +50,9 @@ class LoadedLM:
     # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
     # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
     weight_format: str = "native"
+    # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
+    # "auto" is the fastest this CPU runs), or "torch" for torch's own.
+    kernels: str = "auto"
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -243,13 +246,18 @@ def load_lm(
     cache_dir: Path,
     threads: int = 0,
     max_context_tokens: int = 0,
+    kernels: str = "auto",
 ) -> LoadedLM:
-    """Load the model at ``path`` (a .gguf file or a transformers folder) for inference."""
+    """Load the model at ``path`` (a .gguf file or a transformers folder) for inference. ``kernels``
+    is checked here, before the weights load: a build this CPU cannot run fails at once."""
+    resolve_kernels(kernels)
     if threads > 0:
         torch.set_num_threads(threads)
     # With one intra-op thread: loading must not leave an OpenMP pool on the caller's thread (threads.py).
     with one_intra_op_thread():
-        return _load_lm(path, device=device, dtype=dtype, cache_dir=cache_dir, max_context_tokens=max_context_tokens)
+        lm = _load_lm(path, device=device, dtype=dtype, cache_dir=cache_dir, max_context_tokens=max_context_tokens)
+    lm.kernels = kernels
+    return lm
 
 
 def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_context_tokens: int) -> LoadedLM:

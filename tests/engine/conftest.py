@@ -27,12 +27,17 @@ def gateway_cache_dir() -> Path:
     return cache_dir()
 
 
-@pytest.fixture(scope="session")
-def kernels(gateway_cache_dir: Path) -> ctypes.CDLL:
-    """The engine's C kernel library (inference/llm/cpu_kernels.py), built for this machine."""
-    built = cpu_kernels.load(gateway_cache_dir)
+@pytest.fixture(scope="session", params=cpu_kernels.ISAS)
+def kernels(request: pytest.FixtureRequest, gateway_cache_dir: Path) -> ctypes.CDLL:
+    """The engine's C kernel library (inference/llm/cpu_kernels.py), once per build: a test that takes
+    it runs on each build this CPU runs."""
+    isa = request.param
+    if isa not in cpu_kernels.supported_isas():
+        missing = sorted(cpu_kernels.REQUIRED_CPU_FLAGS[isa] - cpu_kernels.cpu_flags())
+        pytest.skip(f"this CPU cannot run the {isa} build (it lacks {', '.join(missing) or 'x86-64'})")
+    built = cpu_kernels.load(gateway_cache_dir, isa)
     if built is None:
-        pytest.skip("no AVX512-VNNI or no gcc on this machine: the engine runs torch's kernels")
+        pytest.skip(f"the {isa} build could not be made (no gcc? see the log): the engine runs torch's kernels")
     return built
 
 

@@ -1,9 +1,13 @@
-"""The engine's C kernel library (inference/llm/cpu_kernels.py): its build, and the decoding rows'
-attention (decode_attention.c) against a float64 reference, on this machine's CPU."""
+"""The engine's C kernel library (inference/llm/cpu_kernels.py): its builds and their ctypes signatures,
+and the step rows' attention (decode_attention.c) against a float64 reference in each build this
+machine's CPU runs, and its AVX2 build against its VNNI build, bit for bit."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.llm import cpu_kernels, decode_attention
+from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 
 def reference(qkv: torch.Tensor, layer: torch.Tensor, slots: list[int], positions: list[int],
@@ -81,25 +86,87 @@ def test_only_float32_activations_on_the_cpu_and_head_dims_it_takes():
     assert not decode_attention.supported(64, torch.float32, torch.device("meta"))
 
 
-def test_without_a_compiler_the_kernels_are_not_used(monkeypatch, tmp_path, caplog):
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_without_a_compiler_the_kernels_are_not_used(monkeypatch, tmp_path, caplog, isa):
     monkeypatch.setattr(cpu_kernels.shutil, "which", lambda name: None)
-    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.REQUIRED_CPU_FLAGS)
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.REQUIRED_CPU_FLAGS[isa])
     monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
     with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
-        assert cpu_kernels.load(tmp_path) is None
+        assert cpu_kernels.load(tmp_path, isa) is None
     assert "no gcc" in caplog.text
     assert not (tmp_path / "kernels").exists()
 
 
-def test_builds_into_the_cache_dir_and_drops_older_builds(kernels, tmp_path):
-    stale = [tmp_path / "kernels" / "cpu_kernels-0000000000000000.so", tmp_path / "kernels" / "q4_vnni-00.so"]
-    stale[0].parent.mkdir()
-    for path in stale:
+def test_a_build_the_cpu_cannot_run_is_not_loaded(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.REQUIRED_CPU_FLAGS["avx2"])
+    with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
+        assert cpu_kernels.load(tmp_path, "vnni") is None
+    assert "lacks" in caplog.text and "avx512_vnni" in caplog.text
+    assert not (tmp_path / "kernels").exists()
+    with pytest.raises(ValueError, match="isa must be one of"):
+        cpu_kernels.load(tmp_path, "sse2")
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_builds_into_the_cache_dir_and_drops_older_builds_of_its_own(tmp_path, isa):
+    """A new build removes this instruction set's older builds and those of the single-build layout,
+    and keeps the other instruction set's."""
+    if isa not in cpu_kernels.supported_isas() or shutil.which("gcc") is None:
+        pytest.skip(f"this machine cannot build and run the {isa} build")
+    other = next(o for o in cpu_kernels.ISAS if o != isa)
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    stale = [folder / f"cpu_kernels-{isa}-0000000000000000.so", folder / "cpu_kernels-0000000000000000.so",
+             folder / "q4_vnni-00.so"]
+    kept = folder / f"cpu_kernels-{other}-0000000000000000.so"
+    for path in [*stale, kept]:
         path.write_bytes(b"an older source's build")
-    built = cpu_kernels.load(tmp_path)
-    assert built is not None and built is not kernels
-    names = [p.name for p in (tmp_path / "kernels").iterdir()]
-    assert names == [Path(built._name).name] and names[0].startswith("cpu_kernels-")
+    built = cpu_kernels.load(tmp_path, isa)
+    assert built is not None and Path(built._name).name.startswith(f"cpu_kernels-{isa}-")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([Path(built._name).name, kept.name])
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_every_build_compiles_with_warnings_as_errors_on_any_cpu(tmp_path, isa):
+    """Compiling needs gcc, not the instructions: each build is checked wherever the tests run."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    target = tmp_path / f"{isa}.so"
+    try:
+        cpu_kernels.compile_library(isa, target)
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"the {isa} build does not compile:\n{exc.stderr}")
+    assert "-Werror" in cpu_kernels.COMPILE_FLAGS and "-Wextra" in cpu_kernels.COMPILE_FLAGS
+    assert target.stat().st_size > 0
+
+
+def test_supported_isas_from_the_cpu_flags():
+    vnni = cpu_kernels.REQUIRED_CPU_FLAGS["vnni"] | {"avx", "avx2", "sse4_2", "avx512_bf16"}  # e.g. Sapphire Rapids
+    epyc = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})  # AMD EPYC Zen 2/3: no AVX512
+    assert cpu_kernels.supported_isas(vnni, "x86_64") == ("vnni", "avx2")
+    assert cpu_kernels.supported_isas(epyc, "x86_64") == ("avx2",)
+    assert cpu_kernels.supported_isas(epyc - {"f16c"}, "x86_64") == ()
+    assert cpu_kernels.supported_isas(epyc - {"fma"}, "x86_64") == ()
+    assert cpu_kernels.supported_isas(frozenset(), "x86_64") == ()
+    assert cpu_kernels.supported_isas(vnni, "aarch64") == ()
+
+
+def test_the_ctypes_signatures_are_kernels_h_prototypes(kernels):
+    """kernels.h declares every function the sources export (their others are static), with the
+    arguments each defines; the loaded library's functions take exactly those ctypes."""
+    entry_points = {"q4_matmul", "q8_matmul", "decode_attention", "layer_stack"}
+    assert set(cpu_kernels.SIGNATURES) == entry_points
+    defined: dict[str, list[type]] = {}
+    for source in cpu_kernels.SOURCES:
+        defined |= cpu_kernels.c_functions(source.read_text())
+    assert defined == cpu_kernels.SIGNATURES
+    for name, argtypes in cpu_kernels.SIGNATURES.items():
+        fn = getattr(kernels, name)
+        assert fn.argtypes == argtypes and fn.restype is ctypes.c_int
+    assert cpu_kernels.SIGNATURES["q4_matmul"][7] is ctypes.c_float  # eps, not a pointer
+    assert cpu_kernels.SIGNATURES["layer_stack"][21] is ctypes.c_size_t  # kv_layer_bytes
+    with pytest.raises(ValueError, match="ctypes is not told"):
+        cpu_kernels.c_functions("int f(double x);")
 
 
 def test_prompt_rows_see_the_rows_of_their_chunk_before_them(kernels):
@@ -147,3 +214,30 @@ def test_rotating_in_the_kernel_is_torchs_rotation_bit_for_bit(kernels, kv_dtype
     with pytest.raises(ValueError, match="beyond the rope tables"):
         decode_attention.attend(kernels, qkv.clone(), heads, kv_heads, layer, slots, positions + 1, 0.125,
                                 rope=(cos, sin_signed))
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 128), (6, 6, 48), (2, 1, 256), (8, 4, 16)])
+def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, heads, kv_heads, dim, kv_dtype, rope):
+    """Decoding rows over 1, 15, 17, 34 and 300 positions and a 12-row prompt chunk (17 rows), one row's
+    queries 100 times larger (softmax weights clamped to exp(-87) and below: subnormal floats): the
+    output, the stored KV and the rotated rows, bit for bit."""
+    vnni, avx2 = vnni_and_avx2(gateway_cache_dir)
+    gen = torch.Generator().manual_seed(dim + heads)
+    layer = torch.randn(2, 6, kv_heads, 300, dim, generator=gen).to(kv_dtype)
+    slots = torch.tensor([0, 1, 2, 3, 4, *[5] * 12])
+    positions = torch.tensor([0, 14, 16, 33, 299, *range(20, 32)])
+    qkv = torch.randn(len(slots), heads + 2 * kv_heads, dim, generator=gen) * 4
+    qkv[3, :heads] *= 100.0
+    angles = torch.arange(300).unsqueeze(1) * (10000.0 ** (-torch.arange(0, dim, 2) / dim)).repeat(2).unsqueeze(0)
+    sin = angles.sin()
+    tables = (angles.cos().contiguous(), torch.cat([-sin[:, : dim // 2], sin[:, dim // 2 :]], dim=-1).contiguous())
+    results = []
+    for lib in (vnni, avx2):
+        rows, pool = qkv.clone(), layer.clone()
+        out = decode_attention.attend(lib, rows, heads, kv_heads, pool, slots, positions, dim**-0.5,
+                                      rope=tables if rope else None)
+        results.append((out, pool, rows))
+    for got, want in zip(results[1], results[0]):
+        assert_same_bits(got, want)

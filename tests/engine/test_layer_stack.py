@@ -1,14 +1,16 @@
 """A step's decoder layers in one C call (layer_stack.c) against the same kernels called one by one
-from Python, as the forward's loop calls them: bit for bit, biases included."""
+from Python, as the forward's loop calls them: bit for bit, biases included, in each build this
+machine's CPU runs; and its AVX2 build against its VNNI build, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inference.llm import decode_attention, q4_vnni
+from inference.llm import decode_attention, q4_matmul
 from inference.llm.forward import _int4_grid
 from inference.llm.layer_stack import LayerStack, LayerWeights
+from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
 
@@ -16,7 +18,7 @@ HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
 def int4_blob(gen: torch.Generator, k: int, n: int) -> torch.Tensor:
     w_t = torch.randn(k, n, generator=gen) * 0.2
     low, step, q = _int4_grid(w_t)
-    return q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15))
+    return q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
 
 
 def rope_tables(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,12 +44,12 @@ def one_by_one(lib, layers: list[LayerWeights], x: torch.Tensor, kv: torch.Tenso
         return y if bias is None else y.add_(bias)
 
     for i, L in enumerate(layers):
-        qkv = add(q4_vnni.matmul(lib, x, L.qkv[0], L.qkv[1], norm=(L.ln1, L.eps1)), L.qkv[2])
+        qkv = add(q4_matmul.matmul(lib, x, L.qkv[0], L.qkv[1], norm=(L.ln1, L.eps1)), L.qkv[2])
         att = decode_attention.attend(lib, qkv.view(len(x), HEADS + 2 * KV_HEADS, DIM), HEADS, KV_HEADS, kv[i],
                                       slots, positions, DIM**-0.5, rope=rope)
-        add(q4_vnni.matmul(lib, att, L.o[0], HIDDEN, add_to=x), L.o[2])
-        gate_up = add(q4_vnni.matmul(lib, x, L.gate_up[0], 2 * INTER, norm=(L.ln2, L.eps2)), L.gate_up[2])
-        add(q4_vnni.matmul(lib, gate_up, L.down[0], HIDDEN, gated=True, add_to=x), L.down[2])
+        add(q4_matmul.matmul(lib, att, L.o[0], HIDDEN, add_to=x), L.o[2])
+        gate_up = add(q4_matmul.matmul(lib, x, L.gate_up[0], 2 * INTER, norm=(L.ln2, L.eps2)), L.gate_up[2])
+        add(q4_matmul.matmul(lib, gate_up, L.down[0], HIDDEN, gated=True, add_to=x), L.down[2])
 
 
 @pytest.mark.parametrize("biases", [False, True])
@@ -102,7 +104,7 @@ def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
         stack.run(x, kv, one, torch.tensor([0, 32]))
     assert not kv.any()  # nothing was stored by the refused calls
     wrong_blob = LayerWeights(**{**layers[0].__dict__, "o": (layers[0].qkv[0], HIDDEN, None)})
-    with pytest.raises(ValueError, match="not a q4_vnni blob"):
+    with pytest.raises(ValueError, match="not a q4_matmul blob"):
         LayerStack(kernels, [wrong_blob], heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
                    sin_signed=sin_signed, scale=1.0)
     wrong_bias = LayerWeights(**{**layers[0].__dict__, "down": (layers[0].down[0], HIDDEN, torch.zeros(3))})
@@ -112,3 +114,28 @@ def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
     with pytest.raises(ValueError, match="outputs"):
         LayerStack(kernels, [layers[0], LayerWeights(**{**layers[1].__dict__, "o": (layers[1].o[0], 32, None)})],
                    heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed, scale=1.0)
+
+
+@pytest.mark.parametrize("biases", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, biases, kv_dtype):
+    """1..9 and 17 rows over 3 slots (several rows of a slot at increasing positions, as a prompt chunk's):
+    the residual stream and the KV pool after every layer, bit for bit."""
+    vnni, avx2 = vnni_and_avx2(gateway_cache_dir)
+    gen = torch.Generator().manual_seed(21 + biases)
+    layers = random_layers(gen, biases)
+    cos, sin_signed = rope_tables(64)
+    stacks = [LayerStack(lib, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed,
+                         scale=DIM**-0.5) for lib in (vnni, avx2)]
+    for rows in [*range(1, 10), 17]:
+        slots = torch.arange(rows) % 3
+        positions = 5 + torch.arange(rows) // 3 * 7
+        x = torch.randn(rows, HIDDEN, generator=gen) * 3
+        kv = torch.randn(LAYERS, 2, 3, KV_HEADS, 64, DIM, generator=gen).to(kv_dtype)
+        results = []
+        for stack in stacks:
+            x_out, kv_out = x.clone(), kv.clone()
+            stack.run(x_out, kv_out, slots, positions)
+            results.append((x_out, kv_out))
+        assert_same_bits(results[1][0], results[0][0])
+        assert_same_bits(results[1][1], results[0][1])

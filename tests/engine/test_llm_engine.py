@@ -24,6 +24,7 @@ from inference.llm.forward import LeanForward, UnsupportedModel
 from inference.llm.loader import gguf_cache_folder, load_lm
 from inference.llm.sampling import RowSampler
 from inference.models import embedded_llm
+from tests.engine.batching import Workload, agreeing_prefix, first_near_tie, run_batched, run_solo
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=20)
 QUESTIONS = [
@@ -37,6 +38,31 @@ SYSTEM = (
     "The store opens at 8 am and closes at 6 pm, Monday to Saturday. It sells tools, paint, garden supplies "
     "and electrical parts. Returns are accepted within 30 days with a receipt."
 )
+
+
+# Relative bound on a request's logits alone against batched, on torch's kernels with the real model:
+# bfloat16 rounding through 30 layers, measured up to 2^-5 of the largest logit (int8 and int4: 2^-5.6).
+REAL_MODEL_BOUND = 2**-4
+
+
+def assert_batched_agrees_until_a_near_tie(fwd, prompts, solo, batched) -> None:
+    """On a path that rounds differently for different batches: fed the solo run's tokens, the
+    batched steps' logits stay within the bound of the solo ones at every step; and the engine's
+    batched greedy tokens equal the solo ones up to the first step where the solo top two logits were
+    within twice the bound (there rounding may pick either: this model's first token of the France
+    answer is such a tie between English and French, 0.12 apart in bfloat16)."""
+    feeds = [torch.tensor(r.token_ids[:-1], dtype=torch.long) for r in solo]
+    work = Workload([torch.tensor(p) for p in prompts], feeds)
+    together = run_batched(fwd, work)
+    for i, (alone, engine_batched) in enumerate(zip(solo, batched)):
+        logits = run_solo(fwd, work, i)
+        limit = REAL_MODEL_BOUND * logits.abs().max().item()
+        assert (together[i] - logits).abs().max().item() <= limit, (i, (together[i] - logits).abs().max().item())
+        # The engine's own runs prefill from the prefix cache, in other chunks: rounding again.
+        tie = first_near_tie(logits, limit)
+        forced = logits.argmax(-1).tolist()
+        assert agreeing_prefix(forced, alone.token_ids) >= min(tie, len(forced)), (tie, alone.text)
+        assert agreeing_prefix(forced, engine_batched.token_ids) >= min(tie, len(forced)), (tie, engine_batched.text)
 
 
 def lcp(a, b) -> int:
@@ -87,7 +113,7 @@ def test_a_reinstalled_copy_of_the_gguf_reuses_its_conversion(lm, gateway_cache_
 async def test_matches_generate(lm, make_engine, chat_ids, collect):
     eng = make_engine(prefix_cache_bytes=0)
     # Decoding rows attend on the engine's own kernel wherever it builds (the fallback test runs sdpa).
-    assert eng.fwd.decode_attention == ("kernel" if cpu_kernels.load(lm.cache_dir) is not None else "sdpa")
+    assert eng.fwd.decode_attention == ("kernel" if cpu_kernels.supported_isas() else "sdpa")
     cases = [(QUESTIONS[0], 1.0), (QUESTIONS[2], 1.0), (QUESTIONS[1], 1.1)]
     for q, penalty in cases:
         ids = chat_ids(("user", q))
@@ -404,51 +430,66 @@ async def test_bfloat16_engine(gateway_cache_dir, chat_ids, collect):
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]
         batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
-        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
-        assert "Paris" in solo[0].text
-        x = torch.tensor([prompts[0]])
+        # No "Paris" here: in bfloat16 this model's first answer token is a near-tie between English
+        # and French (0.12 apart), which rounding decides differently on different CPUs.
+        assert_batched_agrees_until_a_near_tie(eng.fwd, prompts, solo, batched)
+        x = torch.tensor([prompts[1]])
         with torch.inference_mode():
             ref = lm16.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False,
                                       pad_token_id=lm16.tokenizer.pad_token_id)[0, x.shape[1]:].tolist()
-        assert solo[0].token_ids[:8] == ref
+        logits = run_solo(eng.fwd, Workload([x[0]], [torch.tensor(ref[:-1])]), 0)
+        tie = first_near_tie(logits, REAL_MODEL_BOUND * logits.abs().max().item())
+        assert agreeing_prefix(ref, logits.argmax(-1).tolist()) >= min(tie, len(ref))
     finally:
         eng.close()
 
 
-@pytest.mark.parametrize(("weight_format", "activations"), [("int8", torch.bfloat16), ("int4", torch.float32)])
-async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, activations):
-    """Weight-only quantized copies: close to float32, not bit-identical; batching changes nothing."""
+QUANTIZED_PATHS = [("int8", "torch"), *(("int4", isa) for isa in cpu_kernels.ISAS), ("int4", "torch")]
+
+
+@pytest.mark.parametrize(("weight_format", "kernels"), QUANTIZED_PATHS)
+async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, kernels):
+    """Weight-only quantized copies: close to float32, not bit-identical. On the engine's kernels (each
+    build this CPU runs) batching changes nothing; on torch's, tokens agree up to a near-tie."""
     import dataclasses
 
-    quantized = dataclasses.replace(lm, weight_format=weight_format)
+    if kernels in cpu_kernels.ISAS and kernels not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU does not run the {kernels} build")
+    quantized = dataclasses.replace(lm, weight_format=weight_format, kernels=kernels)
     eng = LLMEngine(quantized, EngineConfig(prefix_cache_bytes=0))
     eng.start()
     try:
-        assert eng.fwd.weight_format == weight_format and eng.fwd.dtype == activations
-        if weight_format == "int4":  # the VNNI kernel wherever this machine can build and run it
-            assert eng.fwd.int4_kernel == ("vnni" if cpu_kernels.load(lm.cache_dir) is not None else "torch")
+        paths = eng.fwd.describe()
+        assert paths["weights"] == weight_format and paths["kernels"] == kernels
+        assert eng.fwd.dtype == (torch.bfloat16 if weight_format == "int8" else torch.float32)
+        if weight_format == "int4":
+            assert paths["matmul"] == kernels
+            assert paths["attention"] == (kernels if kernels != "torch" else "sdpa")
+            assert paths["head"] == (kernels if kernels != "torch" else "onednn")
         prompts = [chat_ids(("user", q)) for q in QUESTIONS[:3]]
         params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12)
         solo = [await collect(eng, p, params) for p in prompts]
         batched = await asyncio.gather(*(collect(eng, p, params) for p in prompts))
-        assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
+        if kernels == "torch":
+            assert_batched_agrees_until_a_near_tie(eng.fwd, prompts, solo, batched)
+        else:
+            assert [r.token_ids for r in batched] == [r.token_ids for r in solo]
         assert "Paris" in solo[0].text
     finally:
         eng.close()
 
 
-def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(lm):
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(isa, lm):
     """On the engine's kernels every row of an int4 step is computed alone (GEMMs in whole numbers,
     attention per row): a prompt prefilled in one chunk, in chunks of 7 and beside another prompt
     gives bit-identical logits."""
-    import dataclasses
 
     from inference.llm.forward import Segment
 
-    if cpu_kernels.load(lm.cache_dir) is None:
-        pytest.skip("the engine's kernels do not run on this machine")
-    quantized = dataclasses.replace(lm, weight_format="int4")
-    fwd = LeanForward.for_model(quantized.model, quantized.context_window, "int4", kernel_dir=lm.cache_dir)
+    if isa not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa} build")
+    fwd = LeanForward.for_model(lm.model, lm.context_window, "int4", kernel_dir=lm.cache_dir, kernels=isa)
     ids = torch.tensor(lm.tokenizer("The quick brown fox jumps over the lazy dog near the river bank.")["input_ids"])
     other = torch.tensor(lm.tokenizer("A completely different prompt, somewhat longer than it.")["input_ids"])
     n = len(ids)
@@ -469,18 +510,17 @@ def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(lm):
     assert torch.equal(whole, last) and torch.equal(whole, beside)
 
 
-def test_int4_layers_run_in_one_call_as_in_the_loop(lm, monkeypatch):
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_int4_layers_run_in_one_call_as_in_the_loop(isa, lm, monkeypatch):
     """On the engine's kernels an int4 step runs its 30 layers in one C call (layer_stack.c): the same
     logits and KV, bit for bit, as the forward's loop of Python calls, for prompt chunks and decoding
     rows in one step."""
-    import dataclasses
 
     from inference.llm.forward import Segment
 
-    if cpu_kernels.load(lm.cache_dir) is None:
-        pytest.skip("the engine's kernels do not run on this machine")
-    quantized = dataclasses.replace(lm, weight_format="int4")
-    fwd = LeanForward.for_model(quantized.model, quantized.context_window, "int4", kernel_dir=lm.cache_dir)
+    if isa not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa} build")
+    fwd = LeanForward.for_model(lm.model, lm.context_window, "int4", kernel_dir=lm.cache_dir, kernels=isa)
     assert fwd._stack is not None
     ids = torch.tensor(lm.tokenizer("The quick brown fox jumps over the lazy dog near the river bank.")["input_ids"])
     n = len(ids)
@@ -528,23 +568,6 @@ def test_a_native_forward_keeps_its_weights(lm):
     fwd = LeanForward.for_model(lm.model, lm.context_window, "native")
     with pytest.raises(ValueError, match="multiplies the model's own weights"):
         fwd.release_model_weights()
-
-
-async def test_int4_runs_on_torchs_kernel_without_vnni(lm, chat_ids, collect, monkeypatch):
-    """Where the engine's kernels cannot be built or run, int4 falls back to torch's kernel and
-    decoding rows to sdpa, which still answer the France question."""
-    import dataclasses
-
-    monkeypatch.setattr(cpu_kernels, "load", lambda *a, **k: None)
-    monkeypatch.setattr(lm.model, "_lean_forward", {}, raising=False)  # a new LeanForward, built without it
-    eng = LLMEngine(dataclasses.replace(lm, weight_format="int4"), EngineConfig(prefix_cache_bytes=0))
-    eng.start()
-    try:
-        assert eng.fwd.int4_kernel == "torch" and eng.fwd.decode_attention == "sdpa"
-        result = await collect(eng, chat_ids(("user", QUESTIONS[0])), SamplingParams(temperature=0, max_tokens=12))
-        assert "Paris" in result.text
-    finally:
-        eng.close()
 
 
 def test_int4_keeps_q4_1_weights_exactly(lm):

@@ -1,4 +1,5 @@
-"""The output head's int8 weights times 15-bit activations on AVX512-VNNI (q8_vnni.c).
+"""The output head's int8 weights times 15-bit activations on the engine's own kernel (q8_matmul.c,
+AVX512-VNNI or AVX2).
 
 The head (vocabulary x hidden, 49152 x 576 for the embedded model) keeps 8 bits per weight under the
 int4 and int8 formats: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits. Its weights are
@@ -36,6 +37,6 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, scale: torch.T
     if x.dtype != torch.float32 or blob.shape != (n // TILE, k // 4, TILE, 4) or k % 16:
         raise ValueError(f"this blob takes a float32 x of {blob.shape[1] * 4} columns, not {x.dtype} of {k}")
     y = torch.empty((rows, n), dtype=torch.float32)
-    if rows and lib.q8_vnni_matmul(x.data_ptr(), rows, k, blob.data_ptr(), scale.data_ptr(), n, y.data_ptr()) != 0:
-        raise MemoryError("q8_vnni_matmul could not allocate its activation buffers")
+    if rows and lib.q8_matmul(x.data_ptr(), rows, k, blob.data_ptr(), scale.data_ptr(), n, y.data_ptr()) != 0:
+        raise MemoryError("q8_matmul could not allocate its activation buffers")
     return y

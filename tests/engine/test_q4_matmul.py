@@ -1,4 +1,5 @@
-"""The int4 x int8 VNNI kernel (inference/llm/q4_vnni.c) against float references, on this machine's CPU."""
+"""The int4 x 15-bit kernel (inference/llm/q4_matmul.c) against float references, in each build this
+machine's CPU runs, and its AVX2 build against its VNNI build, bit for bit."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.llm import q4_vnni
+from inference.llm import q4_matmul
 from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
+from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 
 def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,15 +21,15 @@ def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.round((w.t().reshape(n, -1, 32) - low[..., None]) / step[..., None]).clamp_(0, 15)
     on_grid = (q * step[..., None] + low[..., None]).reshape(n, k).t().contiguous()
     low2, step2, q2 = _int4_grid(on_grid)
-    return on_grid, q4_vnni.pack(step2, low2, torch.round(q2).clamp_(0, 15))
+    return on_grid, q4_matmul.pack(step2, low2, torch.round(q2).clamp_(0, 15))
 
 
 def test_weights_come_back_through_the_kernel(kernels, lm):
     """The embedded model's Q4_1 weights, read back with identity rows, to float32 rounding."""
     w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t().contiguous()  # [in, out]
     low, step, q = _int4_grid(w_t)
-    blob = q4_vnni.pack(step, low, torch.round(q).clamp_(0, 15))
-    back = q4_vnni.matmul(kernels, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
+    blob = q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
+    back = q4_matmul.matmul(kernels, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
     assert torch.allclose(back, w_t, rtol=1e-5, atol=1e-6 * w_t.abs().max().item()), (back - w_t).abs().max()
 
 
@@ -38,7 +40,7 @@ def test_closer_to_float_than_torchs_int4_kernel(kernels, rows):
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(100 + rows))
     x[:, 7] *= 30.0  # an outlier channel, as real activations have
     exact = (x.double() @ w.double()).float()
-    ours = q4_vnni.matmul(kernels, x, blob, 960)
+    ours = q4_matmul.matmul(kernels, x, blob, 960)
     theirs = _lin_int4(x, _quantize_int4(w, None, torch.bfloat16))
     err_ours = ((ours - exact).norm() / exact.norm()).item()
     err_theirs = ((theirs - exact).norm() / exact.norm()).item()
@@ -48,8 +50,8 @@ def test_closer_to_float_than_torchs_int4_kernel(kernels, rows):
 def test_a_row_does_not_depend_on_the_batch(kernels):
     w, blob = grid_matrix(1536, 576, seed=7)
     x = torch.randn(19, 1536, generator=torch.Generator().manual_seed(8))
-    batched = q4_vnni.matmul(kernels, x, blob, 576)
-    alone = torch.cat([q4_vnni.matmul(kernels, x[i : i + 1], blob, 576) for i in range(19)])
+    batched = q4_matmul.matmul(kernels, x, blob, 576)
+    alone = torch.cat([q4_matmul.matmul(kernels, x[i : i + 1], blob, 576) for i in range(19)])
     assert torch.equal(batched, alone)
     # Not vacuous: the rows differ.
     assert not torch.equal(batched[0], batched[1])
@@ -57,15 +59,15 @@ def test_a_row_does_not_depend_on_the_batch(kernels):
 
 def test_zero_rows_give_zero(kernels):
     _, blob = grid_matrix(576, 576, seed=3)
-    out = q4_vnni.matmul(kernels, torch.zeros(2, 576), blob, 576)
+    out = q4_matmul.matmul(kernels, torch.zeros(2, 576), blob, 576)
     assert torch.equal(out, torch.zeros(2, 576))
-    assert q4_vnni.matmul(kernels, torch.zeros(0, 576), blob, 576).shape == (0, 576)
+    assert q4_matmul.matmul(kernels, torch.zeros(0, 576), blob, 576).shape == (0, 576)
 
 
 def test_outputs_must_fill_whole_tiles():
     low, step, q = _int4_grid(torch.randn(64, 24))
     with pytest.raises(ValueError, match="multiples of 16"):
-        q4_vnni.pack(step, low, torch.round(q))
+        q4_matmul.pack(step, low, torch.round(q))
 
 
 @pytest.mark.parametrize("rows", [1, 8, 21])
@@ -79,36 +81,61 @@ def test_fused_norm_gate_and_residual_add(kernels, rows):
     norm_w = torch.rand(576, generator=gen) + 0.5
     tol = 1e-4 * (x.abs().max() * w.abs().sum(0).max()).item()
 
-    normed = q4_vnni.matmul(kernels, x, blob, 576, norm=(norm_w, 1e-5))
-    plain = q4_vnni.matmul(kernels, F.rms_norm(x, (576,), norm_w, 1e-5), blob, 576)
+    normed = q4_matmul.matmul(kernels, x, blob, 576, norm=(norm_w, 1e-5))
+    plain = q4_matmul.matmul(kernels, F.rms_norm(x, (576,), norm_w, 1e-5), blob, 576)
     assert (normed - plain).abs().max().item() < tol
 
     gate_up = torch.randn(rows, 1152, generator=gen) * 3
-    gated = q4_vnni.matmul(kernels, gate_up, blob, 576, gated=True)
-    plain = q4_vnni.matmul(kernels, F.silu(gate_up[:, :576]) * gate_up[:, 576:], blob, 576)
+    gated = q4_matmul.matmul(kernels, gate_up, blob, 576, gated=True)
+    plain = q4_matmul.matmul(kernels, F.silu(gate_up[:, :576]) * gate_up[:, 576:], blob, 576)
     assert (gated - plain).abs().max().item() < 1e-4 * (gate_up.abs().max() ** 2 * w.abs().sum(0).max()).item()
 
     residual = torch.randn(rows, 576, generator=gen)
-    expected = residual + q4_vnni.matmul(kernels, x, blob, 576)
-    out = q4_vnni.matmul(kernels, x, blob, 576, add_to=residual)
+    expected = residual + q4_matmul.matmul(kernels, x, blob, 576)
+    out = q4_matmul.matmul(kernels, x, blob, 576, add_to=residual)
     assert out is residual and torch.equal(out, expected)
 
     for r in range(rows):
-        assert torch.equal(q4_vnni.matmul(kernels, x[r : r + 1], blob, 576, norm=(norm_w, 1e-5))[0], normed[r])
-        assert torch.equal(q4_vnni.matmul(kernels, gate_up[r : r + 1], blob, 576, gated=True)[0], gated[r])
+        assert torch.equal(q4_matmul.matmul(kernels, x[r : r + 1], blob, 576, norm=(norm_w, 1e-5))[0], normed[r])
+        assert torch.equal(q4_matmul.matmul(kernels, gate_up[r : r + 1], blob, 576, gated=True)[0], gated[r])
 
 
 def test_fused_calls_check_their_operands(kernels):
     _, blob = grid_matrix(576, 576, seed=3)
     x = torch.randn(2, 576)
     with pytest.raises(ValueError, match="norm"):
-        q4_vnni.matmul(kernels, x, blob, 576, norm=(torch.ones(100), 1e-5))
+        q4_matmul.matmul(kernels, x, blob, 576, norm=(torch.ones(100), 1e-5))
     with pytest.raises(ValueError, match="add_to"):
-        q4_vnni.matmul(kernels, x, blob, 576, add_to=torch.zeros(2, 576).t())
+        q4_matmul.matmul(kernels, x, blob, 576, add_to=torch.zeros(2, 576).t())
     # What the C loop would otherwise read past or misread: another width, another dtype, other outputs.
     with pytest.raises(ValueError, match="this blob takes"):
-        q4_vnni.matmul(kernels, torch.randn(2, 608), blob, 576)
+        q4_matmul.matmul(kernels, torch.randn(2, 608), blob, 576)
     with pytest.raises(ValueError, match="this blob takes"):
-        q4_vnni.matmul(kernels, x.to(torch.bfloat16), blob, 576)
+        q4_matmul.matmul(kernels, x.to(torch.bfloat16), blob, 576)
     with pytest.raises(ValueError, match="this blob takes"):
-        q4_vnni.matmul(kernels, x, blob, 592)
+        q4_matmul.matmul(kernels, x, blob, 592)
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "gated", "accumulate"])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 32)])
+def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, k, n, mode):
+    """Every row count up to two blocks of either build's rows (1..9) and 17, rows of scales from 1e-3
+    to 1e3 with an outlier channel, a group of zeros (a zero step), and gates over [-100, 100]: exp
+    clamped at both ends, sigmoids down to subnormal floats."""
+    vnni, avx2 = vnni_and_avx2(gateway_cache_dir)
+    _, blob = grid_matrix(k, n, seed=k + n)
+    gen = torch.Generator().manual_seed(k * n)
+    norm_w = torch.rand(k, generator=gen) + 0.5
+    for rows in [*range(1, 10), 17]:
+        x = torch.randn(rows, 2 * k if mode == "gated" else k, generator=gen) * torch.logspace(-3, 3, rows)[:, None]
+        x[:, 7] *= 30.0
+        x[0, 32:64] = 0.0
+        if mode == "gated":
+            x[:, :k] = torch.rand(rows, k, generator=gen) * 200 - 100
+        residual = torch.randn(rows, n, generator=gen)
+
+        def run(lib, x=x, residual=residual):
+            return q4_matmul.matmul(lib, x, blob, n, norm=(norm_w, 1e-5) if mode == "norm" else None,
+                                    gated=mode == "gated", add_to=residual.clone() if mode == "accumulate" else None)
+
+        assert_same_bits(run(avx2), run(vnni))

@@ -1,15 +1,17 @@
-"""int4 weights times int8 activations on AVX512-VNNI: the int4 kernel for CPUs that have it.
+"""int4 weights times int8 activations on the engine's own kernel (q4_matmul.c), in its AVX512-VNNI
+and AVX2 builds: the int4 kernel for x86-64 CPUs.
 
 torch's own int4 kernel (``_weight_int4pack_mm_for_cpu``) dequantizes the weights to float and
 multiplies with float FMAs, once per block of 4 rows, so its cost grows with the rows. Here the 4-bit
-weights meet 8-bit activations in VPDPBUSD, 64 products per instruction, as in llama.cpp's Q4_1 x
-Q8_1 dot product; the activations take two such passes, for 15 bits (q4_vnni.c). All 30 layers of
-the embedded model (``python -m benchmarks.int4_kernels``, alternated in one run): 1 row 2.8 vs 4.9
-ms, 8 rows 5.3 vs 14.5 ms, 64 rows 33 vs 107 ms. No library on PyPI offers this for torch tensors on
-this torch (torchao's wheel there carries CUDA kernels only; Intel's extension stops at torch 2.8).
+weights meet 8-bit activations in integer dot products (VPDPBUSD, 64 products per instruction; on
+AVX2, VPMADDUBSW and VPMADDWD), as in llama.cpp's Q4_1 x Q8_1 dot product; the activations take two
+such passes, for 15 bits (q4_matmul.c). Both builds return the same bits. All 30 layers of the
+embedded model, alternated in one run: see ``python -m benchmarks.int4_kernels`` and ENGINE.md. No
+library on PyPI offers this for torch tensors on this torch (torchao's wheel there carries CUDA
+kernels only; Intel's extension stops at torch 2.8).
 
-Built and loaded with the engine's other C kernels by cpu_kernels.py; without gcc or without
-AVX512-VNNI the int4 format runs on torch's kernel.
+Built and loaded with the engine's other C kernels by cpu_kernels.py; without gcc or without AVX2
+the int4 format runs on torch's kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ BLOCK_BYTES = 320  # a tile's group: 256 bytes of 4-bit weights, 16 float16 step
 
 
 def pack(step: torch.Tensor, low: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The kernel's weight blob (see q4_vnni.c) from a Q4_1 grid: ``step`` and ``low`` ``[out, in/32]``,
+    """The kernel's weight blob (see q4_matmul.c) from a Q4_1 grid: ``step`` and ``low`` ``[out, in/32]``,
     ``q`` ``[out, in/32, 32]`` whole numbers 0..15. ``d`` and ``m`` are stored as float16, as Q4_1 itself
     stores them."""
     n, groups, _ = q.shape
@@ -55,7 +57,7 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: 
            add_to: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W`` for a float32 ``[rows, in]`` x and W packed by :func:`pack`: float32 ``[rows, out]``.
 
-    In the same call (q4_vnni.c): ``norm=(weight, eps)`` multiplies ``rms_norm(x, weight, eps)``
+    In the same call (q4_matmul.c): ``norm=(weight, eps)`` multiplies ``rms_norm(x, weight, eps)``
     instead; ``gated`` multiplies ``silu(x[:, :in]) * x[:, in:]`` for an x of ``2 * in`` columns;
     ``add_to`` (float32, contiguous, ``[rows, out]``) adds the product to that tensor in place and
     returns it (a residual add)."""
@@ -76,8 +78,8 @@ def matmul(lib: ctypes.CDLL, x: torch.Tensor, blob: torch.Tensor, out_features: 
         y = add_to
     weight = norm[0].contiguous() if norm is not None else None
     eps = norm[1] if norm is not None else 0.0
-    if rows and lib.q4_vnni_matmul(x.data_ptr(), rows, k, blob.data_ptr(), out_features, y.data_ptr(),
-                                   None if weight is None else weight.data_ptr(), eps, int(gated),
-                                   int(add_to is not None)) != 0:
-        raise MemoryError("q4_vnni_matmul could not allocate its activation buffers")
+    if rows and lib.q4_matmul(x.data_ptr(), rows, k, blob.data_ptr(), out_features, y.data_ptr(),
+                              None if weight is None else weight.data_ptr(), eps, int(gated),
+                              int(add_to is not None)) != 0:
+        raise MemoryError("q4_matmul could not allocate its activation buffers")
     return y

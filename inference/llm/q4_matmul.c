@@ -1,13 +1,15 @@
-/* y = x @ W for W in 4-bit groups of 32 (Q4_1: w = q * d + m, q in 0..15), on AVX512-VNNI.
+/* y = x @ W for W in 4-bit groups of 32 (Q4_1: w = q * d + m, q in 0..15), on AVX512-VNNI or AVX2.
  *
- * Built with decode_attention.c into one library by cpu_kernels.py (gcc, at first use). Each row of
- * x is written per group of 32 as u * qx, with qx = 256 * hi + lo a 15-bit whole number held as two
- * int8 (quantize_group). The products of 4-bit weights and 8-bit activations add up in int32 with
- * VPDPBUSD, 64 at a time, once for hi and once for lo; the group's sum is then scaled in float:
+ * Built with the engine's other kernels into one library per instruction set by cpu_kernels.py (gcc,
+ * at first use; simd.h says what differs between the builds). Each row of x is written per group of
+ * 32 as u * qx, with qx = 256 * hi + lo a 15-bit whole number held as two int8 (quantize_group). The
+ * products of 4-bit weights and 8-bit activations add up exactly in int32 (VPDPBUSD, 64 at a time,
+ * once for hi and once for lo; on AVX2, VPMADDUBSW and VPMADDWD); the group's sum is then scaled in
+ * float:
  *     y[r, n] += d[n, g] * u[r, g] * dot(q[n, g], qx[r, g]) + m[n, g] * u[r, g] * sum(qx[r, g])
  * Lanes run over 16 outputs; each 32-bit lane takes 4 consecutive inputs. Every row goes through the
  * same instructions whatever the other rows are, and whole numbers add up exactly, so a row's result
- * does not depend on the batch.
+ * does not depend on the batch, nor on the build.
  *
  * The weight blob: for each tile of 16 outputs, for each group of 32 inputs, 320 bytes:
  *   256 bytes of 4-bit q: 4 chunks of 64 bytes; chunk c holds input quads 2c (low nibbles) and
@@ -18,7 +20,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "kernels.h"
 #include "simd.h"
@@ -26,6 +27,8 @@
 #define GROUP 32
 #define TILE 16
 #define BLOCK_BYTES 320
+/* Rows multiplied together on each tile's weights, their sums in registers (the AVX2 loop takes them
+ * one after another on the weights it holds). */
 #define MAX_ROWS 8
 /* Weights are read once a step, from memory: fetched this many groups ahead (2.5 KB) into L1, the
  * 8-row step's GEMMs took 6.4 instead of 8.5 ms in the engine's forward (1 row: 4.0 instead of 4.3
@@ -37,32 +40,32 @@
 /* 1 / sqrt(mean(x^2) + eps) over row r (k floats): RMSNorm's factor. */
 static float inverse_rms(const float *x, int r, int k, float eps) {
     const float *row = x + (size_t)r * k;
-    __m512 squares = _mm512_setzero_ps();
+    f32x16 squares = f32x16_zero();
     for (int i = 0; i < k; i += 16) {
-        const __m512 v = _mm512_loadu_ps(row + i);
-        squares = _mm512_fmadd_ps(v, v, squares);
+        const f32x16 v = f32x16_load(row + i);
+        squares = f32x16_fmadd(v, v, squares);
     }
-    return 1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)k + eps);
+    return 1.0f / sqrtf(f32x16_reduce_add(squares) / (float)k + eps);
 }
 
 /* The 32 inputs of group g of row r, transformed, into v[0..1]: x itself; x * inv_rms * w (RMSNorm,
  * with norm_w); or with gated, silu(a) * b for a row [a | b] of 2k floats (a SwiGLU MLP's gate and
  * up projections). */
-static inline void group_input(const float *x, int r, int k, int g, const float *norm_w, float inv_rms, int gated,
-                               __m512 v[2]) {
+SIMD_INLINE void group_input(const float *x, int r, int k, int g, const float *norm_w, float inv_rms, int gated,
+                             f32x16 v[2]) {
     for (int h = 0; h < 2; h++) {
         const int i = g * GROUP + 16 * h;
         if (gated) {
             const float *a = x + (size_t)r * 2 * k + i;
-            const __m512 gate = _mm512_loadu_ps(a);
-            const __m512 one = _mm512_set1_ps(1.0f);
-            const __m512 sigmoid = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gate))));
-            v[h] = _mm512_mul_ps(_mm512_mul_ps(gate, sigmoid), _mm512_loadu_ps(a + k));
+            const f32x16 gate = f32x16_load(a);
+            const f32x16 one = f32x16_set1(1.0f);
+            const f32x16 sigmoid = f32x16_div(one, f32x16_add(one, f32x16_exp(f32x16_sub(f32x16_zero(), gate))));
+            v[h] = f32x16_mul(f32x16_mul(gate, sigmoid), f32x16_load(a + k));
         } else if (norm_w) {
-            const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + (size_t)r * k + i), _mm512_set1_ps(inv_rms));
-            v[h] = _mm512_mul_ps(scaled, _mm512_loadu_ps(norm_w + i));
+            const f32x16 scaled = f32x16_mul(f32x16_load(x + (size_t)r * k + i), f32x16_set1(inv_rms));
+            v[h] = f32x16_mul(scaled, f32x16_load(norm_w + i));
         } else {
-            v[h] = _mm512_loadu_ps(x + (size_t)r * k + i);
+            v[h] = f32x16_load(x + (size_t)r * k + i);
         }
     }
 }
@@ -79,7 +82,7 @@ static inline void group_input(const float *x, int r, int k, int g, const float 
  * row r0 and group g, at qx + 2 * r0 * k + g * 2 * n * 32, the n rows' 32 hi bytes, then their 32 lo
  * bytes; at factors + 2 * r0 * groups + g * 2 * n, the n rows' u, then their m-term factors. So the
  * multiplying loop reaches every row of its block from one pointer, with constant offsets. */
-static inline void quantize_group(const __m512 v[2], int rows, int r, int k, int g, int8_t *qx, float *factors) {
+SIMD_INLINE void quantize_group(const f32x16 v[2], int rows, int r, int k, int g, int8_t *qx, float *factors) {
     const int groups = k / GROUP;
     const int r0 = r - r % MAX_ROWS;
     const int n = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
@@ -87,35 +90,40 @@ static inline void quantize_group(const __m512 v[2], int rows, int r, int k, int
     int8_t *lo = hi + (size_t)n * GROUP;
     float *f = factors + (size_t)2 * r0 * groups + (size_t)g * 2 * n + (r - r0);
     int total = 0;
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const float amax = f32x16_reduce_max(f32x16_max(f32x16_abs(v[0]), f32x16_abs(v[1])));
     const float s = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    const __m512 inv_fine = _mm512_set1_ps(amax > 0.0f ? 256.0f * 127.0f / amax : 0.0f);
+    const f32x16 inv = f32x16_set1(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const f32x16 inv_fine = f32x16_set1(amax > 0.0f ? 256.0f * 127.0f / amax : 0.0f);
     for (int h = 0; h < 2; h++) {
-        __m512i qh, ql;
+        i32x16 qh, ql;
         split_hi_lo(v[h], s, inv, inv_fine, &qh, &ql);
-        _mm_storeu_si128((__m128i *)(hi + 16 * h), _mm512_cvtsepi32_epi8(qh));
-        _mm_storeu_si128((__m128i *)(lo + 16 * h), _mm512_cvtsepi32_epi8(ql));
-        total += 256 * _mm512_reduce_add_epi32(qh) + _mm512_reduce_add_epi32(ql);
+        i32x16_store_i8(hi + 16 * h, qh);
+        i32x16_store_i8(lo + 16 * h, ql);
+        total += 256 * i32x16_reduce_add(qh) + i32x16_reduce_add(ql);
     }
     f[0] = s / 256.0f;
     f[n] = s / 256.0f * (float)total;
 }
 
+/* The group's weights at blk, fetched ahead into L1 and L2. */
+SIMD_INLINE void prefetch_group(const uint8_t *blk) {
+    for (int line = 0; line < BLOCK_BYTES; line += 64) {
+        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS * BLOCK_BYTES + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS_L2 * BLOCK_BYTES + line), _MM_HINT_T1);
+    }
+}
+
+#ifdef __AVX512F__
 /* One tile of 16 outputs for a block of ROWS (1..MAX_ROWS) rows; inlined with a constant ROWS so
  * that the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y, int n,
-    int accumulate, const int ROWS) {
+SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y,
+                           int n, int accumulate, const int ROWS) {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const uint8_t *blk = tile_blob + (size_t)g * BLOCK_BYTES;
-        for (int line = 0; line < BLOCK_BYTES; line += 64) {
-            _mm_prefetch((const char *)(blk + PREFETCH_GROUPS * BLOCK_BYTES + line), _MM_HINT_T0);
-            _mm_prefetch((const char *)(blk + PREFETCH_GROUPS_L2 * BLOCK_BYTES + line), _MM_HINT_T1);
-        }
+        prefetch_group(blk);
         const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
         const int8_t *lo = hi + ROWS * GROUP;
         const float *f = factors + (size_t)g * 2 * ROWS;
@@ -151,14 +159,66 @@ static inline __attribute__((always_inline)) void tile_rows(
         _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r]) : acc[r]);
     }
 }
+#else
+/* The AVX2 build's tile, one 8-output half at a time (the 32 bytes of each 64-byte chunk that hold its
+ * outputs). A group's 8 quads of weights are unpacked once into 8 registers, then the rows take their
+ * turns on them, one row's two int16 sums (hi and lo) at a time: AVX2's 16 ymm registers cannot hold
+ * every row's sums side by side as the VNNI loop does (with them, spilled, 8 rows took 12% longer).
+ * VPMADDUBSW multiplies 4-bit weights by int8 activations into int16 pairs (at most 2 * 15 * 127, so
+ * no saturation) and the group's 8 quads add up in int16 (at most 30480); VPMADDWD by 256 (hi) and by
+ * 1 (lo) then makes the int32 sum 256 * dot_hi + dot_lo: the VNNI build's whole number exactly,
+ * followed by the same float operations per lane. */
+SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y,
+                           int n, int accumulate, const int ROWS) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), times256 = _mm256_set1_epi16(256);
+    for (int half = 0; half < 2; half++) {
+        __m256 acc[MAX_ROWS];
+        for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *blk = tile_blob + (size_t)g * BLOCK_BYTES;
+            if (half == 0) prefetch_group(blk); /* the second half finds the tile in L1 */
+            __m256i w[8]; /* quad by quad */
+            for (int c = 0; c < 4; c++) {
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
+                w[2 * c] = _mm256_and_si256(packed, low_nibbles);
+                w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256 + 16 * half)));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + 16 * half)));
+            const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
+            const int8_t *lo = hi + ROWS * GROUP;
+            const float *f = factors + (size_t)g * 2 * ROWS;
+            for (int r = 0; r < ROWS; r++) {
+                __m256i sum_hi = _mm256_maddubs_epi16(w[0], broadcast4(hi + r * GROUP));
+                __m256i sum_lo = _mm256_maddubs_epi16(w[0], broadcast4(lo + r * GROUP));
+                for (int quad = 1; quad < 8; quad++) {
+                    sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(w[quad], broadcast4(hi + r * GROUP + 4 * quad)));
+                    sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(w[quad], broadcast4(lo + r * GROUP + 4 * quad)));
+                    /* Two chains, kept in order: gcc otherwise regroups the adds into trees across
+                     * rows, whose many partial sums spill the weights from their registers (8 rows
+                     * took 27% longer). */
+                    __asm__("" : "+x"(sum_hi), "+x"(sum_lo));
+                }
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(f[r])), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(f[ROWS + r]), acc[r]);
+            }
+        }
+        for (int r = 0; r < ROWS; r++) {
+            float *out = y + (size_t)r * n + 8 * half;
+            _mm256_storeu_ps(out, accumulate ? _mm256_add_ps(_mm256_loadu_ps(out), acc[r]) : acc[r]);
+        }
+    }
+}
+#endif
 
 /* y[rows, n] = in(x)[rows, k] @ W[k, n], or y += that when accumulate (a residual add); k a multiple
  * of 32, n of 16. in(x) is x itself, or with norm_w, RMSNorm(x) with that weight and eps; with gated,
  * silu(x[:, :k]) * x[:, k:] for an x of 2k columns. Fusing these here saves the step torch's own
  * calls for them: about 15 us for each of a layer's two norms and 10-20 us for its gating.
  * Returns 0, or -1 when out of memory. */
-int q4_vnni_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
-                   const float *norm_w, float eps, int gated, int accumulate) {
+int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+              const float *norm_w, float eps, int gated, int accumulate) {
     const int groups = k / GROUP;
     const int tiles = n / TILE;
     int8_t *qx = (int8_t *)malloc((size_t)rows * k * 2);
@@ -184,7 +244,7 @@ int q4_vnni_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, 
 #pragma omp for schedule(static)
         for (int item = 0; item < rows * groups; item++) {
             const int g = item / rows, r = item % rows;
-            __m512 v[2];
+            f32x16 v[2];
             group_input(x, r, k, g, norm_w, norm_w ? inv_rms[r] : 0.0f, gated, v);
             quantize_group(v, rows, r, k, g, qx, factors);
         }
@@ -195,16 +255,18 @@ int q4_vnni_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, 
                 const int8_t *q = qx + (size_t)2 * r0 * k;
                 const float *f = factors + (size_t)2 * r0 * groups;
                 float *out = y + (size_t)r0 * n + (size_t)t * TILE;
+#define TILE_ROWS(ROWS) tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS)
                 switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
-                case 1: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 1); break;
-                case 2: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 2); break;
-                case 3: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 3); break;
-                case 4: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 4); break;
-                case 5: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 5); break;
-                case 6: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 6); break;
-                case 7: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 7); break;
-                default: tile_rows(tile_blob, groups, q, f, out, n, accumulate, 8); break;
+                case 1: TILE_ROWS(1); break;
+                case 2: TILE_ROWS(2); break;
+                case 3: TILE_ROWS(3); break;
+                case 4: TILE_ROWS(4); break;
+                case 5: TILE_ROWS(5); break;
+                case 6: TILE_ROWS(6); break;
+                case 7: TILE_ROWS(7); break;
+                default: TILE_ROWS(MAX_ROWS); break;
                 }
+#undef TILE_ROWS
             }
         }
     }

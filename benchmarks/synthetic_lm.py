@@ -1,0 +1,70 @@
+"""The embedded model's shape with random weights and a byte-level tokenizer made in memory.
+
+A GPU machine gets no weight files (64 MiB travel with a call, and no hub is reachable), so its tests
+and benchmark build the model here: SmolLM2-135M-Instruct's configuration, seeded random weights (the
+same seed gives the same weights, so two copies can be compared token for token), and a tokenizer whose
+first 256 ids are bytes, with a ChatML template, so that the engine and the benchmarks' prompt
+rendering run unchanged. Speed does not depend on the weights' values; answers are noise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inference.llm.loader import LoadedLM
+
+EMBEDDED_SHAPE = {  # SmolLM2-135M-Instruct's config.json, less its weights
+    "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "head_dim": 64, "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True,
+}
+EMBEDDED_LAYERS = 30
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def random_model(layers: int = EMBEDDED_LAYERS, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 seed: int = 0, max_positions: int = 2048) -> torch.nn.Module:
+    """A Llama model of the embedded model's shape (``layers`` of its 30) with seeded random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=max_positions, **EMBEDDED_SHAPE)
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def byte_tokenizer(vocab_size: int = EMBEDDED_SHAPE["vocab_size"]):
+    """A byte-level tokenizer (no merges) over the model's whole vocabulary: ids beyond the bytes and
+    the three ChatML specials decode as ``<tN>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    for token in specials:
+        vocab[token] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<t{len(vocab)}>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    wrapped.chat_template = CHATML
+    wrapped.padding_side = "left"
+    return wrapped
+
+
+def random_loaded_lm(cache_dir: Path, *, layers: int = EMBEDDED_LAYERS, device: str = "cpu",
+                     dtype: torch.dtype | None = None, seed: int = 0, kernels: str = "auto") -> LoadedLM:
+    """A LoadedLM of :func:`random_model` and :func:`byte_tokenizer`, as ``load_lm`` would return
+    (bfloat16 on CUDA, float32 on a CPU, unless ``dtype``)."""
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model = random_model(layers, dtype, device, seed)
+    tokenizer = byte_tokenizer()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return LoadedLM(model=model, tokenizer=tokenizer, device=torch.device(device), dtype=dtype,
+                    context_window=model.config.max_position_embeddings,
+                    eos_token_ids=frozenset({tokenizer.eos_token_id}), source=Path(f"random-seed-{seed}"),
+                    load_seconds=0.0, converted=False, cache_dir=Path(cache_dir), kernels=kernels)

@@ -1,0 +1,130 @@
+"""Solo against batched runs of the lean forward, for the correctness tests of every path.
+
+A request's logits must not depend on what else its steps hold. The batched run mixes everything the
+engine does in one step: decoding rows of slots that are not ``0..used-1`` (the padded, masked sdpa
+call), prompt chunks after a first chunk (a causal mask with an offset), and prompts of different
+lengths. Every token is fed from a fixed list (teacher forcing), so the two runs see the same inputs
+whatever their argmax, and their logits can be compared step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inference.llm.forward import LeanForward, Segment
+
+PROMPT_LENGTHS = (37, 5, 90, 12)
+CHUNK = 16
+
+
+@dataclass
+class Workload:
+    prompts: list[torch.Tensor]
+    feeds: list[torch.Tensor]  # the tokens fed after each prompt, one per decoding step
+
+    @classmethod
+    def random(cls, vocab: int, steps: int = 10, seed: int = 1) -> Workload:
+        g = torch.Generator().manual_seed(seed)
+        return cls([torch.randint(0, vocab, (n,), generator=g) for n in PROMPT_LENGTHS],
+                   [torch.randint(0, vocab, (steps,), generator=g) for _ in PROMPT_LENGTHS])
+
+
+class _Owner:
+    slot = -1
+
+
+def _pool(fwd: LeanForward, slots: int, longest: int):
+    pool = fwd.new_pool(slots, 2048, max(256, longest))
+    for _ in range(slots):
+        pool.acquire(_Owner())
+    return pool
+
+
+def run_solo(fwd: LeanForward, work: Workload, i: int) -> torch.Tensor:
+    """Request ``i`` alone: its prompt in one step, then one token a step. ``[steps + 1, vocab]``."""
+    prompt, feed = work.prompts[i], work.feeds[i]
+    dev = fwd.device
+    pool = _pool(fwd, 1, len(prompt) + len(feed))
+    n = len(prompt)
+    out = [fwd.forward(pool, prompt.to(dev), torch.arange(n, device=dev), [Segment(0, 0, n)], [n - 1])[0]]
+    for t in range(len(feed)):
+        pos = torch.tensor([n + t], device=dev)
+        out.append(fwd.forward(pool, feed[t : t + 1].to(dev), pos, [Segment(0, n + t, 1)], [0])[0])
+    return torch.stack(out).float().cpu()
+
+
+def run_batched(fwd: LeanForward, work: Workload, position_offset: int = 0) -> list[torch.Tensor]:
+    """All requests in shared steps: the first two prefill together and then decode, while the others
+    prefill in chunks of CHUNK beside them and then decode too. ``position_offset`` shifts one
+    request's positions (only to show that the comparison catches such a defect)."""
+    dev = fwd.device
+    count = len(work.prompts)
+    pool = _pool(fwd, count, max(len(p) + len(f) for p, f in zip(work.prompts, work.feeds)))
+    outs: list[list[torch.Tensor]] = [[] for _ in range(count)]
+    decoded = {0: 0, 1: 0}  # request -> tokens fed so far
+    prefilled = {i: 0 for i in range(2, count)}
+    n0, n1 = len(work.prompts[0]), len(work.prompts[1])
+    first = fwd.forward(pool, torch.cat(work.prompts[:2]).to(dev),
+                        torch.cat([torch.arange(n0), torch.arange(n1)]).to(dev),
+                        [Segment(0, 0, n0), Segment(1, 0, n1)], [n0 - 1, n0 + n1 - 1])
+    outs[0].append(first[0])
+    outs[1].append(first[1])
+    while any(len(o) < len(work.feeds[i]) + 1 for i, o in enumerate(outs)):
+        segments, ids, positions, rows, owners = [], [], [], [], []
+        for i in sorted(decoded):
+            t = decoded[i]
+            if t >= len(work.feeds[i]):
+                continue
+            pos = len(work.prompts[i]) + t + (position_offset if i == 1 else 0)
+            segments.append(Segment(i, len(work.prompts[i]) + t, 1))
+            ids.append(work.feeds[i][t : t + 1])
+            positions.append(torch.tensor([pos]))
+            rows.append(len(segments) - 1)
+            owners.append(i)
+            decoded[i] = t + 1
+        row = len(segments)
+        for i in list(prefilled):
+            start = prefilled[i]
+            m = min(CHUNK, len(work.prompts[i]) - start)
+            segments.append(Segment(i, start, m))
+            ids.append(work.prompts[i][start : start + m])
+            positions.append(torch.arange(start, start + m))
+            row += m
+            prefilled[i] = start + m
+            if prefilled[i] == len(work.prompts[i]):
+                rows.append(row - 1)
+                owners.append(i)
+                decoded[i] = 0
+                del prefilled[i]
+        logits = fwd.forward(pool, torch.cat(ids).to(dev), torch.cat(positions).to(dev), segments, rows)
+        for r, i in enumerate(owners):
+            outs[i].append(logits[r])
+    return [torch.stack(o).float().cpu() for o in outs]
+
+
+def reference_logits(model: torch.nn.Module, work: Workload, i: int) -> torch.Tensor:
+    """transformers' own forward over request ``i``'s whole sequence, at the positions where the
+    engine samples: the last prompt token and every fed token."""
+    seq = torch.cat([work.prompts[i], work.feeds[i]]).unsqueeze(0).to(model.device)
+    with torch.inference_mode():
+        logits = model(seq).logits[0]
+    return logits[len(work.prompts[i]) - 1 :].float().cpu()
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def first_near_tie(logits: torch.Tensor, bound: float) -> int:
+    """The first step whose top two logits are within ``2 * bound``: where a difference of ``bound``
+    in each may swap the argmax. ``len(logits)`` if there is none."""
+    top2 = logits.topk(2, dim=-1).values
+    close = ((top2[:, 0] - top2[:, 1]) <= 2 * bound).nonzero()
+    return int(close[0]) if len(close) else len(logits)

@@ -1,0 +1,98 @@
+"""The forward's correctness under batching on every path, with random weights of the embedded model's
+shape (no weight file needed, so the same tests run on a GPU machine).
+
+- float64: torch's generic path (sdpa over padded, masked slots) gives a request the same logits alone
+  and batched, and the same as transformers' own forward. Rounding is negligible there, so any
+  difference is a defect: a wrong mask, position or slot (the test shows it catches a shifted position).
+- float32, bfloat16, int8 and int4 on torch's kernels: the same comparison within a stated bound. Those
+  paths round differently for different row counts: on this CPU, row by row matmuls left bfloat16's
+  differences only in the steps whose decoding rows share sdpa's padded call, so both torch's GEMMs
+  (kernels picked by the number of rows) and sdpa (blocks over the padded length) contribute. In
+  float64 both are exact, so it is rounding, not a defect. The bound is a few units in the last place
+  of the format at the logits' scale, and greedy tokens must agree wherever the solo run's top two
+  logits are further apart than twice the bound.
+- int4 on the engine's kernels (each build this CPU runs): bit for bit, whatever the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.synthetic_lm import random_model
+from inference.llm import cpu_kernels
+from inference.llm.forward import LeanForward, UnsupportedModel
+from tests.engine.batching import Workload, reference_logits, run_batched, run_solo
+
+LAYERS = 4
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+]
+# (weight format, model dtype, relative bound on |solo - batched| against the largest |logit|)
+ROUNDING_PATHS = [
+    ("native", torch.float32, 2**-14),  # measured 1.2e-6 relative on this CPU
+    ("native", torch.bfloat16, 2**-5),  # measured 2^-7 (one bfloat16 unit at the logits' scale)
+    ("int8", torch.float32, 2**-5),  # bfloat16 activations: measured 2^-7
+    ("int4", torch.float32, 2**-5),  # torch's kernel, bfloat16 inputs and outputs: measured 2^-8
+]
+
+
+def _forward(model, weight_format: str, kernels: str, tmp_path) -> LeanForward:
+    try:
+        return LeanForward(model, 2048, weight_format=weight_format, kernel_dir=tmp_path, kernels=kernels)
+    except UnsupportedModel as exc:  # a format the device's torch build lacks (int4 and int8 off the CPU)
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_generic_path_is_exact_and_matches_transformers(device, tmp_path):
+    model = random_model(LAYERS, torch.float64, device)
+    fwd = _forward(model, "native", "torch", tmp_path)
+    assert fwd.describe()["attention"] == "sdpa"
+    work = Workload.random(fwd.vocab_size)
+    batched = run_batched(fwd, work)
+    for i in range(len(work.prompts)):
+        solo = run_solo(fwd, work, i)
+        scale = solo.abs().max().item()
+        assert (batched[i] - solo).abs().max().item() <= 1e-9 * scale, i
+        assert (reference_logits(model, work, i) - solo).abs().max().item() <= 1e-9 * scale, i
+    # The comparison sees a defect: one request's positions shifted by one in the batched run.
+    shifted = run_batched(fwd, work, position_offset=1)
+    solo = run_solo(fwd, work, 1)
+    assert (shifted[1][1:] - solo[1:]).abs().max().item() > 1e-3 * solo.abs().max().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("weight_format", "dtype", "bound"), ROUNDING_PATHS)
+def test_generic_path_rounding_is_bounded(device, weight_format, dtype, bound, tmp_path):
+    model = random_model(LAYERS, dtype, device)
+    fwd = _forward(model, weight_format, "torch", tmp_path)
+    work = Workload.random(fwd.vocab_size)
+    batched = run_batched(fwd, work)
+    compared = 0
+    for i in range(len(work.prompts)):
+        solo = run_solo(fwd, work, i)
+        limit = bound * solo.abs().max().item()
+        assert (batched[i] - solo).abs().max().item() <= limit, (i, (batched[i] - solo).abs().max().item(), limit)
+        top2 = solo.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * limit  # no near-tie: the greedy token cannot flip
+        assert torch.equal(solo.argmax(-1)[clear], batched[i].argmax(-1)[clear]), i
+        compared += int(clear.sum())
+    # Random weights give flat logits (the top two of 49152 draws are close), so near-ties are common;
+    # still, a third of the steps or more must have been compared.
+    assert compared >= sum(len(f) + 1 for f in work.feeds) // 3, compared
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_int4_on_the_engines_kernels_is_bit_identical_batched(isa, tmp_path):
+    if isa not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa} build")
+    model = random_model(LAYERS, torch.float32)
+    fwd = _forward(model, "int4", isa, tmp_path)
+    assert fwd.describe()["matmul"] == isa and fwd.describe()["attention"] == isa
+    work = Workload.random(fwd.vocab_size)
+    batched = run_batched(fwd, work)
+    for i in range(len(work.prompts)):
+        assert torch.equal(batched[i], run_solo(fwd, work, i)), i
