@@ -447,7 +447,7 @@ async def bench_transformers_batching(lm: LoadedLM, stock: LoadedLM, tokens: int
     }
 
 
-def bench_load(skip_cold: bool, cache_dir: Path, device: str) -> tuple[dict, LoadedLM]:
+def bench_load(skip_cold: bool, cache_dir: Path, device: str, kernels: str) -> tuple[dict, LoadedLM]:
     out: dict = {}
     path = embedded_llm()
     if not skip_cold:
@@ -461,7 +461,7 @@ def bench_load(skip_cold: bool, cache_dir: Path, device: str) -> tuple[dict, Loa
             out["warm_converted"] = warm_same_dir.converted
             out["ratio"] = round(cold.load_seconds / warm_same_dir.load_seconds, 1)
             del cold, warm_same_dir, t
-    lm = load_lm(path, cache_dir=cache_dir, device=device)
+    lm = load_lm(path, cache_dir=cache_dir, device=device, kernels=kernels)
     out.setdefault("warm_load_s", round(lm.load_seconds, 2))
     return out, lm
 
@@ -470,7 +470,8 @@ async def main_async(args) -> dict:
     threads = torch.get_num_threads()
     report: dict = {"machine": {"threads": threads, "cuda": torch.cuda.is_available(),
                                 "load_average": [round(x, 2) for x in __import__("os").getloadavg()]}}
-    load, lm = await run_in_own_thread(bench_load, args.skip_cold_load, Path(args.cache_dir).expanduser(), args.device)
+    load, lm = await run_in_own_thread(bench_load, args.skip_cold_load, Path(args.cache_dir).expanduser(), args.device,
+                                       args.llm_kernels)
     report["load"] = load
     report["engine_weight_format"] = lm.weight_format  # the default for this model and device
     # A second copy, never given to an engine (which re-lays its model's weights).
@@ -478,6 +479,7 @@ async def main_async(args) -> dict:
         lambda: load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device)
     )
     async with running(LLMEngine(lm)) as engine:
+        report["engine_llm"] = engine.fwd.describe()
         await warm_up(engine, lm)
         report["1_system_prompt_ttft"] = await bench_system_prompt(engine, lm, args.repeats)
     report["2_conversation_turn5_ttft"] = await bench_conversation(lm, args.repeats)
@@ -509,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default="~/.cache/realtime-gateway")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    ap.add_argument("--llm-kernels", default="auto", help="the engine's kernels: auto, vnni, avx2 or torch")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.threads:

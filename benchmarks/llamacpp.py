@@ -42,6 +42,7 @@ from benchmarks.engine import (
     warm_up,
 )
 from inference.llm.engine import LLMEngine, SamplingParams
+from inference.llm.forward import LeanForward
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm
@@ -105,7 +106,8 @@ async def engine_round(lm: LoadedLM, p: dict, tokens: int) -> dict:
 
 async def main_async(args) -> dict:
     gguf = embedded_llm()
-    lm = await run_in_own_thread(lambda: load_lm(gguf, cache_dir=Path(args.cache_dir).expanduser(), device="cpu"))
+    lm = await run_in_own_thread(lambda: load_lm(gguf, cache_dir=Path(args.cache_dir).expanduser(), device="cpu",
+                                                 kernels=args.llm_kernels))
     p = prompts(lm)
     spec = {"gguf": str(gguf), "threads": args.threads, "tokens": args.tokens, "prompts": p}
     ours, theirs = [], []
@@ -118,6 +120,9 @@ async def main_async(args) -> dict:
 
     report: dict = {"model": gguf.name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
                     "engine_weight_format": lm.weight_format,
+                    "engine_llm": LeanForward.for_model(lm.model, lm.context_window, lm.weight_format,
+                                                        kernel_dir=lm.cache_dir, kernels=lm.kernels).describe(),
+                    "llama_cpp_system_info": theirs[0]["system_info"],
                     "prompt_tokens": {"short": len(p["short"]), "system": len(p["system_first"])}}
     for key, faster_is in (("short_ttft_s", "lower"), ("decode_tok_s", "higher"), ("system_first_ttft_s", "lower"),
                            ("system_other_question_ttft_s", "lower"), ("eight_streams_tok_s", "higher")):
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (the engine uses torch's)")
     ap.add_argument("--cache-dir", default="~/.cache/realtime-gateway")
+    ap.add_argument("--llm-kernels", default="auto", help="the engine's --llm-kernels (auto, vnni, avx2, torch)")
     ap.add_argument("--llama-python", default=sys.executable, help="the interpreter that has llama_cpp")
     args = ap.parse_args(argv)
     print(json.dumps(asyncio.run(main_async(args)), indent=2))

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama, LogitsProcessorList
 
@@ -55,7 +56,9 @@ def llama_round(spec: dict) -> dict:
     wall = time.perf_counter() - t0
     return {"short_ttft_s": short_ttft, "decode_tok_s": decode, "system_first_ttft_s": system_first,
             "system_other_question_ttft_s": system_other, "eight_streams_tok_s": total / wall,
-            "short_tokens": short_tokens}
+            "short_tokens": short_tokens,
+            # The instruction sets this llama.cpp build uses (AVX2 = 1, AVX512 = 0, ...): which peer was measured.
+            "system_info": llama_cpp.llama_print_system_info().decode()}
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ _kernel_passed: dict[str, int] = dict.fromkeys(KERNEL_PATHS, 0)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        paths = {v for v in params.values() if isinstance(v, str) and v in KERNEL_PATHS}
+        paths = {v for k, v in params.items() if k in ("isa", "kernels") and v in KERNEL_PATHS}
         if paths:
             _kernel_params[item.nodeid] = paths
 
