@@ -503,6 +503,8 @@ class LeanForward:
         self._int4_lib = None
         # The build of the engine's C kernels this forward runs ("vnni" or "avx2"), or "torch" for
         # torch's own kernels: the fastest the CPU runs unless `kernels` names one.
+        if self.device.type != "cpu" and kernels not in ("auto", "torch"):
+            raise UnsupportedModel(f"the engine's {kernels} kernels run on a CPU, not on {self.device.type}")
         self.kernels = resolve_kernels(kernels) if self.device.type == "cpu" else "torch"
         lib = None
         if self.kernels != "torch":

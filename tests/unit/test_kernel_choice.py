@@ -45,3 +45,12 @@ def test_load_lm_refuses_before_loading(monkeypatch, tmp_path):
     monkeypatch.setattr(forward.cpu_kernels, "supported_isas", lambda: ())
     with pytest.raises(UnsupportedModel):
         load_lm(tmp_path / "no-such-model", cache_dir=tmp_path, kernels="avx2")  # refused before the missing file
+
+
+def test_a_cpu_build_is_refused_off_the_cpu():
+    from benchmarks.synthetic_lm import random_model
+    from inference.llm.forward import LeanForward
+
+    model = random_model(1, device="meta")  # no memory: the check comes before any weight is touched
+    with pytest.raises(UnsupportedModel, match="run on a CPU, not on meta"):
+        LeanForward(model, 64, kernels="avx2")
