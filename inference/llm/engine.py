@@ -213,6 +213,9 @@ class LLMEngine:
         self._queue: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._pins: dict[str, RadixNode] = {}
+        # Conversations ended while a request of theirs was still queued or running: that request's
+        # KV is cached when it finishes, but not pinned again (the pin would never be released).
+        self._ended_in_flight: set[str] = set()
         self._conv_ops: deque[tuple[str, str]] = deque()  # (op, conversation_id) done on the scheduler thread
         self._thread: threading.Thread | None = None
         self._running = False
@@ -448,11 +451,17 @@ class LLMEngine:
             if op == "end":
                 node = self._pins.pop(conv, None)
                 self.cache.unpin(node)
+                with self._lock:
+                    in_flight = any(r.conversation_id == conv for r in (*self._queue, *self._active))
+                if in_flight:
+                    self._ended_in_flight.add(conv)
             elif op == "clear":
                 for node in self._pins.values():
                     self.cache.unpin(node)
                 self._pins.clear()
                 self.cache.clear()
+            else:
+                raise ValueError(f"unknown conversation op {op!r}")
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -745,10 +754,17 @@ class LLMEngine:
             self._requests_cancelled += 1
         self._requests_finished += 1
         computed = self._computed(req)
+        conv = req.conversation_id
+        ended = conv is not None and conv in self._ended_in_flight
+        if ended:
+            with self._lock:
+                others = any(r is not req and r.conversation_id == conv for r in (*self._queue, *self._active))
+            if not others:
+                self._ended_in_flight.discard(conv)  # its last request: nothing more to keep unpinned
         try:
             if computed > 0:
-                node = self._cache_insert(req, computed, pin=req.conversation_id is not None)
-                if req.conversation_id is not None:
+                node = self._cache_insert(req, computed, pin=conv is not None and not ended)
+                if conv is not None and not ended:
                     old = self._pins.pop(req.conversation_id, None)
                     if node is not None:
                         self._pins[req.conversation_id] = node

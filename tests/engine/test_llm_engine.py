@@ -278,6 +278,26 @@ async def test_cancelled_turn_is_pinned_and_rolls_back(make_engine, chat_ids, co
     assert r2.token_ids == fresh.token_ids
 
 
+async def test_a_conversation_ended_mid_reply_leaves_no_pin(make_engine, chat_ids, collect):
+    """A session closed in the middle of a reply: end_conversation lands while the request still
+    runs; its KV is cached when it stops, but not pinned again (200 such closes had left 200 pins)."""
+    eng = make_engine()
+    ids = chat_ids(("user", "Write a long story about a dragon."))
+    for i in range(3):
+        stream = eng.submit(ids, SamplingParams(temperature=0.0, max_tokens=200), conversation_id=f"gone-{i}")
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 4:
+                eng.end_conversation(f"gone-{i}")
+                await asyncio.sleep(0.05)  # the scheduler applies the end while the request decodes
+                stream.cancel()
+        assert (await stream.result()).finish_reason == "cancelled"
+    await collect(eng, ids, conversation_id="kept")  # an ongoing conversation keeps its pin
+    stats = eng.stats()
+    assert stats["conversations_pinned"] == 1 and stats["cache_hits"] >= 1  # the KV was still cached
+
+
 async def test_conversation_pin_survives_lru(lm, make_engine, chat_ids, collect):
     per_token = LeanForward.for_model(lm.model, lm.context_window).kv_bytes_per_token()
     eng = make_engine(prefix_cache_bytes=per_token * 120)
