@@ -19,7 +19,7 @@ from gateway import metrics
 from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.latency import TurnMarks, now
-from gateway.outbox import Outbox
+from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
 from gateway.protocol.codec import decode_client_event
@@ -117,6 +117,10 @@ class RealtimeSession:
             await self._stop_active(self.active)
         if self.voice is not None:
             await self.voice.close()
+            # The pipeline and the session refer to each other: without this, only the cycle
+            # collector's full pass would free them (and the conversation), and in a process that
+            # holds the models it practically never runs.
+            self.voice = None
         if self.runtime.engine is not None:
             self.runtime.engine.end_conversation(self.conversation.id)
 
@@ -146,6 +150,14 @@ class RealtimeSession:
         except ApiError as error:
             error.event_id = event.event_id
             self.send_error(error)
+        except SlowConsumer:
+            raise
+        except Exception:
+            # A defect of ours, not the client's: say so and keep the session (its state changes are
+            # made before the events that announce them, so nothing is left half done for the client).
+            log.exception("session %s: handling %s failed", self.id, event.type)
+            self.send_error(ApiError("server_error", f"The server failed to handle {event.type}.",
+                                     type="server_error", status=500, event_id=event.event_id))
 
     async def _dispatch(self, event: ev.ClientEvent) -> None:
         match event:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from gateway.protocol.session_config import FunctionTool, OutputModality
+from gateway.protocol.session_config import FunctionTool, OutputModality, check_max_output_tokens
 
 
 class _Event(BaseModel):
@@ -108,6 +108,11 @@ class ResponseParams(BaseModel):
     metadata: dict[str, str] | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _in_range(cls, value: int | str | None) -> int | str | None:
+        return check_max_output_tokens(value)
 
 
 class ResponseCreate(_Event):

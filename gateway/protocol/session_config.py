@@ -9,6 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 
+MAX_OUTPUT_TOKENS = 4096
+
+
+def check_max_output_tokens(value: int | str | None) -> int | str | None:
+    """A session's or a response's max_output_tokens: 1..MAX_OUTPUT_TOKENS or "inf" (None: unset)."""
+    if isinstance(value, int) and not 1 <= value <= MAX_OUTPUT_TOKENS:
+        raise ValueError(f"max_output_tokens must be between 1 and {MAX_OUTPUT_TOKENS}, or 'inf'")
+    return value
+
 OutputModality = Literal["text", "audio"]
 AUDIO_FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 
@@ -105,9 +114,7 @@ class SessionConfig(_Strict):
     @field_validator("max_output_tokens")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= 4096:
-            raise ValueError("max_output_tokens must be between 1 and 4096, or 'inf'")
-        return value
+        return check_max_output_tokens(value)
 
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities

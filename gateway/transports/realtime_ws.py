@@ -22,6 +22,7 @@ router = APIRouter()
 # Close codes: 1008 policy violation (auth), 1011 server error, 1013 try again later.
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
+CLOSE_SERVER_ERROR = 1011
 
 
 @router.websocket("/v1/realtime")
@@ -77,18 +78,33 @@ async def _read_events(websocket: WebSocket, session: RealtimeSession) -> None:
             return
         raw = message.get("text")
         if raw is None:
-            raw = message.get("bytes") or b""
+            # The Realtime API's events are JSON text frames; a binary frame is not one.
+            session.send_error(ApiError("invalid_event", "Events are JSON text frames; a binary frame was sent."))
+            continue
         await session.receive(raw)
 
 
 async def _write_events(websocket: WebSocket, session: RealtimeSession) -> None:
+    """Sends the session's events until its outbox closes. Whatever stops it, the connection is
+    closed with it, so a session is never left open and mute (the reader then sees the close)."""
+    code, reason = 1000, ""
     try:
         while (wire := await session.outbox.next()) is not None:
             await websocket.send_text(wire)
-        if session.outbox.overflowed and websocket.application_state == WebSocketState.CONNECTED:
-            await websocket.close(CLOSE_TRY_AGAIN, "slow consumer: events were not read")
-    except (WebSocketDisconnect, RuntimeError, OSError):
+        if session.outbox.overflowed:
+            code, reason = CLOSE_TRY_AGAIN, "slow consumer: events were not read"
+    except (WebSocketDisconnect, OSError):
+        return  # the peer is gone
+    except Exception:
+        if WebSocketState.DISCONNECTED in (websocket.client_state, websocket.application_state):
+            return  # a send that raced the close (Starlette raises RuntimeError)
+        log.exception("session %s: sending its events failed", session.id)
+        code, reason = CLOSE_SERVER_ERROR, "server error"
+    finally:
         session.outbox.close()
+    if code != 1000 and websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await websocket.close(code, reason)
 
 
 async def _drain(writer: asyncio.Task[None], timeout_s: float = 2.0) -> None:

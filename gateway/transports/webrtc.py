@@ -118,20 +118,30 @@ class Call:
     async def _read_events(self, inbox: asyncio.Queue[str | bytes]) -> None:
         """One event at a time, in order, as over the WebSocket."""
         while True:
+            message = await inbox.get()
+            if isinstance(message, bytes):  # events are JSON text messages
+                self.session.send_error(ApiError("invalid_event", "Events are JSON text messages; a binary one was sent."))
+                continue
             try:
-                await self.session.receive(await inbox.get())
+                await self.session.receive(message)
             except SlowConsumer:
                 self.ended.set()
                 return
 
     async def _write_events(self, channel: RTCDataChannel) -> None:
-        while channel.readyState == "connecting":
-            await asyncio.sleep(0.01)
-        while (wire := await self.session.outbox.next()) is not None:
-            if channel.readyState != "open":
-                break
-            channel.send(wire)
-        self.ended.set()  # the outbox closed: the session is over (or its client stopped reading)
+        try:
+            while channel.readyState == "connecting":
+                await asyncio.sleep(0.01)
+            while (wire := await self.session.outbox.next()) is not None:
+                if channel.readyState != "open":
+                    break
+                channel.send(wire)
+        except Exception:
+            log.exception("call %s: sending its events failed", self.id)
+        finally:
+            # The outbox closed (the session is over, or its client stopped reading) or sending
+            # failed: either way the call ends rather than going on mute.
+            self.ended.set()
 
     def attach_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.reader is not None:
