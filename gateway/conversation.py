@@ -59,6 +59,11 @@ class Item:
         self.audio_ms_sent = heard_ms
         return text
 
+    def size_bytes(self) -> int:
+        """The text it holds, UTF-8: what a conversation's byte bound counts."""
+        texts = [part.get("text") or part.get("transcript") or "" for part in self.content]
+        return sum(len(t.encode("utf-8", "surrogatepass")) for t in (*texts, self.arguments or "", self.output or ""))
+
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
         if self.type == "message":
@@ -98,9 +103,14 @@ def item_from_param(param: ItemParam) -> Item:
 
 
 class Conversation:
-    def __init__(self, conversation_id: str | None = None) -> None:
+    """Bounded: at most ``max_items`` items and ``max_bytes`` of their text (one client cannot hold the
+    process's memory); an item over either bound is refused with ``conversation_full``."""
+
+    def __init__(self, conversation_id: str | None = None, *, max_items: int = 2000,
+                 max_bytes: int = 8 << 20) -> None:
         self.id = conversation_id or new_id("conv")
         self._items: list[Item] = []
+        self.max_items, self.max_bytes = max_items, max_bytes
 
     @property
     def items(self) -> list[Item]:
@@ -113,6 +123,14 @@ class Conversation:
         """Insert after `previous_item_id` (None: at the end; "root": first). Returns the id before it."""
         if any(existing.id == item.id for existing in self._items):
             raise invalid_value(f"An item with id '{item.id}' already exists.", "item.id")
+        if len(self._items) >= self.max_items:
+            raise ApiError("conversation_full", f"The conversation holds its maximum of {self.max_items} items; "
+                           "delete some (conversation.item.delete) to add more.", "item")
+        held = sum(existing.size_bytes() for existing in self._items)
+        if held + item.size_bytes() > self.max_bytes:
+            raise ApiError("conversation_full", f"The item's {item.size_bytes()} bytes of text would take the "
+                           f"conversation past its {self.max_bytes}-byte bound ({held} held); delete items to add "
+                           "more.", "item")
         if previous_item_id is None:
             index = len(self._items)
         elif previous_item_id == "root":

@@ -82,7 +82,7 @@ class VoicePipeline:
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
-        self._task = asyncio.create_task(self._run(), name=f"voice {session.id}")
+        self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session.id}")
         self._idle_since = now()
 
     # -- configuration ----------------------------------------------------------------------
@@ -151,6 +151,10 @@ class VoicePipeline:
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=5)
+        # A cancelled task keeps its CancelledError, whose traceback holds the task's frame and so
+        # this pipeline: let the tasks go, or that cycle keeps the pipeline (and its session) alive.
+        self._jobs.clear()
+        self._task = None
 
     async def _drain_queue(self) -> None:
         """Wait until the processing task has taken in the audio already queued."""

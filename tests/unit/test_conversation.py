@@ -97,3 +97,18 @@ def test_chat_messages_keep_order_and_instructions() -> None:
         ("user", "hi"),
         ("assistant", "The capital is Paris. It is big."),
     ]
+
+
+def test_items_and_bytes_are_bounded() -> None:
+    conversation = Conversation(max_items=3, max_bytes=10)
+    conversation.add(user("héllo"))  # 6 bytes of UTF-8
+    with pytest.raises(ApiError, match="10-byte bound") as full:
+        conversation.add(user("world"))  # 6 + 5 > 10
+    assert full.value.code == "conversation_full" and len(conversation) == 1
+    conversation.add(user("abc"))
+    conversation.add(user("d"))
+    with pytest.raises(ApiError, match="maximum of 3 items"):
+        conversation.add(user("e"))
+    conversation.delete(conversation.items[0].id)  # room again once the client deletes
+    conversation.add(user("f"))
+    assert len(conversation) == 3
