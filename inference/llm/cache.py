@@ -211,6 +211,20 @@ class PrefixCache:
         if node is not None and node.pins > 0:
             node.pins -= 1
 
+    def release(self, node: RadixNode | None) -> int:
+        """Unpin ``node`` and drop the KV only its owner used: the node, if nothing is cached below it
+        and nothing else pins it, and its ancestors that are left the same way, up to the first one
+        that other sequences branch from (a shared prefix stays). Returns the bytes freed."""
+        self.unpin(node)
+        freed = 0
+        while (node is not None and node is not self.root and node.parent is not None and not node.children
+               and node.pins == 0):
+            parent = node.parent
+            freed += node.nbytes
+            self._remove_leaf(node)
+            node = parent
+        return freed
+
     def is_cached(self, node: RadixNode) -> bool:
         """Whether ``node`` is still in the tree (not evicted)."""
         while node.parent is not None:

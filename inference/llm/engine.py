@@ -15,7 +15,7 @@ only enqueue); one scheduler thread owns the model, the KV buffers and the prefi
 
 A request that finishes (any reason) leaves the KV of its prompt + generated tokens in the prefix cache.
 With a ``conversation_id`` that KV is also pinned for the conversation until its next request or
-:meth:`LLMEngine.end_conversation`. Reuse is always by token content (longest common prefix), so a
+:meth:`LLMEngine.end_conversation`, which drops what only that conversation used (shared prefixes stay). Reuse is always by token content (longest common prefix), so a
 truncated conversation reuses exactly the KV of the kept tokens and recomputes the rest.
 """
 
@@ -214,7 +214,7 @@ class LLMEngine:
         self._active: list[_Request] = []
         self._pins: dict[str, RadixNode] = {}
         # Conversations ended while a request of theirs was still queued or running: that request's
-        # KV is cached when it finishes, but not pinned again (the pin would never be released).
+        # KV is not cached when it finishes (a pin would never be released, and nobody will reuse it).
         self._ended_in_flight: set[str] = set()
         self._conv_ops: deque[tuple[str, str]] = deque()  # (op, conversation_id) done on the scheduler thread
         self._thread: threading.Thread | None = None
@@ -365,7 +365,10 @@ class LLMEngine:
         return fut
 
     def end_conversation(self, conversation_id: str) -> None:
-        """Unpin the conversation's KV (it stays cached as an ordinary LRU entry)."""
+        """The conversation is over (its session closed): unpin its KV and drop the part no other
+        sequence shares, which nobody will ask for again (it had filled the cache's budget with dead
+        conversations and evicted shared prefixes instead). A request of it still running caches
+        nothing when it stops."""
         with self._cond:
             self._conv_ops.append(("end", conversation_id))
             self._cond.notify_all()
@@ -449,8 +452,7 @@ class LLMEngine:
                     return
                 op, conv = self._conv_ops.popleft()
             if op == "end":
-                node = self._pins.pop(conv, None)
-                self.cache.unpin(node)
+                self.cache.release(self._pins.pop(conv, None))
                 with self._lock:
                     in_flight = any(r.conversation_id == conv for r in (*self._queue, *self._active))
                 if in_flight:
@@ -762,9 +764,9 @@ class LLMEngine:
             if not others:
                 self._ended_in_flight.discard(conv)  # its last request: nothing more to keep unpinned
         try:
-            if computed > 0:
-                node = self._cache_insert(req, computed, pin=conv is not None and not ended)
-                if conv is not None and not ended:
+            if computed > 0 and not ended:
+                node = self._cache_insert(req, computed, pin=conv is not None)
+                if conv is not None:
                     old = self._pins.pop(req.conversation_id, None)
                     if node is not None:
                         self._pins[req.conversation_id] = node

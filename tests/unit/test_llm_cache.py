@@ -124,3 +124,27 @@ def test_snapshot_keys():
               "cache_bytes", "cache_nodes"):
         assert k in s
     assert s["cache_hits"] == 1 and s["cache_miss_tokens"] == 1 and s["cache_bytes"] == 2 * BYTES_PER_TOKEN
+
+
+def test_release_drops_only_what_the_sequence_alone_used():
+    c = make()
+    shared = [1, 2, 3, 4]
+    a = c.insert(shared + [10, 11], source(shared + [10, 11]), pin=True)
+    b = c.insert(shared + [20, 21], source(shared + [20, 21]), pin=True)
+    a_longer = c.insert(shared + [10, 11, 12, 13], source(shared + [10, 11, 12, 13]), pin=True)  # a's next turn
+    c.unpin(a)  # as the engine does when a conversation's next request pins its longer sequence
+    before = c.bytes_used
+    assert c.release(a_longer) == 4 * BYTES_PER_TOKEN  # a's own tokens [10..13], not the shared prefix
+    assert c.bytes_used == before - 4 * BYTES_PER_TOKEN
+    assert c.match(shared + [20, 21]).length == 6  # b is untouched
+    assert c.match(shared + [10]).length == 4  # the shared prefix stays
+    # b, the last user of the prefix, releases it all; a pinned node would have stopped it.
+    assert c.release(b) == 6 * BYTES_PER_TOKEN and c.bytes_used == 0
+    assert c.release(None) == 0
+
+
+def test_release_keeps_a_node_another_pin_holds():
+    c = make()
+    node = c.insert([1, 2, 3], source([1, 2, 3]), pin=True)
+    c.pin(node)  # two holders
+    assert c.release(node) == 0 and c.match([1, 2, 3]).length == 3
