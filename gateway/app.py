@@ -137,4 +137,5 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
         task.cancel()
     if svc.background:
         await asyncio.wait(svc.background, timeout=5)
+    await svc.runtime.heap.close()
     await asyncio.to_thread(svc.runtime.close)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gateway import metrics
 from gateway.config import Settings
+from gateway.heap import HeapTrimmer
 from inference.models import ModelPaths, resolve_device, resolve_model_paths
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class Runtime:
     vad_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
     )
+    # Open sessions, and the heap given back once none is left (the app's shutdown closes it).
+    heap: HeapTrimmer = field(default_factory=HeapTrimmer)
 
     @property
     def voice_ready(self) -> bool:

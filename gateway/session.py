@@ -99,6 +99,7 @@ class RealtimeSession:
 
     def start(self) -> None:
         metrics.ACTIVE_SESSIONS.labels(self.transport).inc()
+        self.runtime.heap.opened()
         if self.runtime.asr is not None:
             self.voice = VoicePipeline(self)
         self.on_config_changed()
@@ -112,6 +113,7 @@ class RealtimeSession:
             return
         self._closed = True
         metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
+        self.runtime.heap.closed()
         self.outbox.close()
         if self.active is not None:
             await self._stop_active(self.active)

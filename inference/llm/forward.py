@@ -17,7 +17,6 @@ memory is duplicated.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..memory import return_freed_memory
 from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
 from .layer_stack import LayerStack, LayerWeights
 from .threads import one_intra_op_thread
@@ -407,16 +407,6 @@ def resolve_kernels(requested: str) -> str:
     return requested
 
 
-def _return_freed_memory() -> None:
-    """Hand glibc's free heap pages back to the system: tensors this size are not always mmapped of
-    their own (glibc's threshold for that grows as large blocks are freed), so freeing them would not
-    lower the process's memory. Elsewhere (no glibc) a no-op."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 class LeanForward:
     """Ragged-batch forward over a Llama-family ``*ForCausalLM`` model's own weights.
 
@@ -634,7 +624,7 @@ class LeanForward:
                 m._lean_fused = None
                 m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
         self.model._lean_released = True
-        _return_freed_memory()
+        return_freed_memory()
         return freed
 
     # -- KV -----------------------------------------------------------------------------------------------
