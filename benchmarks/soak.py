@@ -1,0 +1,194 @@
+"""Soak: many Realtime sessions with staggered turns, then many that open, fill and close; prints JSON.
+
+    python -m benchmarks.soak [--sessions 200] [--seconds 60] [--churn 200] [--item-mib 1] [--url URL --pid PID]
+
+It starts a gateway with its defaults, voice models loaded (or measures the one at ``--url``, whose process ``--pid`` is read from
+/proc), warms it with one turn, then:
+1. ``--sessions`` WebSocket sessions for ``--seconds``: each asks a short question (8 tokens), waits
+   for the reply, pauses a random ``--think-s`` (2-10 s) and asks again (engine overload, 429
+   ``server_overloaded``, counts as an error); turns that did not complete, errors, and the
+   first text delta's latency (p50, p95);
+2. ``--churn`` sessions, 20 at a time, that each add 3 items of ``--item-mib`` MiB of text and close.
+The gateway's RSS, open file descriptors, threads and pinned conversations are read before (after the
+warm-up), during phase 1, after phase 1 and after phase 2 (once it has settled for 3 s); the report
+gives each against the start. All traffic stays on loopback; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import websockets
+
+from benchmarks.voice_server import GatewayProcess
+
+MODEL = "smollm2-135m-instruct"
+QUESTIONS = ["What is the capital of France?", "Name a colour.", "What is 2+2?", "Say hello."]
+
+
+def process_figures(pid: int, url: str) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+    threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    pinned = re.search(r"^gateway_engine_conversations_pinned (\S+)", metrics, flags=re.M)
+    return {"rss_mb": round(rss_kb / 1024, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads,
+            "conversations_pinned": float(pinned.group(1)) if pinned else -1.0}
+
+
+async def turn(ws, question: str) -> float:
+    """One text turn; the first delta's latency from the response.create."""
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}}))
+    sent = time.monotonic()
+    await ws.send(json.dumps({"type": "response.create"}))
+    first = None
+    error = None
+    while True:
+        try:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 120 if error is None else 2))
+        except TimeoutError:
+            raise RuntimeError(error) from None  # refused before any response started
+        if event["type"] == "error":
+            error = event["error"]["code"]  # a response may still follow (and must end) before the next turn
+        if event["type"] == "response.output_text.delta" and first is None:
+            first = time.monotonic() - sent
+        if event["type"] == "response.done":
+            response = event["response"]
+            if response["status"] not in ("completed", "incomplete") or first is None:
+                details = response.get("status_details") or {}
+                reason = (details.get("error") or {}).get("code") or details.get("reason") or response["status"]
+                raise RuntimeError(f"response {response['status']}: {reason}")
+            return first
+
+
+async def open_session(ws_url: str):
+    ws = await websockets.connect(f"{ws_url}/v1/realtime?model={MODEL}", max_size=None, open_timeout=60)
+    await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
+                                                                     "max_output_tokens": 8}}))
+    while json.loads(await ws.recv())["type"] != "session.updated":
+        pass
+    return ws
+
+
+async def talker(ws_url: str, deadline: float, think_s: tuple[float, float], rng: random.Random,
+                 latencies: list[float], counts: dict) -> None:
+    await asyncio.sleep(rng.uniform(0, think_s[1]))  # staggered starts
+    try:
+        ws = await open_session(ws_url)
+    except Exception:
+        counts["connect_errors"] += 1
+        return
+    try:
+        while time.monotonic() < deadline:
+            counts["turns"] += 1
+            try:
+                latencies.append(await turn(ws, rng.choice(QUESTIONS)))
+                counts["completed"] += 1
+            except Exception as exc:
+                counts["errors"] += 1
+                counts.setdefault("error_kinds", {}).setdefault(str(exc)[:60], 0)
+                counts["error_kinds"][str(exc)[:60]] += 1
+                if isinstance(exc, websockets.ConnectionClosed):
+                    return
+            await asyncio.sleep(rng.uniform(*think_s))
+    finally:
+        await ws.close()
+
+
+async def churner(ws_url: str, item_mib: float, counts: dict) -> None:
+    text = "x" * int(item_mib * (1 << 20))
+    ws = await open_session(ws_url)
+    try:
+        for _ in range(3):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+            while (event := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] not in ("conversation.item.done",
+                                                                                                "error"):
+                pass
+            counts["items" if event["type"] != "error" else "item_errors"] += 1
+    finally:
+        await ws.close()
+
+
+async def soak(args, url: str, ws_url: str, pid: int) -> dict:
+    ws = await open_session(ws_url)  # warm-up: the first turn's one-off allocations
+    await turn(ws, QUESTIONS[0])
+    await ws.close()
+    await asyncio.sleep(2)
+    figures = {"start": process_figures(pid, url)}
+    rng = random.Random(1)
+    latencies: list[float] = []
+    counts = {"turns": 0, "completed": 0, "errors": 0, "connect_errors": 0}
+    deadline = time.monotonic() + args.seconds
+    talkers = [asyncio.create_task(talker(ws_url, deadline, tuple(args.think_s), rng, latencies, counts))
+               for _ in range(args.sessions)]
+    await asyncio.sleep(args.seconds / 2)
+    figures["during_sessions"] = process_figures(pid, url)
+    await asyncio.wait_for(asyncio.gather(*talkers), args.seconds + 180)
+    await asyncio.sleep(3)
+    figures["after_sessions"] = process_figures(pid, url)
+    churn = {"items": 0, "item_errors": 0}
+    limit = asyncio.Semaphore(20)
+
+    async def bounded() -> None:
+        async with limit:
+            await churner(ws_url, args.item_mib, churn)
+
+    await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(args.churn))), 900)
+    await asyncio.sleep(3)
+    figures["after_churn"] = process_figures(pid, url)
+    start = figures["start"]
+    return {
+        "sessions": args.sessions, "seconds": args.seconds, "think_s": args.think_s, **counts,
+        "error_rate": round(counts["errors"] / max(1, counts["turns"]), 4),
+        "first_delta_s": {"p50": round(statistics.median(latencies), 3),
+                          "p95": round(statistics.quantiles(latencies, n=20)[-1], 3)} if len(latencies) > 1 else None,
+        "churn_sessions": args.churn, "churn_items_added": churn["items"], "churn_item_errors": churn["item_errors"],
+        "process": figures,
+        "after_churn_vs_start": {k: round(figures["after_churn"][k] / start[k], 3) if start[k] else None
+                                 for k in ("rss_mb", "open_fds", "threads")},
+        "pinned_after_churn": figures["after_churn"]["conversations_pinned"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--think-s", type=float, nargs=2, default=(2.0, 10.0), metavar=("MIN", "MAX"),
+                    help="a session's pause between its turns, drawn uniformly")
+    ap.add_argument("--churn", type=int, default=200)
+    ap.add_argument("--item-mib", type=float, default=1.0)
+    ap.add_argument("--text-only", action="store_true", help="start the gateway without its voice models")
+    ap.add_argument("--url", help="a running gateway (http://127.0.0.1:PORT) instead of starting one")
+    ap.add_argument("--pid", type=int, help="with --url: its process id, for RSS, descriptors and threads")
+    args = ap.parse_args(argv)
+    if args.url:
+        if args.pid is None:
+            ap.error("--url needs --pid")
+        report = asyncio.run(soak(args, args.url, args.url.replace("http", "ws", 1), args.pid))
+    else:
+        with tempfile.TemporaryDirectory(prefix="gw-soak-") as tmp:
+            extra = ["--no-load-voice-models"] if args.text_only else []
+            gateway = GatewayProcess(Path(tmp) / "gateway.log", args=extra).start()
+            try:
+                gateway.wait_ready(timeout_s=600)
+                report = asyncio.run(soak(args, gateway.url, gateway.ws_url, gateway.process.pid))
+            finally:
+                gateway.stop()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
