@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import metrics
+from gateway import metrics, openapi
 from gateway.config import Settings
+from gateway.http_bodies import BodySizeLimit
+from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
 from gateway.transports import chat_http, client_secrets, realtime_ws, webrtc
@@ -27,20 +30,12 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
-def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    all_headers = dict(headers or {})
-    all_headers.update(error.headers or {})
-    if error.retry_after_s is not None:
-        all_headers["retry-after"] = str(max(1, round(error.retry_after_s)))
-    metrics.ERRORS.labels("http", error.code).inc()
-    return JSONResponse({"error": error.body()}, status_code=error.status, headers=all_headers)
-
-
 class RequestIdMiddleware:
-    """Echo X-Request-ID (or make one) on every HTTP response, and count requests by status."""
+    """Echo X-Request-ID (or make one) on every HTTP response, and count requests by route and status."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,15 +43,23 @@ class RequestIdMiddleware:
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"")
         request_id = incoming.decode("latin-1")[:128] if incoming else "req_" + secrets.token_hex(12)
-        route = scope["path"] if scope["path"].startswith("/v1/") else "other"
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
-                metrics.HTTP_REQUESTS.labels(route, str(message["status"])).inc()
+                metrics.HTTP_REQUESTS.labels(route_label(scope, self.routes), str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def route_label(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """The matched route's template, never the client's path: /metrics gets one series per route
+    (`unmatched` for every 404), not one per path a client makes up."""
+    route = scope.get("route")
+    if route is None:  # answered before routing (a 413 on its Content-Length): match it here
+        route = next((candidate for candidate in routes if candidate.matches(scope)[0] == Match.FULL), None)
+    return str(getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched")
 
 
 def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
@@ -73,7 +76,10 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
     app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
-    app.add_middleware(RequestIdMiddleware)
+    # The body limit sits inside the request ids, so that its 413s get an id and are counted too.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestIdMiddleware, routes=app.router.routes)
+    openapi.install(app)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

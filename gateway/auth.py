@@ -22,6 +22,7 @@ class Principal:
 
     key_id: str
     ephemeral_session: dict[str, Any] | None = None
+    secret: str | None = None  # the client secret it came with, spent when its session opens (`spend`)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class _ClientSecret:
 @dataclass
 class Authenticator:
     api_keys: list[str]
+    max_secrets_per_key: int  # outstanding (minted, neither used nor expired) client secrets
     _secrets: dict[str, _ClientSecret] = field(default_factory=dict)
 
     @property
@@ -43,7 +45,7 @@ class Authenticator:
     def authenticate(self, token: str | None, *, allow_ephemeral: bool = False) -> Principal:
         """Check a bearer token. With no keys configured every caller is anonymous and allowed."""
         if token and allow_ephemeral and token.startswith(EPHEMERAL_PREFIX):
-            return self._redeem(token)
+            return self._look_up(token)
         if not self.enabled:
             return Principal("anonymous")
         if not token:
@@ -55,18 +57,32 @@ class Authenticator:
 
     def mint(self, owner: Principal, session: dict[str, Any], ttl_s: float) -> tuple[str, float]:
         self._forget_expired()
+        outstanding = [secret.expires_at for secret in self._secrets.values() if secret.owner == owner.key_id]
+        if len(outstanding) >= self.max_secrets_per_key:
+            raise ApiError(
+                "too_many_client_secrets",
+                f"This key has {len(outstanding)} unused client secrets, its maximum; retry when one is used or expires.",
+                type="rate_limit_error",
+                status=429,
+                retry_after_s=min(outstanding) - time.time(),
+            )
         value = EPHEMERAL_PREFIX + secrets.token_urlsafe(24)
         expires_at = time.time() + ttl_s
         self._secrets[value] = _ClientSecret(session=session, expires_at=expires_at, owner=owner.key_id)
         return value, expires_at
 
-    def _redeem(self, token: str) -> Principal:
-        """A client secret opens exactly one session, before it expires."""
+    def spend(self, principal: Principal) -> None:
+        """A client secret opens exactly one session: it is spent when that session opens, not before,
+        so that a request that fails (a bad SDP offer, a full gateway) leaves it usable."""
+        if principal.secret is not None and self._secrets.pop(principal.secret, None) is None:
+            raise _unauthorized("The client secret was used by another request meanwhile.")
+
+    def _look_up(self, token: str) -> Principal:
         self._forget_expired()
-        secret = self._secrets.pop(token, None)
+        secret = self._secrets.get(token)
         if secret is None:
             raise _unauthorized("The client secret is unknown, expired or already used.")
-        return Principal(key_id=secret.owner, ephemeral_session=secret.session)
+        return Principal(key_id=secret.owner, ephemeral_session=secret.session, secret=token)
 
     def _forget_expired(self) -> None:
         now = time.time()

@@ -9,7 +9,10 @@ import uvicorn
 from pydantic import BaseModel
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
+from gateway import log_redaction
 from gateway.config import Settings, is_loopback
+from gateway.http_server import guarded_protocol
+from gateway.log_redaction import RedactKeys
 
 log = logging.getLogger("gateway")
 
@@ -34,6 +37,8 @@ class Gateway(BaseModel):
 
 def serve(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    redact = RedactKeys(settings.api_keys)
+    log_redaction.install(redact)
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(
@@ -53,11 +58,13 @@ def serve(settings: Settings) -> None:
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(settings.http_head_timeout_s),  # httptools, with a deadline on request heads
         ws="websockets-sansio",
         # Bigger than the event cap, so an oversized event gets an `error` event rather than a close.
         ws_max_size=settings.max_event_bytes + 1024 * 1024,
         log_level=settings.log_level,
+        log_config=log_redaction.uvicorn_log_config(redact),
+        timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
 

@@ -123,7 +123,33 @@ class Settings(BaseSettings):
     max_input_audio_seconds: float = Field(
         120.0, gt=0, description="Cap on the un-committed input audio buffer of a Realtime session."
     )
+    max_conversation_items: int = Field(
+        2000, ge=1, description="Most items a Realtime session's conversation holds; past it, conversation_full."
+    )
+    max_conversation_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024,
+        description="Most bytes of text (UTF-8) a Realtime session's conversation holds; past it, conversation_full.",
+    )
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
+    max_sessions: int = Field(
+        256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) open at once; past it, 429."
+    )
+    max_sessions_per_key: int = Field(
+        256,
+        ge=1,
+        description="Most sessions one API key (with its client secrets) has open at once; past it, 429. Lower it "
+        "when several keys share the gateway, so that one cannot take every session.",
+    )
+    max_client_secrets_per_key: int = Field(
+        128, ge=1, description="Most client secrets one API key has minted and not yet used (nor seen expire); past it, 429."
+    )
+    http_keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive HTTP connection is closed after this long.")
+    http_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this long of the connection being ready for "
+        "them (opened, or done with its previous request), or it is closed.",
+    )
     idempotency_ttl_s: float = Field(600.0, gt=0, description="How long Idempotency-Key answers are kept.")
 
     # WebRTC

@@ -106,8 +106,7 @@ class Conversation:
     """Bounded: at most ``max_items`` items and ``max_bytes`` of their text (one client cannot hold the
     process's memory); an item over either bound is refused with ``conversation_full``."""
 
-    def __init__(self, conversation_id: str | None = None, *, max_items: int = 2000,
-                 max_bytes: int = 8 << 20) -> None:
+    def __init__(self, *, max_items: int, max_bytes: int, conversation_id: str | None = None) -> None:
         self.id = conversation_id or new_id("conv")
         self._items: list[Item] = []
         self.max_items, self.max_bytes = max_items, max_bytes

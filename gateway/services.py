@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
 from gateway.idempotency import IdempotencyStore
-from gateway.protocol.errors import ApiError
+from gateway.protocol.errors import ApiError, overloaded
 from gateway.ratelimit import RateLimiter
 from gateway.runtime import Runtime
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
     from gateway.transports.webrtc import Call
+
+# A session bound frees up when some session ends: there is no telling when, so a guess.
+SESSION_RETRY_S = 5.0
 
 
 @dataclass
@@ -25,7 +28,8 @@ class Services:
     auth: Authenticator
     limiter: RateLimiter
     idempotency: IdempotencyStore
-    sessions: set[RealtimeSession] = field(default_factory=set)
+    # Live Realtime sessions (WebSocket and WebRTC) and the key that opened each: see open_session.
+    sessions: dict[RealtimeSession, str] = field(default_factory=dict)
     calls: dict[str, Call] = field(default_factory=dict)  # live WebRTC calls by id
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -35,7 +39,7 @@ class Services:
         return cls(
             settings=settings,
             runtime=runtime or Runtime(settings),
-            auth=Authenticator(list(settings.api_keys)),
+            auth=Authenticator(list(settings.api_keys), max_secrets_per_key=settings.max_client_secrets_per_key),
             limiter=RateLimiter(settings.rate_limit_rpm),
             idempotency=IdempotencyStore(settings.idempotency_ttl_s),
         )
@@ -44,6 +48,32 @@ class Services:
         """Authenticate and rate-limit one request; returns the caller and the rate-limit headers."""
         principal = self.auth.authenticate(bearer_token(authorization), allow_ephemeral=allow_ephemeral)
         return principal, self.limiter.check(principal.key_id)
+
+    def check_session_room(self, key_id: str) -> None:
+        """429 when the gateway (--max-sessions) or this key (--max-sessions-per-key) has no room for
+        another session."""
+        limit = self.settings.max_sessions
+        if len(self.sessions) >= limit:
+            raise overloaded(f"The gateway has its maximum of {limit} sessions open; retry later.", SESSION_RETRY_S)
+        per_key = self.settings.max_sessions_per_key
+        if sum(1 for owner in self.sessions.values() if owner == key_id) >= per_key:
+            raise ApiError(
+                "too_many_sessions",
+                f"This key has its maximum of {per_key} sessions open; close one or retry later.",
+                type="rate_limit_error",
+                status=429,
+                retry_after_s=SESSION_RETRY_S,
+            )
+
+    def open_session(self, session: RealtimeSession, principal: Principal) -> None:
+        """Count a new session in and spend the client secret that opened it, all or nothing. Nothing
+        here awaits, so concurrent requests cannot pass a bound between the check and the count."""
+        self.check_session_room(principal.key_id)
+        self.auth.spend(principal)
+        self.sessions[session] = principal.key_id
+
+    def close_session(self, session: RealtimeSession) -> None:
+        self.sessions.pop(session, None)
 
     def require_model(self, model: str, param: str = "model") -> None:
         if model != self.settings.model_name:

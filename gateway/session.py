@@ -73,7 +73,8 @@ class RealtimeSession:
         self.speech_factory = speech_factory
         self.id = new_id("sess")
         self.outbox = Outbox()
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_items=settings.max_conversation_items,
+                                         max_bytes=settings.max_conversation_bytes)
         self.active: ActiveResponse | None = None
         self.pending_marks: TurnMarks | None = None  # set by the voice path for the next response
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
@@ -334,7 +335,8 @@ class RealtimeSession:
         writes_conversation = params.conversation != "none"
         context = self.conversation
         if params.input is not None:
-            context = Conversation()
+            context = Conversation(max_items=self.settings.max_conversation_items,
+                                   max_bytes=self.settings.max_conversation_bytes)
             for param in params.input:
                 context.add(item_from_param(param))
         if not len(context):

@@ -8,16 +8,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.protocol.validation import Temperature
 from inference.llm.chat import ChatMessage
+
+INT32_MAX = 2**31 - 1  # counts of tokens: far past any context, never an overflow downstream
+# Strict: `"stream": "yes"`, `"n": "1"` or `"temperature": true` are refused, not coerced.
+STRICT = ConfigDict(strict=True)
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class MessageParam(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -44,23 +50,24 @@ class MessageParam(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str
     messages: list[MessageParam] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: Temperature | None = None
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # not in OpenAI's API; accepted like vLLM does
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # not in OpenAI's API; accepted like vLLM does
     repetition_penalty: float | None = Field(None, ge=1.0, le=2.0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's
     n: int = Field(1, ge=1, le=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None

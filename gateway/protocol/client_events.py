@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from gateway.protocol.session_config import FunctionTool, OutputModality, check_max_output_tokens
+from gateway.protocol.validation import Temperature
 
 
 class _Event(BaseModel):
@@ -102,7 +103,7 @@ class ResponseParams(BaseModel):
     instructions: str | None = None
     output_modalities: list[OutputModality] | None = Field(None, min_length=1, max_length=1)
     max_output_tokens: int | Literal["inf"] | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: Temperature | None = None
     conversation: Literal["auto", "none"] | str = "auto"
     input: list[ItemParam] | None = None
     metadata: dict[str, str] | None = None

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from gateway.protocol.client_events import CLIENT_EVENT_ADAPTER, CLIENT_EVENT_TYPES, ITEM_TYPES, ClientEvent
 from gateway.protocol.errors import ApiError
+from gateway.protocol.json_input import decode_json
 from gateway.protocol.validation import api_error_from_validation
 
 UNION_TAGS = CLIENT_EVENT_TYPES | ITEM_TYPES
-# A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def decode_client_event(raw: str | bytes, *, max_bytes: int) -> ClientEvent:
@@ -42,28 +40,6 @@ def decode_client_event(raw: str | bytes, *, max_bytes: int) -> ClientEvent:
         error = api_error_from_validation(exc, union_tags=UNION_TAGS)
         error.event_id = event_id
         raise error from None
-
-
-def decode_json(raw: str | bytes) -> Any:
-    """JSON text to Python, every malformed input an ApiError ``invalid_json``: bad syntax or UTF-8,
-    nesting deeper than the parser's recursion (RecursionError), integers of more digits than Python
-    converts (ValueError), and strings holding a lone UTF-16 surrogate, which no UTF-8 encoder (the
-    tokenizer's, the socket's) can write."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ApiError("invalid_json", f"The message is not valid JSON: {reason}.") from None
-    text = raw if isinstance(raw, str) else raw.decode("utf-8", "surrogatepass")
-    if _SURROGATE_ESCAPE.search(text):
-        try:
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ApiError("invalid_json", "The message holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
-                           "escape), which is not text.") from None
-        except RecursionError:  # nested within the parser's limit, but not the encoder's
-            raise ApiError("invalid_json", "The message is not valid JSON: it nests too deeply.") from None
-    return data
 
 
 def encode_server_event(event: dict[str, Any]) -> str:

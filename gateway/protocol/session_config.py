@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.protocol.errors import ApiError
-from gateway.protocol.validation import api_error_from_validation
+from gateway.protocol.validation import Temperature, api_error_from_validation
 
 MAX_OUTPUT_TOKENS = 4096
 
@@ -96,7 +96,7 @@ class SessionConfig(_Strict):
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     max_output_tokens: int | Literal["inf"] = "inf"
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    temperature: Temperature = 0.7
     tracing: Any = None
     truncation: Any = "auto"
     prompt: Any = None

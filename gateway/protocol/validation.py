@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, ValidationError
 
 from gateway.protocol.errors import ApiError
+
+# Below this a sampling temperature is greedy in all but exact ties, and dividing logits by it
+# overflows (5e-324 made them inf and the probabilities NaN): such a temperature samples greedily.
+MIN_SAMPLING_TEMPERATURE = 0.01
+
+
+def _greedy_below_minimum(value: float) -> float:
+    return 0.0 if value < MIN_SAMPLING_TEMPERATURE else value
+
+
+# A request's or a session's sampling temperature: 0 (greedy) or 0.01..2; (0, 0.01) means 0.
+Temperature = Annotated[float, Field(ge=0.0, le=2.0), AfterValidator(_greedy_below_minimum)]
 
 _MISSING = {"missing"}
 _TYPE_ERRORS = {

@@ -14,7 +14,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from gateway import metrics
+from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
+from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.validation import api_error_from_validation
@@ -34,14 +36,14 @@ def model_object(svc: Services) -> dict[str, Any]:
     return {"id": svc.settings.model_name, "object": "model", "created": 0, "owned_by": "realtime-gateway"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(401, 429))
 async def list_models(request: Request) -> JSONResponse:
     svc = services(request)
     _, headers = svc.authorize(request.headers.get("authorization"))
     return JSONResponse({"object": "list", "data": [model_object(svc)]}, headers=headers)
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(401, 404, 429))
 async def get_model(model_id: str, request: Request) -> JSONResponse:
     svc = services(request)
     _, headers = svc.authorize(request.headers.get("authorization"))
@@ -49,34 +51,19 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
     return JSONResponse(model_object(svc), headers=headers)
 
 
-async def read_json_body(request: Request, limit: int) -> tuple[bytes, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError("request_too_large", f"The body exceeds the {limit}-byte limit.", status=413)
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError("request_too_large", f"The body exceeds the {limit}-byte limit.", status=413)
-    try:
-        return body, json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError("invalid_json", f"The request body is not valid JSON: {exc}.") from None
-
-
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=json_body(ChatCompletionRequest),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 429, 503),
+)
 async def chat_completions(request: Request) -> Response:
     svc = services(request)
     principal, headers = svc.authorize(request.headers.get("authorization"))
-    body, payload = await read_json_body(request, svc.settings.max_request_bytes)
-    if not isinstance(payload, dict):
-        raise ApiError("invalid_request", "The request body must be a JSON object.")
+    body, payload = await read_json_object(request)
     try:
         chat = ChatCompletionRequest.model_validate(payload)
     except ValidationError as exc:
-        error = api_error_from_validation(exc)
-        error.status = 422 if error.code == "invalid_value" else 400
-        raise error from None
+        raise api_error_from_validation(exc) from None
     svc.require_model(chat.model)
     svc.require_ready()
 

@@ -2,37 +2,52 @@
 
 from __future__ import annotations
 
-import json
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.protocol.errors import ApiError
+from gateway.http_bodies import read_json_object
+from gateway.openapi import error_responses, json_body
 from gateway.protocol.session_config import SessionConfig, apply_session_update
+from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 
 router = APIRouter()
 
 
-@router.post("/v1/realtime/client_secrets")
+class ExpiresAfter(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int = Field(ge=10, le=7200)
+
+
+class ClientSecretRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    expires_after: ExpiresAfter | None = None
+    session: dict[str, Any] | None = Field(
+        None, description="A Realtime session object (as in session.update) that the key's session starts with."
+    )
+
+
+@router.post(
+    "/v1/realtime/client_secrets",
+    openapi_extra=json_body(ClientSecretRequest, required=False),  # an empty body is {}
+    responses=error_responses(400, 401, 404, 413, 429),
+)
 async def mint_client_secret(request: Request) -> JSONResponse:
     """A short-lived token that opens one Realtime session with the given configuration."""
     svc: Services = request.app.state.services
     principal, headers = svc.authorize(request.headers.get("authorization"))
-    body = await request.body()
+    _, payload = await read_json_object(request, empty={})
     try:
-        payload = json.loads(body) if body else {}
-    except json.JSONDecodeError:
-        raise ApiError("invalid_json", "The request body is not valid JSON.") from None
-    if not isinstance(payload, dict):
-        raise ApiError("invalid_request", "The request body must be a JSON object.")
-    ttl = svc.settings.client_secret_ttl_s
-    expires_after = payload.get("expires_after")
-    if isinstance(expires_after, dict) and isinstance(expires_after.get("seconds"), int):
-        ttl = min(max(10, expires_after["seconds"]), 7200)
-    session_update = payload.get("session") or {}
-    session_update = {key: value for key, value in session_update.items() if key != "type"} if isinstance(session_update, dict) else session_update
-    if isinstance(session_update, dict) and "model" in session_update:
+        body = ClientSecretRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise api_error_from_validation(exc) from None
+    ttl = body.expires_after.seconds if body.expires_after else svc.settings.client_secret_ttl_s
+    session_update = {key: value for key, value in (body.session or {}).items() if key != "type"}
+    if "model" in session_update:
         svc.require_model(str(session_update["model"]), "session.model")
     # Validate now, so a bad configuration fails here and not when the browser connects.
     session = apply_session_update(SessionConfig(model=svc.settings.model_name), session_update, param="session")

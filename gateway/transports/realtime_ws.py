@@ -31,6 +31,9 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     accept_subprotocol = "realtime" if "realtime" in subprotocols else None
+    # Accepted first: a refusal is said in an `error` event (clients show it), then the close; and
+    # nothing awaits between the session bounds' check and the session's count (open_session).
+    await websocket.accept(subprotocol=accept_subprotocol)
     try:
         principal = svc.auth.authenticate(token, allow_ephemeral=True)
         svc.limiter.check(principal.key_id)
@@ -38,21 +41,18 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         if model is not None:
             svc.require_model(model)
         svc.require_ready()
+        session = RealtimeSession(
+            svc.runtime,
+            svc.settings,
+            transport="websocket",
+            speech_factory=WebSocketSpeech.create,
+            initial_config=principal.ephemeral_session,
+        )
+        svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
     except ApiError as error:
-        # Accept, say why in an `error` event (clients show it), then close.
-        await websocket.accept(subprotocol=accept_subprotocol)
         await websocket.send_json({"type": "error", "event_id": None, "error": error.body()})
         await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)
         return
-    await websocket.accept(subprotocol=accept_subprotocol)
-    session = RealtimeSession(
-        svc.runtime,
-        svc.settings,
-        transport="websocket",
-        speech_factory=WebSocketSpeech.create,
-        initial_config=principal.ephemeral_session,
-    )
-    svc.sessions.add(session)
     session.start()
     writer = asyncio.create_task(_write_events(websocket, session), name=f"ws writer {session.id}")
     try:
@@ -60,7 +60,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     except SlowConsumer as exc:
         log.warning("closing session %s: %s", session.id, exc)
     finally:
-        svc.sessions.discard(session)
+        svc.close_session(session)
         await session.close()
         await _drain(writer)
         if websocket.application_state == WebSocketState.CONNECTED:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import re
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +20,17 @@ from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from gateway.auth import bearer_token
 from gateway.config import Settings
 from gateway.conversation import new_id
+from gateway.http_bodies import read_body
+from gateway.openapi import error_responses, request_body
 from gateway.outbox import SlowConsumer
 from gateway.protocol.errors import ApiError
+from gateway.protocol.json_input import decode_json
 from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.speech_out import PlayoutSpeech
@@ -93,7 +98,7 @@ class Call:
             if self.connected.is_set():
                 await self.ended.wait()
         finally:
-            services.sessions.discard(self.session)
+            services.close_session(self.session)
             services.calls.pop(self.id, None)
             if self.reader is not None:
                 await self.reader.close()
@@ -170,32 +175,83 @@ def _validate_offer(sdp: str) -> None:
 
 async def _read_offer(request: Request) -> tuple[str, dict[str, Any] | None]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    body = await request.body()
-    if len(body) > MAX_SDP_BYTES:
-        raise ApiError("request_too_large", f"The offer exceeds {MAX_SDP_BYTES} bytes.", status=413)
+    if content_type not in ("application/sdp", "multipart/form-data"):
+        raise ApiError("unsupported_media_type", "Send the offer as application/sdp (or multipart with 'sdp').", status=415)
+    body = await read_body(request, MAX_SDP_BYTES)
     if content_type == "application/sdp":
         return body.decode("utf-8", errors="replace"), None
-    if content_type == "multipart/form-data":
-        form = await request.form()
-        sdp = form.get("sdp")
-        session = form.get("session")
-        if not isinstance(sdp, str):
-            raise ApiError("missing_required_parameter", "Missing form field 'sdp'.", "sdp")
+    return await _read_form(request, body)
+
+
+async def _read_form(request: Request, body: bytes) -> tuple[str, dict[str, Any] | None]:
+    """The `sdp` and `session` parts of a multipart offer: fields, as browsers send them, or files
+    (`curl -F sdp=@offer.sdp`)."""
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    parser = MultiPartParser(request.headers, chunks(), max_files=2, max_fields=2, max_part_size=MAX_SDP_BYTES)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise ApiError("invalid_multipart", f"The multipart body cannot be read: {exc.message}") from None
+    sdp = await _part(form.get("sdp"))
+    if sdp is None:
+        raise ApiError("missing_required_parameter", "Missing form field 'sdp'.", "sdp")
+    session = await _part(form.get("session"))
+    if session is None:
+        return _text(sdp), None
+    config = decode_json(session, param="session")
+    if not isinstance(config, dict):
+        raise ApiError("invalid_type", "The 'session' part must be a JSON object.", "session")
+    return _text(sdp), config
+
+
+async def _part(value: str | UploadFile | None) -> str | bytes | None:
+    if isinstance(value, UploadFile):
         try:
-            parsed = json.loads(session) if isinstance(session, str) else None
-        except json.JSONDecodeError:
-            raise ApiError("invalid_json", "The 'session' field is not valid JSON.", "session") from None
-        return sdp, parsed
-    raise ApiError("unsupported_media_type", "Send the offer as application/sdp (or multipart with 'sdp').", status=415)
+            return await value.read()
+        finally:
+            await value.close()
+    return value
 
 
-@router.post("/v1/realtime/calls")
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+CALL_BODY = request_body({
+    "application/sdp": {"schema": {"type": "string", "description": "The SDP offer."}},
+    "multipart/form-data": {"schema": {
+        "type": "object",
+        "required": ["sdp"],
+        "properties": {
+            "sdp": {"type": "string", "description": "The SDP offer."},
+            "session": {"type": "string", "description": "A Realtime session object (JSON) the call starts with."},
+        },
+    }},
+})  # fmt: skip
+CALL_ANSWER = {
+    "description": "The SDP answer; Location: the call's URL.",
+    "content": {"application/sdp": {"schema": {"type": "string"}}},
+}
+
+
+@router.post(
+    "/v1/realtime/calls",
+    status_code=201,
+    response_class=Response,
+    openapi_extra=CALL_BODY,
+    responses={201: CALL_ANSWER, **error_responses(400, 401, 404, 413, 415, 429, 503)},
+)
 async def create_call(request: Request) -> Response:
     svc: Services = request.app.state.services
+    # A client secret is only looked up here; it is spent when the call is set up (open_session).
     principal, headers = svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
     svc.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
+    svc.check_session_room(principal.key_id)  # before any SDP work; checked again when counted
     sdp, session_config = await _read_offer(request)
     _validate_offer(sdp)
     initial = principal.ephemeral_session or {}
@@ -205,12 +261,12 @@ async def create_call(request: Request) -> Response:
     if "model" in initial:
         svc.require_model(str(initial["model"]), "session.model")
 
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     playout = PlayoutBuffer(PLAYOUT_RATE, FRAME_SAMPLES)
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None
     )
     session.playout = playout
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     token = bearer_token(request.headers.get("authorization"))
     call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
     pc.on("datachannel", call.attach_channel)
@@ -231,7 +287,11 @@ async def create_call(request: Request) -> Response:
     except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
         await pc.close()
         raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
-    svc.sessions.add(session)
+    try:
+        svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
+    except ApiError:
+        await pc.close()
+        raise
     session.start()
     svc.calls[call.id] = call
     task = asyncio.create_task(call.supervise(svc), name=f"call {call.id}")
@@ -245,7 +305,7 @@ async def create_call(request: Request) -> Response:
     )
 
 
-@router.post("/v1/realtime/calls/{call_id}/hangup")
+@router.post("/v1/realtime/calls/{call_id}/hangup", responses=error_responses(401, 404, 429))
 async def hang_up(call_id: str, request: Request) -> JSONResponse:
     svc: Services = request.app.state.services
     call = svc.calls.get(call_id)

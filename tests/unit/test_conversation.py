@@ -22,7 +22,7 @@ def spoken_item() -> Item:
 
 
 def test_insert_after_and_at_root() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(user("one", "i1"))
     conversation.add(user("three", "i3"))
     assert conversation.add(user("two", "i2"), previous_item_id="i1") == "i1"
@@ -31,7 +31,7 @@ def test_insert_after_and_at_root() -> None:
 
 
 def test_errors_name_the_problem() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(user("one", "i1"))
     with pytest.raises(ApiError) as caught:
         conversation.add(user("again", "i1"))
@@ -49,7 +49,7 @@ def test_errors_name_the_problem() -> None:
 
 
 def test_truncate_cuts_transcript_to_heard_audio() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(spoken_item())
     item = conversation.truncate("a1", 0, 1400)
     assert item.content[0]["transcript"] == "The capital is Paris. It"
@@ -58,7 +58,7 @@ def test_truncate_cuts_transcript_to_heard_audio() -> None:
 
 
 def test_truncate_past_the_end_of_a_finished_item_is_an_error() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(spoken_item())
     with pytest.raises(ApiError) as caught:
         conversation.truncate("a1", 0, 5000)
@@ -66,7 +66,7 @@ def test_truncate_past_the_end_of_a_finished_item_is_an_error() -> None:
 
 
 def test_truncate_of_an_item_still_speaking_clamps_to_audio_sent() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     item = spoken_item()
     item.status = "in_progress"
     conversation.add(item)
@@ -74,7 +74,7 @@ def test_truncate_of_an_item_still_speaking_clamps_to_audio_sent() -> None:
 
 
 def test_only_assistant_audio_can_be_truncated() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(user("hello", "u1"))
     with pytest.raises(ApiError):
         conversation.truncate("u1", 0, 0)
@@ -88,7 +88,7 @@ def test_heard_text_by_clause() -> None:
 
 
 def test_chat_messages_keep_order_and_instructions() -> None:
-    conversation = Conversation()
+    conversation = Conversation(max_items=100, max_bytes=1 << 20)
     conversation.add(user("hi", "u1"))
     conversation.add(spoken_item())
     messages = conversation.chat_messages("be brief")

@@ -74,5 +74,7 @@ def test_message_over_the_size_cap() -> None:
     assert error_of(raw).code == "message_too_large"
 
 
-def test_server_events_encode_compactly_and_keep_unicode() -> None:
-    assert encode_server_event({"type": "x", "text": "café"}) == '{"type":"x","text":"café"}'
+def test_server_events_encode_compactly_as_ascii_that_any_text_survives() -> None:
+    assert encode_server_event({"type": "x", "text": "café"}) == '{"type":"x","text":"caf\\u00e9"}'
+    echoed = encode_server_event({"type": "x", "text": "a\ud800b"})  # a lone surrogate can be written
+    assert echoed.isascii() and json.loads(echoed)["text"] == "a\ud800b"

@@ -1,0 +1,52 @@
+"""The log filter: every form in which a key reaches a log record comes out redacted."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from gateway.log_redaction import REDACTED, RedactKeys
+
+KEY = "sk-configured-0123456789"
+
+
+def record(msg: str, args: tuple[object, ...] = (), name: str = "uvicorn.error") -> logging.LogRecord:
+    return logging.LogRecord(name, logging.DEBUG, __file__, 1, msg, args, None)
+
+
+def formatted(rec: logging.LogRecord) -> str:
+    assert RedactKeys([KEY]).filter(rec)
+    return logging.Formatter().format(rec)
+
+
+def test_headers_subprotocols_client_secrets_and_query_keys() -> None:
+    cases = [
+        record("< authorization: Bearer %s", ("sk-unknown-abc",)),
+        record("< Authorization: Basic dXNlcjpwYXNz"),
+        record("headers %s", ([(b"authorization", b"Bearer sk-unknown-abc")],)),
+        record("< sec-websocket-protocol: realtime, openai-insecure-api-key.%s", ("ek_abcDEF123-_x",)),
+        record("minted %(value)s", ({"value": "ek_abcDEF123-_x"},)),
+        record("GET /v1/realtime?model=m&api_key=%s&token=t0k3n HTTP/1.1", ("sk-unknown-abc",)),
+        record("the configured key %s in any text", (KEY,)),
+    ]
+    for rec in cases:
+        text = formatted(rec)
+        assert REDACTED in text, text
+        for secret in ("sk-unknown-abc", "dXNlcjpwYXNz", "abcDEF123", "t0k3n", KEY):
+            assert secret not in text, text
+
+
+def test_the_access_log_keeps_its_five_arguments() -> None:
+    rec = record('%s - "%s %s HTTP/%s" %d', ("127.0.0.1:1", "GET", f"/v1/models?key={KEY}", "1.1", 200), "uvicorn.access")
+    assert RedactKeys([KEY]).filter(rec)
+    assert isinstance(rec.args, tuple) and len(rec.args) == 5 and rec.args[4] == 200
+    assert KEY not in rec.getMessage() and "model=" not in rec.getMessage()
+
+
+def test_tracebacks_and_plain_text() -> None:
+    try:
+        raise ValueError(f"rejected Bearer {KEY}")
+    except ValueError:
+        rec = logging.LogRecord("gateway", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert KEY not in formatted(rec)
+    assert formatted(record("model=%s took %d ms", ("smollm2", 12))) == "model=smollm2 took 12 ms"
