@@ -6,7 +6,12 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from gateway.protocol.session_config import FunctionTool, OutputModality, check_max_output_tokens
+from gateway.protocol.session_config import (
+    MAX_INSTRUCTIONS_CHARS,
+    FunctionTool,
+    OutputModality,
+    check_max_output_tokens,
+)
 from gateway.protocol.validation import Temperature
 
 
@@ -100,7 +105,7 @@ class ConversationItemTruncate(_Event):
 
 class ResponseParams(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    instructions: str | None = None
+    instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     output_modalities: list[OutputModality] | None = Field(None, min_length=1, max_length=1)
     max_output_tokens: int | Literal["inf"] | None = None
     temperature: Temperature | None = None

@@ -10,6 +10,10 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import Temperature, api_error_from_validation
 
 MAX_OUTPUT_TOKENS = 4096
+# Far more than any context window holds (the embedded model's 8192 tokens are ~32 KB of text), and
+# little enough to tokenize in milliseconds: 14 MiB of instructions had cost 15 s of tokenizer CPU
+# before the context check refused them, slowing every other session's replies 5x.
+MAX_INSTRUCTIONS_CHARS = 256 * 1024
 
 
 def check_max_output_tokens(value: int | str | None) -> int | str | None:
@@ -91,7 +95,7 @@ class SessionConfig(_Strict):
     id: str = ""
     model: str = ""
     output_modalities: list[OutputModality] = Field(default_factory=lambda: list[OutputModality](["audio"]), min_length=1)
-    instructions: str = ""
+    instructions: str = Field("", max_length=MAX_INSTRUCTIONS_CHARS)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"

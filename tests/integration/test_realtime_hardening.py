@@ -27,6 +27,10 @@ MALFORMED = [
      "invalid_json"),
     ("max_output_tokens -5", '{"type": "response.create", "response": {"max_output_tokens": -5}}', "invalid_value"),
     ("max_output_tokens 0", '{"type": "response.create", "response": {"max_output_tokens": 0}}', "invalid_value"),
+    ("instructions of 300,000 characters", json.dumps({"type": "session.update", "session": {"instructions": "x" * 300_000}}),
+     "invalid_value"),
+    ("response instructions of 300,000 characters",
+     json.dumps({"type": "response.create", "response": {"instructions": "x" * 300_000}}), "invalid_value"),
 ]
 
 
