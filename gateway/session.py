@@ -94,11 +94,13 @@ class RealtimeSession:
         )
         config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
         self.config = apply_session_update(config, initial_config) if initial_config else config
+        self._started = False
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
 
     def start(self) -> None:
+        self._started = True
         metrics.ACTIVE_SESSIONS.labels(self.transport).inc()
         self.runtime.heap.opened()
         if self.runtime.asr is not None:
@@ -113,8 +115,9 @@ class RealtimeSession:
         if self._closed:
             return
         self._closed = True
-        metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
-        self.runtime.heap.closed()
+        if self._started:  # what start() counted
+            metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
+            self.runtime.heap.closed()
         self.outbox.close()
         if self.active is not None:
             await self._stop_active(self.active)

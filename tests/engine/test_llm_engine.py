@@ -65,15 +65,6 @@ def assert_batched_agrees_until_a_near_tie(fwd, prompts, solo, batched) -> None:
         assert agreeing_prefix(forced, engine_batched.token_ids) >= min(tie, len(forced)), (tie, engine_batched.text)
 
 
-def lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 # -- loader -------------------------------------------------------------------------------------------------
 def test_loader(lm, tmp_path):
     assert lm.device.type == "cpu" and lm.dtype == torch.float32
@@ -145,7 +136,7 @@ async def test_greedy_identical_alone_batched_cached(make_engine, chat_ids, coll
     # Prefix cache: the shared system prompt, then exact repeats.
     cache_eng = make_engine()
     first = [await collect(cache_eng, p) for p in prompts]
-    shared = lcp(prompts[0], prompts[1])
+    shared = agreeing_prefix(prompts[0], prompts[1])
     assert first[0].cached_prompt_tokens == 0
     assert all(r.cached_prompt_tokens >= shared for r in first[1:])
     again = await asyncio.gather(*(collect(cache_eng, p) for p in prompts))
@@ -160,7 +151,7 @@ async def test_requests_arriving_together_compute_their_system_prompt_once(make_
     """Four requests in the queue at once with one system prompt: the first prefills it, the others
     wait for its KV in the prefix cache and prefill only their question; same tokens as alone."""
     prompts = [chat_ids(("user", q), system=SYSTEM) for q in QUESTIONS]
-    shared = lcp(prompts[0], prompts[1])
+    shared = agreeing_prefix(prompts[0], prompts[1])
     assert shared > 2 * 16  # long enough to wait for (engine.SHARED_PREFIX_MIN_TOKENS)
     solo_eng = make_engine(prefix_cache_bytes=0)
     solo = [await solo_eng.submit(p, GREEDY).result() for p in prompts]
@@ -244,7 +235,7 @@ async def test_rollback_continuation_equals_fresh_prefill(lm, make_engine, chat_
     kept = " ".join(words[: max(2, len(words) // 2)])
     p2 = chat_ids(("user", q1), ("assistant", kept), ("user", "And Rome?"))
     known = p1 + r1.token_ids[:-1]  # tokens whose KV the first turn computed
-    common = lcp(p2, known)
+    common = agreeing_prefix(p2, known)
     assert len(p1) <= common < len(known)  # the cut is inside the generated text
     r2 = await collect(eng, p2, params, conversation_id="c1")
     assert r2.cached_prompt_tokens == common  # reuse stops exactly at the first differing token
@@ -271,7 +262,7 @@ async def test_cancelled_turn_is_pinned_and_rolls_back(make_engine, chat_ids, co
     r1 = await s.result()
     assert r1.finish_reason == "cancelled"
     p2 = chat_ids(("user", q), ("assistant", r1.text), ("user", "Shorter, please."))
-    common = lcp(p2, p1 + r1.token_ids[:-1])
+    common = agreeing_prefix(p2, p1 + r1.token_ids[:-1])
     r2 = await collect(eng, p2, GREEDY, conversation_id="c2")
     assert r2.cached_prompt_tokens == common > len(p1)
     fresh = await collect(make_engine(prefix_cache_bytes=0), p2, GREEDY)
@@ -320,7 +311,7 @@ async def test_early_prefill(make_engine, chat_ids, collect):
     assert await eng.prefill(partial, conversation_id="voice") == 0  # all cached now
     final = chat_ids(("user", "What is the capital of France?"), system=SYSTEM)
     r = await collect(eng, final, conversation_id="voice")
-    assert r.cached_prompt_tokens == lcp(partial, final) > 0
+    assert r.cached_prompt_tokens == agreeing_prefix(partial, final) > 0
     fresh = await collect(make_engine(prefix_cache_bytes=0), final)
     assert r.token_ids == fresh.token_ids
 
