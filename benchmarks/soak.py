@@ -126,7 +126,7 @@ async def soak(args, url: str, ws_url: str, pid: int) -> dict:
     await turn(ws, QUESTIONS[0])
     await ws.close()
     await asyncio.sleep(2)
-    figures = {"start": process_figures(pid, url)}
+    figures = {"start": await asyncio.to_thread(process_figures, pid, url)}
     rng = random.Random(1)
     latencies: list[float] = []
     counts = {"turns": 0, "completed": 0, "errors": 0, "connect_errors": 0}
@@ -134,10 +134,10 @@ async def soak(args, url: str, ws_url: str, pid: int) -> dict:
     talkers = [asyncio.create_task(talker(ws_url, deadline, tuple(args.think_s), rng, latencies, counts))
                for _ in range(args.sessions)]
     await asyncio.sleep(args.seconds / 2)
-    figures["during_sessions"] = process_figures(pid, url)
+    figures["during_sessions"] = await asyncio.to_thread(process_figures, pid, url)
     await asyncio.wait_for(asyncio.gather(*talkers), args.seconds + 180)
     await asyncio.sleep(3)
-    figures["after_sessions"] = process_figures(pid, url)
+    figures["after_sessions"] = await asyncio.to_thread(process_figures, pid, url)
     churn = {"items": 0, "item_errors": 0}
     limit = asyncio.Semaphore(20)
 
@@ -147,7 +147,7 @@ async def soak(args, url: str, ws_url: str, pid: int) -> dict:
 
     await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(args.churn))), 900)
     await asyncio.sleep(3)
-    figures["after_churn"] = process_figures(pid, url)
+    figures["after_churn"] = await asyncio.to_thread(process_figures, pid, url)
     start = figures["start"]
     return {
         "sessions": args.sessions, "seconds": args.seconds, "think_s": args.think_s, **counts,

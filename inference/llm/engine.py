@@ -462,8 +462,6 @@ class LLMEngine:
                     self.cache.unpin(node)
                 self._pins.clear()
                 self.cache.clear()
-            else:
-                raise ValueError(f"unknown conversation op {op!r}")
 
     def _drop_cancelled(self) -> None:
         with self._lock:
