@@ -377,7 +377,7 @@ class Tracker:
                 finished.done = received
                 finished.status = body.get("status")
                 finished.reason = (body.get("status_details") or {}).get("reason")
-                finished.marks = (body.get("metadata") or {}).get("gateway_latency")
+                finished.marks = json.loads((body.get("metadata") or {}).get("gateway_latency") or "null")
                 return finished
         return None
 

@@ -97,7 +97,7 @@ class Playback:
                 if heard.done is not None:
                     out.append(heard.done)
         elif kind == "response.done" and (heard := self.playing.get(event["response"]["id"])) is not None:
-            marks = (event["response"].get("metadata") or {}).get("gateway_latency") or {}
+            marks = json.loads((event["response"].get("metadata") or {}).get("gateway_latency") or "{}")
             if marks.get("first_audio_ms") is None:  # nothing went to the playout
                 del self.playing[heard.id]
             elif heard.ended is None:

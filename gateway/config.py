@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     model_name: str = Field(
         "smollm2-135m-instruct", description="The model id served at /v1/models and accepted in requests."
     )
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="More names the model answers to in requests, listed at /v1/models (like vLLM's "
+        "--served-model-name). Comma-separated in the environment.",
+    )
+    answer_to_openai_model_names: bool = Field(
+        True,
+        description="The model also answers to OpenAI's chat and realtime model names (gpt-realtime, gpt-4o-mini, "
+        "...: those the installed openai SDK knows), so an app written for OpenAI only changes its base URL.",
+    )
     asr_model: Path | None = Field(
         None, description="faster-whisper (CTranslate2) model folder. Default: the embedded Whisper tiny.en."
     )
@@ -185,7 +195,7 @@ class Settings(BaseSettings):
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
 
-    @field_validator("api_keys", "ice_host_addresses", "ice_servers", mode="before")
+    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -31,6 +31,7 @@ class Preemption:
     deltas: list[str] = field(default_factory=list)  # the text so far, taken from the stream by run_ahead
     first_clause: str | None = None
     first_clause_audio: list[np.ndarray] | None = None  # Piper's audio of first_clause, when the reply speaks
+    speech_speed: float = 1.0  # what first_clause_audio was spoken at
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _first_clause_done: asyncio.Event = field(default_factory=asyncio.Event)
     _ended: bool = False
@@ -44,8 +45,9 @@ class Preemption:
             self.stream.cancel()
             metrics.PREEMPTIONS.labels("dropped").inc()
 
-    async def run_ahead(self, tts: TtsEngine | None) -> None:
-        """The only reader of the stream: keeps its text, and speaks the first clause with `tts`."""
+    async def run_ahead(self, tts: TtsEngine | None, speed: float = 1.0) -> None:
+        """The only reader of the stream: keeps its text, and speaks the first clause with `tts` at `speed`."""
+        self.speech_speed = speed
         splitter = ClauseSplitter()
         try:
             async for delta in self.stream:
@@ -65,7 +67,7 @@ class Preemption:
     async def _speak_first(self, clause: str, tts: TtsEngine | None) -> None:
         self.first_clause = clause
         if tts is not None:
-            self.first_clause_audio = [pcm async for pcm in tts.synthesize(clause, first_clause=True)]
+            self.first_clause_audio = [pcm async for pcm in tts.synthesize(clause, first_clause=True, speed=self.speech_speed)]
         self._first_clause_done.set()
 
     async def replay(self) -> AsyncIterator[str]:

@@ -41,6 +41,7 @@ class ResponseJob:
     conversation_key: str | None = None
     marks: TurnMarks = field(default_factory=TurnMarks)
     preemption: Preemption | None = None
+    speech_speed: float = 1.0  # the session's audio.output.speed
 
 
 def render_reply_prompt(
@@ -134,8 +135,11 @@ class ResponseRunner:
             start_ms = item.audio_ms_sent
             first = not item.spoken
             # Only the first clause can have been spoken ahead, by an adopted preemption.
-            made_ahead = await self._adopted.audio_for(clause) if first and self._adopted is not None else None
-            audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first)
+            made_ahead = None
+            if first and self._adopted is not None and self._adopted.speech_speed == self.job.speech_speed:
+                made_ahead = await self._adopted.audio_for(clause)
+            speed = self.job.speech_speed
+            audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first, speed=speed)
             async for pcm in audio:
                 self.speech.write(pcm)
                 item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate

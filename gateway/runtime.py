@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Literal
 from gateway import metrics
 from gateway.config import Settings
 from gateway.heap import HeapTrimmer
+from gateway.model_names import ModelNames, openai_transcription_names, openai_voice_names
+from gateway.protocol.session_config import SpeechOptions
 from inference.models import ModelPaths, resolve_device, resolve_model_paths
 
 if TYPE_CHECKING:
@@ -49,6 +51,25 @@ class Runtime:
     )
     # Open sessions, and the heap given back once none is left (the app's shutdown closes it).
     heap: HeapTrimmer = field(default_factory=HeapTrimmer)
+    model_names: ModelNames = field(init=False)  # what requests may call the LLM
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
+
+    @property
+    def speech_options(self) -> SpeechOptions:
+        """The voice models' names for session validation (known from the settings before they load)."""
+        settings = self.settings
+        voice = settings.tts_voice.name.split("-")[1] if settings.tts_voice and settings.tts_voice.name.count("-") >= 2 \
+            else (settings.tts_voice.stem if settings.tts_voice else "joe")
+        asr_name = settings.asr_model.name if settings.asr_model else "whisper-tiny.en"
+        if self.asr is not None:
+            language = self.asr.language
+        else:  # not loaded yet: English-only models say so in their name, as Whisper's do
+            language = "en" if asr_name.endswith(".en") else None
+        return SpeechOptions(voice=voice, voice_aliases=openai_voice_names(), transcription_model=asr_name,
+                             transcription_aliases=openai_transcription_names(), transcription_language=language)
 
     @property
     def voice_ready(self) -> bool:

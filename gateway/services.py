@@ -76,7 +76,7 @@ class Services:
         self.sessions.pop(session, None)
 
     def require_model(self, model: str, param: str = "model") -> None:
-        if model != self.settings.model_name:
+        if model not in self.runtime.model_names:
             raise ApiError(
                 "model_not_found",
                 f"The model '{model}' does not exist. Available: '{self.settings.model_name}'.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -89,11 +90,12 @@ class RealtimeSession:
             instructions=settings.default_instructions,
             output_modalities=[default_modality],
             max_output_tokens=settings.default_max_tokens,
-            temperature=settings.realtime_temperature,
             expires_at=int(time.time()) + 3600,
         )
+        speech = runtime.speech_options
         config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
-        self.config = apply_session_update(config, initial_config) if initial_config else config
+        speech.apply_defaults(config)
+        self.config = apply_session_update(config, initial_config, speech=speech) if initial_config else config
         self._started = False
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
@@ -179,6 +181,8 @@ class RealtimeSession:
             case ev.ConversationItemTruncate():
                 self._truncate_item(event)
             case ev.ResponseCreate():
+                if self.voice is not None:
+                    await self.voice.transcripts_done()
                 self.create_response(event.response)
             case ev.ResponseCancel():
                 await self._cancel_from_client(event.response_id)
@@ -220,9 +224,9 @@ class RealtimeSession:
 
     def _update_session(self, update: dict[str, Any]) -> None:
         model = update.get("model")
-        if model is not None and model != self.settings.model_name:
+        if model is not None and model not in self.runtime.model_names:
             raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
-        config = apply_session_update(self.config, update)
+        config = apply_session_update(self.config, update, speech=self.runtime.speech_options)
         if config.wants_audio() and not self._can_speak():
             raise ApiError(
                 "invalid_value",
@@ -283,12 +287,15 @@ class RealtimeSession:
         if max_tokens == "inf":
             max_tokens = context_window // 2
         return SamplingParams(
-            temperature=params.temperature if params.temperature is not None else self.config.temperature,
+            temperature=next(t for t in (params.temperature, self.config.temperature, self.settings.realtime_temperature)
+                             if t is not None),
             max_tokens=int(max_tokens),
             repetition_penalty=self.settings.repetition_penalty,
         )
 
     def _reply_tools(self, params: ev.ResponseParams) -> list[dict[str, Any]] | None:
+        if (params.tool_choice or self.config.tool_choice) == "none":
+            return None  # the model is not told of the tools, so it cannot call them
         return [tool.model_dump() for tool in (params.tools or self.config.tools)] or None
 
     async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
@@ -335,6 +342,9 @@ class RealtimeSession:
         if audio and not self._can_speak():
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
+        if params.conversation not in ("auto", "none", self.conversation.id):
+            raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
+                           f"session's '{self.conversation.id}'.", "response.conversation")
         writes_conversation = params.conversation != "none"
         context = self.conversation
         if params.input is not None:
@@ -369,6 +379,7 @@ class RealtimeSession:
             conversation_key=self.conversation.id if writes_conversation else None,
             marks=marks,
             preemption=preemption,
+            speech_speed=self.config.audio.output.speed,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
         runner = ResponseRunner(
@@ -394,7 +405,9 @@ class RealtimeSession:
             self._finish(active, "failed", error=error.body())
         except Exception as exc:
             log.exception("response %s failed", active.events.response_id)
-            self._finish(active, "failed", error={"type": "server_error", "code": "internal_error", "message": str(exc)})
+            error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
+            self.send_error(error)
+            self._finish(active, "failed", error=error.body())
         else:
             status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"
             self._finish(active, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
@@ -417,7 +430,8 @@ class RealtimeSession:
         if result is not None:
             usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
         metadata = dict(active.events.metadata or {})
-        metadata["gateway_latency"] = active.marks.to_wire()
+        # Metadata maps strings to strings (the SDK's type): the marks travel as one compact JSON string.
+        metadata["gateway_latency"] = json.dumps(active.marks.to_wire(), separators=(",", ":"))
         active.events.metadata = metadata
         self.send_all(active.events.finish(status, reason=reason, usage=usage, error=error, final_text=final_text))
         if self.playout is not None:

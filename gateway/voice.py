@@ -82,6 +82,8 @@ class VoicePipeline:
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
+        # Committed user items whose final transcript is still being made: a response waits for them.
+        self._transcribing: set[asyncio.Future[None]] = set()
         self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session.id}")
         self._idle_since = now()
 
@@ -133,7 +135,13 @@ class VoicePipeline:
         marks.mark("speech_stopped")
         audio = self.buffer.slice(start, self.buffer.end)
         self.buffer.clear()
-        self._spawn(self._commit(item_id, audio, marks, ready=[]))
+        self._commit(item_id, audio, marks, ready=[])
+
+    async def transcripts_done(self) -> None:
+        """Wait until every committed item has its final transcript, so that a `response.create` sent
+        right after `input_audio_buffer.commit` (push-to-talk) answers what was just said."""
+        while self._transcribing:
+            await asyncio.wait(set(self._transcribing))
 
     def clear(self) -> None:
         while not self._queue.empty():
@@ -209,7 +217,7 @@ class VoicePipeline:
                 if job not in ready:
                     job.cancel()
             self._idle_since = now()
-            self._spawn(self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption))
+            self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption)
 
     async def _after_audio(self) -> None:
         turn = self.turn
@@ -297,6 +305,8 @@ class VoicePipeline:
         if delta:
             turn.sent_stable = stable
             self._prefill_draft(stable)
+        if self.session.config.audio.input.transcription is None:
+            return  # transcription events are off; the model still reads the words
         self.session.send(
             {
                 "type": "conversation.item.input_audio_transcription.delta",
@@ -308,7 +318,7 @@ class VoicePipeline:
             }
         )
 
-    async def _commit(
+    def _commit(
         self,
         item_id: str,
         audio: np.ndarray,
@@ -316,6 +326,7 @@ class VoicePipeline:
         ready: list[asyncio.Task[Transcript | None]],
         preemption: asyncio.Task[Preemption | None] | None = None,
     ) -> None:
+        """The user item joins the conversation now, in the same step as the commit; its transcript follows."""
         session = self.session
         conversation = session.conversation
         previous = conversation.items[-1].id if len(conversation) else None
@@ -324,6 +335,28 @@ class VoicePipeline:
         conversation.add(item)
         session.send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         session.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
+        transcribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._transcribing.add(transcribed)
+        job = self._spawn(self._transcribe_committed(item, previous, audio, marks, ready, preemption, transcribed))
+        job.add_done_callback(lambda _: self._transcribed(transcribed))
+
+    def _transcribed(self, transcribed: asyncio.Future[None]) -> None:
+        self._transcribing.discard(transcribed)
+        if not transcribed.done():
+            transcribed.set_result(None)
+
+    async def _transcribe_committed(
+        self,
+        item: Item,
+        previous: str | None,
+        audio: np.ndarray,
+        marks: TurnMarks,
+        ready: list[asyncio.Task[Transcript | None]],
+        preemption: asyncio.Task[Preemption | None] | None,
+        transcribed: asyncio.Future[None],
+    ) -> None:
+        session = self.session
+        item_id = item.id
         transcript = None
         for job in ready:  # a superseded partial resolves to None: try the next one
             with contextlib.suppress(asyncio.CancelledError):
@@ -336,16 +369,16 @@ class VoicePipeline:
         marks.mark("transcript_final")
         item.content[0]["transcript"] = text
         item.status = "completed"
-        session.send(
-            {
+        if session.config.audio.input.transcription is not None:  # null: transcription events are off
+            session.send({
                 "type": "conversation.item.input_audio_transcription.completed",
                 "item_id": item_id,
                 "content_index": 0,
                 "transcript": text,
                 "usage": {"type": "duration", "seconds": round(len(audio) / RATE, 3)},
-            }
-        )
+            })
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+        self._transcribed(transcribed)
         head_start = await self._take_preemption(preemption)
         created = False
         try:
@@ -386,7 +419,8 @@ class VoicePipeline:
         preemption = await self.session.preempt_reply(item_id, transcript.text)
         log.debug("reply preempted for %r: %s", transcript.text, "started" if preemption is not None else "not possible now")
         if preemption is not None:
-            self._spawn(preemption.run_ahead(self.runtime.tts if self.session.speaks_by_default() else None))
+            tts = self.runtime.tts if self.session.speaks_by_default() else None
+            self._spawn(preemption.run_ahead(tts, self.session.config.audio.output.speed))
         return preemption
 
     async def _take_preemption(self, task: asyncio.Task[Preemption | None] | None) -> Preemption | None:

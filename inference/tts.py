@@ -7,6 +7,7 @@ chunks: the rest of the text is never synthesized and the worker is free for the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Generator
@@ -115,9 +116,12 @@ class TtsEngine:
         engine.load_seconds = time.perf_counter() - started
         return engine
 
-    def _chunks(self, text: str, first_clause: bool) -> Generator[np.ndarray, None, None]:
+    def _chunks(self, text: str, first_clause: bool, speed: float) -> Generator[np.ndarray, None, None]:
         voice = self._first_clause_voice if first_clause else self._voice
-        sentences = iter(voice.piper.synthesize(text, syn_config=self._config))
+        config = self._config
+        if speed != 1.0:  # Piper's length scale stretches phoneme durations: speed 2 halves it
+            config = dataclasses.replace(config, length_scale=(voice.piper.config.length_scale or 1.0) / speed)
+        sentences = iter(voice.piper.synthesize(text, syn_config=config))
         lead_in = first_clause
         while True:
             with using_cores(voice.threads, exclusive=voice.exclusive):  # the synthesis happens inside next()
@@ -129,15 +133,15 @@ class TtsEngine:
                 pcm, lead_in = trim_lead_in(pcm, self.sample_rate), False
             yield pcm
 
-    async def synthesize(self, text: str, *, first_clause: bool = False) -> AsyncIterator[np.ndarray]:
-        """int16 mono PCM at sample_rate, one Piper sentence per item.
+    async def synthesize(self, text: str, *, first_clause: bool = False, speed: float = 1.0) -> AsyncIterator[np.ndarray]:
+        """int16 mono PCM at sample_rate, one Piper sentence per item; `speed` 2.0 speaks twice as fast.
 
         `first_clause`: the reply's first words, which the user waits for in silence. They start
         without Piper's lead-in silence, and with a first-clause voice loaded they are synthesized
         on its threads while the LLM engine waits (inference/cpu.py): the rest of the reply has the
         whole clause's playing time to catch up."""
         loop = asyncio.get_running_loop()
-        chunks = self._chunks(text, first_clause)
+        chunks = self._chunks(text, first_clause, speed)
         try:
             while True:
                 pcm = await loop.run_in_executor(self._executor, next, chunks, None)
@@ -151,9 +155,9 @@ class TtsEngine:
             except RuntimeError:
                 pass  # closed engine: the generator is simply dropped
 
-    def synthesize_blocking(self, text: str, *, first_clause: bool = False) -> np.ndarray:
+    def synthesize_blocking(self, text: str, *, first_clause: bool = False, speed: float = 1.0) -> np.ndarray:
         """Whole utterance on the calling thread, for tools and tests."""
-        parts = list(self._chunks(text, first_clause))
+        parts = list(self._chunks(text, first_clause, speed))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from gateway.protocol.session_config import (
     FunctionTool,
     OutputModality,
     check_max_output_tokens,
+    check_tool_choice,
 )
 from gateway.protocol.validation import Temperature
 
@@ -104,7 +105,8 @@ class ConversationItemTruncate(_Event):
 
 
 class ResponseParams(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # An unknown field is refused with its name: ignored, it would be a setting that silently does nothing.
+    model_config = ConfigDict(extra="forbid")
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     output_modalities: list[OutputModality] | None = Field(None, min_length=1, max_length=1)
     max_output_tokens: int | Literal["inf"] | None = None
@@ -114,6 +116,11 @@ class ResponseParams(BaseModel):
     metadata: dict[str, str] | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: object) -> object:
+        return check_tool_choice(value) if value is not None else None
 
     @field_validator("max_output_tokens")
     @classmethod

@@ -40,14 +40,19 @@ class ResponseEvents:
     audio_format: dict[str, Any]
     voice: str
     max_output_tokens: int | str
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
     status: Literal["in_progress"] | ResponseStatus = "in_progress"
     _opened: bool = False
     _text: list[str] = field(default_factory=list)
 
     @property
     def content_kind(self) -> str:
+        """The item's content type (GA names); `content_part` events name the same part `text` / `audio`."""
         return "output_audio" if self.audio else "output_text"
+
+    @property
+    def part_kind(self) -> str:
+        return "audio" if self.audio else "text"
 
     def response_object(self, usage: Usage | None = None, status_details: dict[str, Any] | None = None) -> Event:
         return {
@@ -79,7 +84,7 @@ class ResponseEvents:
         ]
         if self.conversation_id is not None:
             events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_wire()})
-        part: dict[str, Any] = {"type": self.content_kind, "transcript" if self.audio else "text": ""}
+        part: dict[str, Any] = {"type": self.part_kind, "transcript" if self.audio else "text": ""}
         if self.audio:
             part["audio"] = None
         events.append({"type": "response.content_part.added", **self._ids(), "part": part})
@@ -119,7 +124,7 @@ class ResponseEvents:
                 events.append({"type": "response.output_audio_transcript.done", **self._ids(), "transcript": text})
             else:
                 events.append({"type": "response.output_text.done", **self._ids(), "text": text})
-            part = {"type": self.content_kind, text_key: text}
+            part = {"type": self.part_kind, text_key: text}
             events.append({"type": "response.content_part.done", **self._ids(), "part": part})
             events.append(
                 {"type": "response.output_item.done", "response_id": self.response_id, "output_index": 0, "item": self.item.to_wire()}
@@ -129,7 +134,7 @@ class ResponseEvents:
         details: dict[str, Any] | None = None
         if status != "completed":
             details = {"type": status, "reason": reason}
-            if error is not None:
-                details["error"] = error
+            if error is not None:  # the GA shape: its type and code (the message goes in the `error` event)
+                details["error"] = {"type": error.get("type"), "code": error.get("code")}
         events.append({"type": "response.done", "response": self.response_object(usage, details)})
         return events

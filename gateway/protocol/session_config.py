@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import Temperature, api_error_from_validation
@@ -22,6 +33,12 @@ def check_max_output_tokens(value: int | str | None) -> int | str | None:
         raise ValueError(f"max_output_tokens must be between 1 and {MAX_OUTPUT_TOKENS}, or 'inf'")
     return value
 
+def check_tool_choice(value: object) -> object:
+    if value not in ("auto", "none"):
+        raise ValueError("tool_choice 'auto' and 'none' are available; forcing a function call is not yet")
+    return value
+
+
 OutputModality = Literal["text", "audio"]
 AUDIO_FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 
@@ -30,17 +47,71 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+@dataclass(frozen=True)
+class SpeechOptions:
+    """What this server's voice models offer, for validating a session: the names each answers to.
+
+    OpenAI's voice and transcription model names are accepted for the installed voice and Whisper,
+    as model names are for the LLM, so a client written for OpenAI works unchanged."""
+
+    voice: str  # the installed Piper voice's name, the default
+    voice_aliases: frozenset[str]
+    transcription_model: str  # the installed Whisper's name, the default
+    transcription_aliases: frozenset[str]
+    transcription_language: str | None  # what the Whisper model transcribes (None: it detects the language)
+
+    def apply_defaults(self, config: SessionConfig) -> SessionConfig:
+        """A new session speaks with the installed voice and names the installed Whisper."""
+        config.audio.output.voice = self.voice
+        if config.audio.input.transcription is not None:
+            config.audio.input.transcription.model = self.transcription_model
+        return config
+
+    def check(self, config: SessionConfig) -> None:
+        output = config.audio.output
+        if output.voice != self.voice and output.voice not in self.voice_aliases:
+            raise ApiError("invalid_value", f"Unknown voice '{output.voice}'. This server speaks with '{self.voice}' "
+                           "(OpenAI's voice names also select it).", "session.audio.output.voice")
+        transcription = config.audio.input.transcription
+        if transcription is None:
+            return
+        model = transcription.model
+        if model is not None and model != self.transcription_model and model not in self.transcription_aliases:
+            raise ApiError("invalid_value", f"Unknown transcription model '{model}'. This server transcribes with "
+                           f"'{self.transcription_model}' (OpenAI's names also select it).",
+                           "session.audio.input.transcription.model")
+        if transcription.language is not None and transcription.language != self.transcription_language:
+            can = f"'{self.transcription_language}' only" if self.transcription_language else "by detecting the language"
+            raise ApiError("invalid_value", f"This server's Whisper model transcribes {can}; "
+                           f"language '{transcription.language}' is not available.",
+                           "session.audio.input.transcription.language")
+
+
 class AudioFormat(_Strict):
+    """As in the GA API: `rate` belongs to audio/pcm (24000); G.711 formats are 8000 Hz and carry none."""
+
     type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
     rate: int | None = None
 
     @field_validator("rate")
     @classmethod
-    def _rate_matches_type(cls, rate: int | None, info: Any) -> int | None:
-        expected = AUDIO_FORMAT_RATES[info.data.get("type", "audio/pcm")]
-        if rate is not None and rate != expected:
-            raise ValueError(f"{info.data.get('type')} is {expected} Hz")
-        return expected
+    def _rate_matches_type(cls, rate: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("type", "audio/pcm")
+        if rate is not None and rate != AUDIO_FORMAT_RATES[kind]:
+            raise ValueError(f"{kind} is {AUDIO_FORMAT_RATES[kind]} Hz")
+        return rate
+
+    @model_validator(mode="after")
+    def _rate_follows_type(self) -> AudioFormat:
+        self.rate = AUDIO_FORMAT_RATES[self.type] if self.type == "audio/pcm" else None
+        return self
+
+    @model_serializer(mode="wrap")
+    def _wire(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("rate") is None:
+            data.pop("rate", None)
+        return data
 
     @property
     def sample_rate(self) -> int:
@@ -48,33 +119,47 @@ class AudioFormat(_Strict):
 
 
 class TurnDetection(_Strict):
-    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    type: Literal["server_vad"] = "server_vad"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=5000)
     silence_duration_ms: int = Field(400, ge=0, le=10000)
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = Field(None, ge=5000, le=30000)
-    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _server_vad_only(cls, value: object) -> object:
+        if value == "semantic_vad":  # refused rather than run as server_vad: its eagerness would do nothing
+            raise ValueError("semantic_vad needs an end-of-turn model, which this server does not have: use server_vad")
+        return value
 
 
 class Transcription(_Strict):
     model: str | None = None
-    language: str | None = None
-    prompt: str | None = None
+    language: str | None = Field(None, max_length=16)
+    prompt: str | None = Field(None, max_length=4096)
 
 
 class AudioInput(_Strict):
     format: AudioFormat = Field(default_factory=AudioFormat)
+    # null: no transcription events (the server still transcribes for the model, which reads text)
     transcription: Transcription | None = Field(default_factory=Transcription)
     turn_detection: TurnDetection | None = Field(default_factory=TurnDetection)
-    noise_reduction: dict[str, Any] | None = None
+    noise_reduction: None = None
+
+    @field_validator("noise_reduction", mode="before")
+    @classmethod
+    def _no_noise_reduction(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError("noise reduction is not available on this server: send null or leave it out")
+        return value
 
 
 class AudioOutput(_Strict):
     format: AudioFormat = Field(default_factory=AudioFormat)
-    voice: str = "joe"
-    speed: float = Field(1.0, ge=0.25, le=1.5)
+    voice: str = Field("joe", max_length=64)
+    speed: float = Field(1.0, ge=0.25, le=1.5)  # Piper's length scale is divided by it
 
 
 class AudioConfig(_Strict):
@@ -98,14 +183,29 @@ class SessionConfig(_Strict):
     instructions: str = Field("", max_length=MAX_INSTRUCTIONS_CHARS)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     tools: list[FunctionTool] = Field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"
+    tool_choice: Literal["auto", "none"] = "auto"
     max_output_tokens: int | Literal["inf"] = "inf"
-    temperature: Temperature = 0.7
-    tracing: Any = None
-    truncation: Any = "auto"
-    prompt: Any = None
-    include: list[str] | None = None
+    # The beta API's sampling temperature, kept as an addition (it applies to the session's replies; None: the
+    # server's --realtime-temperature). GA session objects have no such field, so it is not echoed.
+    temperature: Temperature | None = Field(None, exclude=True)
+    # Accepted as what this server does (the oldest turns leave the prompt when the context is full):
+    truncation: Literal["auto"] = "auto"
+    tracing: None = None
+    prompt: None = None
+    include: None = None
     expires_at: int = 0
+
+    @field_validator("tracing", "prompt", "include", mode="before")
+    @classmethod
+    def _unavailable(cls, value: object, info: ValidationInfo) -> object:
+        if value is not None:
+            raise ValueError(f"{info.field_name} is not available on this server: send null or leave it out")
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: object) -> object:
+        return check_tool_choice(value)
 
     @field_validator("output_modalities")
     @classmethod
@@ -127,20 +227,27 @@ class SessionConfig(_Strict):
 READ_ONLY_FIELDS = {"id", "object", "expires_at"}
 
 
+# Objects an update replaces whole: a new format's rate must not be the old format's.
+ATOMIC_FIELDS = {"format"}
+
+
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key not in ATOMIC_FIELDS:
             merged[key] = _deep_merge(merged[key], value)
         else:
             merged[key] = value
     return merged
 
 
-def apply_session_update(current: SessionConfig, update: Any, *, param: str = "session") -> SessionConfig:
+def apply_session_update(
+    current: SessionConfig, update: Any, *, speech: SpeechOptions | None = None, param: str = "session"
+) -> SessionConfig:
     """Merge a partial session object into the current one; fields absent from it are kept.
 
-    `null` clears a nullable field (`turn_detection: null` switches to manual turns).
+    `null` clears a nullable field (`turn_detection: null` switches to manual turns). `speech`: the
+    voice models' names, which voices and transcription models are checked against.
     """
     if not isinstance(update, dict):
         raise ApiError("invalid_type", f"'{param}' must be an object", param)
@@ -148,8 +255,11 @@ def apply_session_update(current: SessionConfig, update: Any, *, param: str = "s
     if read_only:
         field = sorted(read_only)[0]
         raise ApiError("invalid_value", f"'{param}.{field}' cannot be changed", f"{param}.{field}")
-    merged = _deep_merge(current.model_dump(), update)
+    merged = {"temperature": current.temperature, **_deep_merge(current.model_dump(), update)}
     try:
-        return SessionConfig.model_validate(merged)
+        config = SessionConfig.model_validate(merged)
     except ValidationError as exc:
         raise api_error_from_validation(exc, prefix=param) from None
+    if speech is not None:
+        speech.check(config)
+    return config

@@ -32,15 +32,16 @@ def services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
-def model_object(svc: Services) -> dict[str, Any]:
-    return {"id": svc.settings.model_name, "object": "model", "created": 0, "owned_by": "realtime-gateway"}
+def model_object(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "realtime-gateway"}
 
 
 @router.get("/v1/models", responses=error_responses(401, 429))
 async def list_models(request: Request) -> JSONResponse:
     svc = services(request)
     _, headers = svc.authorize(request.headers.get("authorization"))
-    return JSONResponse({"object": "list", "data": [model_object(svc)]}, headers=headers)
+    listed = svc.runtime.model_names.listed
+    return JSONResponse({"object": "list", "data": [model_object(name) for name in listed]}, headers=headers)
 
 
 @router.get("/v1/models/{model_id:path}", responses=error_responses(401, 404, 429))
@@ -48,7 +49,7 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
     svc = services(request)
     _, headers = svc.authorize(request.headers.get("authorization"))
     svc.require_model(model_id, "model_id")
-    return JSONResponse(model_object(svc), headers=headers)
+    return JSONResponse(model_object(model_id), headers=headers)
 
 
 @router.post(

@@ -50,7 +50,9 @@ async def mint_client_secret(request: Request) -> JSONResponse:
     if "model" in session_update:
         svc.require_model(str(session_update["model"]), "session.model")
     # Validate now, so a bad configuration fails here and not when the browser connects.
-    session = apply_session_update(SessionConfig(model=svc.settings.model_name), session_update, param="session")
+    speech = svc.runtime.speech_options
+    session = apply_session_update(speech.apply_defaults(SessionConfig(model=svc.settings.model_name)), session_update,
+                                   speech=speech, param="session")
     value, expires_at = svc.auth.mint(principal, session_update, ttl)
     return JSONResponse(
         {"value": value, "expires_at": int(expires_at), "session": session.model_dump(exclude={"id", "expires_at"})},

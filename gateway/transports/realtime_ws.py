@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -50,7 +51,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         )
         svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
     except ApiError as error:
-        await websocket.send_json({"type": "error", "event_id": None, "error": error.body()})
+        await websocket.send_json({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error.body()})
         await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)
         return
     session.start()

@@ -9,10 +9,13 @@ from typing import Any
 
 import websockets
 
+from tests.integration.sdk_types import assert_valid_server_event
+
 
 class RealtimeClient:
-    def __init__(self, connection: websockets.ClientConnection) -> None:
+    def __init__(self, connection: websockets.ClientConnection, *, validate: bool = True) -> None:
         self.connection = connection
+        self.validate = validate  # every event received is checked against the openai SDK's types
         self.events: list[dict[str, Any]] = []
 
     @classmethod
@@ -25,6 +28,8 @@ class RealtimeClient:
 
     async def recv(self, timeout: float = 30.0) -> dict[str, Any]:
         event = json.loads(await asyncio.wait_for(self.connection.recv(), timeout))
+        if self.validate:
+            assert_valid_server_event(event)
         event["_received_at"] = time.monotonic()
         self.events.append(event)
         return event

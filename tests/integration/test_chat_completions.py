@@ -121,3 +121,15 @@ async def test_client_disconnect_cancels_the_stream(gateway: GatewayProcess) -> 
         assert "gateway_engine_active 0.0" in metrics
         cancelled = [line for line in metrics.splitlines() if line.startswith("gateway_engine_requests_cancelled ")]
         assert float(cancelled[0].split()[1]) >= 1
+
+
+def test_openai_model_names_reach_the_served_model(client: openai.OpenAI, gateway: GatewayProcess) -> None:
+    """An app written for OpenAI changes only its base URL: OpenAI's chat and realtime names are aliases
+    (--answer-to-openai-model-names, on by default); other names stay 404 model_not_found."""
+    completion = client.chat.completions.create(model="gpt-4o-mini", messages=QUESTION, temperature=0, max_tokens=40)
+    assert "Paris" in (completion.choices[0].message.content or "") and completion.model == "gpt-4o-mini"
+    assert client.models.retrieve("gpt-realtime").id == "gpt-realtime"
+    assert [m.id for m in client.models.list()] == [MODEL]  # the aliases answer but are not listed
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=4)
+    assert caught.value.body["code"] == "model_not_found"

@@ -49,7 +49,7 @@ async def test_text_turn_with_the_full_event_sequence(client: RealtimeClient) ->
     positions = [types.index(kind) for kind in order]
     assert positions == sorted(positions)
     assert "".join(e["delta"] for e in client.of_type("response.output_text.delta")) == text
-    latency = response["metadata"]["gateway_latency"]
+    latency = json.loads(response["metadata"]["gateway_latency"])
     assert latency["first_token_ms"] is not None and latency["first_token_ms"] >= 0
     numbers = [event["sequence_number"] for event in client.events]
     assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)

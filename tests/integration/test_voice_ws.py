@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -67,7 +68,7 @@ async def test_spoken_question_gets_a_spoken_answer(
     answer = decode_deltas([e["delta"] for e in client.of_type("response.output_audio.delta")], fmt)
     assert answer.sample_rate == rate and answer.duration_ms > 500
     assert "paris" in (await transcribe(asr, answer)).lower()
-    latency = done["response"]["metadata"]["gateway_latency"]
+    latency = json.loads(done["response"]["metadata"]["gateway_latency"])
     assert latency["speech_stopped_ms"] == 0 and latency["transcript_final_ms"] is not None
     assert latency["first_audio_ms"] >= latency["first_token_ms"] >= latency["transcript_final_ms"]
 
@@ -121,7 +122,7 @@ async def test_reply_is_generated_while_the_vad_waits_out_the_silence(
     speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 2.5)
     await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
     done = await client.wait_for("response.done", timeout=60)
-    latency = done["response"]["metadata"]["gateway_latency"]
+    latency = json.loads(done["response"]["metadata"]["gateway_latency"])
     # Generation began before the VAD ended the turn: the response took over the preempted stream.
     assert latency["generation_started_ms"] < 0 <= latency["transcript_final_ms"], latency
     assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
@@ -249,3 +250,29 @@ async def test_barge_in_cancels_and_truncates(
     # The interruption itself is a turn: it is transcribed and answered.
     await client.wait_for("conversation.item.input_audio_transcription.completed", timeout=30)
     assert (await client.wait_for("response.done", timeout=60))["response"]["status"] in ("completed", "incomplete")
+
+
+async def test_push_to_talk_commit_then_response_create_at_once(
+    client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    """The GA manual-turn flow: `commit` and `response.create` back to back. The reply answers what was
+    just said, in a new session and in an ongoing one (before, the first failed with empty_conversation
+    and the second answered without the new turn)."""
+    await client.send({"type": "session.update", "session": {
+        "output_modalities": ["text"], "temperature": 0, "audio": {"input": {"turn_detection": None}}}})
+    await client.wait_for("session.updated")
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2)
+    for turn in range(2):
+        for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
+            await client.send({"type": "input_audio_buffer.append", "audio": payload})
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create"})
+        done = await client.wait_for("response.done")
+        assert done["response"]["status"] == "completed", done
+        types = [event["type"] for event in client.events]
+        committed = max(i for i, t in enumerate(types) if t == "input_audio_buffer.committed")
+        transcribed = max(i for i, t in enumerate(types) if t == "conversation.item.input_audio_transcription.completed")
+        created = max(i for i, t in enumerate(types) if t == "response.created")
+        assert committed < transcribed < created, f"turn {turn}: the reply waited for the transcript"
+        assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
+    assert not client.of_type("error")

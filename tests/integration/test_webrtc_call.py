@@ -20,6 +20,7 @@ from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import transcribe, with_silence
 from tests.peers import PacedClipTrack
 
@@ -41,6 +42,7 @@ class Caller:
     events: list[dict[str, Any]] = field(default_factory=list)
     received: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (arrival time, 48 kHz mono)
     call_url: str = ""
+    invalid: list[str] = field(default_factory=list)  # events that break the openai SDK's types
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["type"] == kind]
@@ -48,13 +50,23 @@ class Caller:
     async def wait_for(self, kind: str, count: int = 1, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while len(self.of_type(kind)) < count:
+            assert not self.invalid, self.invalid[0]
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {kind} in {timeout} s; got {[e['type'] for e in self.events]}")
             await asyncio.sleep(0.02)
+        assert not self.invalid, self.invalid[0]
         return self.of_type(kind)[count - 1]
 
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
+
+    def receive(self, message: str) -> None:
+        event = json.loads(message)
+        try:
+            assert_valid_server_event(event)  # the data channel carries the same contract as the WebSocket
+        except AssertionError as exc:
+            self.invalid.append(str(exc))
+        self.events.append({**event, "_at": time.monotonic()})
 
     def audio_between(self, start: float, end: float) -> np.ndarray:
         frames = [pcm for at, pcm in self.received if start <= at <= end]
@@ -65,7 +77,7 @@ async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: d
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("oai-events")
     caller = Caller(pc, channel)
-    channel.on("message", lambda message: caller.events.append({**json.loads(message), "_at": time.monotonic()}))
+    channel.on("message", caller.receive)
     opened = asyncio.Event()
     channel.on("open", opened.set)
     pc.addTrack(microphone)
@@ -131,7 +143,7 @@ async def test_spoken_question_over_webrtc(
     answer = caller.audio_between(started["_at"], stopped["_at"] + 0.5)
     assert loud(answer)
     assert "paris" in (await transcribe(asr, AudioChunk(answer, RATE))).lower()
-    latency = done["response"]["metadata"]["gateway_latency"]
+    latency = json.loads(done["response"]["metadata"]["gateway_latency"])
     assert latency["first_audio_ms"] is not None and latency["first_audio_ms"] > latency["transcript_final_ms"]
 
 

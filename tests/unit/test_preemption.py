@@ -33,10 +33,12 @@ class Deltas:
 class Voice:
     def __init__(self) -> None:
         self.spoken: list[str] = []
+        self.speeds: list[float] = []
 
-    async def synthesize(self, text: str, *, first_clause: bool = False) -> AsyncIterator[np.ndarray]:
+    async def synthesize(self, text: str, *, first_clause: bool = False, speed: float = 1.0) -> AsyncIterator[np.ndarray]:
         assert first_clause  # what the preemption speaks ahead is always a reply's first clause
         self.spoken.append(text)
+        self.speeds.append(speed)
         yield np.full(10, len(text), dtype=np.int16)
 
 

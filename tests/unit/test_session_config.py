@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig, apply_session_update
+from gateway.protocol.session_config import SessionConfig, SpeechOptions, apply_session_update
 
 
 def test_partial_update_keeps_other_fields() -> None:
@@ -32,6 +32,19 @@ def test_null_turn_detection_means_manual_turns() -> None:
         ({"max_output_tokens": 0}, "invalid_value", "session.max_output_tokens"),
         ({"voice_of_god": True}, "unknown_parameter", "session.voice_of_god"),
         ({"id": "sess_other"}, "invalid_value", "session.id"),
+        # Fields this server cannot honour are refused by name, never accepted and ignored:
+        ({"temperature": 5}, "invalid_value", "session.temperature"),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "invalid_value",
+         "session.audio.input.turn_detection.type"),
+        ({"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}, "unknown_parameter",
+         "session.audio.input.turn_detection.eagerness"),
+        ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "invalid_value",
+         "session.audio.input.noise_reduction"),
+        ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
+        ({"tool_choice": "required"}, "invalid_value", "session.tool_choice"),
+        ({"tracing": "auto"}, "invalid_value", "session.tracing"),
+        ({"include": ["item.input_audio_transcription.logprobs"]}, "invalid_value", "session.include"),
+        ({"truncation": "disabled"}, "invalid_value", "session.truncation"),
     ],
 )
 def test_bad_updates(update: dict, code: str, param: str) -> None:
@@ -43,3 +56,51 @@ def test_bad_updates(update: dict, code: str, param: str) -> None:
 def test_g711_formats_have_their_rate() -> None:
     updated = apply_session_update(SessionConfig(), {"audio": {"input": {"format": {"type": "audio/pcmu"}}}})
     assert updated.audio.input.format.sample_rate == 8000
+
+
+def test_the_g711_formats_carry_no_rate_and_pcm_always_says_24000() -> None:
+    """GA shapes: `{"type": "audio/pcmu"}` alone, even after audio/pcm (whose 24000 must not carry over)."""
+    config = apply_session_update(SessionConfig(), {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}})
+    config = apply_session_update(config, {"audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+    assert config.model_dump()["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    assert config.model_dump()["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    config = apply_session_update(config, {"audio": {"input": {"format": {"type": "audio/pcm"}}}})
+    assert config.model_dump()["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+
+
+SPEECH = SpeechOptions(voice="joe", voice_aliases=frozenset({"alloy", "marin"}), transcription_model="whisper-tiny.en",
+                       transcription_aliases=frozenset({"whisper-1", "gpt-4o-transcribe"}), transcription_language="en")
+
+
+@pytest.mark.parametrize("update", [
+    {"audio": {"output": {"voice": "marin"}}},
+    {"audio": {"output": {"voice": "joe"}}},
+    {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe", "language": "en", "prompt": "Paris"}}}},
+    {"audio": {"input": {"transcription": None}}},
+])
+def test_openai_names_select_the_installed_voice_models(update: dict) -> None:
+    apply_session_update(SPEECH.apply_defaults(SessionConfig()), update, speech=SPEECH)
+
+
+@pytest.mark.parametrize(("update", "param"), [
+    ({"audio": {"output": {"voice": "nobody"}}}, "session.audio.output.voice"),
+    ({"audio": {"input": {"transcription": {"model": "parakeet"}}}}, "session.audio.input.transcription.model"),
+    ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "session.audio.input.transcription.language"),
+])
+def test_unknown_voices_models_and_languages_are_refused(update: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        apply_session_update(SPEECH.apply_defaults(SessionConfig()), update, speech=SPEECH)
+    assert (caught.value.code, caught.value.param) == ("invalid_value", param)
+
+
+def test_a_new_session_names_the_installed_voice_and_whisper() -> None:
+    audio = SPEECH.apply_defaults(SessionConfig()).model_dump()["audio"]
+    assert audio["output"]["voice"] == "joe" and audio["input"]["transcription"]["model"] == "whisper-tiny.en"
+
+
+def test_temperature_is_kept_across_updates_but_not_echoed() -> None:
+    """The beta API's session temperature works (an addition), and GA session objects stay without it."""
+    config = apply_session_update(SessionConfig(), {"temperature": 0})
+    config = apply_session_update(config, {"instructions": "be brief"})
+    assert config.temperature == 0
+    assert "temperature" not in config.model_dump()

@@ -1,0 +1,48 @@
+"""Which names the served model answers to: its own, the configured aliases, and OpenAI's model names.
+
+OpenAI's names come from the installed openai SDK's own types (its chat and realtime model literals),
+so the list follows the SDK the gateway is tested against rather than a copy that goes stale.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+
+from openai.types.realtime.audio_transcription import AudioTranscription
+from openai.types.realtime.realtime_audio_config_output import RealtimeAudioConfigOutput
+from openai.types.realtime.realtime_session_create_request import RealtimeSessionCreateRequest
+from openai.types.shared.chat_model import ChatModel
+
+
+def _literals(annotation: object) -> set[str]:
+    """Every string literal inside a type annotation (through Union, Optional, Literal)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return {value for value in typing.get_args(annotation) if isinstance(value, str)}
+    return {name for arg in typing.get_args(annotation) for name in _literals(arg)}
+
+
+@functools.cache
+def openai_model_names() -> frozenset[str]:
+    realtime = RealtimeSessionCreateRequest.model_fields["model"].annotation
+    return frozenset(_literals(ChatModel) | _literals(realtime))
+
+
+@functools.cache
+def openai_voice_names() -> frozenset[str]:
+    return frozenset(_literals(RealtimeAudioConfigOutput.model_fields["voice"].annotation))
+
+
+@functools.cache
+def openai_transcription_names() -> frozenset[str]:
+    return frozenset(_literals(AudioTranscription.model_fields["model"].annotation))
+
+
+class ModelNames:
+    def __init__(self, served: str, aliases: list[str], openai_names: bool) -> None:
+        self.served = served
+        self.listed = [served, *(alias for alias in dict.fromkeys(aliases) if alias != served)]
+        self._accepted = set(self.listed) | (openai_model_names() if openai_names else set())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._accepted

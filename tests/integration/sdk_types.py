@@ -1,0 +1,56 @@
+"""The contract: every server event and response validates against the official `openai` SDK's own
+pydantic types, which is what clients built on them (the SDK, openai-agents, frameworks' OpenAI
+Realtime services) parse. The test clients check each event they receive here."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from openai import BaseModel
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import ValidationError
+
+
+def _event_types() -> dict[str, type[BaseModel]]:
+    """The SDK's class for each server event type (the union's members, keyed by their `type` literal)."""
+    union = typing.get_args(RealtimeServerEvent)[0]  # Annotated[Union[...], discriminator]
+    return {typing.get_args(model.model_fields["type"].annotation)[0]: model for model in typing.get_args(union)}
+
+
+SERVER_EVENT_TYPES = _event_types()
+
+# Our documented additions (README, "Our additions"), and what OpenAI's own server sends beyond the SDK's
+# session type (its id, object and expiry); the SDK's types allow extra fields and clients ignore them.
+ADDITIONS = {"sequence_number", "text@conversation.item.input_audio_transcription.delta",
+             "session.id", "session.object", "session.expires_at"}
+
+
+def _extra_fields(value: Any, path: str) -> list[str]:
+    """Every field the SDK's type does not declare, however deep: a field not in the contract is one
+    that clients cannot rely on, or one they may send back and have refused."""
+    if isinstance(value, BaseModel):
+        found = [f"{path}.{key}" for key in (value.model_extra or {})]
+        for name in type(value).model_fields:
+            found += _extra_fields(getattr(value, name), f"{path}.{name}")
+        return found
+    if isinstance(value, list):
+        return [extra for item in value for extra in _extra_fields(item, f"{path}[]")]
+    if isinstance(value, dict):
+        return [extra for key, item in value.items() for extra in _extra_fields(item, f"{path}.{key}")]
+    return []
+
+
+def assert_valid_server_event(event: dict[str, Any]) -> None:
+    wire = {key: value for key, value in event.items() if not key.startswith("_")}  # "_" keys: the test client's notes
+    model = SERVER_EVENT_TYPES.get(wire.get("type"))
+    if model is None:
+        raise AssertionError(f"{wire.get('type')!r} is not a server event type of the openai SDK: {wire}")
+    try:
+        parsed = model.model_validate(wire)
+    except ValidationError as exc:
+        raise AssertionError(f"{event.get('type')} does not validate against the openai SDK's types:\n{exc}\n{wire}") from None
+    extras = [path for path in (extra[1:] for extra in _extra_fields(parsed, ""))
+              if path not in ADDITIONS and f"{path}@{wire['type']}" not in ADDITIONS]
+    if extras:
+        raise AssertionError(f"{wire['type']} has fields the openai SDK's types do not declare: {extras}\n{wire}")
