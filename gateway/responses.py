@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -37,7 +37,6 @@ class SpeechStream(Protocol):
 class ResponseJob:
     messages: list[ChatMessage]
     sampling: SamplingParams
-    tools: list[dict[str, Any]] | None = None
     conversation_key: str | None = None
     marks: TurnMarks = field(default_factory=TurnMarks)
     preemption: Preemption | None = None
@@ -45,12 +44,12 @@ class ResponseJob:
 
 
 def render_reply_prompt(
-    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams, tools: list[dict[str, Any]] | None
+    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams
 ) -> list[int]:
     """The prompt tokens of a reply (blocking: run it in a thread)."""
     try:
         prompt = render_prompt(
-            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens, tools=tools
+            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens
         )
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc)) from None
@@ -80,7 +79,7 @@ class ResponseRunner:
     async def run(self) -> GenerationResult:
         job = self.job
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, self.engine.lm, job.messages, job.sampling, job.tools)
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, self.engine.lm, job.messages, job.sampling)
         except BaseException:
             self.cancel_generation()
             raise

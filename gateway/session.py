@@ -293,10 +293,6 @@ class RealtimeSession:
             repetition_penalty=self.settings.repetition_penalty,
         )
 
-    def _reply_tools(self, params: ev.ResponseParams) -> list[dict[str, Any]] | None:
-        if (params.tool_choice or self.config.tool_choice) == "none":
-            return None  # the model is not told of the tools, so it cannot call them
-        return [tool.model_dump() for tool in (params.tools or self.config.tools)] or None
 
     async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
         """Start generating the default reply to a user turn that may not be committed yet.
@@ -314,7 +310,7 @@ class RealtimeSession:
         messages = [*history, ChatMessage("user", user_text)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling, self._reply_tools(params))
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling)
             if self.active is not None:
                 return None
             stream = engine.submit(prompt_ids, sampling, conversation_id=self.conversation.id)
@@ -375,7 +371,6 @@ class RealtimeSession:
         job = ResponseJob(
             messages=messages,
             sampling=self._reply_sampling(params, engine.lm.context_window),
-            tools=self._reply_tools(params),
             conversation_key=self.conversation.id if writes_conversation else None,
             marks=marks,
             preemption=preemption,

@@ -6,7 +6,7 @@ import secrets
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.protocol.validation import Temperature
 from inference.llm.chat import ChatMessage
@@ -49,13 +49,59 @@ class MessageParam(BaseModel):
         return ChatMessage(self.role, self.text(), tuple(self.tool_calls or ()), self.tool_call_id)
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; compiled into the grammar when a call is forced
+    strict: bool | None = None  # forced calls always follow the schema (grammar-constrained)
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None  # always enforced: the output is decoded under the schema's grammar
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is given with type 'json_schema', and only then")
+        return self
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # An unknown parameter is refused by name: ignored, it would be one that silently does nothing.
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[MessageParam] = Field(min_length=1)
     stream: bool = False
@@ -69,9 +115,11 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's
     n: int = Field(1, ge=1, le=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    user: str | None = None
+    tools: list[ChatTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    user: str | None = None  # the end user's id, as OpenAI takes it: recorded nowhere, changes nothing
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
 
@@ -84,6 +132,16 @@ class ChatCompletionRequest(BaseModel):
         if len(stops) > 4 or any(not stop for stop in stops):
             raise ValueError("up to 4 non-empty stop sequences")
         return stops
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, choice: object, info: ValidationInfo) -> object:
+        tools = info.data.get("tools") or []
+        if choice not in (None, "none", "auto") and not tools:
+            raise ValueError("tool_choice needs 'tools'")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"tool_choice names '{choice.function.name}', which is not in 'tools'")
+        return choice
 
     def wanted_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -103,8 +161,12 @@ def usage_object(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 
 def completion_object(
-    cid: str, model: str, text: str, finish_reason: str, usage: dict[str, Any], fingerprint: str
+    cid: str, model: str, text: str | None, finish_reason: str, usage: dict[str, Any], fingerprint: str,
+    *, tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "id": cid,
         "object": "chat.completion",
@@ -114,7 +176,7 @@ def completion_object(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }

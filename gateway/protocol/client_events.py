@@ -11,6 +11,7 @@ from gateway.protocol.session_config import (
     FunctionTool,
     OutputModality,
     check_max_output_tokens,
+    check_no_tools,
     check_tool_choice,
 )
 from gateway.protocol.validation import Temperature
@@ -121,6 +122,11 @@ class ResponseParams(BaseModel):
     @classmethod
     def _tool_choice(cls, value: object) -> object:
         return check_tool_choice(value) if value is not None else None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[FunctionTool] | None) -> list[FunctionTool] | None:
+        return check_no_tools(value)
 
     @field_validator("max_output_tokens")
     @classmethod

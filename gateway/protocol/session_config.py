@@ -33,6 +33,12 @@ def check_max_output_tokens(value: int | str | None) -> int | str | None:
         raise ValueError(f"max_output_tokens must be between 1 and {MAX_OUTPUT_TOKENS}, or 'inf'")
     return value
 
+def check_no_tools(value: list[Any] | None) -> list[Any] | None:
+    if value:
+        raise ValueError("function calling over the Realtime API is not available yet (Chat Completions has it)")
+    return value
+
+
 def check_tool_choice(value: object) -> object:
     if value not in ("auto", "none"):
         raise ValueError("tool_choice 'auto' and 'none' are available; forcing a function call is not yet")
@@ -206,6 +212,11 @@ class SessionConfig(_Strict):
     @classmethod
     def _tool_choice(cls, value: object) -> object:
         return check_tool_choice(value)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[FunctionTool]) -> list[FunctionTool]:
+        return check_no_tools(value) or []
 
     @field_validator("output_modalities")
     @classmethod

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from gateway import metrics
+from gateway.chat_plan import ChatPlan, plan_chat
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
 from gateway.openapi import error_responses, json_body
@@ -22,7 +23,10 @@ from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from inference.llm.chat import ContextOverflow, render_prompt
+from inference.llm.constraints import GrammarError, TokenConstraint
 from inference.llm.engine import EngineOverloaded, GenerationStream, SamplingParams
+from inference.llm.loader import LoadedLM
+from inference.llm.tool_calls import ParsedReply, ReplySplitter, ToolCall, parse_reply
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -92,21 +96,26 @@ async def chat_completions(request: Request) -> Response:
     return response
 
 
+def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tuple[list[int], TokenConstraint | None]:
+    """Blocking (tokenizer, grammar compiler): run it in a thread."""
+    try:
+        prompt = render_prompt(lm.tokenizer, plan.messages, context_window=lm.context_window, reserve_tokens=max_tokens)
+    except ContextOverflow as exc:
+        raise ApiError("context_length_exceeded", str(exc), "messages") from None
+    try:
+        constraint = lm.grammars.constraint(plan.grammar) if plan.grammar is not None else None
+    except GrammarError as exc:
+        param = "response_format" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
+        raise ApiError("invalid_value", f"The JSON schema cannot be used: {exc}", param) from None
+    return prompt.token_ids, constraint
+
+
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request) -> Response:
     engine = svc.runtime.engine
     assert engine is not None
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
-    try:
-        prompt = await asyncio.to_thread(
-            render_prompt,
-            engine.lm.tokenizer,
-            [message.to_chat() for message in chat.messages],
-            context_window=engine.lm.context_window,
-            reserve_tokens=max_tokens,
-            tools=chat.tools,
-        )
-    except ContextOverflow as exc:
-        raise ApiError("context_length_exceeded", str(exc), "messages") from None
+    plan = plan_chat(chat)
+    prompt_ids, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = SamplingParams(
         temperature=1.0 if chat.temperature is None else chat.temperature,
         top_p=chat.top_p or 1.0,
@@ -115,9 +124,11 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         seed=chat.seed,
         max_tokens=max_tokens,
         stop=tuple(chat.stop or ()),  # type: ignore[arg-type]
+        presence_penalty=chat.presence_penalty or 0.0,
+        frequency_penalty=chat.frequency_penalty or 0.0,
     )
     try:
-        stream = engine.submit(prompt.token_ids, sampling)
+        stream = engine.submit(prompt_ids, sampling, constraint=constraint)
     except EngineOverloaded as exc:
         raise overloaded("The model is at capacity; retry shortly.", exc.retry_after_s) from None
     cid = completion_id()
@@ -125,7 +136,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         return StreamingResponse(
-            _sse(stream, cid, chat.model, fingerprint, include_usage),
+            _sse(stream, plan, cid, chat.model, fingerprint, include_usage),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
@@ -137,8 +148,16 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     if result.first_token_at is not None:
         metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
-    finish = "length" if result.finish_reason == "length" else "stop"
-    return JSONResponse(completion_object(cid, chat.model, text, finish, usage, fingerprint), headers=headers)
+    reply = parse_reply(text, plan.tools) if plan.tools else ParsedReply(text, [])
+    finish = "tool_calls" if reply.calls else ("length" if result.finish_reason == "length" else "stop")
+    calls = [_call_object(call) for call in reply.calls] or None
+    body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
+    return JSONResponse(body, headers=headers)
+
+
+def _call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return obj if index is None else {"index": index, **obj}
 
 
 def _sse_line(payload: dict[str, Any]) -> bytes:
@@ -146,21 +165,38 @@ def _sse_line(payload: dict[str, Any]) -> bytes:
 
 
 async def _sse(
-    stream: GenerationStream, cid: str, model: str, fingerprint: str, include_usage: bool
+    stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
+
+    def chunk(**fields: Any) -> bytes:
+        return _sse_line(chunk_object(cid, model, created, fingerprint, **fields))
+
+    # With tools, text that may begin a call block is held back until it is known (tool_calls.py).
+    splitter = ReplySplitter() if plan.tools else None
     try:
-        yield _sse_line(chunk_object(cid, model, created, fingerprint, delta={"role": "assistant", "content": ""}))
+        yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
-            yield _sse_line(chunk_object(cid, model, created, fingerprint, delta={"content": delta}))
+            text = splitter.feed(delta) if splitter is not None else delta
+            if text:
+                yield chunk(delta={"content": text})
         result = await stream.result()
         finish = "length" if result.finish_reason == "length" else "stop"
-        yield _sse_line(chunk_object(cid, model, created, fingerprint, delta={}, finish_reason=finish))
+        if splitter is not None:
+            reply = parse_reply(splitter.held, plan.tools)
+            if reply.calls:
+                finish = "tool_calls"
+                if reply.content:  # text the model wrote after its calls
+                    yield chunk(delta={"content": reply.content})
+                for index, call in enumerate(reply.calls):
+                    yield chunk(delta={"tool_calls": [_call_object(call, index)]})
+            elif splitter.held:
+                yield chunk(delta={"content": splitter.held})
+        yield chunk(delta={}, finish_reason=finish)
         if result.first_token_at is not None:
             metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
         if include_usage:
-            usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
-            yield _sse_line(chunk_object(cid, model, created, fingerprint, usage=usage))
+            yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         yield b"data: [DONE]\n\n"
     except Exception as exc:  # headers are gone: the error travels in the stream, as OpenAI does
         log.exception("chat stream %s failed", cid)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from inference.llm.tool_calls import write_calls
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -33,29 +34,29 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Map OpenAI roles onto what small chat templates know.
 
     System and developer instructions are merged into one leading system message, because many
-    templates (SmolLM2's among them) only honour a system message in first position. Tool results
-    and assistant tool calls are rendered as plain text the model can read.
+    templates (SmolLM2's among them) only honour a system message in first position. Assistant tool
+    calls are written as the model writes them (tool_calls.py), and tool results as text it can read.
     """
     instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
     rendered: list[dict[str, Any]] = []
+    called = {call.get("id"): call.get("function", call).get("name") for m in messages for call in m.tool_calls}
     if instructions:
         rendered.append({"role": "system", "content": "\n\n".join(instructions)})
     for message in messages:
         if message.role in ("system", "developer"):
             continue
         if message.role == "tool":
-            rendered.append({"role": "user", "content": f"Tool result ({message.tool_call_id}): {message.content}"})
+            name = called.get(message.tool_call_id) or "the function"
+            rendered.append({"role": "user", "content": f"{name} returned: {message.content}"})
         elif message.role == "assistant" and message.tool_calls:
-            calls = "; ".join(json.dumps(call.get("function", call)) for call in message.tool_calls)
-            text = f"{message.content}\n" if message.content else ""
-            rendered.append({"role": "assistant", "content": f"{text}Tool calls: {calls}"})
+            rendered.append({"role": "assistant", "content": write_calls(message.content, message.tool_calls)})
         else:
             rendered.append({"role": message.role, "content": message.content})
     return rendered
 
 
-def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+def _encode(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -79,7 +80,6 @@ def render_prompt(
     *,
     context_window: int,
     reserve_tokens: int,
-    tools: list[dict[str, Any]] | None = None,
 ) -> RenderedPrompt:
     """Tokenize a conversation, dropping its oldest turns until `reserve_tokens` fit after it.
 
@@ -95,7 +95,7 @@ def render_prompt(
     dropped = 0
     while True:
         kept = head + turns[dropped:]
-        ids = _encode(tokenizer, kept, tools)
+        ids = _encode(tokenizer, kept)
         if len(ids) <= budget:
             return RenderedPrompt(token_ids=ids, dropped_messages=dropped, messages=kept)
         if dropped >= len(turns) - 1:

@@ -36,6 +36,7 @@ import torch
 from inference.cpu import wait_for_exclusive_work
 
 from .cache import PrefixCache, RadixNode
+from .constraints import TokenConstraint
 from .forward import LeanForward, Segment
 from .loader import LoadedLM
 from .sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
@@ -61,6 +62,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()  # stop strings; never emitted to the client
     ignore_eos: bool = False  # addition: never sample EOS (fixed-length generations for benchmarks)
+    presence_penalty: float = 0.0  # OpenAI's, over the generated tokens
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -318,9 +321,11 @@ class LLMEngine:
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *,
-        conversation_id: str | None = None,
+        conversation_id: str | None = None, constraint: TokenConstraint | None = None,
     ) -> GenerationStream:
-        """Queue a generation; returns at once. Raises EngineOverloaded / EngineClosed / ValueError."""
+        """Queue a generation; returns at once. Raises EngineOverloaded / EngineClosed / ValueError.
+
+        `constraint`: a fresh grammar state (constraints.py) that decides which tokens it may sample."""
         loop = asyncio.get_running_loop()
         prompt = self._validate_prompt(prompt_ids)
         if params.max_tokens < 1:
@@ -333,6 +338,7 @@ class LLMEngine:
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             repetition_penalty=params.repetition_penalty, seed=params.seed, prompt_ids=prompt,
             device=self.fwd.device, suppress_ids=tuple(sorted(self._eos)) if params.ignore_eos else (),
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty, constraint=constraint,
         )
         req.detok = IncrementalDetokenizer(self.lm.tokenizer)
         req.stopper = StopChecker(tuple(params.stop))

@@ -18,12 +18,13 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from .constraints import GrammarCompiler
 from .forward import on_int4_grid, resolve_kernels
 from .threads import one_intra_op_thread
 
@@ -53,6 +54,10 @@ class LoadedLM:
     # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
     # "auto" is the fastest this CPU runs), or "torch" for torch's own.
     kernels: str = "auto"
+    grammars: GrammarCompiler = field(init=False)  # grammar-constrained decoding over this tokenizer
+
+    def __post_init__(self) -> None:
+        self.grammars = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
 
 
 def _resolve_device(device: str) -> torch.device:

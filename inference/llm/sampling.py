@@ -3,6 +3,9 @@
 Each row of a step's logits belongs to one request with its own parameters. The processors follow
 transformers' order and definitions (repetition penalty over prompt + generated tokens, temperature,
 top-k, top-p), so a request gives the same tokens as ``generate()`` would with the same settings.
+OpenAI's presence and frequency penalties (over the generated tokens, as OpenAI and vLLM define them)
+and a grammar's mask (constraints.py) come first; a row that has either is sampled on its own, so
+the batch's other rows keep the vectorized path.
 A seeded request draws from its own ``torch.Generator``, one draw per token, so its output does not
 depend on what else runs in the batch.
 """
@@ -16,12 +19,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from inference.llm.constraints import TokenConstraint
+
 
 class RowSampler:
     """Sampling state of one request: its parameters, generator and the token ids seen so far."""
 
     __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids",
-                 "suppress_ids", "_suppress")
+                 "suppress_ids", "_suppress", "presence_penalty", "frequency_penalty", "generated_counts",
+                 "constraint")
 
     def __init__(
         self,
@@ -34,6 +40,9 @@ class RowSampler:
         prompt_ids: Sequence[int],
         device: torch.device | str = "cpu",
         suppress_ids: Sequence[int] = (),
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        constraint: TokenConstraint | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
@@ -43,6 +52,12 @@ class RowSampler:
             raise ValueError("top_k must be >= 0")
         if repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if not (-2.0 <= presence_penalty <= 2.0 and -2.0 <= frequency_penalty <= 2.0):
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        self.presence_penalty = float(presence_penalty)
+        self.frequency_penalty = float(frequency_penalty)
+        self.generated_counts: dict[int, int] = {}  # for the presence and frequency penalties
+        self.constraint = constraint
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.top_k = int(top_k)
@@ -61,7 +76,16 @@ class RowSampler:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def per_row(self) -> bool:
+        """Sampled on its own: its processors have no vectorized form over the batch."""
+        return self.constraint is not None or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def observe(self, token_id: int) -> None:
+        if self.constraint is not None:
+            self.constraint.advance(token_id)
+        if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0:
+            self.generated_counts[token_id] = self.generated_counts.get(token_id, 0) + 1
         if self.repetition_penalty != 1.0 and token_id not in self.seen:
             n = len(self.seen)
             if n == self._seen_ids.shape[0]:
@@ -78,6 +102,14 @@ class RowSampler:
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply the logits processors to one row (``[V]``, float32); returns the processed row."""
+        if self.constraint is not None:
+            allowed = torch.from_numpy(self.constraint.allowed()).to(logits.device)
+            logits = logits.masked_fill(~allowed[: logits.shape[0]], float("-inf"))
+        if self.generated_counts:
+            ids = torch.tensor(list(self.generated_counts), dtype=torch.long, device=logits.device)
+            counts = torch.tensor(list(self.generated_counts.values()), dtype=logits.dtype, device=logits.device)
+            penalty = counts * self.frequency_penalty + self.presence_penalty
+            logits = logits.scatter(0, ids, logits.gather(0, ids) - penalty)
         if self.suppress_ids:
             if self._suppress is None or self._suppress.device != logits.device:
                 self._suppress = torch.tensor(self.suppress_ids, dtype=torch.long, device=logits.device)
@@ -118,7 +150,7 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[in
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
     out: list[int | Exception] = [0] * len(samplers)
-    greedy = [i for i, s in enumerate(samplers) if s.greedy]
+    greedy = [i for i, s in enumerate(samplers) if s.greedy and not s.per_row]
     if greedy:
         try:
             for i, t in zip(greedy, _greedy_tokens(logits, greedy, [samplers[i] for i in greedy])):
@@ -127,7 +159,7 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[in
             for i in greedy:
                 out[i] = exc
     for i, s in enumerate(samplers):
-        if not s.greedy:
+        if not s.greedy or s.per_row:
             try:
                 out[i] = s.sample(logits[i])
             except Exception as exc:  # e.g. NaN probabilities from a broken row

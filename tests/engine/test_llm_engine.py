@@ -615,3 +615,32 @@ async def test_engine_waits_for_exclusive_work(make_engine, chat_ids, collect):
     assert res.token_ids == alone.token_ids
     assert eng.stats()["steps"] > steps_before
     assert eng.stats()["exclusive_wait_seconds_total"] >= hold_s * 0.5
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+async def test_a_grammar_constrains_its_own_row_and_no_other(lm, make_engine, chat_ids, collect):
+    """A request under a JSON schema's grammar, batched with plain ones: its output is that schema's
+    JSON and ends there (EOS), and the plain requests get exactly their solo tokens."""
+    import json
+
+    import jsonschema
+
+    from inference.llm.constraints import json_schema_grammar
+
+    prompts = [chat_ids(("user", q), system=SYSTEM) for q in QUESTIONS]
+    solo_eng = make_engine(prefix_cache_bytes=0)
+    solo = [await collect(solo_eng, p) for p in prompts]
+    eng = make_engine(prefix_cache_bytes=0, max_batch_size=4)
+    ask = chat_ids(("user", "Describe a person called Ann, aged 30, as JSON."))
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=60)
+    constrained, *plain = await asyncio.gather(
+        collect(eng, ask, params, constraint=lm.grammars.constraint(json_schema_grammar(PERSON))),
+        *(collect(eng, p) for p in prompts),
+    )
+    assert [r.token_ids for r in plain] == [r.token_ids for r in solo]
+    jsonschema.validate(json.loads(constrained.text), PERSON)
+    assert constrained.finish_reason == "stop"

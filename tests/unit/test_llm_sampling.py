@@ -205,3 +205,46 @@ def test_earliest_of_several_stops_wins():
     assert stopped and "".join(out) == "hel"
     s = StopChecker(())
     assert feed_all(s, ["a", "b"]) == (["a", "b"], False)
+
+
+def test_frequency_and_presence_penalties_follow_openai():
+    """logit[t] -= count(t) * frequency + (count(t) > 0) * presence, over the generated tokens only."""
+    logits = torch.zeros(8)
+    logits[2], logits[3] = 5.0, 4.0
+    s = sampler(temperature=0.0, frequency_penalty=0.75, presence_penalty=0.5, prompt_ids=[3, 3, 3])
+    for token in (2, 2, 5):
+        s.observe(token)
+    out = s.process(logits.clone())
+    assert out[2].item() == 5.0 - 2 * 0.75 - 0.5 and out[5].item() == -0.75 - 0.5
+    assert out[3].item() == 4.0  # the prompt's tokens are not penalized (OpenAI's definition)
+    assert s.sample(logits.clone()) == 3  # the penalized favourite lost its lead
+
+
+class OnlyOdd:
+    """A constraint that allows odd token ids; records what it was advanced with."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.advanced = vocab, []
+
+    def allowed(self):
+        import numpy as np
+
+        return np.arange(self.vocab) % 2 == 1
+
+    def advance(self, token_id: int) -> None:
+        self.advanced.append(token_id)
+
+
+def test_a_constrained_row_is_sampled_alone_and_the_others_keep_theirs():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 32)
+    plain = [sampler(temperature=0.0) for _ in range(3)]
+    expected = sample_rows(logits[:3].clone(), plain)
+    constraint = OnlyOdd(32)
+    rows = [sampler(temperature=0.0), sampler(temperature=0.0, constraint=constraint), *
+            [sampler(temperature=0.0) for _ in range(2)]]
+    got = sample_rows(torch.cat([logits[:1], logits[3:4], logits[1:3]]).clone(), rows)
+    assert [got[0], *got[2:]] == expected
+    assert got[1] % 2 == 1 and got[1] == int((logits[3].masked_fill(torch.arange(32) % 2 == 0, float("-inf"))).argmax())
+    rows[1].observe(got[1])
+    assert constraint.advanced == [got[1]]

@@ -1,0 +1,57 @@
+"""What a chat completion asks of the model: its messages (with the tools described), the grammar its
+output must follow, and which tools its reply may call.
+
+- `tool_choice` "none": the tools are neither described nor parsed.
+- "auto" (the default with tools): described; the reply is parsed for calls (tool_calls.py).
+- "required" or a named function: the output is constrained to one block of valid calls.
+- `response_format` json_object / json_schema: the content is constrained to JSON (that schema's).
+  With "auto" tools as well, the output is either a call block or that JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
+from inference.llm.chat import ChatMessage
+from inference.llm.constraints import json_value
+from inference.llm.tool_calls import ToolSpec, tool_call_block, tool_instructions
+
+
+@dataclass
+class ChatPlan:
+    messages: list[ChatMessage]
+    grammar: str | None = None  # llguidance Lark (constraints.py); None: unconstrained
+    tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for
+
+
+def plan_chat(chat: ChatCompletionRequest) -> ChatPlan:
+    messages = [message.to_chat() for message in chat.messages]
+    tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
+    choice = chat.tool_choice or ("auto" if tools else "none")
+    if choice == "none":
+        tools = []
+    forced = choice.function.name if isinstance(choice, NamedToolChoice) else ("required" if choice == "required" else None)
+    instructions: list[str] = []
+    if tools:
+        instructions.append(tool_instructions(tools, forced=forced, parallel=chat.parallel_tool_calls))
+    schema = None
+    fmt = chat.response_format
+    if fmt is not None and fmt.type == "json_object":
+        schema = {"type": "object"}
+        instructions.append("Reply with a JSON object.")
+    elif fmt is not None and fmt.json_schema is not None:
+        schema = fmt.json_schema.schema_
+        instructions.append(f"Reply with JSON that matches this schema: {json.dumps(schema, ensure_ascii=False)}")
+    grammar = None
+    if forced is not None:
+        callable_tools = tools if forced == "required" else [t for t in tools if t.name == forced]
+        grammar = "start: " + tool_call_block(callable_tools, parallel=chat.parallel_tool_calls and forced == "required")
+    elif schema is not None and tools:
+        grammar = f"start: {tool_call_block(tools, parallel=chat.parallel_tool_calls)} | {json_value(schema)}"
+    elif schema is not None:
+        grammar = f"start: {json_value(schema)}"
+    if instructions:  # merged after the client's own instructions into the one system message
+        messages.append(ChatMessage("system", "\n\n".join(instructions)))
+    return ChatPlan(messages=messages, grammar=grammar, tools=tools)

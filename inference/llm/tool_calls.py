@@ -1,0 +1,162 @@
+"""Function calling on a small local model: how tools are described, how calls are written, and the
+grammar that makes a forced call valid.
+
+The model is told of the tools in its system message and calls them by writing
+``<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>``, the format SmolLM2 (the embedded
+model) was tuned on; one block holds every call of the turn. With `tool_choice` "required" or a named
+function, decoding is constrained to that block (constraints.py), so the arguments always parse and
+match each function's JSON schema. With "auto" the model decides, and its reply is parsed: a block
+that does not parse stays text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from inference.llm.constraints import json_value
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema for the arguments object
+
+    def schema(self) -> dict[str, Any]:
+        return self.parameters or {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object, as OpenAI sends it: a string
+
+    @classmethod
+    def new(cls, name: str, arguments: dict[str, Any]) -> ToolCall:
+        return cls("call_" + secrets.token_hex(12), name, json.dumps(arguments, ensure_ascii=False))
+
+
+def tool_instructions(tools: list[ToolSpec], *, forced: str | None, parallel: bool) -> str:
+    """The system message's part about the tools. `forced`: "required", a function's name, or None (auto)."""
+    listed = "\n".join(
+        json.dumps({"name": t.name, "description": t.description or "", "parameters": t.schema()}, ensure_ascii=False)
+        for t in tools
+    )
+    how = f'{OPEN}[{{"name": "function name", "arguments": {{"argument name": "value"}}}}]{CLOSE}'
+    lines = ["You can call these functions:", "<tools>", listed, "</tools>", f"To call functions, reply with only {how}."]
+    if parallel:
+        lines.append("Put every call you need in the one list.")
+    if forced == "required":
+        lines.append("You must call a function now.")
+    elif forced is not None:
+        lines.append(f"You must call the function {forced} now.")
+    else:
+        lines.append("If no function is needed, answer the user directly.")
+    return "\n".join(lines)
+
+
+def _calls_schema(tools: list[ToolSpec], parallel: bool) -> dict[str, Any]:
+    one_call = [
+        {"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.schema()},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for t in tools
+    ]
+    array: dict[str, Any] = {"type": "array", "items": one_call[0] if len(one_call) == 1 else {"anyOf": one_call},
+                             "minItems": 1}
+    if not parallel:
+        array["maxItems"] = 1
+    return array
+
+
+def tool_call_block(tools: list[ToolSpec], *, parallel: bool) -> str:
+    """A Lark expression for one block of valid calls to `tools` (give one tool to force that function)."""
+    return f'"{OPEN}" {json_value(_calls_schema(tools, parallel))} "{CLOSE}"'
+
+
+def write_calls(content: str | None, tool_calls: tuple[dict[str, Any], ...]) -> str:
+    """An assistant turn's calls (OpenAI's `tool_calls` objects) as the model writes them, for the history."""
+    calls = []
+    for call in tool_calls:
+        function = call.get("function", call)
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = arguments  # kept as the client sent it
+        calls.append({"name": function.get("name"), "arguments": parsed})
+    block = OPEN + json.dumps(calls, ensure_ascii=False) + CLOSE
+    return f"{content}\n{block}" if content else block
+
+
+@dataclass
+class ParsedReply:
+    content: str | None
+    calls: list[ToolCall]
+
+
+def parse_reply(text: str, tools: list[ToolSpec]) -> ParsedReply:
+    """The calls in a finished reply, and the text around them. A block that is not valid calls to known
+    functions is left as text: the client sees what the model wrote rather than losing it."""
+    names = {t.name for t in tools}
+    calls: list[ToolCall] = []
+    for block in _BLOCK.findall(text):
+        try:
+            parsed = json.loads(block)
+        except ValueError:
+            return ParsedReply(text, [])
+        for call in parsed if isinstance(parsed, list) else [parsed]:
+            arguments = call.get("arguments") if isinstance(call, dict) else None
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    return ParsedReply(text, [])
+            if not isinstance(call, dict) or call.get("name") not in names or not isinstance(arguments, dict):
+                return ParsedReply(text, [])
+            calls.append(ToolCall.new(call["name"], arguments))
+    if not calls:
+        return ParsedReply(text, [])
+    rest = _BLOCK.sub("", text).strip()
+    return ParsedReply(rest or None, calls)
+
+
+class ReplySplitter:
+    """Streams a reply's text while holding back what may be the start of a call block.
+
+    `feed` returns the text that is surely not part of a call; from the first `<tool_call>` on,
+    everything is kept for `parse_reply` at the end."""
+
+    def __init__(self) -> None:
+        self.text = ""  # everything fed
+        self._sent = 0
+        self._in_call = False
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if self._in_call:
+            return ""
+        start = self.text.find(OPEN, self._sent)
+        if start >= 0:
+            self._in_call = True
+            return self._release(start)
+        # Hold back a tail that could still become "<tool_call>".
+        keep = next((n for n in range(min(len(OPEN) - 1, len(self.text) - self._sent), 0, -1)
+                     if OPEN.startswith(self.text[-n:])), 0)
+        return self._release(len(self.text) - keep)
+
+    def _release(self, end: int) -> str:
+        out, self._sent = self.text[self._sent:end], max(self._sent, end)
+        return out
+
+    @property
+    def held(self) -> str:
+        """What was not sent as text (a call block, or a tail that never became one)."""
+        return self.text[self._sent:]
