@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_value
-from inference.llm.tool_calls import ToolSpec, tool_call_block, tool_instructions
+from inference.llm.tool_calls import ToolSpec, plan_tool_use, tool_call_block
 
 
 @dataclass
@@ -30,12 +30,11 @@ def plan_chat(chat: ChatCompletionRequest) -> ChatPlan:
     messages = [message.to_chat() for message in chat.messages]
     tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
     choice = chat.tool_choice or ("auto" if tools else "none")
-    if choice == "none":
-        tools = []
-    forced = choice.function.name if isinstance(choice, NamedToolChoice) else ("required" if choice == "required" else None)
-    instructions: list[str] = []
-    if tools:
-        instructions.append(tool_instructions(tools, forced=forced, parallel=chat.parallel_tool_calls))
+    if isinstance(choice, NamedToolChoice):
+        use = plan_tool_use(tools, choice="function", name=choice.function.name, parallel=chat.parallel_tool_calls)
+    else:
+        use = plan_tool_use(tools, choice=choice, parallel=chat.parallel_tool_calls)
+    instructions = [use.instructions] if use.instructions else []
     schema = None
     fmt = chat.response_format
     if fmt is not None and fmt.type == "json_object":
@@ -45,13 +44,12 @@ def plan_chat(chat: ChatCompletionRequest) -> ChatPlan:
         schema = fmt.json_schema.schema_
         instructions.append(f"Reply with JSON that matches this schema: {json.dumps(schema, ensure_ascii=False)}")
     grammar = None
-    if forced is not None:
-        callable_tools = tools if forced == "required" else [t for t in tools if t.name == forced]
-        grammar = "start: " + tool_call_block(callable_tools, parallel=chat.parallel_tool_calls and forced == "required")
-    elif schema is not None and tools:
-        grammar = f"start: {tool_call_block(tools, parallel=chat.parallel_tool_calls)} | {json_value(schema)}"
+    if use.forced_block is not None:
+        grammar = f"start: {use.forced_block}"
+    elif schema is not None and use.tools:
+        grammar = f"start: {tool_call_block(use.tools, parallel=chat.parallel_tool_calls)} | {json_value(schema)}"
     elif schema is not None:
         grammar = f"start: {json_value(schema)}"
     if instructions:  # merged after the client's own instructions into the one system message
         messages.append(ChatMessage("system", "\n\n".join(instructions)))
-    return ChatPlan(messages=messages, grammar=grammar, tools=tools)
+    return ChatPlan(messages=messages, grammar=grammar, tools=use.tools)

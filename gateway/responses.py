@@ -17,8 +17,10 @@ from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.response_events import Event, ResponseEvents
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
+from inference.llm.constraints import GrammarError, TokenConstraint
 from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM
+from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 
@@ -41,6 +43,7 @@ class ResponseJob:
     marks: TurnMarks = field(default_factory=TurnMarks)
     preemption: Preemption | None = None
     speech_speed: float = 1.0  # the session's audio.output.speed
+    tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the tools the reply may call (tool_calls.py)
 
 
 def render_reply_prompt(
@@ -56,6 +59,16 @@ def render_reply_prompt(
     return prompt.token_ids
 
 
+def reply_constraint(lm: LoadedLM, tool_use: ToolUse) -> TokenConstraint | None:
+    """The grammar of a forced function call (blocking: run it in a thread)."""
+    if tool_use.forced_block is None:
+        return None
+    try:
+        return lm.grammars.constraint(f"start: {tool_use.forced_block}")
+    except GrammarError as exc:
+        raise ApiError("invalid_value", f"A function's parameters cannot be used as a JSON schema: {exc}", "tools") from None
+
+
 class ResponseRunner:
     def __init__(
         self,
@@ -66,25 +79,34 @@ class ResponseRunner:
         events: ResponseEvents,
         send: Callable[[list[Event]], None],
         speech: SpeechStream | None,
+        open_message: Callable[[], None] = lambda: None,
+        add_calls: Callable[[list[ToolCall]], None] = lambda calls: None,
     ) -> None:
+        """`open_message`: puts the assistant message in the conversation (called before its first text, when
+        the session did not open it upfront); `add_calls`: puts the reply's function calls there."""
         self.engine = engine
         self.tts = tts
         self.job = job
         self.events = events
         self.send = send
         self.speech = speech
+        self.open_message = open_message
+        self.add_calls = add_calls
         self.stream: GenerationStream | None = None
         self._adopted: Preemption | None = None
 
     async def run(self) -> GenerationResult:
         job = self.job
+        lm = self.engine.lm
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, self.engine.lm, job.messages, job.sampling)
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling)
+            constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
         except BaseException:
             self.cancel_generation()
             raise
         preemption, job.preemption = job.preemption, None
-        if preemption is not None and preemption.prompt_ids == prompt_ids and preemption.sampling == job.sampling:
+        if (preemption is not None and constraint is None and preemption.prompt_ids == prompt_ids
+                and preemption.sampling == job.sampling):
             self._adopted = preemption
             self.stream = preemption.stream
             job.marks.generation_started = preemption.started_at
@@ -94,29 +116,44 @@ class ResponseRunner:
                 log.debug("preempted reply dropped: the response's prompt or sampling differs")
                 preemption.cancel()
             try:
-                self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key)
+                self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key,
+                                                 constraint=constraint)
                 job.marks.mark("generation_started")
             except EngineOverloaded as exc:
                 raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
         # An adopted preemption's run_ahead reads the stream; its text is replayed from there.
         deltas = self._adopted.replay() if self._adopted is not None else self.stream
-        if self.speech is None:
-            async for delta in deltas:
-                self.job.marks.mark("first_token")
-                self.send(self.events.text_delta(delta))
-            return await self.stream.result()
+        tools = job.tool_use.tools
+        # With tools, text that may begin a call block waits until it is known (tool_calls.py).
+        reply = ReplySplitter() if tools else None
         clauses: asyncio.Queue[str | None] = asyncio.Queue()
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._speak(clauses))
-            splitter = ClauseSplitter()
-            async for delta in deltas:
-                self.job.marks.mark("first_token")
-                self.send(self.events.text_delta(delta))
-                for clause in splitter.push(delta):
-                    self.job.marks.mark("first_clause")
+        splitter = ClauseSplitter()
+
+        def say(text: str) -> None:
+            if not self.events.opened:
+                self.open_message()
+            self.send(self.events.text_delta(text))
+            if self.speech is not None:
+                for clause in splitter.push(text):
+                    job.marks.mark("first_clause")
                     clauses.put_nowait(clause)
+
+        async with asyncio.TaskGroup() as group:
+            if self.speech is not None:
+                group.create_task(self._speak(clauses))
+            async for delta in deltas:
+                job.marks.mark("first_token")
+                text = reply.feed(delta) if reply is not None else delta
+                if text:
+                    say(text)
+            if reply is not None and reply.held:
+                parsed = parse_reply(reply.held, tools)
+                if parsed.calls:
+                    self.add_calls(parsed.calls)
+                if parsed.content:
+                    say(parsed.content)
             for clause in splitter.flush():
-                self.job.marks.mark("first_clause")
+                job.marks.mark("first_clause")
                 clauses.put_nowait(clause)
             clauses.put_nowait(None)
         return await self.stream.result()

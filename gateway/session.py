@@ -26,13 +26,20 @@ from gateway.protocol import client_events as ev
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
-from gateway.protocol.session_config import SessionConfig, TurnDetection, apply_session_update
+from gateway.protocol.session_config import (
+    SessionConfig,
+    ToolChoiceFunction,
+    TurnDetection,
+    apply_session_update,
+    check_tool_choice,
+)
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
 from inference.llm.chat import ChatMessage
 from inference.llm.engine import EngineClosed, EngineOverloaded, GenerationResult, SamplingParams
+from inference.llm.tool_calls import ToolCall, ToolSpec, ToolUse, plan_tool_use
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
@@ -282,6 +289,18 @@ class RealtimeSession:
 
     # -- responses ------------------------------------------------------------------------------
 
+    def _tool_use(self, params: ev.ResponseParams) -> ToolUse:
+        tools = params.tools if params.tools is not None else self.config.tools
+        choice = params.tool_choice or self.config.tool_choice
+        try:
+            check_tool_choice(tools, choice)
+        except ValueError as exc:
+            raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
+        specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
+        if isinstance(choice, ToolChoiceFunction):
+            return plan_tool_use(specs, choice="function", name=choice.name)
+        return plan_tool_use(specs, choice=choice)
+
     def _reply_sampling(self, params: ev.ResponseParams, context_window: int) -> SamplingParams:
         max_tokens = params.max_output_tokens or self.config.max_output_tokens
         if max_tokens == "inf":
@@ -306,6 +325,8 @@ class RealtimeSession:
         if engine is None or self.active is not None:
             return None
         params = ev.ResponseParams()
+        if self._tool_use(params).tools:
+            return None  # a reply that may call functions has their instructions and maybe a grammar
         history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
         messages = [*history, ChatMessage("user", user_text)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
@@ -338,6 +359,7 @@ class RealtimeSession:
         if audio and not self._can_speak():
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
+        tool_use = self._tool_use(params)
         if params.conversation not in ("auto", "none", self.conversation.id):
             raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
                            f"session's '{self.conversation.id}'.", "response.conversation")
@@ -351,6 +373,8 @@ class RealtimeSession:
         if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
         messages = context.chat_messages(instructions)
+        if tool_use.instructions:
+            messages.append(ChatMessage("system", tool_use.instructions))
         marks = self.pending_marks or TurnMarks()
         self.pending_marks = None
         marks.mark("response_created")
@@ -375,11 +399,23 @@ class RealtimeSession:
             marks=marks,
             preemption=preemption,
             speech_speed=self.config.audio.output.speed,
+            tool_use=tool_use,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
-        runner = ResponseRunner(
-            engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all, speech=speech
-        )
+
+        def open_message() -> None:
+            previous = self.conversation.add(item) if writes_conversation else None
+            self.send_all(events.open_item(previous))
+
+        def add_calls(calls: list[ToolCall]) -> None:
+            for call in calls:
+                call_item = Item(id=new_id("item"), type="function_call", call_id=call.id, name=call.name,
+                                 arguments=call.arguments)
+                previous = self.conversation.add(call_item) if writes_conversation else None
+                self.send_all(events.function_call(call_item, previous))
+
+        runner = ResponseRunner(engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all,
+                                speech=speech, open_message=open_message, add_calls=add_calls)
         active = ActiveResponse(events=events, runner=runner, marks=marks)
         self.active = active
         self.turns.response_started()
@@ -387,8 +423,8 @@ class RealtimeSession:
             self.playout.set_producing(True)
             self._speaking_item, self._speaking_response_id = item, events.response_id
         self.send_all(events.created())
-        previous = self.conversation.add(item) if writes_conversation else None
-        self.send_all(events.open_item(previous))
+        if not tool_use.tools:  # with tools, the message opens with its first text: the reply may be calls
+            open_message()
         active.task = asyncio.create_task(self._run_response(active), name=f"response {events.response_id}")
 
     async def _run_response(self, active: ActiveResponse) -> None:

@@ -10,9 +10,8 @@ from gateway.protocol.session_config import (
     MAX_INSTRUCTIONS_CHARS,
     FunctionTool,
     OutputModality,
+    ToolChoice,
     check_max_output_tokens,
-    check_no_tools,
-    check_tool_choice,
 )
 from gateway.protocol.validation import Temperature
 
@@ -115,18 +114,8 @@ class ResponseParams(BaseModel):
     conversation: Literal["auto", "none"] | str = "auto"
     input: list[ItemParam] | None = None
     metadata: dict[str, str] | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-
-    @field_validator("tool_choice", mode="before")
-    @classmethod
-    def _tool_choice(cls, value: object) -> object:
-        return check_tool_choice(value) if value is not None else None
-
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, value: list[FunctionTool] | None) -> list[FunctionTool] | None:
-        return check_no_tools(value)
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None  # checked against the tools the response uses (its own or the session's)
 
     @field_validator("max_output_tokens")
     @classmethod

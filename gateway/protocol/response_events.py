@@ -2,6 +2,8 @@
 
 Each method returns the server events to send, in order. `finish()` closes whatever was opened,
 so a response cancelled at any point still ends with a well-formed tail and `response.done`.
+A response's output is its assistant message (`item`, once opened) and the function calls it made,
+each at the output index it was opened at.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class ResponseEvents:
     status: Literal["in_progress"] | ResponseStatus = "in_progress"
     _opened: bool = False
     _text: list[str] = field(default_factory=list)
+    _outputs: list[Item] = field(default_factory=list)  # in the order they were opened
+
+    @property
+    def opened(self) -> bool:
+        """Whether the assistant message is in the output (a reply that only calls functions has none)."""
+        return self._opened
 
     @property
     def content_kind(self) -> str:
@@ -60,7 +68,7 @@ class ResponseEvents:
             "id": self.response_id,
             "status": self.status,
             "status_details": status_details,
-            "output": [self.item.to_wire()] if self._opened else [],
+            "output": [item.to_wire() for item in self._outputs],
             "conversation_id": self.conversation_id,
             "output_modalities": ["audio" if self.audio else "text"],
             "max_output_tokens": self.max_output_tokens,
@@ -70,7 +78,11 @@ class ResponseEvents:
         }
 
     def _ids(self) -> dict[str, Any]:
-        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": self._index(self.item),
+                "content_index": 0}
+
+    def _index(self, item: Item) -> int:
+        return next(i for i, output in enumerate(self._outputs) if output is item)
 
     def created(self) -> list[Event]:
         return [{"type": "response.created", "response": self.response_object()}]
@@ -78,9 +90,12 @@ class ResponseEvents:
     def open_item(self, previous_item_id: str | None) -> list[Event]:
         """Called once the assistant item is in the conversation (it may stay out of it: conversation 'none')."""
         self._opened = True
+        self._outputs.append(self.item)
         self.item.content = [{"type": self.content_kind, "transcript" if self.audio else "text": ""}]
+        index = self._index(self.item)
         events: list[Event] = [
-            {"type": "response.output_item.added", "response_id": self.response_id, "output_index": 0, "item": self.item.to_wire()}
+            {"type": "response.output_item.added", "response_id": self.response_id, "output_index": index,
+             "item": self.item.to_wire()}
         ]
         if self.conversation_id is not None:
             events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_wire()})
@@ -88,6 +103,27 @@ class ResponseEvents:
         if self.audio:
             part["audio"] = None
         events.append({"type": "response.content_part.added", **self._ids(), "part": part})
+        return events
+
+    def function_call(self, call: Item, previous_item_id: str | None) -> list[Event]:
+        """A whole function call, as the model finished writing it (its arguments in one delta)."""
+        assert call.type == "function_call" and call.arguments is not None
+        self._outputs.append(call)
+        index = self._index(call)
+        ids = {"response_id": self.response_id, "item_id": call.id, "output_index": index, "call_id": call.call_id}
+        call.status = "in_progress"
+        events: list[Event] = [{"type": "response.output_item.added", "response_id": self.response_id,
+                                "output_index": index, "item": call.to_wire()}]
+        if self.conversation_id is not None:
+            events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": call.to_wire()})
+        events.append({"type": "response.function_call_arguments.delta", **ids, "delta": call.arguments})
+        events.append({"type": "response.function_call_arguments.done", **ids, "name": call.name,
+                       "arguments": call.arguments})
+        call.status = "completed"
+        events.append({"type": "response.output_item.done", "response_id": self.response_id, "output_index": index,
+                       "item": call.to_wire()})
+        if self.conversation_id is not None:
+            events.append({"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": call.to_wire()})
         return events
 
     def text_delta(self, delta: str) -> list[Event]:
@@ -126,9 +162,8 @@ class ResponseEvents:
                 events.append({"type": "response.output_text.done", **self._ids(), "text": text})
             part = {"type": self.part_kind, text_key: text}
             events.append({"type": "response.content_part.done", **self._ids(), "part": part})
-            events.append(
-                {"type": "response.output_item.done", "response_id": self.response_id, "output_index": 0, "item": self.item.to_wire()}
-            )
+            events.append({"type": "response.output_item.done", "response_id": self.response_id,
+                           "output_index": self._index(self.item), "item": self.item.to_wire()})
             if self.conversation_id is not None:
                 events.append({"type": "conversation.item.done", "item": self.item.to_wire()})
         details: dict[str, Any] | None = None

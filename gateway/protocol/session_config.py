@@ -33,18 +33,6 @@ def check_max_output_tokens(value: int | str | None) -> int | str | None:
         raise ValueError(f"max_output_tokens must be between 1 and {MAX_OUTPUT_TOKENS}, or 'inf'")
     return value
 
-def check_no_tools(value: list[Any] | None) -> list[Any] | None:
-    if value:
-        raise ValueError("function calling over the Realtime API is not available yet (Chat Completions has it)")
-    return value
-
-
-def check_tool_choice(value: object) -> object:
-    if value not in ("auto", "none"):
-        raise ValueError("tool_choice 'auto' and 'none' are available; forcing a function call is not yet")
-    return value
-
-
 OutputModality = Literal["text", "audio"]
 AUDIO_FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 
@@ -175,9 +163,25 @@ class AudioConfig(_Strict):
 
 class FunctionTool(_Strict):
     type: Literal["function"] = "function"
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; a forced call's arguments always match it
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+
+
+def check_tool_choice(tools: list[FunctionTool], choice: ToolChoice) -> None:
+    """Raises ValueError when the choice names a function that is not among the tools."""
+    if isinstance(choice, ToolChoiceFunction) and choice.name not in {tool.name for tool in tools}:
+        raise ValueError(f"tool_choice names '{choice.name}', which is not among the tools")
+    if choice == "required" and not tools:
+        raise ValueError("tool_choice 'required' needs tools")
 
 
 class SessionConfig(_Strict):
@@ -188,8 +192,8 @@ class SessionConfig(_Strict):
     output_modalities: list[OutputModality] = Field(default_factory=lambda: list[OutputModality](["audio"]), min_length=1)
     instructions: str = Field("", max_length=MAX_INSTRUCTIONS_CHARS)
     audio: AudioConfig = Field(default_factory=AudioConfig)
-    tools: list[FunctionTool] = Field(default_factory=list)
-    tool_choice: Literal["auto", "none"] = "auto"
+    tools: list[FunctionTool] = Field(default_factory=list, max_length=128)
+    tool_choice: ToolChoice = "auto"
     max_output_tokens: int | Literal["inf"] = "inf"
     # The beta API's sampling temperature, kept as an addition (it applies to the session's replies; None: the
     # server's --realtime-temperature). GA session objects have no such field, so it is not echoed.
@@ -208,15 +212,11 @@ class SessionConfig(_Strict):
             raise ValueError(f"{info.field_name} is not available on this server: send null or leave it out")
         return value
 
-    @field_validator("tool_choice", mode="before")
+    @field_validator("tool_choice")
     @classmethod
-    def _tool_choice(cls, value: object) -> object:
-        return check_tool_choice(value)
-
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, value: list[FunctionTool]) -> list[FunctionTool]:
-        return check_no_tools(value) or []
+    def _tool_choice(cls, value: ToolChoice, info: ValidationInfo) -> ToolChoice:
+        check_tool_choice(info.data.get("tools", []), value)
+        return value
 
     @field_validator("output_modalities")
     @classmethod

@@ -96,6 +96,28 @@ def write_calls(content: str | None, tool_calls: tuple[dict[str, Any], ...]) -> 
     return f"{content}\n{block}" if content else block
 
 
+@dataclass(frozen=True)
+class ToolUse:
+    """What a reply may do with its tools: those described to the model (and parsed for), what it is
+    told, and the Lark expression its whole output must match when a call is forced."""
+
+    tools: list[ToolSpec]
+    instructions: str | None = None
+    forced_block: str | None = None
+
+
+def plan_tool_use(tools: list[ToolSpec], *, choice: str, name: str | None = None, parallel: bool = True) -> ToolUse:
+    """`choice`: "auto", "none", "required", or "function" (then `name` is the one to call)."""
+    if choice == "none" or not tools:
+        return ToolUse([])
+    forced = name if choice == "function" else ("required" if choice == "required" else None)
+    instructions = tool_instructions(tools, forced=forced, parallel=parallel)
+    if forced is None:
+        return ToolUse(tools, instructions)
+    callable_tools = tools if forced == "required" else [t for t in tools if t.name == forced]
+    return ToolUse(tools, instructions, tool_call_block(callable_tools, parallel=parallel and forced == "required"))
+
+
 @dataclass
 class ParsedReply:
     content: str | None

@@ -177,3 +177,56 @@ async def test_official_sdk_realtime_client(gateway: GatewayProcess) -> None:
             elif event.type == "error":
                 pytest.fail(f"error event: {event.error}")
     assert "Paris" in text
+
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                               "required": ["city"], "additionalProperties": False}}
+TIME_TOOL = {"type": "function", "name": "get_time", "description": "The time in a time zone",
+             "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
+                            "required": ["timezone"], "additionalProperties": False}}
+
+
+async def test_function_call_round_trip(client: RealtimeClient) -> None:
+    """A forced call: a function_call item with its argument events, listed in response.done; then the
+    client's function_call_output and a response that reads it."""
+    import jsonschema
+
+    await client.send({"type": "session.update", "session": {"tools": [WEATHER_TOOL, TIME_TOOL], "tool_choice": "required"}})
+    await client.wait_for("session.updated")
+    done = await client.ask("What's the weather in Paris?")
+    response = done["response"]
+    assert response["status"] == "completed" and [o["type"] for o in response["output"]] == ["function_call"]
+    call = response["output"][0]
+    jsonschema.validate(json.loads(call["arguments"]), {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call["name"]]["parameters"])
+    types = [event["type"] for event in client.events]
+    for kind in ("response.output_item.added", "response.function_call_arguments.delta",
+                 "response.function_call_arguments.done", "response.output_item.done"):
+        assert kind in types
+    assert not client.of_type("response.output_text.delta")  # no message: the reply was the call
+    arguments_done = client.of_type("response.function_call_arguments.done")[-1]
+    assert (arguments_done["call_id"], arguments_done["arguments"]) == (call["call_id"], call["arguments"])
+
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": call["call_id"], "output": "Sunny, 21 degrees Celsius."}})
+    await client.wait_for("conversation.item.done")
+    await client.send({"type": "response.create", "response": {"tool_choice": "none"}})
+    answer = (await client.wait_for("response.done"))["response"]
+    assert answer["status"] == "completed" and answer["output"][0]["type"] == "message"
+    assert "21" in answer["output"][0]["content"][0]["text"]
+
+
+async def test_a_response_can_force_one_named_function(client: RealtimeClient) -> None:
+    done = await client.ask("What's the weather in Paris?", tools=[WEATHER_TOOL, TIME_TOOL],
+                            tool_choice={"type": "function", "name": "get_time"})
+    output = done["response"]["output"]
+    assert [o["name"] for o in output] == ["get_time"] and "timezone" in json.loads(output[0]["arguments"])
+
+
+async def test_tool_choice_naming_no_tool_is_an_error(client: RealtimeClient) -> None:
+    await client.send({"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "nope"}}})
+    error = await client.wait_for("error")
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "session.tool_choice")
+    await client.send({"type": "response.create", "response": {"tool_choice": "required"}})
+    error = await client.wait_for("error")
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "response.tool_choice")

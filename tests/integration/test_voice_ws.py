@@ -276,3 +276,57 @@ async def test_push_to_talk_commit_then_response_create_at_once(
         assert committed < transcribed < created, f"turn {turn}: the reply waited for the transcript"
         assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
     assert not client.of_type("error")
+
+
+async def test_a_spoken_question_calls_a_function_and_the_answer_is_spoken(
+    client: RealtimeClient, tts: TtsEngine, asr: AsrEngine, question_pcm: np.ndarray
+) -> None:
+    """By voice: the user asks, the model calls (forced), the client answers the call, the reply is spoken."""
+    tool = {"type": "function", "name": "lookup_capital", "description": "The capital city of a country",
+            "parameters": {"type": "object", "properties": {"country": {"type": "string", "maxLength": 40}},
+                           "required": ["country"], "additionalProperties": False}}
+    await client.send({"type": "session.update", "session": {"temperature": 0, "tools": [tool], "tool_choice": "required"}})
+    await client.wait_for("session.updated")
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 1.5)
+    sender = asyncio.create_task(stream_audio(client, encode_chunks(speech, 24000, "audio/pcm")))
+    called = (await client.wait_for("response.done", timeout=90))["response"]
+    await sender
+    assert [o["type"] for o in called["output"]] == ["function_call"] and called["output"][0]["name"] == "lookup_capital"
+    assert not client.of_type("response.output_audio.delta")  # a call is not spoken
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": called["output"][0]["call_id"], "output": "The capital of France is Paris."}})
+    await client.send({"type": "response.create", "response": {"tool_choice": "none"}})
+    done = await client.wait_for("response.done", timeout=90)
+    assert done["response"]["output"][0]["type"] == "message"
+    answer = decode_deltas([e["delta"] for e in client.of_type("response.output_audio.delta")], "audio/pcm")
+    assert answer.duration_ms > 500 and "paris" in (await transcribe(asr, answer)).lower()
+
+
+async def test_speed_reaches_piper_and_transcription_null_turns_transcripts_off(
+    client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    """`audio.output.speed` changes how long the same reply's audio lasts; `transcription: null` sends no
+    transcription events, and the model still answers what was said."""
+    durations = {}
+    for speed in (1.0, 1.5):
+        await client.send({"type": "session.update", "session": {
+            "temperature": 0, "max_output_tokens": 20, "audio": {"output": {"speed": speed}}}})
+        await client.wait_for("session.updated")
+        before = len(client.of_type("response.output_audio.delta"))
+        await client.ask("Say: the quick brown fox jumps over the lazy dog.")
+        deltas = [e["delta"] for e in client.of_type("response.output_audio.delta")[before:]]
+        durations[speed] = decode_deltas(deltas, "audio/pcm").duration_ms
+        await client.send({"type": "conversation.item.delete", "item_id": client.of_type("response.done")[-1]["response"]["output"][0]["id"]})
+    assert durations[1.5] < 0.8 * durations[1.0], durations
+    await client.send({"type": "session.update", "session": {
+        "output_modalities": ["text"], "audio": {"input": {"transcription": None, "turn_detection": None}}}})
+    updated = await client.wait_for("session.updated")
+    assert updated["session"]["audio"]["input"]["transcription"] is None
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2)
+    for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
+        await client.send({"type": "input_audio_buffer.append", "audio": payload})
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "response.create"})
+    done = await client.wait_for("response.done")
+    assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
+    assert not [e for e in client.events if e["type"].startswith("conversation.item.input_audio_transcription")]
