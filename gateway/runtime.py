@@ -19,6 +19,7 @@ from inference.models import ModelPaths, resolve_device, resolve_model_paths
 
 if TYPE_CHECKING:
     from inference.asr import AsrEngine
+    from inference.llm.end_of_turn import EndOfTurnModel
     from inference.llm.engine import LLMEngine
     from inference.tts import TtsEngine
 
@@ -40,6 +41,7 @@ class Runtime:
     device: Literal["cpu", "cuda"] = "cpu"
     paths: ModelPaths | None = None
     engine: LLMEngine | None = None
+    end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge, on the engine
     asr: AsrEngine | None = None
     tts: TtsEngine | None = None
     load_error: str | None = None
@@ -105,6 +107,7 @@ class Runtime:
         self.ready.set()
 
     def _load_llm(self) -> None:
+        from inference.llm.end_of_turn import EndOfTurnModel
         from inference.llm.engine import EngineConfig, LLMEngine
         from inference.llm.loader import load_lm
 
@@ -138,6 +141,7 @@ class Runtime:
         engine.start()
         metrics.ENGINE.stats = engine.stats
         self.engine = engine
+        self.end_of_turn = EndOfTurnModel(engine)
 
     def _load_asr(self) -> None:
         from inference.asr import AsrEngine

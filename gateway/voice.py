@@ -30,10 +30,11 @@ from gateway.latency import TurnMarks, now
 from gateway.preemption import Preemption
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import TurnDetection
+from gateway.protocol.session_config import SEMANTIC_WAITS_MS, SemanticVad, TurnDetection, semantic_wait_ms
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
+from inference.llm.engine import EngineClosed, EngineOverloaded
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
@@ -66,6 +67,7 @@ class UserTurn:
     jobs: list[tuple[int, asyncio.Task[Transcript | None]]] = field(default_factory=list)
     speculative: asyncio.Task[Transcript | None] | None = None
     preemption: asyncio.Task[Preemption | None] | None = None
+    end_judge: asyncio.Task[None] | None = None  # semantic_vad: sets this silence's length from the words
 
     def covering(self, end: int) -> list[asyncio.Task[Transcript | None]]:
         """Jobs whose audio reaches `end`, the one that started first (so finishes first) first."""
@@ -90,17 +92,21 @@ class VoicePipeline:
     # -- configuration ----------------------------------------------------------------------
 
     @property
-    def turn_detection(self) -> TurnDetection | None:
+    def turn_detection(self) -> TurnDetection | SemanticVad | None:
         return self.session.config.audio.input.turn_detection
 
-    def _vad_settings(self) -> VadSettings:
+    def _vad_settings(self, silence_ms: int | None = None) -> VadSettings:
+        """`silence_ms`: semantic_vad's wait for the silence running now; by default its longest."""
         detection = self.turn_detection or TurnDetection()
-        settings = self.session.settings
+        if isinstance(detection, SemanticVad):
+            silence_ms = silence_ms if silence_ms is not None else SEMANTIC_WAITS_MS[detection.eagerness][1]
+        else:
+            silence_ms = detection.silence_duration_ms
         return VadSettings(
             threshold=min(max(detection.threshold, 0.05), 0.95),
             prefix_padding_ms=detection.prefix_padding_ms,
-            silence_duration_ms=detection.silence_duration_ms,
-            min_speech_ms=settings.min_barge_in_speech_ms,
+            silence_duration_ms=silence_ms,
+            min_speech_ms=self.session.settings.min_barge_in_speech_ms,
         )
 
     def config_changed(self) -> None:
@@ -194,6 +200,7 @@ class VoicePipeline:
 
     async def _on_vad(self, event: VadEvent) -> None:
         if isinstance(event, SpeechStarted):
+            self.vad.detector.settings = self._vad_settings()  # semantic_vad: a new turn starts unjudged
             self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
             self.session.send(
                 {"type": "input_audio_buffer.speech_started", "audio_start_ms": event.audio_start_ms, "item_id": self.turn.item_id}
@@ -238,10 +245,16 @@ class VoicePipeline:
                 turn.jobs.append((self.buffer.end, turn.speculative))
                 if self.session.settings.voice_preemption and self.turn_detection is not None and self.turn_detection.create_response:
                     turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
+                if isinstance(self.turn_detection, SemanticVad):
+                    turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative, self.turn_detection))
         elif probability >= settings.threshold and turn.speculative is not None:
             turn.speculative.cancel()  # the user went on speaking
             turn.speculative = None
             self._discard_preemption(turn)
+            if turn.end_judge is not None:
+                turn.end_judge.cancel()
+                turn.end_judge = None
+                self.vad.detector.settings = self._vad_settings()  # the next silence is judged afresh
         if (
             turn.partial_task is None
             and probability >= settings.threshold
@@ -252,6 +265,24 @@ class VoicePipeline:
             job = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=False))
             turn.jobs.append((self.buffer.end, job))
             turn.partial_task = self._spawn(self._partial(turn, job))
+
+    async def _judge_end(
+        self, turn: UserTurn, speculative: asyncio.Task[Transcript | None], detection: SemanticVad
+    ) -> None:
+        """semantic_vad: once the words so far are transcribed, the LLM's sense of whether they end the
+        turn sets how long this silence must last (it may already have lasted that long)."""
+        transcript = await asyncio.shield(speculative)
+        end_of_turn = self.runtime.end_of_turn
+        if transcript is None or end_of_turn is None or self.turn is not turn:
+            return
+        try:
+            probability = await end_of_turn.probability(transcript.text)
+        except (EngineOverloaded, EngineClosed):
+            return  # the longest wait stands
+        if self.turn is turn and self.vad.detector.silence_started_ms is not None:
+            wait_ms = semantic_wait_ms(detection.eagerness, probability)
+            log.debug("end of turn %.2f for %r: the silence ends it after %d ms", probability, transcript.text, wait_ms)
+            self.vad.detector.settings = self._vad_settings(wait_ms)
 
     def _check_idle_timeout(self) -> None:
         detection = self.turn_detection

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -113,6 +114,8 @@ class AudioFormat(_Strict):
 
 
 class TurnDetection(_Strict):
+    """server_vad: the turn ends after `silence_duration_ms` of silence."""
+
     type: Literal["server_vad"] = "server_vad"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=5000)
@@ -121,12 +124,43 @@ class TurnDetection(_Strict):
     interrupt_response: bool = True
     idle_timeout_ms: int | None = Field(None, ge=5000, le=30000)
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _server_vad_only(cls, value: object) -> object:
-        if value == "semantic_vad":  # refused rather than run as server_vad: its eagerness would do nothing
-            raise ValueError("semantic_vad needs an end-of-turn model, which this server does not have: use server_vad")
-        return value
+
+class SemanticVad(_Strict):
+    """semantic_vad: the silence that ends the turn depends on how finished the words sound, judged by
+    the LLM (inference/llm/end_of_turn.py); `eagerness` sets the range (see SEMANTIC_WAITS_MS)."""
+
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    @property
+    def threshold(self) -> float:
+        return 0.5
+
+    @property
+    def prefix_padding_ms(self) -> int:
+        return 300
+
+    @property
+    def idle_timeout_ms(self) -> None:
+        return None
+
+
+# Silence before the turn ends under semantic_vad: (when the words sound finished, when they do not).
+SEMANTIC_WAITS_MS = {"high": (250, 1000), "medium": (400, 2000), "auto": (400, 2000), "low": (600, 4000)}
+
+
+def semantic_wait_ms(eagerness: str, end_probability: float) -> int:
+    """The longest wait at probability 0.001 and below, the shortest at 0.5 and above, log-linear between:
+    the model's probabilities for finished short replies ("Yes", "Hello") are 0.03-0.2, for cut-off ones 0."""
+    shortest, longest = SEMANTIC_WAITS_MS[eagerness]
+    low, high = math.log10(0.001), math.log10(0.5)
+    x = (math.log10(max(end_probability, 1e-9)) - low) / (high - low)
+    return round(longest - (longest - shortest) * min(1.0, max(0.0, x)))
+
+
+TurnDetectionConfig = Annotated[TurnDetection | SemanticVad, Field(discriminator="type")]
 
 
 class Transcription(_Strict):
@@ -139,7 +173,7 @@ class AudioInput(_Strict):
     format: AudioFormat = Field(default_factory=AudioFormat)
     # null: no transcription events (the server still transcribes for the model, which reads text)
     transcription: Transcription | None = Field(default_factory=Transcription)
-    turn_detection: TurnDetection | None = Field(default_factory=TurnDetection)
+    turn_detection: TurnDetectionConfig | None = Field(default_factory=TurnDetection)
     noise_reduction: None = None
 
     @field_validator("noise_reduction", mode="before")
@@ -245,7 +279,10 @@ ATOMIC_FIELDS = {"format"}
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key not in ATOMIC_FIELDS:
+        old = merged.get(key)
+        # An object of another type (server_vad -> semantic_vad) starts afresh: the old one's fields are not its own.
+        same_kind = isinstance(old, dict) and isinstance(value, dict) and value.get("type", old.get("type")) == old.get("type")
+        if isinstance(value, dict) and same_kind and key not in ATOMIC_FIELDS:
             merged[key] = _deep_merge(merged[key], value)
         else:
             merged[key] = value

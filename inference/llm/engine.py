@@ -64,6 +64,9 @@ class SamplingParams:
     ignore_eos: bool = False  # addition: never sample EOS (fixed-length generations for benchmarks)
     presence_penalty: float = 0.0  # OpenAI's, over the generated tokens
     frequency_penalty: float = 0.0
+    # Addition: report the model's probability of these tokens at the first step, before any processor
+    # (GenerationResult.first_step_probability; end_of_turn.py asks for the end-of-message token's).
+    probe_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class GenerationResult:
     submitted_at: float
     first_token_at: float | None
     finished_at: float  # time.monotonic()
+    first_step_probability: float | None = None  # of SamplingParams.probe_ids
 
 
 _END = object()
@@ -339,6 +343,7 @@ class LLMEngine:
             repetition_penalty=params.repetition_penalty, seed=params.seed, prompt_ids=prompt,
             device=self.fwd.device, suppress_ids=tuple(sorted(self._eos)) if params.ignore_eos else (),
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty, constraint=constraint,
+            probe_ids=params.probe_ids,
         )
         req.detok = IncrementalDetokenizer(self.lm.tokenizer)
         req.stopper = StopChecker(tuple(params.stop))
@@ -799,6 +804,7 @@ class LLMEngine:
             submitted_at=req.submitted_at,
             first_token_at=req.first_token_at,
             finished_at=now,
+            first_step_probability=req.sampler.probed if req.sampler is not None else None,
         )
         self._call(req, req.stream._deliver, None, result, None)
 

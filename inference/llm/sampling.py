@@ -27,7 +27,7 @@ class RowSampler:
 
     __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids",
                  "suppress_ids", "_suppress", "presence_penalty", "frequency_penalty", "generated_counts",
-                 "constraint")
+                 "constraint", "probe_ids", "probed")
 
     def __init__(
         self,
@@ -43,6 +43,7 @@ class RowSampler:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         constraint: TokenConstraint | None = None,
+        probe_ids: Sequence[int] = (),
     ) -> None:
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
@@ -58,6 +59,8 @@ class RowSampler:
         self.frequency_penalty = float(frequency_penalty)
         self.generated_counts: dict[int, int] = {}  # for the presence and frequency penalties
         self.constraint = constraint
+        self.probe_ids = tuple(int(t) for t in probe_ids)  # their probability at the first step is kept
+        self.probed: float | None = None
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.top_k = int(top_k)
@@ -79,7 +82,8 @@ class RowSampler:
     @property
     def per_row(self) -> bool:
         """Sampled on its own: its processors have no vectorized form over the batch."""
-        return self.constraint is not None or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (self.constraint is not None or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or (bool(self.probe_ids) and self.probed is None))
 
     def observe(self, token_id: int) -> None:
         if self.constraint is not None:
@@ -136,6 +140,9 @@ class RowSampler:
         return logits
 
     def sample(self, logits: torch.Tensor) -> int:
+        if self.probe_ids and self.probed is None:
+            ids = torch.tensor(self.probe_ids, dtype=torch.long, device=logits.device)
+            self.probed = float(torch.softmax(logits.float(), dim=-1)[ids].sum())
         row = self.process(logits)
         if self.greedy:
             return argmax_rows(row.unsqueeze(0))[0]

@@ -330,3 +330,37 @@ async def test_speed_reaches_piper_and_transcription_null_turns_transcripts_off(
     done = await client.wait_for("response.done")
     assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
     assert not [e for e in client.events if e["type"].startswith("conversation.item.input_audio_transcription")]
+
+
+async def send_while_receiving(client: RealtimeClient, payloads: list[str]) -> None:
+    """Stream paced audio and take in the server's events meanwhile (so their arrival order is kept)."""
+    sender = asyncio.create_task(stream_audio(client, payloads))
+    while not sender.done():
+        with contextlib.suppress(TimeoutError):
+            await client.recv(timeout=0.05)
+    await sender
+
+
+async def test_semantic_vad_ends_a_finished_question_sooner_than_a_cut_off_one(
+    client: RealtimeClient, tts: TtsEngine
+) -> None:
+    """semantic_vad (openai-agents' default): after "What is the capital of France?" 1 s of silence is
+    enough (the LLM finds the words finished: about 0.4 s), after "What is the capital of" it is not
+    (unfinished: up to 2 s)."""
+    await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": "auto", "create_response": False}}}}})
+    updated = await client.wait_for("session.updated")
+    assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+
+    def spoken(text: str, silence_s: float) -> list[str]:
+        pcm = resample(tts.synthesize_blocking(text), tts.sample_rate, 24000)
+        return encode_chunks(with_silence(pcm, 24000, 0.3, silence_s), 24000, "audio/pcm")
+
+    await send_while_receiving(client, spoken("What is the capital of France?", 1.0))
+    assert len(client.of_type("input_audio_buffer.speech_stopped")) == 1, "a finished question ends within 1 s"
+    if not client.of_type("conversation.item.input_audio_transcription.completed"):
+        await client.wait_for("conversation.item.input_audio_transcription.completed")
+    await send_while_receiving(client, spoken("What is the capital of", 1.0))
+    assert len(client.of_type("input_audio_buffer.speech_stopped")) == 1, "a cut-off one waits longer"
+    await send_while_receiving(client, encode_chunks(np.zeros(24000 * 2, np.int16), 24000, "audio/pcm"))
+    assert len(client.of_type("input_audio_buffer.speech_stopped")) == 2, "and ends within its longest wait"

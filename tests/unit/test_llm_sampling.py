@@ -248,3 +248,12 @@ def test_a_constrained_row_is_sampled_alone_and_the_others_keep_theirs():
     assert got[1] % 2 == 1 and got[1] == int((logits[3].masked_fill(torch.arange(32) % 2 == 0, float("-inf"))).argmax())
     rows[1].observe(got[1])
     assert constraint.advanced == [got[1]]
+
+
+def test_probed_tokens_report_their_first_step_probability_before_any_processor():
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    s = sampler(temperature=0.0, repetition_penalty=1.5, prompt_ids=[3], probe_ids=[2, 3])
+    assert s.per_row
+    sample_rows(logits.unsqueeze(0).clone(), [s])
+    expected = torch.softmax(logits, -1)[2:].sum().item()
+    assert abs(s.probed - expected) < 1e-6 and not s.per_row  # later steps take the batched path again

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig, SpeechOptions, apply_session_update
+from gateway.protocol.session_config import SessionConfig, SpeechOptions, apply_session_update, semantic_wait_ms
 
 
 def test_partial_update_keeps_other_fields() -> None:
@@ -34,10 +34,10 @@ def test_null_turn_detection_means_manual_turns() -> None:
         ({"id": "sess_other"}, "invalid_value", "session.id"),
         # Fields this server cannot honour are refused by name, never accepted and ignored:
         ({"temperature": 5}, "invalid_value", "session.temperature"),
-        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "invalid_value",
-         "session.audio.input.turn_detection.type"),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}}, "invalid_value",
+         "session.audio.input.turn_detection.semantic_vad.eagerness"),
         ({"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}, "unknown_parameter",
-         "session.audio.input.turn_detection.eagerness"),
+         "session.audio.input.turn_detection.server_vad.eagerness"),
         ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "invalid_value",
          "session.audio.input.noise_reduction"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
@@ -104,3 +104,19 @@ def test_temperature_is_kept_across_updates_but_not_echoed() -> None:
     config = apply_session_update(config, {"instructions": "be brief"})
     assert config.temperature == 0
     assert "temperature" not in config.model_dump()
+
+
+def test_semantic_vad_replaces_server_vad_and_back() -> None:
+    config = apply_session_update(SessionConfig(), {"audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                                                           "eagerness": "high"}}}})
+    assert config.model_dump()["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}
+    config = apply_session_update(config, {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
+    assert config.audio.input.turn_detection is not None and config.audio.input.turn_detection.silence_duration_ms == 400
+
+
+@pytest.mark.parametrize(("eagerness", "probability", "wait"), [
+    ("auto", 0.0, 2000), ("auto", 0.0005, 2000), ("auto", 0.8, 400), ("auto", 0.03, 1124), ("high", 0.5, 250),
+    ("low", 0.0, 4000)])
+def test_semantic_waits_shorten_as_the_words_sound_finished(eagerness: str, probability: float, wait: int) -> None:
+    assert semantic_wait_ms(eagerness, probability) == wait
