@@ -470,8 +470,21 @@ class RealtimeSession:
         if not self.playout_busy():
             self._reply_finished()
         metrics.RESPONSES.labels(status).inc()
+        self._trace(active, status, usage)
         for stage, seconds in active.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+
+    def _trace(self, active: ActiveResponse, status: ResponseStatus, usage: Usage | None) -> None:
+        """session.tracing: one log record per response (ids, status, token counts and latency marks; no text)."""
+        tracing = self.config.tracing
+        if tracing is None:
+            return
+        workflow = tracing.workflow_name if not isinstance(tracing, str) else None
+        group = tracing.group_id if not isinstance(tracing, str) else None
+        log.info("trace workflow=%s group=%s session=%s response=%s status=%s input_tokens=%s output_tokens=%s marks=%s",
+                 workflow or "Realtime Session", group, self.id, active.events.response_id, status,
+                 usage.input_tokens if usage else None, usage.output_tokens if usage else None,
+                 json.dumps(active.marks.to_wire(), separators=(",", ":")))
 
     async def _cancel_from_client(self, response_id: str | None) -> None:
         active = self.active

@@ -135,6 +135,8 @@ class VoicePipeline:
         if self.buffer.end - start <= 0:
             raise ApiError("input_audio_buffer_commit_empty", "The input audio buffer is empty: nothing to commit.")
         item_id = turn.item_id if turn is not None else new_id("item")
+        if turn is not None:  # the commit ends the turn the VAD had started
+            self.session.turns.speech_stopped()
         self._drop_turn()
         self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
         marks = TurnMarks()
@@ -177,7 +179,6 @@ class VoicePipeline:
     # -- processing -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             pieces = [await self._queue.get()]
             while not self._queue.empty():
@@ -185,18 +186,25 @@ class VoicePipeline:
             pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             self._queued_samples -= len(pcm)
             self.buffer.append(pcm)
-            for _ in pieces:
-                self._queue.task_done()
-            if self.turn_detection is None:
-                continue
             try:
-                events = await loop.run_in_executor(self.runtime.vad_executor, self.vad.process, AudioChunk(pcm, RATE))
-            except Exception:
-                log.exception("VAD failed in session %s", self.session.id)
-                continue
-            for event in events:
-                await self._on_vad(event)
-            await self._after_audio()
+                await self._detect(pcm)
+            finally:
+                # Only now: a commit waits for the VAD to have heard what came before it (_drain_queue).
+                for _ in pieces:
+                    self._queue.task_done()
+
+    async def _detect(self, pcm: np.ndarray) -> None:
+        if self.turn_detection is None:
+            return
+        try:
+            events = await asyncio.get_running_loop().run_in_executor(
+                self.runtime.vad_executor, self.vad.process, AudioChunk(pcm, RATE))
+        except Exception:
+            log.exception("VAD failed in session %s", self.session.id)
+            return
+        for event in events:
+            await self._on_vad(event)
+        await self._after_audio()
 
     async def _on_vad(self, event: VadEvent) -> None:
         if isinstance(event, SpeechStarted):

@@ -218,6 +218,12 @@ def check_tool_choice(tools: list[FunctionTool], choice: ToolChoice) -> None:
         raise ValueError("tool_choice 'required' needs tools")
 
 
+class TracingConfig(_Strict):
+    workflow_name: str | None = Field(None, max_length=256)
+    group_id: str | None = Field(None, max_length=256)
+    metadata: dict[str, Any] | None = None
+
+
 class SessionConfig(_Strict):
     type: Literal["realtime"] = "realtime"
     object: Literal["realtime.session"] = "realtime.session"
@@ -234,12 +240,13 @@ class SessionConfig(_Strict):
     temperature: Temperature | None = Field(None, exclude=True)
     # Accepted as what this server does (the oldest turns leave the prompt when the context is full):
     truncation: Literal["auto"] = "auto"
-    tracing: None = None
+    # A local trace: each response is logged with its workflow and group (there is no tracing dashboard).
+    tracing: Literal["auto"] | TracingConfig | None = None
     prompt: None = None
     include: None = None
     expires_at: int = 0
 
-    @field_validator("tracing", "prompt", "include", mode="before")
+    @field_validator("prompt", "include", mode="before")
     @classmethod
     def _unavailable(cls, value: object, info: ValidationInfo) -> object:
         if value is not None:

@@ -230,3 +230,54 @@ async def test_tool_choice_naming_no_tool_is_an_error(client: RealtimeClient) ->
     await client.send({"type": "response.create", "response": {"tool_choice": "required"}})
     error = await client.wait_for("error")
     assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "response.tool_choice")
+
+
+async def test_official_sdk_three_turns_push_to_talk_and_cancel(
+    gateway: GatewayProcess, tts, question_pcm
+) -> None:
+    """The openai SDK's realtime client: three text turns, a spoken push-to-talk turn (commit then
+    response.create at once), and a cancel; its own types parse every event."""
+    import base64
+
+    import numpy as np
+
+    from media.resample import resample
+    from tests.integration.speech import with_silence
+
+    sdk = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
+    async with sdk.realtime.connect(model="gpt-realtime") as connection:
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                                 "audio": {"input": {"turn_detection": None}}})
+
+        async def until(kind: str) -> list:
+            events = []
+            async for event in connection:
+                assert event.type != "error", event
+                events.append(event)
+                if event.type == kind:
+                    return events
+            raise AssertionError("the connection ended")
+
+        for question in ("What is the capital of France?", "And of Italy?", "Thanks!"):
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]})
+            await connection.response.create()
+            done = (await until("response.done"))[-1]
+            assert done.response.status == "completed" and done.response.output[0].content[0].text
+
+        speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2).astype(np.int16)
+        await connection.input_audio_buffer.append(audio=base64.b64encode(speech.tobytes()).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        events = await until("response.done")
+        transcript = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
+        assert "france" in transcript.transcript.lower()
+        assert events[-1].response.status == "completed" and events[-1].response.output[0].content[0].text
+
+        await connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a very long story about a dragon."}]})
+        await connection.response.create(response={"max_output_tokens": 400})
+        await until("response.output_text.delta")
+        await connection.response.cancel()
+        done = (await until("response.done"))[-1]
+        assert done.response.status == "cancelled"

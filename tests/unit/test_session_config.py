@@ -42,7 +42,7 @@ def test_null_turn_detection_means_manual_turns() -> None:
          "session.audio.input.noise_reduction"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
         ({"tool_choice": "required"}, "invalid_value", "session.tool_choice"),
-        ({"tracing": "auto"}, "invalid_value", "session.tracing"),
+        ({"tracing": "everything"}, "invalid_value", "session.tracing"),
         ({"include": ["item.input_audio_transcription.logprobs"]}, "invalid_value", "session.include"),
         ({"truncation": "disabled"}, "invalid_value", "session.truncation"),
     ],
