@@ -235,8 +235,8 @@ async def test_tool_choice_naming_no_tool_is_an_error(client: RealtimeClient) ->
 async def test_official_sdk_three_turns_push_to_talk_and_cancel(
     gateway: GatewayProcess, tts, question_pcm
 ) -> None:
-    """The openai SDK's realtime client: three text turns, a spoken push-to-talk turn (commit then
-    response.create at once), and a cancel; its own types parse every event."""
+    """The openai SDK's realtime client: three text turns, three spoken push-to-talk turns (commit then
+    response.create at once) answered in speech, and a cancel; its own types parse every event."""
     import base64
 
     import numpy as np
@@ -266,13 +266,17 @@ async def test_official_sdk_three_turns_push_to_talk_and_cancel(
             assert done.response.status == "completed" and done.response.output[0].content[0].text
 
         speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2).astype(np.int16)
-        await connection.input_audio_buffer.append(audio=base64.b64encode(speech.tobytes()).decode())
-        await connection.input_audio_buffer.commit()
-        await connection.response.create()
-        events = await until("response.done")
-        transcript = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
-        assert "france" in transcript.transcript.lower()
-        assert events[-1].response.status == "completed" and events[-1].response.output[0].content[0].text
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+        for _ in range(3):  # spoken push-to-talk turns, answered in speech
+            await connection.input_audio_buffer.append(audio=base64.b64encode(speech.tobytes()).decode())
+            await connection.input_audio_buffer.commit()
+            await connection.response.create()
+            events = await until("response.done")
+            transcript = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
+            assert "france" in transcript.transcript.lower()
+            assert events[-1].response.status == "completed" and events[-1].response.output[0].content[0].transcript
+            assert sum(len(e.delta) for e in events if e.type == "response.output_audio.delta") > 24000
+        await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
 
         await connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Tell me a very long story about a dragon."}]})
