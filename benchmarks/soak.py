@@ -33,6 +33,7 @@ import websockets
 from benchmarks.voice_server import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
+WARM_SESSIONS = 8
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "What is 2+2?", "Say hello."]
 
 
@@ -40,9 +41,10 @@ def process_figures(pid: int, url: str) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text()
     rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
     threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
+    open_fds = len(os.listdir(f"/proc/{pid}/fd"))  # before the /metrics request, whose socket would be one
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
     pinned = re.search(r"^gateway_engine_conversations_pinned (\S+)", metrics, flags=re.M)
-    return {"rss_mb": round(rss_kb / 1024, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads,
+    return {"rss_mb": round(rss_kb / 1024, 1), "open_fds": open_fds, "threads": threads,
             "conversations_pinned": float(pinned.group(1)) if pinned else -1.0}
 
 
@@ -121,10 +123,19 @@ async def churner(ws_url: str, item_mib: float, counts: dict) -> None:
         await ws.close()
 
 
+async def warm_session(ws_url: str) -> None:
+    ws = await open_session(ws_url)
+    try:
+        await turn(ws, QUESTIONS[0])
+    finally:
+        await ws.close()
+
+
 async def soak(args, url: str, ws_url: str, pid: int) -> dict:
-    ws = await open_session(ws_url)  # warm-up: the first turn's one-off allocations
-    await turn(ws, QUESTIONS[0])
-    await ws.close()
+    # Warm-up: the first turns' one-off allocations, and the worker threads that thread pools start only
+    # when tasks overlap (asyncio's default executor: at most min(32, CPUs + 4)); without concurrent turns
+    # here the first run's "start" lacked one of them (16 threads, then 17 in that run and every later one).
+    await asyncio.gather(*(warm_session(ws_url) for _ in range(WARM_SESSIONS)))
     await asyncio.sleep(2)
     figures = {"start": await asyncio.to_thread(process_figures, pid, url)}
     rng = random.Random(1)

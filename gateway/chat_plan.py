@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_value
-from inference.llm.tool_calls import ToolSpec, plan_tool_use, tool_call_block
+from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_call_block
 
 
 @dataclass
@@ -24,16 +25,23 @@ class ChatPlan:
     messages: list[ChatMessage]
     grammar: str | None = None  # llguidance Lark (constraints.py); None: unconstrained
     tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for
+    template_tools: list[dict[str, Any]] | None = None  # for a chat template that renders tools
 
 
-def plan_chat(chat: ChatCompletionRequest) -> ChatPlan:
+def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list") -> ChatPlan:
+    """`tool_format`: the model's (LoadedLM.tool_format)."""
+    return _plan(chat, tool_format)
+
+
+def _plan(chat: ChatCompletionRequest, fmt: ToolFormat) -> ChatPlan:
     messages = [message.to_chat() for message in chat.messages]
     tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
     choice = chat.tool_choice or ("auto" if tools else "none")
     if isinstance(choice, NamedToolChoice):
-        use = plan_tool_use(tools, choice="function", name=choice.function.name, parallel=chat.parallel_tool_calls)
+        use = plan_tool_use(tools, choice="function", name=choice.function.name, parallel=chat.parallel_tool_calls,
+                            fmt=fmt)
     else:
-        use = plan_tool_use(tools, choice=choice, parallel=chat.parallel_tool_calls)
+        use = plan_tool_use(tools, choice=choice, parallel=chat.parallel_tool_calls, fmt=fmt)
     instructions = [use.instructions] if use.instructions else []
     schema = None
     fmt = chat.response_format
@@ -47,9 +55,9 @@ def plan_chat(chat: ChatCompletionRequest) -> ChatPlan:
     if use.forced_block is not None:
         grammar = f"start: {use.forced_block}"
     elif schema is not None and use.tools:
-        grammar = f"start: {tool_call_block(use.tools, parallel=chat.parallel_tool_calls)} | {json_value(schema)}"
+        grammar = f"start: {tool_call_block(use.tools, parallel=chat.parallel_tool_calls, fmt=fmt)} | {json_value(schema)}"
     elif schema is not None:
         grammar = f"start: {json_value(schema)}"
     if instructions:  # merged after the client's own instructions into the one system message
         messages.append(ChatMessage("system", "\n\n".join(instructions)))
-    return ChatPlan(messages=messages, grammar=grammar, tools=use.tools)
+    return ChatPlan(messages=messages, grammar=grammar, tools=use.tools, template_tools=use.template_tools)

@@ -47,12 +47,13 @@ class ResponseJob:
 
 
 def render_reply_prompt(
-    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams
+    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams, tool_use: ToolUse | None = None
 ) -> list[int]:
     """The prompt tokens of a reply (blocking: run it in a thread)."""
     try:
         prompt = render_prompt(
-            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens
+            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens,
+            tools=tool_use.template_tools if tool_use is not None else None, tool_format=lm.tool_format,
         )
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc)) from None
@@ -99,7 +100,7 @@ class ResponseRunner:
         job = self.job
         lm = self.engine.lm
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling)
+            prompt_ids = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
             constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
         except BaseException:
             self.cancel_generation()

@@ -39,7 +39,7 @@ from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
 from inference.llm.chat import ChatMessage
 from inference.llm.engine import EngineClosed, EngineOverloaded, GenerationResult, SamplingParams
-from inference.llm.tool_calls import ToolCall, ToolSpec, ToolUse, plan_tool_use
+from inference.llm.tool_calls import ToolCall, ToolFormat, ToolSpec, ToolUse, plan_tool_use
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
@@ -289,7 +289,7 @@ class RealtimeSession:
 
     # -- responses ------------------------------------------------------------------------------
 
-    def _tool_use(self, params: ev.ResponseParams) -> ToolUse:
+    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat) -> ToolUse:
         tools = params.tools if params.tools is not None else self.config.tools
         choice = params.tool_choice or self.config.tool_choice
         try:
@@ -298,8 +298,8 @@ class RealtimeSession:
             raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
         specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
         if isinstance(choice, ToolChoiceFunction):
-            return plan_tool_use(specs, choice="function", name=choice.name)
-        return plan_tool_use(specs, choice=choice)
+            return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt)
+        return plan_tool_use(specs, choice=choice, fmt=fmt)
 
     def _reply_sampling(self, params: ev.ResponseParams, context_window: int) -> SamplingParams:
         max_tokens = params.max_output_tokens or self.config.max_output_tokens
@@ -325,7 +325,7 @@ class RealtimeSession:
         if engine is None or self.active is not None:
             return None
         params = ev.ResponseParams()
-        if self._tool_use(params).tools:
+        if self._tool_use(params, engine.lm.tool_format).tools:
             return None  # a reply that may call functions has their instructions and maybe a grammar
         history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
         messages = [*history, ChatMessage("user", user_text)]
@@ -359,7 +359,7 @@ class RealtimeSession:
         if audio and not self._can_speak():
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
-        tool_use = self._tool_use(params)
+        tool_use = self._tool_use(params, engine.lm.tool_format)
         if params.conversation not in ("auto", "none", self.conversation.id):
             raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
                            f"session's '{self.conversation.id}'.", "response.conversation")

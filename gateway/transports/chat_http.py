@@ -99,7 +99,8 @@ async def chat_completions(request: Request) -> Response:
 def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tuple[list[int], TokenConstraint | None]:
     """Blocking (tokenizer, grammar compiler): run it in a thread."""
     try:
-        prompt = render_prompt(lm.tokenizer, plan.messages, context_window=lm.context_window, reserve_tokens=max_tokens)
+        prompt = render_prompt(lm.tokenizer, plan.messages, context_window=lm.context_window, reserve_tokens=max_tokens,
+                               tools=plan.template_tools, tool_format=lm.tool_format)
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc), "messages") from None
     try:
@@ -114,7 +115,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     engine = svc.runtime.engine
     assert engine is not None
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
-    plan = plan_chat(chat)
+    plan = plan_chat(chat, engine.lm.tool_format)
     prompt_ids, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = SamplingParams(
         temperature=1.0 if chat.temperature is None else chat.temperature,

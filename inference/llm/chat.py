@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from inference.llm.tool_calls import write_calls
+from inference.llm.tool_calls import ToolFormat, write_calls
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -30,7 +30,7 @@ class RenderedPrompt:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def _template_messages(messages: Sequence[ChatMessage], tool_format: ToolFormat = "list") -> list[dict[str, Any]]:
     """Map OpenAI roles onto what small chat templates know.
 
     System and developer instructions are merged into one leading system message, because many
@@ -49,14 +49,14 @@ def _template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             name = called.get(message.tool_call_id) or "the function"
             rendered.append({"role": "user", "content": f"{name} returned: {message.content}"})
         elif message.role == "assistant" and message.tool_calls:
-            rendered.append({"role": "assistant", "content": write_calls(message.content, message.tool_calls)})
+            rendered.append({"role": "assistant", "content": write_calls(message.content, message.tool_calls, tool_format)})
         else:
             rendered.append({"role": message.role, "content": message.content})
     return rendered
 
 
-def _encode(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -80,22 +80,25 @@ def render_prompt(
     *,
     context_window: int,
     reserve_tokens: int,
+    tools: list[dict[str, Any]] | None = None,
+    tool_format: ToolFormat = "list",
 ) -> RenderedPrompt:
     """Tokenize a conversation, dropping its oldest turns until `reserve_tokens` fit after it.
 
-    Instructions (system, developer) are always kept, and so is the newest message.
+    Instructions (system, developer) are always kept, and so is the newest message. `tools` go to a
+    template that renders them ("template" format, tool_calls.py), which also shapes the history's calls.
     """
     budget = context_window - reserve_tokens
     if budget <= 0:
         raise ContextOverflow(f"max tokens ({reserve_tokens}) leaves no room in the {context_window}-token context")
-    templated = _template_messages(messages)
+    templated = _template_messages(messages, tool_format)
     has_system = bool(templated) and templated[0]["role"] == "system"
     head = templated[:1] if has_system else []
     turns = templated[1:] if has_system else templated
     dropped = 0
     while True:
         kept = head + turns[dropped:]
-        ids = _encode(tokenizer, kept)
+        ids = _encode(tokenizer, kept, tools)
         if len(ids) <= budget:
             return RenderedPrompt(token_ids=ids, dropped_messages=dropped, messages=kept)
         if dropped >= len(turns) - 1:

@@ -27,6 +27,7 @@ import torch
 from .constraints import GrammarCompiler
 from .forward import on_int4_grid, resolve_kernels
 from .threads import one_intra_op_thread
+from .tool_calls import ToolFormat, template_tool_format
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -55,9 +56,11 @@ class LoadedLM:
     # "auto" is the fastest this CPU runs), or "torch" for torch's own.
     kernels: str = "auto"
     grammars: GrammarCompiler = field(init=False)  # grammar-constrained decoding over this tokenizer
+    tool_format: ToolFormat = field(init=False)  # how the model is told of tools and calls them (tool_calls.py)
 
     def __post_init__(self) -> None:
         self.grammars = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+        self.tool_format = template_tool_format(self.tokenizer)
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -1,12 +1,16 @@
 """Function calling on a small local model: how tools are described, how calls are written, and the
 grammar that makes a forced call valid.
 
-The model is told of the tools in its system message and calls them by writing
-``<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>``, the format SmolLM2 (the embedded
-model) was tuned on; one block holds every call of the turn. With `tool_choice` "required" or a named
-function, decoding is constrained to that block (constraints.py), so the arguments always parse and
-match each function's JSON schema. With "auto" the model decides, and its reply is parsed: a block
-that does not parse stays text.
+Two formats, chosen by the model's chat template (`template_tool_format`):
+- "list": the template knows no tools (SmolLM2's, the embedded model's). The tools are described in the
+  system message and the model calls them by writing ``<tool_call>[{"name": ..., "arguments": {...}}]
+  </tool_call>``, the format SmolLM2 was tuned on; one block holds every call of the turn.
+- "template": the template renders the tools itself (Qwen's, Hermes' and others'): they go to it, and
+  the model calls as those templates teach, one ``<tool_call>\n{"name": ..., "arguments": ...}\n
+  </tool_call>`` block per call.
+With `tool_choice` "required" or a named function, decoding is constrained to the format's blocks
+(constraints.py), so the arguments always parse and match each function's JSON schema. With "auto" the
+model decides, and its reply is parsed (either format): a block that does not parse stays text.
 """
 
 from __future__ import annotations
@@ -15,12 +19,26 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from inference.llm.constraints import json_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+ToolFormat = Literal["list", "template"]
+_PROBE_TOOL = "probe_tool_7f3a"
+
+
+def template_tool_format(tokenizer: Any) -> ToolFormat:
+    """"template" when the chat template renders the tools it is given (and so tells the model how to call)."""
+    tool = {"type": "function", "function": {"name": _PROBE_TOOL, "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=[tool], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # a template that cannot take tools, or a tokenizer without a template
+        return "list"
+    return "template" if _PROBE_TOOL in str(text) else "list"
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,11 @@ class ToolCall:
         return cls("call_" + secrets.token_hex(12), name, json.dumps(arguments, ensure_ascii=False))
 
 
+def openai_tool(tool: ToolSpec) -> dict[str, Any]:
+    """As chat templates take tools: OpenAI's chat `tools` entry."""
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                             "parameters": tool.schema()}}
+
 def tool_instructions(tools: list[ToolSpec], *, forced: str | None, parallel: bool) -> str:
     """The system message's part about the tools. `forced`: "required", a function's name, or None (auto)."""
     listed = "\n".join(
@@ -54,34 +77,31 @@ def tool_instructions(tools: list[ToolSpec], *, forced: str | None, parallel: bo
     lines = ["You can call these functions:", "<tools>", listed, "</tools>", f"To call functions, reply with only {how}."]
     if parallel:
         lines.append("Put every call you need in the one list.")
-    if forced == "required":
-        lines.append("You must call a function now.")
-    elif forced is not None:
-        lines.append(f"You must call the function {forced} now.")
-    else:
-        lines.append("If no function is needed, answer the user directly.")
+    lines.append(_forced_line(forced) if forced is not None else "If no function is needed, answer the user directly.")
     return "\n".join(lines)
 
 
-def _calls_schema(tools: list[ToolSpec], parallel: bool) -> dict[str, Any]:
+def _call_schema(tools: list[ToolSpec]) -> dict[str, Any]:
     one_call = [
         {"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.schema()},
          "required": ["name", "arguments"], "additionalProperties": False}
         for t in tools
     ]
-    array: dict[str, Any] = {"type": "array", "items": one_call[0] if len(one_call) == 1 else {"anyOf": one_call},
-                             "minItems": 1}
+    return one_call[0] if len(one_call) == 1 else {"anyOf": one_call}
+
+
+def tool_call_block(tools: list[ToolSpec], *, parallel: bool, fmt: ToolFormat = "list") -> str:
+    """A Lark expression for the valid calls to `tools` in `fmt` (give one tool to force that function)."""
+    if fmt == "template":
+        block = f'"{OPEN}\\n" {json_value(_call_schema(tools))} "\\n{CLOSE}"'
+        return f'{block} ("\\n" {block})*' if parallel else block
+    array: dict[str, Any] = {"type": "array", "items": _call_schema(tools), "minItems": 1}
     if not parallel:
         array["maxItems"] = 1
-    return array
+    return f'"{OPEN}" {json_value(array)} "{CLOSE}"'
 
 
-def tool_call_block(tools: list[ToolSpec], *, parallel: bool) -> str:
-    """A Lark expression for one block of valid calls to `tools` (give one tool to force that function)."""
-    return f'"{OPEN}" {json_value(_calls_schema(tools, parallel))} "{CLOSE}"'
-
-
-def write_calls(content: str | None, tool_calls: tuple[dict[str, Any], ...]) -> str:
+def write_calls(content: str | None, tool_calls: tuple[dict[str, Any], ...], fmt: ToolFormat = "list") -> str:
     """An assistant turn's calls (OpenAI's `tool_calls` objects) as the model writes them, for the history."""
     calls = []
     for call in tool_calls:
@@ -92,30 +112,45 @@ def write_calls(content: str | None, tool_calls: tuple[dict[str, Any], ...]) -> 
         except ValueError:
             parsed = arguments  # kept as the client sent it
         calls.append({"name": function.get("name"), "arguments": parsed})
-    block = OPEN + json.dumps(calls, ensure_ascii=False) + CLOSE
+    if fmt == "template":
+        block = "\n".join(f"{OPEN}\n{json.dumps(call, ensure_ascii=False)}\n{CLOSE}" for call in calls)
+    else:
+        block = OPEN + json.dumps(calls, ensure_ascii=False) + CLOSE
     return f"{content}\n{block}" if content else block
 
 
 @dataclass(frozen=True)
 class ToolUse:
-    """What a reply may do with its tools: those described to the model (and parsed for), what it is
-    told, and the Lark expression its whole output must match when a call is forced."""
+    """What a reply may do with its tools: those the model is told of (and its reply is parsed for), what
+    the system message says of them, the tools for the chat template ("template" format), and the Lark
+    expression the whole output must match when a call is forced."""
 
     tools: list[ToolSpec]
     instructions: str | None = None
     forced_block: str | None = None
+    template_tools: list[dict[str, Any]] | None = None
 
 
-def plan_tool_use(tools: list[ToolSpec], *, choice: str, name: str | None = None, parallel: bool = True) -> ToolUse:
+def plan_tool_use(tools: list[ToolSpec], *, choice: str, name: str | None = None, parallel: bool = True,
+                  fmt: ToolFormat = "list") -> ToolUse:
     """`choice`: "auto", "none", "required", or "function" (then `name` is the one to call)."""
     if choice == "none" or not tools:
         return ToolUse([])
     forced = name if choice == "function" else ("required" if choice == "required" else None)
-    instructions = tool_instructions(tools, forced=forced, parallel=parallel)
+    if fmt == "template":  # the template describes the tools; the system message only says what is forced
+        instructions = None if forced is None else _forced_line(forced)
+        template_tools = [openai_tool(tool) for tool in tools]
+    else:
+        instructions, template_tools = tool_instructions(tools, forced=forced, parallel=parallel), None
     if forced is None:
-        return ToolUse(tools, instructions)
+        return ToolUse(tools, instructions, None, template_tools)
     callable_tools = tools if forced == "required" else [t for t in tools if t.name == forced]
-    return ToolUse(tools, instructions, tool_call_block(callable_tools, parallel=parallel and forced == "required"))
+    block = tool_call_block(callable_tools, parallel=parallel and forced == "required", fmt=fmt)
+    return ToolUse(tools, instructions, block, template_tools)
+
+
+def _forced_line(forced: str) -> str:
+    return "You must call a function now." if forced == "required" else f"You must call the function {forced} now."
 
 
 @dataclass
