@@ -80,8 +80,8 @@ class ResponseRunner:
         events: ResponseEvents,
         send: Callable[[list[Event]], None],
         speech: SpeechStream | None,
-        open_message: Callable[[], None] = lambda: None,
-        add_calls: Callable[[list[ToolCall]], None] = lambda calls: None,
+        open_message: Callable[[], None],
+        add_calls: Callable[[list[ToolCall]], None],
     ) -> None:
         """`open_message`: puts the assistant message in the conversation (called before its first text, when
         the session did not open it upfront); `add_calls`: puts the reply's function calls there."""

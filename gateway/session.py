@@ -479,12 +479,12 @@ class RealtimeSession:
         tracing = self.config.tracing
         if tracing is None:
             return
-        workflow = tracing.workflow_name if not isinstance(tracing, str) else None
-        group = tracing.group_id if not isinstance(tracing, str) else None
-        log.info("trace workflow=%s group=%s session=%s response=%s status=%s input_tokens=%s output_tokens=%s marks=%s",
-                 workflow or "Realtime Session", group, self.id, active.events.response_id, status,
-                 usage.input_tokens if usage else None, usage.output_tokens if usage else None,
-                 json.dumps(active.marks.to_wire(), separators=(",", ":")))
+        named = tracing if not isinstance(tracing, str) else None
+        log.info("trace workflow=%s group=%s metadata=%s session=%s response=%s status=%s input_tokens=%s "
+                 "output_tokens=%s marks=%s", (named and named.workflow_name) or "Realtime Session",
+                 named and named.group_id, json.dumps(named.metadata if named else None, ensure_ascii=True),
+                 self.id, active.events.response_id, status, usage.input_tokens if usage else None,
+                 usage.output_tokens if usage else None, json.dumps(active.marks.to_wire(), separators=(",", ":")))
 
     async def _cancel_from_client(self, response_id: str | None) -> None:
         active = self.active

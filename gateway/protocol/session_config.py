@@ -161,6 +161,7 @@ def semantic_wait_ms(eagerness: str, end_probability: float) -> int:
 
 
 TurnDetectionConfig = Annotated[TurnDetection | SemanticVad, Field(discriminator="type")]
+TURN_DETECTION_TYPES = frozenset({"server_vad", "semantic_vad"})
 
 
 class Transcription(_Strict):
@@ -314,7 +315,7 @@ def apply_session_update(
     try:
         config = SessionConfig.model_validate(merged)
     except ValidationError as exc:
-        raise api_error_from_validation(exc, prefix=param) from None
+        raise api_error_from_validation(exc, prefix=param, union_tags=TURN_DETECTION_TYPES) from None
     if speech is not None:
         speech.check(config)
     return config

@@ -46,18 +46,24 @@ def _dotted(location: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "none"})
+
+
 def api_error_from_validation(
     exc: ValidationError, *, prefix: str = "", union_tags: frozenset[str] = frozenset()
 ) -> ApiError:
     """The first problem, named by its dotted path (e.g. `session.audio.input.format.type`).
 
     `union_tags` are discriminator values pydantic puts into locations; clients know fields by name only.
+    Union members' own tags (`str`, `literal[...]`, a model's class name) are dropped too: the API's
+    field names are all lower-case snake_case.
     """
     first = exc.errors(include_url=False)[0]
     location = tuple(
         part
         for part in first["loc"]
-        if not (isinstance(part, str) and (part in union_tags or "[" in part or part.startswith("function-")))
+        if not (isinstance(part, str) and (part in union_tags or part in _TYPE_TAGS or "[" in part
+                                           or part.startswith("function-") or part[:1].isupper()))
     )
     param = _dotted(location)
     if prefix:

@@ -64,13 +64,19 @@ def assistant_texts(session: RealtimeSession) -> list[str]:
     return texts
 
 
-async def test_three_text_turns(text_session: RealtimeSession) -> None:
+async def test_three_text_turns(text_session: RealtimeSession, gateway: GatewayProcess) -> None:
     for question in ("What is the capital of France?", "And of Italy?", "Thank you!"):
         await text_session.send_message(question)
         events = await until_turn_ends(text_session)
         assert any(e.type == "raw_model_event" and e.data.type == "output_text_delta" for e in events)
     replies = assistant_texts(text_session)
     assert len(replies) == 3 and all(reply.strip() for reply in replies)
+    # The runner asks for tracing ("auto"): each response is one trace record in the gateway's log.
+    response_ids = {e.data.data["response"]["id"] for e in events if e.type == "raw_model_event"
+                    and e.data.type == "raw_server_event" and e.data.data.get("type") == "response.done"}
+    log = gateway.log_path.read_text(errors="replace")
+    assert all(f"response={rid} status=completed" in log for rid in response_ids) and response_ids
+    assert "trace workflow=Realtime Session" in log
 
 
 async def test_three_spoken_push_to_talk_turns(voice_session: RealtimeSession, tts: TtsEngine,

@@ -35,9 +35,9 @@ def test_null_turn_detection_means_manual_turns() -> None:
         # Fields this server cannot honour are refused by name, never accepted and ignored:
         ({"temperature": 5}, "invalid_value", "session.temperature"),
         ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}}, "invalid_value",
-         "session.audio.input.turn_detection.semantic_vad.eagerness"),
+         "session.audio.input.turn_detection.eagerness"),
         ({"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}, "unknown_parameter",
-         "session.audio.input.turn_detection.server_vad.eagerness"),
+         "session.audio.input.turn_detection.eagerness"),
         ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "invalid_value",
          "session.audio.input.noise_reduction"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
