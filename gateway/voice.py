@@ -232,7 +232,12 @@ class VoicePipeline:
                 if job not in ready:
                     job.cancel()
             self._idle_since = now()
-            self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption)
+            try:
+                self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption)
+            except ApiError as error:  # the conversation is full: the turn is not kept, the session goes on
+                self._discard_preemption(turn)
+                self.session.turns.transcript_final(has_text=False)  # back to listening
+                self.session.send_error(error)
 
     async def _after_audio(self) -> None:
         turn = self.turn
