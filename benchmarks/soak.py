@@ -133,8 +133,7 @@ async def warm_session(ws_url: str) -> None:
 
 async def soak(args, url: str, ws_url: str, pid: int) -> dict:
     # Warm-up: the first turns' one-off allocations, and the worker threads that thread pools start only
-    # when tasks overlap (asyncio's default executor: at most min(32, CPUs + 4)); without concurrent turns
-    # here the first run's "start" lacked one of them (16 threads, then 17 in that run and every later one).
+    # when tasks overlap (the gateway's default executor has as many as cores).
     await asyncio.gather(*(warm_session(ws_url) for _ in range(WARM_SESSIONS)))
     await asyncio.sleep(2)
     figures = {"start": await asyncio.to_thread(process_figures, pid, url)}

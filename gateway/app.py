@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,11 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # asyncio.to_thread's work here is CPU-bound (tokenizing prompts, the heap trim, model loads): more
+        # threads than cores would only queue in the kernel. Bounded by the cores, the pool also stops
+        # growing with load (asyncio's default allows CPUs + 4 threads, started as calls overlap).
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="blocking"))
         loader = asyncio.create_task(svc.runtime.load(), name="model loader")
         try:
             yield
