@@ -6,10 +6,11 @@ import logging
 import sys
 
 import uvicorn
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from gateway import log_redaction
+from gateway.bench.cli import Bench
 from gateway.config import Settings, is_loopback
 from gateway.http_server import guarded_protocol
 from gateway.log_redaction import RedactKeys
@@ -30,6 +31,7 @@ class Gateway(BaseModel):
     """Realtime voice and text gateway: OpenAI Realtime API and Chat Completions on local models."""
 
     serve: CliSubCommand[Serve]
+    bench: CliSubCommand[Bench]
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)
@@ -76,4 +78,27 @@ def main(argv: list[str] | None = None) -> None:
         cli_kebab_case=True,
         cli_implicit_flags=True,
     )
-    CliApp.run(Gateway, cli_args=argv if argv is not None else sys.argv[1:], cli_settings_source=source)
+    try:
+        CliApp.run(Gateway, cli_args=_spread_list_options(argv if argv is not None else sys.argv[1:]),
+                   cli_settings_source=source)
+    except ValidationError as exc:  # a bad option value: one line each, as argparse says it, not a traceback
+        for error in exc.errors(include_url=False):
+            option = "--" + str(error["loc"][-1]).replace("_", "-") if error["loc"] else "gateway"
+            print(f"gateway: {option}: {error['msg']} (got {error.get('input')!r})", file=sys.stderr)
+        sys.exit(2)
+
+
+def _spread_list_options(args: list[str]) -> list[str]:
+    """`--compare a.json b.json` as users type it, into the `--compare a.json --compare b.json` the parser reads."""
+    spread: list[str] = []
+    index = 0
+    while index < len(args):
+        spread.append(args[index])
+        if args[index] == "--compare":
+            values = []
+            while index + 1 < len(args) and not args[index + 1].startswith("-"):
+                index += 1
+                values.append(args[index])
+            spread[-1:] = [part for value in values for part in ("--compare", value)] or ["--compare"]
+        index += 1
+    return spread

@@ -1,0 +1,66 @@
+"""The `bench` subcommand's options, and its one-line errors (never a traceback for bad input)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+
+from gateway.bench.clients import BenchError
+from gateway.bench.runner import QUESTIONS, BenchConfig, run, run_compare
+
+
+class Bench(BaseModel):
+    """Measure latency against this gateway or any server with the same protocol; writes a report."""
+
+    url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
+    mode: Literal["chat", "text"] = Field(
+        "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text turns.")
+    model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
+    api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
+    sessions: int = Field(4, ge=1, le=10_000, description="Sessions (chat: conversations) run at once.")
+    turns: int = Field(3, ge=1, le=100_000, description="Turns per session.")
+    ramp: float = Field(0.0, ge=0, description="Sessions started per second (0: all at once).")
+    duration: float = Field(0.0, ge=0, description="Seconds after which no turn starts (0: no limit).")
+    think_time: float = Field(0.0, ge=0, description="A session's pause between turns, drawn in [0, this] seconds.")
+    prompt_file: Path | None = Field(None, description="Questions, one per line (default: a built-in list).")
+    system_prompt_tokens: int = Field(0, ge=0, le=100_000,
+                                      description="A shared system prompt of about this many tokens (the prefix cache).")
+    max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
+    seed: int | None = Field(None, description="Seeds the server's sampling (chat) and the think times.")
+    out: Path = Field(Path("bench-out"), description="Where report.json, turns.csv, the plots and report.html go.")
+    compare: list[Path] = Field(default_factory=list,
+                                description="report.json files to print side by side (no run); compare.png goes to --out.")
+
+    def cli_cmd(self) -> None:
+        console = Console()
+        try:
+            if self.compare:
+                run_compare(self.compare, self.out, console)
+                return
+            if not self.url:
+                raise BenchError("--url is required (or --compare with report.json files)")
+            if not self.url.startswith(("http://", "https://")):
+                raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
+            asyncio.run(run(self._config(), console))
+        except (BenchError, ValueError) as exc:
+            print(f"gateway bench: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    def _config(self) -> BenchConfig:
+        prompts = QUESTIONS
+        if self.prompt_file is not None:
+            try:
+                prompts = tuple(line.strip() for line in self.prompt_file.read_text().splitlines() if line.strip())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BenchError(f"cannot read --prompt-file {self.prompt_file}: {exc}") from None
+            if not prompts:
+                raise BenchError(f"--prompt-file {self.prompt_file} holds no question")
+        return BenchConfig(url=self.url or "", mode=self.mode, model=self.model, api_key=self.api_key,
+                           sessions=self.sessions, turns=self.turns, ramp=self.ramp, duration=self.duration,
+                           think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
+                           max_tokens=self.max_tokens, seed=self.seed, out=self.out)
