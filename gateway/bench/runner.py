@@ -108,6 +108,12 @@ async def _session(index: int, config: BenchConfig, target: Target, http: httpx.
                 await client.turn(record, question)
             except httpx.HTTPError as exc:
                 record.error = type(exc).__name__
+            except TimeoutError:
+                record.error = "timeout"
+            except BenchError:  # the server closed this session: its turn failed, the run goes on
+                record.error = "connection_closed"
+                progress.turns.append(record)
+                return
             progress.turns.append(record)
             if config.think_time and turn + 1 < config.turns:
                 with contextlib.suppress(TimeoutError):
@@ -153,6 +159,13 @@ async def run(config: BenchConfig, console: Console) -> dict[str, Any]:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the turns under way, then report
+    try:
+        return await _run(config, target, stop, console)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console: Console) -> dict[str, Any]:
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     limits = httpx.Limits(max_connections=config.sessions + 1, max_keepalive_connections=config.sessions + 1)
     interrupted = False
@@ -184,7 +197,6 @@ async def run(config: BenchConfig, console: Console) -> dict[str, Any]:
             for task in (*sessions, lag):
                 task.cancel()
             await asyncio.gather(*sessions, lag, return_exceptions=True)
-            loop.remove_signal_handler(signal.SIGINT)
     elapsed = progress.elapsed()
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
