@@ -18,8 +18,9 @@ class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
 
     url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
-    mode: Literal["chat", "text"] = Field(
-        "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text turns.")
+    mode: Literal["chat", "text", "voice"] = Field(
+        "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text "
+        "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD.")
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
     sessions: int = Field(4, ge=1, le=10_000, description="Sessions (chat: conversations) run at once.")
@@ -32,6 +33,8 @@ class Bench(BaseModel):
                                       description="A shared system prompt of about this many tokens (the prefix cache).")
     max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
     seed: int | None = Field(None, description="Seeds the server's sampling (chat) and the think times.")
+    audio: Path | None = Field(None, description="--mode voice: a folder of 16-bit WAV questions "
+                                                  "(default: the questions spoken by the embedded Piper voice).")
     out: Path = Field(Path("bench-out"), description="Where report.json, turns.csv, the plots and report.html go.")
     compare: list[Path] = Field(default_factory=list,
                                 description="report.json files to print side by side (no run); compare.png goes to --out.")
@@ -63,4 +66,4 @@ class Bench(BaseModel):
         return BenchConfig(url=self.url or "", mode=self.mode, model=self.model, api_key=self.api_key,
                            sessions=self.sessions, turns=self.turns, ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
-                           max_tokens=self.max_tokens, seed=self.seed, out=self.out)
+                           max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio)

@@ -4,12 +4,14 @@ from the client's side. Nothing here knows it talks to this gateway: any server 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import numpy as np
 import websockets
 
 from gateway.bench.stats import TurnRecord
@@ -167,3 +169,74 @@ class RealtimeTextClient:
 
     async def close(self) -> None:
         await self.connection.close()
+
+
+VOICE_RATE = 24000  # audio/pcm, the Realtime API's default format
+CHUNK_MS = 20
+TAIL_SILENCE_S = 1.5  # after each question: the server's VAD ends the turn in it
+
+
+class RealtimeVoiceClient(RealtimeTextClient):
+    """A Realtime session over a WebSocket, spoken turns: the question's audio at real-time pace in 20 ms
+    chunks, then silence, with server VAD creating the response; timed from the end of the speech sent."""
+
+    @classmethod
+    async def open(cls, target: Target, system_prompt: str | None, timeout_s: float = 30) -> RealtimeVoiceClient:
+        client = await super().open(target, system_prompt, timeout_s)
+        assert isinstance(client, RealtimeVoiceClient)
+        await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"],
+                                                                 "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
+        return client
+
+    async def turn(self, record: TurnRecord, question: Any, timeout_s: float = 120) -> None:
+        pcm: np.ndarray = question
+        speech_end: list[float] = []
+        sender = asyncio.create_task(self._speak(pcm, speech_end))
+        first_text: float | None = None
+        last_text: float | None = None
+        audio_s = 0.0
+        first_audio: float | None = None
+        last_audio: float | None = None
+        try:
+            while True:
+                event = await self._next(timeout_s)
+                kind = event.get("type")
+                now = time.perf_counter()
+                if kind == "response.output_audio_transcript.delta":
+                    if first_text is None:
+                        first_text = now
+                    elif last_text is not None:
+                        record.itl_ms.append(round((now - last_text) * 1000, 2))
+                    last_text = now
+                    record.output_tokens += 1
+                elif kind == "response.output_audio.delta":
+                    first_audio = first_audio or now
+                    last_audio = now
+                    audio_s += len(base64.b64decode(event.get("delta") or "")) / 2 / VOICE_RATE
+                elif kind == "error":
+                    record.error = str((event.get("error") or {}).get("code") or "error")
+                elif kind == "response.done":
+                    break
+        finally:
+            await sender
+        end = speech_end[0] if speech_end else time.perf_counter()
+        if first_text is not None:
+            record.ttft_ms = round((first_text - end) * 1000, 2)
+        if first_audio is not None:
+            record.first_audio_ms = record.voice_to_voice_ms = round((first_audio - end) * 1000, 2)
+            if last_audio is not None and audio_s > 0:
+                record.audio_rtf = round((last_audio - first_audio) / audio_s, 3)
+        record.total_ms = round((time.perf_counter() - end) * 1000, 2)
+
+    async def _speak(self, pcm: np.ndarray, speech_end: list[float]) -> None:
+        """Chunks leave when complete, as a microphone's would; the speech ends with its last chunk."""
+        step = VOICE_RATE * CHUNK_MS // 1000
+        audio = np.concatenate([pcm, np.zeros(int(VOICE_RATE * TAIL_SILENCE_S), np.int16)])
+        started = time.perf_counter()
+        for index, start in enumerate(range(0, len(audio), step)):
+            await asyncio.sleep(max(0.0, started + (index + 1) * CHUNK_MS / 1000 - time.perf_counter()))
+            chunk = audio[start:start + step]
+            await self.send({"type": "input_audio_buffer.append",
+                             "audio": base64.b64encode(np.ascontiguousarray(chunk).tobytes()).decode()})
+            if start + step >= len(pcm) and not speech_end:
+                speech_end.append(time.perf_counter())

@@ -31,6 +31,7 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         "errors": dict(Counter(turn.error for turn in turns if turn.error is not None)),
         **{metric: summarize(metric_values(turns, metric)) for metric in METRICS},
         "tokens_per_s": summarize(rates),
+        "audio_rtf": summarize([rtf for turn in ok if (rtf := turn.audio_rtf) is not None]),
         "overhead": overhead,
     }
 
@@ -40,7 +41,7 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     table.add_column("metric")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="right")
-    for metric in (*METRICS, "tokens_per_s"):
+    for metric in (*METRICS, "tokens_per_s", "audio_rtf"):
         summary = report[metric]
         if summary["count"]:
             table.add_row(metric, *(_cell(summary[column]) for column in TABLE_COLUMNS))
@@ -110,7 +111,7 @@ def _save(fig: Any, path: Path) -> Path:
 def _html(report: dict[str, Any], plots: list[Path]) -> str:
     rows = "".join(
         f"<tr><th>{metric}</th>" + "".join(f"<td>{_cell(report[metric][c])}</td>" for c in TABLE_COLUMNS) + "</tr>"
-        for metric in (*METRICS, "tokens_per_s") if report[metric]["count"]
+        for metric in (*METRICS, "tokens_per_s", "audio_rtf") if report[metric]["count"]
     )
     images = "".join(
         f'<img alt="{path.stem}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
@@ -141,7 +142,7 @@ def compare(paths: list[Path], console: Console, out: Path | None) -> None:
     table.add_column("metric")
     for name in names:
         table.add_column(name, justify="right")
-    for metric in (*METRICS, "tokens_per_s"):
+    for metric in (*METRICS, "tokens_per_s", "audio_rtf"):
         for q in (50, 95):
             values = [r.get(metric, {}).get(f"p{q}") for r in reports]
             if all(v is None for v in values):

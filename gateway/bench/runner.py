@@ -21,7 +21,8 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target
+from gateway.bench.audio import spoken_questions, wav_questions
+from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, RealtimeVoiceClient, Target
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
 
@@ -39,7 +40,7 @@ LAG_INTERVAL_S = 0.05
 @dataclass
 class BenchConfig:
     url: str
-    mode: str  # chat | text
+    mode: str  # chat | text | voice
     model: str
     api_key: str | None = None
     sessions: int = 4
@@ -52,13 +53,15 @@ class BenchConfig:
     max_tokens: int = 64
     seed: int | None = None
     out: Path = Path("bench-out")
+    audio: Path | None = None  # --mode voice: a folder of WAV questions (default: the text ones, spoken by Piper)
 
     def public(self) -> dict[str, Any]:
         """The configuration as report.json records it (never the key)."""
         return {"url": self.url, "mode": self.mode, "model": self.model, "sessions": self.sessions, "turns": self.turns,
                 "ramp": self.ramp, "duration": self.duration, "think_time": self.think_time,
                 "prompts": len(self.prompts), "system_prompt_tokens": self.system_prompt_tokens,
-                "max_tokens": self.max_tokens, "seed": self.seed, "api_key": "set" if self.api_key else None}
+                "max_tokens": self.max_tokens, "seed": self.seed, "api_key": "set" if self.api_key else None,
+                "audio": str(self.audio) if self.audio else None}
 
 
 def system_prompt(tokens: int) -> str | None:
@@ -93,17 +96,22 @@ class Progress:
 
 
 async def _session(index: int, config: BenchConfig, target: Target, http: httpx.AsyncClient, progress: Progress,
-                   stop: asyncio.Event, rng: random.Random) -> None:
+                   stop: asyncio.Event, rng: random.Random, questions: list[Any]) -> None:
     prompt = system_prompt(config.system_prompt_tokens)
     client: ChatClient | RealtimeTextClient
-    client = ChatClient(target, http, prompt) if config.mode == "chat" else await RealtimeTextClient.open(target, prompt)
+    if config.mode == "chat":
+        client = ChatClient(target, http, prompt)
+    elif config.mode == "voice":
+        client = await RealtimeVoiceClient.open(target, prompt)
+    else:
+        client = await RealtimeTextClient.open(target, prompt)
     progress.session_delta(+1)
     try:
         for turn in range(config.turns):
             if stop.is_set() or (config.duration and progress.elapsed() >= config.duration):
                 return
             record = TurnRecord(session=index, turn=turn, started_at=round(progress.elapsed(), 3))
-            question = config.prompts[(index + turn) % len(config.prompts)]
+            question = questions[(index + turn) % len(questions)]
             try:
                 await client.turn(record, question)
             except httpx.HTTPError as exc:
@@ -134,7 +142,7 @@ async def _measure_lag(progress: Progress) -> None:
 async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> None:
     """One request before the run (it also loads a lazy server's model): an unreachable server, a refused key
     or an unknown model is one line, not N tracebacks."""
-    if config.mode == "text":
+    if config.mode in ("text", "voice"):
         client = await RealtimeTextClient.open(target, None)
         await client.close()
         return
@@ -171,6 +179,10 @@ async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console
     interrupted = False
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=limits) as http:
         await _preflight(config, target, http)
+        questions: list[Any] = list(config.prompts)
+        if config.mode == "voice":
+            questions = await asyncio.to_thread(wav_questions, config.audio) if config.audio else \
+                await asyncio.to_thread(spoken_questions, config.prompts)
         progress = Progress()
         lag = asyncio.create_task(_measure_lag(progress))
         rng = random.Random(config.seed)
@@ -180,7 +192,7 @@ async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console
                 for index in range(config.sessions):
                     if stop.is_set():
                         break
-                    sessions.append(asyncio.create_task(_session(index, config, target, http, progress, stop, rng)))
+                    sessions.append(asyncio.create_task(_session(index, config, target, http, progress, stop, rng, questions)))
                     if config.ramp > 0 and index + 1 < config.sessions:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(stop.wait(), 1 / config.ramp)

@@ -21,6 +21,7 @@ class TurnRecord:
     voice_to_voice_ms: float | None = None  # end of the user's speech in the audio sent -> first answer audio
     barge_in_ms: float | None = None
     total_ms: float | None = None  # -> the turn's last event
+    audio_rtf: float | None = None  # how long the answer audio took to arrive, per second of it
     output_tokens: int = 0  # text deltas received (a delta is a token on the servers measured here)
     itl_ms: list[float] = field(default_factory=list)  # gaps between consecutive text deltas
     error: str | None = None  # an error code, when the turn failed

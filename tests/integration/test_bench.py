@@ -154,3 +154,34 @@ def test_ctrl_c_still_writes_the_report_of_what_finished(gateway: GatewayProcess
     assert process.returncode == 0, stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["interrupted"] and 0 < report["turns_ok"] < 2000
+
+
+def test_voice_mode_times_voice_to_voice_from_wav_files(gateway: GatewayProcess, tmp_path: Path, tts,
+                                                          question_pcm) -> None:
+    """Spoken turns at real-time pace with server VAD, from a folder of WAV files (44.1 kHz stereo here:
+    the bench converts); the default, Piper speaking the built-in questions, is what the README runs."""
+    import wave
+
+    import numpy as np
+
+    from media.resample import resample
+
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    stereo = np.repeat(resample(question_pcm, tts.sample_rate, 44100)[:, None], 2, axis=1)
+    with wave.open(str(folder / "question.wav"), "wb") as wav:
+        wav.setnchannels(2)
+        wav.setsampwidth(2)
+        wav.setframerate(44100)
+        wav.writeframes(stereo.astype("<i2").tobytes())
+    run = bench("--url", gateway.url, "--mode", "voice", "--model", MODEL, "--sessions", "2", "--turns", "2",
+                "--audio", str(folder), "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    report = check_report(tmp_path / "out", mode="voice", turns=4)
+    v2v = report["voice_to_voice_ms"]
+    assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000 and report["first_audio_ms"]["count"] == 4
+    assert report["audio_rtf"]["count"] == 4 and 0 < report["audio_rtf"]["p50"] < 1  # faster than real time
+
+    (folder / "bad.wav").write_bytes(b"RIFF....WAVEfmt not really")
+    bad = bench("--url", gateway.url, "--mode", "voice", "--audio", str(folder), "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
