@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 REGISTRY = CollectorRegistry()
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_SHORT_BUCKETS = (0.001, 0.005, 0.01, *_LATENCY_BUCKETS)  # queue waits and per-call model times
 
 HTTP_REQUESTS = Counter(
     "gateway_http_requests_total", "HTTP requests by route and status", ["route", "status"], registry=REGISTRY
@@ -35,6 +36,21 @@ PREEMPTIONS = Counter(
 )
 CHAT_TTFT_SECONDS = Histogram(
     "gateway_chat_time_to_first_token_seconds", "Chat completions time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "gateway_engine_queue_wait_seconds", "Time a generation waited in the engine's queue before it was scheduled",
+    ["api"], buckets=_SHORT_BUCKETS, registry=REGISTRY,
+)
+ASR_CALL_SECONDS = Histogram(
+    "gateway_asr_call_seconds", "Whisper's time per transcription (partial or final)", ["kind"],
+    buckets=_SHORT_BUCKETS, registry=REGISTRY,
+)
+TTS_CLAUSE_SECONDS = Histogram(
+    "gateway_tts_clause_seconds", "Piper's time per clause of a spoken reply", buckets=_SHORT_BUCKETS, registry=REGISTRY
+)
+BARGE_IN_SECONDS = Histogram(
+    "gateway_barge_in_seconds", "From the interruption (speech detected, or cancel) to the reply stopped and trimmed",
+    buckets=_SHORT_BUCKETS, registry=REGISTRY,
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -177,9 +178,12 @@ class ResponseRunner:
                 made_ahead = await self._adopted.audio_for(clause)
             speed = self.job.speech_speed
             audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first, speed=speed)
+            synthesis_started = time.perf_counter()
             async for pcm in audio:
                 self.speech.write(pcm)
                 item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate
+            if made_ahead is None:
+                metrics.TTS_CLAUSE_SECONDS.observe(time.perf_counter() - synthesis_started)
             item.spoken.append(SpokenSegment(clause, start_ms, item.audio_ms_sent))
         self.speech.close()
 

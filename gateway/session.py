@@ -460,6 +460,8 @@ class RealtimeSession:
         usage = None
         if result is not None:
             usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
+            if result.admitted_at is not None:
+                metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
         metadata = dict(active.events.metadata or {})
         # Metadata maps strings to strings (the SDK's type): the marks travel as one compact JSON string.
         metadata["gateway_latency"] = json.dumps(active.marks.to_wire(), separators=(",", ":"))
@@ -515,9 +517,11 @@ class RealtimeSession:
 
     async def interrupt(self, reason: str) -> None:
         """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
+        started = time.perf_counter()
         self.interrupt_playout()
         if self.active is not None:
             await self.cancel_response(reason)
+            metrics.BARGE_IN_SECONDS.observe(time.perf_counter() - started)
         self._reply_finished()
 
     def interrupt_playout(self) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gateway import metrics
 from gateway.conversation import Item, new_id
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
@@ -327,6 +328,7 @@ class VoicePipeline:
         prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
         transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
         if transcript is not None:
+            metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
             log.debug(
                 "%s transcript of %.0f ms: waited %.3f s, ran %.3f s: %r",
                 "final" if final else "partial",

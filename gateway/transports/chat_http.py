@@ -24,7 +24,7 @@ from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from inference.llm.chat import ContextOverflow, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.engine import EngineOverloaded, GenerationStream, SamplingParams
+from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, SamplingParams
 from inference.llm.loader import LoadedLM
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, ToolCall, parse_reply
 
@@ -146,14 +146,20 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         result = await stream.result()
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
-    if result.first_token_at is not None:
-        metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
+    _observe(result)
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     reply = parse_reply(text, plan.tools) if plan.tools else ParsedReply(text, [])
     finish = "tool_calls" if reply.calls else ("length" if result.finish_reason == "length" else "stop")
     calls = [_call_object(call) for call in reply.calls] or None
     body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
     return JSONResponse(body, headers=headers)
+
+
+def _observe(result: GenerationResult) -> None:
+    if result.first_token_at is not None:
+        metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
+    if result.admitted_at is not None:
+        metrics.QUEUE_WAIT_SECONDS.labels("chat").observe(result.admitted_at - result.submitted_at)
 
 
 def _call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
@@ -194,8 +200,7 @@ async def _sse(
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
         yield chunk(delta={}, finish_reason=finish)
-        if result.first_token_at is not None:
-            metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
+        _observe(result)
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         yield b"data: [DONE]\n\n"

@@ -104,6 +104,7 @@ class GenerationResult:
     first_token_at: float | None
     finished_at: float  # time.monotonic()
     first_step_probability: float | None = None  # of SamplingParams.probe_ids
+    admitted_at: float | None = None  # when the scheduler took it from the queue (queue wait: - submitted_at)
 
 
 _END = object()
@@ -232,6 +233,7 @@ class LLMEngine:
         self._vocab = self.fwd.vocab_size
         # Counters (written by the scheduler thread, read anywhere).
         self._steps = 0
+        self._step_rows = 0  # requests in the steps, summed: / steps is the average batch
         self._tokens_generated = 0
         self._prefill_tokens = 0
         self._requests_finished = 0
@@ -413,6 +415,7 @@ class LLMEngine:
             kv_pool_capacity_tokens=self.pool.capacity,
             kv_pool_slots_used=self.pool.used,
             avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
+            avg_batch_size=(self._step_rows / steps) if steps else 0.0,  # requests per step
             last_cancel_free_ms=self._last_free_latency * 1000.0,
             exclusive_wait_seconds_total=self._exclusive_wait_seconds,
             requests_waited_for_shared_prefix=self._requests_waited_for_prefix,
@@ -609,6 +612,7 @@ class LLMEngine:
             return
         logits, failed = out
         self._steps += 1
+        self._step_rows += len(rows)
         self._prefill_tokens += sum(s.n for s, r in zip(segs, rows) if not r.prefilled)
         for req in done_prefill:
             if id(req) in failed:
@@ -805,6 +809,7 @@ class LLMEngine:
             first_token_at=req.first_token_at,
             finished_at=now,
             first_step_probability=req.sampler.probed if req.sampler is not None else None,
+            admitted_at=req.admitted_at or None,
         )
         self._call(req, req.stream._deliver, None, result, None)
 

@@ -364,3 +364,36 @@ async def test_semantic_vad_ends_a_finished_question_sooner_than_a_cut_off_one(
     assert len(client.of_type("input_audio_buffer.speech_stopped")) == 1, "a cut-off one waits longer"
     await send_while_receiving(client, encode_chunks(np.zeros(24000 * 2, np.int16), 24000, "audio/pcm"))
     assert len(client.of_type("input_audio_buffer.speech_stopped")) == 2, "and ends within its longest wait"
+
+
+async def test_metrics_move_with_a_spoken_turn_and_the_log_holds_no_user_text(
+    client: RealtimeClient, gateway: GatewayProcess, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    """What explains a bench run is in /metrics (per-call ASR and TTS time, queue wait, voice-to-voice,
+    barge-in, batch size), and the log (info level, the default) does not hold what the user said."""
+    async with httpx.AsyncClient() as http:
+        before = (await http.get(f"{gateway.url}/metrics")).text
+        await client.send({"type": "session.update", "session": {"temperature": 0, "max_output_tokens": 200}})
+        await client.wait_for("session.updated")
+        speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 1.5)
+        await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
+        await client.wait_for("response.done", timeout=90)
+        await client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a long story about a dragon."}]}})
+        await client.send({"type": "response.create"})
+        await client.wait_for("response.output_audio.delta")
+        await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))  # barge in
+        await client.wait_for("response.done", timeout=90)
+        after = (await http.get(f"{gateway.url}/metrics")).text
+    grew = {
+        "asr final": ("gateway_asr_call_seconds_count", {"kind": "final"}),
+        "tts clause": ("gateway_tts_clause_seconds_count", {}),
+        "queue wait": ("gateway_engine_queue_wait_seconds_count", {"api": "realtime"}),
+        "voice to voice": ("gateway_turn_stage_seconds_count", {"stage": "voice_to_voice"}),
+        "barge-in": ("gateway_barge_in_seconds_count", {}),
+    }
+    for what, (name, labels) in grew.items():
+        assert sample(after, name, **labels) > sample(before, name, **labels), what
+    assert sample(after, "gateway_engine_avg_batch_size") >= 1
+    log = gateway.log_path.read_text(errors="replace").lower()
+    assert "capital of france" not in log and "dragon" not in log
