@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import websockets
 from rich.console import Console
 from rich.live import Live
 
@@ -118,7 +119,7 @@ async def _session(index: int, config: BenchConfig, target: Target, http: httpx.
                 record.error = type(exc).__name__
             except TimeoutError:
                 record.error = "timeout"
-            except BenchError:  # the server closed this session: its turn failed, the run goes on
+            except (BenchError, websockets.ConnectionClosed):  # the server closed this session: the run goes on
                 record.error = "connection_closed"
                 progress.turns.append(record)
                 return
@@ -174,7 +175,6 @@ async def run(config: BenchConfig, console: Console) -> dict[str, Any]:
 
 
 async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console: Console) -> dict[str, Any]:
-    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     limits = httpx.Limits(max_connections=config.sessions + 1, max_keepalive_connections=config.sessions + 1)
     interrupted = False
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=limits) as http:
@@ -183,6 +183,7 @@ async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console
         if config.mode == "voice":
             questions = await asyncio.to_thread(wav_questions, config.audio) if config.audio else \
                 await asyncio.to_thread(spoken_questions, config.prompts)
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # the run's own CPU, not the questions' synthesis
         progress = Progress()
         lag = asyncio.create_task(_measure_lag(progress))
         rng = random.Random(config.seed)
