@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
-from inference.llm.constraints import json_value
+from inference.llm.constraints import json_schema_grammar, json_value
 from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_call_block
 
 
@@ -57,7 +57,7 @@ def _plan(chat: ChatCompletionRequest, fmt: ToolFormat) -> ChatPlan:
     elif schema is not None and use.tools:
         grammar = f"start: {tool_call_block(use.tools, parallel=chat.parallel_tool_calls, fmt=fmt)} | {json_value(schema)}"
     elif schema is not None:
-        grammar = f"start: {json_value(schema)}"
+        grammar = json_schema_grammar(schema)
     if instructions:  # merged after the client's own instructions into the one system message
         messages.append(ChatMessage("system", "\n\n".join(instructions)))
     return ChatPlan(messages=messages, grammar=grammar, tools=use.tools, template_tools=use.template_tools)
