@@ -261,7 +261,7 @@ async def test_push_to_talk_commit_then_response_create_at_once(
     await client.send({"type": "session.update", "session": {
         "output_modalities": ["text"], "temperature": 0, "audio": {"input": {"turn_detection": None}}}})
     await client.wait_for("session.updated")
-    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2)
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 0.5)
     for turn in range(2):
         for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
             await client.send({"type": "input_audio_buffer.append", "audio": payload})
@@ -322,7 +322,7 @@ async def test_speed_reaches_piper_and_transcription_null_turns_transcripts_off(
         "output_modalities": ["text"], "audio": {"input": {"transcription": None, "turn_detection": None}}}})
     updated = await client.wait_for("session.updated")
     assert updated["session"]["audio"]["input"]["transcription"] is None
-    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.2, 0.2)
+    speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 0.5)
     for payload in encode_chunks(speech, 24000, "audio/pcm", chunk_ms=200):
         await client.send({"type": "input_audio_buffer.append", "audio": payload})
     await client.send({"type": "input_audio_buffer.commit"})
