@@ -24,6 +24,7 @@ runs what an AVX2-only one would (its memory and clocks stay its own, so it is a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -116,21 +118,25 @@ def run_gateway(args, log_dir: Path, tokenizer, variant: int) -> tuple[dict, dic
         gateway.stop()
 
 
-def run_transformers_serve(args, folder: Path, log_dir: Path, tokenizer, variant: int) -> dict:
+@contextlib.contextmanager
+def transformers_serve(folder: Path, log_path: Path, env: dict[str, str] | None = None,
+                       timeout_s: float = 600) -> Iterator[str]:
+    """`transformers serve --continuous-batching` (bfloat16, capped at 512 batch tokens and 5% of memory for
+    its KV blocks) on a model folder, offline; yields its URL once /health answers, and stops it."""
     port = free_port()
     cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or "transformers"
     command = [cli, "serve", "--continuous-batching", "--dtype", "bfloat16", "--cb-max-batch-tokens", "512",
                "--cb-max-memory-percent", "0.05", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
                str(folder)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **isa_env(args.torch_isa)}
-    with open(log_dir / "transformers-serve.log", "ab") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + timeout_s
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"transformers serve exited: see {log_dir / 'transformers-serve.log'}")
+                raise RuntimeError(f"transformers serve exited: see {log_path}")
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -139,9 +145,7 @@ def run_transformers_serve(args, folder: Path, log_dir: Path, tokenizer, variant
             if time.monotonic() > deadline:
                 raise TimeoutError("transformers serve did not start")
             time.sleep(0.5)
-        client = Client(url, str(folder), tokenizer)
-        client.stream([{"role": "user", "content": "Hi"}], 4)  # loads the model, one-off allocations
-        return measure(client, args.tokens, variant)
+        yield url
     finally:
         server.terminate()
         try:
@@ -149,6 +153,13 @@ def run_transformers_serve(args, folder: Path, log_dir: Path, tokenizer, variant
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def run_transformers_serve(args, folder: Path, log_dir: Path, tokenizer, variant: int) -> dict:
+    with transformers_serve(folder, log_dir / "transformers-serve.log", isa_env(args.torch_isa)) as url:
+        client = Client(url, str(folder), tokenizer)
+        client.stream([{"role": "user", "content": "Hi"}], 4)  # loads the model, one-off allocations
+        return measure(client, args.tokens, variant)
 
 
 def main(argv: list[str] | None = None) -> None:

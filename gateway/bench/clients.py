@@ -38,8 +38,26 @@ class Target:
         return self.url.replace("http", "ws", 1) + f"/v1/realtime?model={self.model}"
 
 
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 2)
+def _ms(since: float, until: float | None = None) -> float:
+    return round(((until if until is not None else time.perf_counter()) - since) * 1000, 2)
+
+
+class DeltaTimer:
+    """Times a turn's text deltas as they arrive: the first one's time (TTFT is measured from the caller's
+    origin) and the gap before each later one."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self._last: float | None = None
+
+    def tick(self, record: TurnRecord) -> None:
+        now = time.perf_counter()
+        if self._last is None:
+            self.first = now
+        else:
+            record.itl_ms.append(_ms(self._last, now))
+        self._last = now
+        record.output_tokens += 1
 
 
 def _error_code(status: int, body: bytes) -> str:
@@ -65,7 +83,7 @@ class ChatClient:
             body["seed"] = self.target.seed
         sent = time.perf_counter()
         answer: list[str] = []
-        last: float | None = None
+        timer = DeltaTimer()
         async with self.http.stream("POST", f"{self.target.url}/v1/chat/completions", json=body,
                                     headers=self.target.headers) as response:
             if response.status_code != 200:
@@ -80,15 +98,10 @@ class ChatClient:
                     return
                 delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
                 if delta:
-                    now = time.perf_counter()
-                    if last is None:
-                        record.ttft_ms = _ms(sent)
-                    else:
-                        record.itl_ms.append(round((now - last) * 1000, 2))
-                    last = now
-                    record.output_tokens += 1
+                    timer.tick(record)
                     answer.append(delta)
         record.total_ms = _ms(sent)
+        record.ttft_ms = _ms(sent, timer.first) if timer.first is not None else None
         self.messages.append({"role": "assistant", "content": "".join(answer)})
 
     async def close(self) -> None:
@@ -146,22 +159,17 @@ class RealtimeTextClient:
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}})
         sent = time.perf_counter()
         await self.send({"type": "response.create"})
-        last: float | None = None
+        timer = DeltaTimer()
         while True:
             event = await self._next(timeout_s)
             kind = event.get("type")
             if kind in ("response.output_text.delta", "response.output_audio_transcript.delta"):
-                now = time.perf_counter()
-                if last is None:
-                    record.ttft_ms = _ms(sent)
-                else:
-                    record.itl_ms.append(round((now - last) * 1000, 2))
-                last = now
-                record.output_tokens += 1
+                timer.tick(record)
             elif kind == "error":
                 record.error = str((event.get("error") or {}).get("code") or "error")
             elif kind == "response.done":
                 record.total_ms = _ms(sent)
+                record.ttft_ms = _ms(sent, timer.first) if timer.first is not None else None
                 response = event.get("response") or {}
                 if response.get("status") == "failed" and record.error is None:
                     record.error = str(((response.get("status_details") or {}).get("error") or {}).get("code") or "failed")
@@ -192,8 +200,7 @@ class RealtimeVoiceClient(RealtimeTextClient):
         pcm: np.ndarray = question
         speech_end: list[float] = []
         sender = asyncio.create_task(self._speak(pcm, speech_end))
-        first_text: float | None = None
-        last_text: float | None = None
+        timer = DeltaTimer()
         audio_s = 0.0
         first_audio: float | None = None
         last_audio: float | None = None
@@ -203,12 +210,7 @@ class RealtimeVoiceClient(RealtimeTextClient):
                 kind = event.get("type")
                 now = time.perf_counter()
                 if kind == "response.output_audio_transcript.delta":
-                    if first_text is None:
-                        first_text = now
-                    elif last_text is not None:
-                        record.itl_ms.append(round((now - last_text) * 1000, 2))
-                    last_text = now
-                    record.output_tokens += 1
+                    timer.tick(record)
                 elif kind == "response.output_audio.delta":
                     first_audio = first_audio or now
                     last_audio = now
@@ -220,13 +222,13 @@ class RealtimeVoiceClient(RealtimeTextClient):
         finally:
             await sender
         end = speech_end[0] if speech_end else time.perf_counter()
-        if first_text is not None:
-            record.ttft_ms = round((first_text - end) * 1000, 2)
+        if timer.first is not None:
+            record.ttft_ms = _ms(end, timer.first)
         if first_audio is not None:
-            record.first_audio_ms = record.voice_to_voice_ms = round((first_audio - end) * 1000, 2)
+            record.first_audio_ms = record.voice_to_voice_ms = _ms(end, first_audio)
             if last_audio is not None and audio_s > 0:
                 record.audio_rtf = round((last_audio - first_audio) / audio_s, 3)
-        record.total_ms = round((time.perf_counter() - end) * 1000, 2)
+        record.total_ms = _ms(end)
 
     async def _speak(self, pcm: np.ndarray, speech_end: list[float]) -> None:
         """Chunks leave when complete, as a microphone's would; the speech ends with its last chunk."""

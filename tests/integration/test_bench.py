@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.voice_server import free_port
+from benchmarks.openai_servers import transformers_serve as start_transformers_serve
 from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 from tests.gateway_process import GatewayProcess
@@ -86,35 +85,12 @@ def test_text_and_chat_runs_write_their_report_and_compare(gateway: GatewayProce
 @pytest.fixture(scope="module")
 def transformers_serve(gateway: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """`transformers serve` on the embedded model's converted folder (the gateway fixture converted it)."""
-    folder = gguf_cache_folder(embedded_llm(), Path(os.environ.get("GATEWAY_CACHE_DIR") or "~/.cache/realtime-gateway").expanduser())
-    cli = shutil.which("transformers", path=os.path.dirname(sys.executable))
-    assert cli is not None and folder.is_dir()
-    port = free_port()
-    log = (tmp_path_factory.mktemp("peer") / "transformers-serve.log").open("wb")
-    server = subprocess.Popen([cli, "serve", "--continuous-batching", "--dtype", "bfloat16", "--cb-max-batch-tokens",
-                               "512", "--cb-max-memory-percent", "0.05", "--device", "cpu", "--host", "127.0.0.1",
-                               "--port", str(port), str(folder)], stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, "transformers serve exited"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "transformers serve did not start"
-            time.sleep(0.5)
+    cache = Path(os.environ.get("GATEWAY_CACHE_DIR") or "~/.cache/realtime-gateway").expanduser()
+    folder = gguf_cache_folder(embedded_llm(), cache)
+    assert folder.is_dir()
+    with start_transformers_serve(folder, tmp_path_factory.mktemp("peer") / "transformers-serve.log",
+                                  timeout_s=120) as url:
         yield url, str(folder)
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_chat_mode_against_a_server_that_is_not_ours(transformers_serve: tuple[str, str], tmp_path: Path) -> None:
