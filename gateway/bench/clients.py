@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -219,8 +220,12 @@ class RealtimeVoiceClient(RealtimeTextClient):
                     record.error = str((event.get("error") or {}).get("code") or "error")
                 elif kind == "response.done":
                     break
+        except BaseException:
+            sender.cancel()  # a failed or cancelled turn stops speaking at once
+            raise
         finally:
-            await sender
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
         end = speech_end[0] if speech_end else time.perf_counter()
         if timer.first is not None:
             record.ttft_ms = _ms(end, timer.first)
