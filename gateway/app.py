@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import metrics, openapi
 from gateway.config import Settings
+from gateway.event_log import log_event
 from gateway.http_bodies import BodySizeLimit
 from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
@@ -33,26 +35,47 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
 class RequestIdMiddleware:
-    """Echo X-Request-ID (or make one) on every HTTP response, and count requests by route and status."""
+    """Echo X-Request-ID (or make one) on every HTTP response and WebSocket handshake, keep it in the
+    scope's state for the handlers' events, count requests by route and status, and log each request."""
 
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"")
         request_id = incoming.decode("latin-1")[:128] if incoming else "req_" + secrets.token_hex(12)
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode("latin-1"))
+        if scope["type"] == "websocket":
+            async def accept_with_id(message: Message) -> None:
+                if message["type"] == "websocket.accept":
+                    message["headers"] = [*message.get("headers", []), header]
+                await send(message)
+
+            await self.app(scope, receive, accept_with_id)
+            return
+        started = time.perf_counter()
+        status = 0
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
-                metrics.HTTP_REQUESTS.labels(route_label(scope, self.routes), str(message["status"])).inc()
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), header]
+                metrics.HTTP_REQUESTS.labels(route_label(scope, self.routes), str(status)).inc()
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            # The route's template, never the path: no query strings, ids or names a client made up.
+            log_event("http.request", request_id=request_id, method=scope["method"],
+                      route=route_label(scope, self.routes), status=status or None,
+                      duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
 
 def route_label(scope: Scope, routes: Sequence[BaseRoute]) -> str:
@@ -117,6 +140,9 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "device": runtime.device,
             "voice": runtime.voice_ready,
             "load_seconds": vars(runtime.load_times),
+            # The server's wall clock, so a client (gateway bench) can put the latency marks of response.done
+            # on its own timeline: NTP-style, from the probe with the shortest round trip.
+            "time_ms": round(time.time() * 1000, 1),
         }
         if runtime.engine is not None:
             body["llm"] = runtime.engine.fwd.describe()  # what each part of a step runs on (see --llm-kernels)

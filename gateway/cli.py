@@ -9,7 +9,7 @@ import uvicorn
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
-from gateway import log_redaction
+from gateway import event_log
 from gateway.bench.cli import Bench
 from gateway.config import Settings, is_loopback
 from gateway.http_server import guarded_protocol
@@ -38,9 +38,8 @@ class Gateway(BaseModel):
 
 
 def serve(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    redact = RedactKeys(settings.api_keys)
-    log_redaction.install(redact)
+    uvicorn_log_config = event_log.configure(level=settings.log_level, log_format=settings.log_format,
+                                             log_content=settings.log_content, redact=RedactKeys(settings.api_keys))
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(
@@ -65,7 +64,8 @@ def serve(settings: Settings) -> None:
         # Bigger than the event cap, so an oversized event gets an `error` event rather than a close.
         ws_max_size=settings.max_event_bytes + 1024 * 1024,
         log_level=settings.log_level,
-        log_config=log_redaction.uvicorn_log_config(redact),
+        log_config=uvicorn_log_config,
+        access_log=False,  # the http.request event replaces it (route templates: no query strings)
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         False, description="Allow a non-loopback --host with no API key (not recommended)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one JSON object per line (for log pipelines); text: a line a person reads.")
+    log_content: bool = Field(
+        False, description="Log the users' content (prompts, transcripts, answers) in the event records. "
+        "For debugging only: by default the log holds ids, counts, timings and status, never what was said.")
 
     # Models
     device: Device = Field("auto", description="auto picks cuda when torch sees a GPU, else cpu.")

@@ -1,21 +1,18 @@
 """Keys never reach the log: a filter on every handler redacts them from each record, at every level.
 
 uvicorn's WebSocket code logs the handshake's headers at debug level (`authorization: Bearer ...`,
-the `openai-insecure-api-key.<key>` subprotocol) and its access log prints query strings at info
-level. Redacted everywhere: the configured API keys wherever they appear, any bearer token (a wrong
+the `openai-insecure-api-key.<key>` subprotocol) and request lines with their query strings.
+Redacted everywhere: the configured API keys wherever they appear, any bearer token (a wrong
 key a client sent may be a real key elsewhere), Authorization header values, key subprotocols,
 `ek_...` client secrets, and the values of key-like query parameters.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from collections.abc import Sequence
 from typing import Any
-
-from uvicorn.config import LOGGING_CONFIG
 
 REDACTED = "[redacted]"
 _KEY_PARAMS = r"api[_-]?key|key|token|access[_-]?token|client[_-]?secret|secret|password|auth"
@@ -26,8 +23,6 @@ _PATTERNS = [
     (re.compile(r"\bek_[A-Za-z0-9_-]+"), "ek_" + REDACTED),
     (re.compile(rf"(?i)([?&;](?:{_KEY_PARAMS})=)[^&\s'\"]*"), r"\g<1>" + REDACTED),
 ]
-# uvicorn's access formatter reads these records' args themselves: they must stay a 5-tuple.
-_ACCESS_LOGGER = "uvicorn.access"
 
 
 class RedactKeys(logging.Filter):
@@ -44,22 +39,22 @@ class RedactKeys(logging.Filter):
         return text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == _ACCESS_LOGGER and isinstance(record.args, tuple):
-            record.args = tuple(self._redact_arg(arg) for arg in record.args)
+        # The whole message, not the template: a placeholder may sit where a key would be
+        # (`?api_key=%s`), and an argument prints as whatever its str() or repr() holds.
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken logging call: the handler reports its msg and args as they are
+            record.msg = self.redact(str(record.msg))
+            record.args = tuple(self._redact_arg(arg) for arg in record.args) if isinstance(record.args, tuple) else ()
         else:
-            # The whole message, not the template: a placeholder may sit where a key would be
-            # (`?api_key=%s`), and an argument prints as whatever its str() or repr() holds.
-            try:
-                message = record.getMessage()
-            except Exception:  # a broken logging call: the handler reports its msg and args as they are
-                record.msg = self.redact(str(record.msg))
-                record.args = tuple(self._redact_arg(arg) for arg in record.args) if isinstance(record.args, tuple) else ()
-            else:
-                clean = self.redact(message)
-                if clean != message:
-                    record.msg, record.args = clean, ()
+            clean = self.redact(message)
+            if clean != message:
+                record.msg, record.args = clean, ()
         if record.exc_info and not record.exc_text:
             record.exc_text = self.redact(logging.Formatter().formatException(record.exc_info))
+        if record.exc_text:
+            # Formatters print exc_text as it is, and the JSON one formats exc_info anew when it is set.
+            record.exc_info = None
         if record.stack_info:
             record.stack_info = self.redact(record.stack_info)
         return True
@@ -70,18 +65,3 @@ class RedactKeys(logging.Filter):
         if isinstance(arg, bytes):
             return self.redact(arg.decode("latin-1")).encode("latin-1")
         return arg
-
-
-def install(redact: RedactKeys) -> None:
-    """On the root logger's handlers (logging.basicConfig's), which the gateway's own loggers reach."""
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(redact)
-
-
-def uvicorn_log_config(redact: RedactKeys) -> dict[str, Any]:
-    """uvicorn's own logging configuration, with the filter on each of its handlers."""
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config["filters"] = {"redact_keys": {"()": lambda: redact}}
-    for handler in config["handlers"].values():
-        handler["filters"] = ["redact_keys"]
-    return config

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from gateway import metrics
 from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
+from gateway.event_log import log_event
 from gateway.latency import TurnMarks, now
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
@@ -74,8 +75,10 @@ class RealtimeSession:
         transport: TransportKind,
         speech_factory: SpeechFactory | None,
         initial_config: dict[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> None:
         self.runtime = runtime
+        self.request_id = request_id  # the handshake's (or call offer's) X-Request-ID, for the log
         self.settings = settings
         self.transport = transport
         self.speech_factory = speech_factory
@@ -104,6 +107,8 @@ class RealtimeSession:
         speech.apply_defaults(config)
         self.config = apply_session_update(config, initial_config, speech=speech) if initial_config else config
         self._started = False
+        self._started_at = time.monotonic()
+        self._responses = 0
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
@@ -116,6 +121,8 @@ class RealtimeSession:
             self.voice = VoicePipeline(self)
         self.on_config_changed()
         self.send({"type": "session.created", "session": self.config.model_dump()})
+        log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
+                  model=self.config.model, conversation_id=self.conversation.id)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -127,6 +134,9 @@ class RealtimeSession:
         if self._started:  # what start() counted
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
+            log_event("realtime.session.ended", session_id=self.id, request_id=self.request_id,
+                      transport=self.transport, responses=self._responses,
+                      duration_s=round(time.monotonic() - self._started_at, 3))
         self.outbox.close()
         if self.active is not None:
             await self._stop_active(self.active)
@@ -148,6 +158,8 @@ class RealtimeSession:
 
     def send_error(self, error: ApiError) -> None:
         metrics.ERRORS.labels("realtime", error.code).inc()
+        log_event("realtime.error", session_id=self.id, request_id=self.request_id, code=error.code,
+                  error_type=error.type, param=error.param, client_event_id=error.event_id)
         self.send({"type": "error", "error": error.body()})
 
     # -- client events --------------------------------------------------------------------------
@@ -472,21 +484,30 @@ class RealtimeSession:
         if not self.playout_busy():
             self._reply_finished()
         metrics.RESPONSES.labels(status).inc()
-        self._trace(active, status, usage)
+        self._log_response(active, status, reason, usage, error)
         for stage, seconds in active.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
 
-    def _trace(self, active: ActiveResponse, status: ResponseStatus, usage: Usage | None) -> None:
-        """session.tracing: one log record per response (ids, status, token counts and latency marks; no text)."""
+    def _log_response(self, active: ActiveResponse, status: ResponseStatus, reason: str | None, usage: Usage | None,
+                      error: dict[str, Any] | None) -> None:
+        """One record per response: ids, status, token counts and latency marks (the answer only with
+        --log-content). With session.tracing, the trace's names and metadata go with it."""
         tracing = self.config.tracing
-        if tracing is None:
-            return
-        named = tracing if not isinstance(tracing, str) else None
-        log.info("trace workflow=%s group=%s metadata=%s session=%s response=%s status=%s input_tokens=%s "
-                 "output_tokens=%s marks=%s", (named and named.workflow_name) or "Realtime Session",
-                 named and named.group_id, json.dumps(named.metadata if named else None, ensure_ascii=True),
-                 self.id, active.events.response_id, status, usage.input_tokens if usage else None,
-                 usage.output_tokens if usage else None, json.dumps(active.marks.to_wire(), separators=(",", ":")))
+        named = tracing if tracing is not None and not isinstance(tracing, str) else None
+        events = active.events
+        text = events.item.content[0].get("transcript" if events.audio else "text") if events.opened else None
+        self._responses += 1
+        log_event(
+            "realtime.response.done", session_id=self.id, request_id=self.request_id, response_id=events.response_id,
+            conversation_id=events.conversation_id, model=self.config.model, status=status, reason=reason,
+            error_code=error.get("code") if error else None,
+            input_tokens=usage.input_tokens if usage else None, cached_tokens=usage.cached_tokens if usage else None,
+            output_tokens=usage.output_tokens if usage else None, modality="audio" if events.audio else "text",
+            latency_ms=active.marks.to_wire(),
+            trace={"workflow_name": (named and named.workflow_name) or "Realtime Session",
+                   "group_id": named and named.group_id, "metadata": named and named.metadata} if tracing else None,
+            content={"output_text": text} if text is not None else None,
+        )
 
     async def _cancel_from_client(self, response_id: str | None) -> None:
         active = self.active

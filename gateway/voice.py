@@ -26,6 +26,7 @@ import numpy as np
 
 from gateway import metrics
 from gateway.conversation import Item, new_id
+from gateway.event_log import log_event
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
 from gateway.preemption import Preemption
@@ -295,7 +296,7 @@ class VoicePipeline:
             return  # the longest wait stands
         if self.turn is turn and self.vad.detector.silence_started_ms is not None:
             wait_ms = semantic_wait_ms(detection.eagerness, probability)
-            log.debug("end of turn %.2f for %r: the silence ends it after %d ms", probability, transcript.text, wait_ms)
+            log.debug("session %s: end of turn %.2f: the silence ends it after %d ms", self.session.id, probability, wait_ms)
             self.vad.detector.settings = self._vad_settings(wait_ms)
 
     def _check_idle_timeout(self) -> None:
@@ -329,14 +330,8 @@ class VoicePipeline:
         transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
         if transcript is not None:
             metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
-            log.debug(
-                "%s transcript of %.0f ms: waited %.3f s, ran %.3f s: %r",
-                "final" if final else "partial",
-                transcript.audio_ms,
-                transcript.waited_seconds,
-                transcript.seconds,
-                transcript.text,
-            )
+            log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session.id,
+                      "final" if final else "partial", transcript.audio_ms, transcript.waited_seconds, transcript.seconds)
         return transcript
 
     async def _partial(self, turn: UserTurn, job: asyncio.Task[Transcript | None]) -> None:
@@ -424,6 +419,9 @@ class VoicePipeline:
                 "usage": {"type": "duration", "seconds": round(len(audio) / RATE, 3)},
             })
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+        log_event("realtime.transcription.completed", session_id=session.id, request_id=session.request_id,
+                  item_id=item_id, audio_s=round(len(audio) / RATE, 3), words=len(text.split()),
+                  content={"transcript": text})
         self._transcribed(transcribed)
         head_start = await self._take_preemption(preemption)
         created = False
@@ -463,7 +461,7 @@ class VoicePipeline:
         if transcript is None or not transcript.text.strip():
             return None
         preemption = await self.session.preempt_reply(item_id, transcript.text)
-        log.debug("reply preempted for %r: %s", transcript.text, "started" if preemption is not None else "not possible now")
+        log.debug("session %s: reply preempted: %s", self.session.id, "started" if preemption is not None else "not possible now")
         if preemption is not None:
             tts = self.runtime.tts if self.session.speaks_by_default() else None
             self._spawn(preemption.run_ahead(tts, self.session.config.audio.output.speed))

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from gateway import metrics
 from gateway.chat_plan import ChatPlan, plan_chat
+from gateway.event_log import log_event
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
 from gateway.openapi import error_responses, json_body
@@ -134,32 +136,63 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         raise overloaded("The model is at capacity; retry shortly.", exc.retry_after_s) from None
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
+    record = CompletionLog(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan)
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         return StreamingResponse(
-            _sse(stream, plan, cid, chat.model, fingerprint, include_usage),
+            _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
     try:
         text = "".join([delta async for delta in stream])
         result = await stream.result()
+    except BaseException as exc:
+        record.done("cancelled" if isinstance(exc, asyncio.CancelledError) else "failed")
+        raise
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
-    _observe(result)
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     reply = parse_reply(text, plan.tools) if plan.tools else ParsedReply(text, [])
     finish = "tool_calls" if reply.calls else ("length" if result.finish_reason == "length" else "stop")
     calls = [_call_object(call) for call in reply.calls] or None
     body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
+    record.done("completed", result, finish, text)
     return JSONResponse(body, headers=headers)
 
 
-def _observe(result: GenerationResult) -> None:
-    if result.first_token_at is not None:
-        metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
-    if result.admitted_at is not None:
-        metrics.QUEUE_WAIT_SECONDS.labels("chat").observe(result.admitted_at - result.submitted_at)
+@dataclass
+class CompletionLog:
+    """A chat completion's metrics and its one `chat.completion` log record (the text only with --log-content)."""
+
+    request_id: str | None
+    completion_id: str
+    model: str
+    stream: bool
+    plan: ChatPlan
+
+    def done(self, status: str, result: GenerationResult | None = None, finish_reason: str | None = None,
+             text: str | None = None) -> None:
+        if result is not None and result.first_token_at is not None:
+            metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
+        if result is not None and result.admitted_at is not None:
+            metrics.QUEUE_WAIT_SECONDS.labels("chat").observe(result.admitted_at - result.submitted_at)
+        question = next((m.content for m in reversed(self.plan.messages) if m.role == "user"), None)
+        log_event(
+            "chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
+            stream=self.stream, status=status, finish_reason=finish_reason,
+            input_tokens=result.prompt_tokens if result else None,
+            cached_tokens=result.cached_prompt_tokens if result else None,
+            output_tokens=result.completion_tokens if result else None,
+            queue_ms=_ms(result.submitted_at, result.admitted_at) if result else None,
+            ttft_ms=_ms(result.submitted_at, result.first_token_at) if result else None,
+            duration_ms=_ms(result.submitted_at, result.finished_at) if result else None,
+            content={"last_user_message": question, "output_text": text},
+        )
+
+
+def _ms(start: float, end: float | None) -> float | None:
+    return None if end is None else round((end - start) * 1000, 1)
 
 
 def _call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
@@ -172,7 +205,8 @@ def _sse_line(payload: dict[str, Any]) -> bytes:
 
 
 async def _sse(
-    stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool
+    stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
+    record: CompletionLog,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -181,6 +215,7 @@ async def _sse(
 
     # With tools, text that may begin a call block is held back until it is known (tool_calls.py).
     splitter = ReplySplitter() if plan.tools else None
+    logged = False
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
@@ -200,13 +235,18 @@ async def _sse(
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
         yield chunk(delta={}, finish_reason=finish)
-        _observe(result)
+        record.done("completed", result, finish, result.text)
+        logged = True
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         yield b"data: [DONE]\n\n"
     except Exception as exc:  # headers are gone: the error travels in the stream, as OpenAI does
         log.exception("chat stream %s failed", cid)
+        record.done("failed")
+        logged = True
         yield _sse_line({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "internal_error"}})
     finally:
         # Runs when the client disconnects too (the generator is closed): free the engine slot.
         stream.cancel()
+        if not logged:
+            record.done("cancelled")

@@ -11,6 +11,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gateway.auth import bearer_token, token_from_subprotocols
+from gateway.event_log import log_event
 from gateway.outbox import SlowConsumer
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
@@ -32,6 +33,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     accept_subprotocol = "realtime" if "realtime" in subprotocols else None
+    request_id: str | None = getattr(websocket.state, "request_id", None)
     # Accepted first: a refusal is said in an `error` event (clients show it), then the close; and
     # nothing awaits between the session bounds' check and the session's count (open_session).
     await websocket.accept(subprotocol=accept_subprotocol)
@@ -48,9 +50,11 @@ async def realtime_websocket(websocket: WebSocket) -> None:
             transport="websocket",
             speech_factory=WebSocketSpeech.create,
             initial_config=principal.ephemeral_session,
+            request_id=request_id,
         )
         svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
     except ApiError as error:
+        log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
         await websocket.send_json({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error.body()})
         await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)
         return

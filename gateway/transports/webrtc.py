@@ -263,7 +263,8 @@ async def create_call(request: Request) -> Response:
 
     playout = PlayoutBuffer(PLAYOUT_RATE, FRAME_SAMPLES)
     session = RealtimeSession(
-        svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None
+        svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None,
+        request_id=getattr(request.state, "request_id", None),
     )
     session.playout = playout
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))

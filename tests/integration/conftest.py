@@ -21,8 +21,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 @pytest.fixture(scope="session")
 def secured_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """Text only, with an API key, a small rate limit, a 1024-token context, one request at a time."""
+    """Text only, with an API key, a small rate limit, a 1024-token context, one request at a time; its log
+    is text and holds the users' content (test_logs.py)."""
     process = start_gateway(
+        "--log-format",
+        "text",
+        "--log-content",
         "--api-keys",
         API_KEY,
         "--no-load-voice-models",

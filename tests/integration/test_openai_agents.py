@@ -6,6 +6,7 @@ openai SDK's types."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -71,12 +72,14 @@ async def test_three_text_turns(text_session: RealtimeSession, gateway: GatewayP
         assert any(e.type == "raw_model_event" and e.data.type == "output_text_delta" for e in events)
     replies = assistant_texts(text_session)
     assert len(replies) == 3 and all(reply.strip() for reply in replies)
-    # The runner asks for tracing ("auto"): each response is one trace record in the gateway's log.
+    # The runner asks for tracing ("auto"): each response's log record carries the trace's workflow.
     response_ids = {e.data.data["response"]["id"] for e in events if e.type == "raw_model_event"
                     and e.data.type == "raw_server_event" and e.data.data.get("type") == "response.done"}
-    log = gateway.log_path.read_text(errors="replace")
-    assert all(f"response={rid} status=completed" in log for rid in response_ids) and response_ids
-    assert "trace workflow=Realtime Session" in log
+    records = [json.loads(line) for line in gateway.log_path.read_text(errors="replace").splitlines() if line.strip()]
+    traced = {r["response_id"]: r for r in records if r.get("event") == "realtime.response.done"
+              and r["response_id"] in response_ids}
+    assert response_ids and set(traced) == response_ids
+    assert all(r["status"] == "completed" and r["trace"]["workflow_name"] == "Realtime Session" for r in traced.values())
 
 
 async def test_three_spoken_push_to_talk_turns(voice_session: RealtimeSession, tts: TtsEngine,
