@@ -51,6 +51,7 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         ice_host_addresses: str = "127.0.0.1",
+        data_dir: Path | None = None,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -60,6 +61,8 @@ class GatewayProcess:
         self.command = [
             sys.executable, "-m", "gateway", "serve",
             "--host", host, "--port", str(self.port), "--ice-host-addresses", ice_host_addresses,
+            # Its own database beside its log, unless given: runs never share (or leave) conversations.
+            "--data-dir", str(data_dir or self.log_path.parent / "gateway-data"),
             *(args or []),
         ]  # fmt: skip
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

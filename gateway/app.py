@@ -28,7 +28,7 @@ from gateway.http_bodies import BodySizeLimit
 from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
-from gateway.transports import chat_http, client_secrets, realtime_ws, webrtc
+from gateway.transports import chat_http, client_secrets, conversations_http, realtime_ws, webrtc
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -97,6 +97,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         # growing with load (asyncio's default allows CPUs + 4 threads, started as calls overlap).
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="blocking"))
+        await svc.open_storage()
         loader = asyncio.create_task(svc.runtime.load(), name="model loader")
         try:
             yield
@@ -161,6 +162,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(chat_http.router)
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
+    app.include_router(conversations_http.router)
     app.include_router(webrtc.router)
     webrtc.configure_ice(settings)
     return app
@@ -176,5 +178,7 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
         task.cancel()
     if svc.background:
         await asyncio.wait(svc.background, timeout=5)
+    if svc.conversations is not None:
+        await svc.conversations.close()
     await svc.runtime.heap.close()
     await asyncio.to_thread(svc.runtime.close)

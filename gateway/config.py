@@ -17,6 +17,10 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "realtime-gateway"
 
 
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "realtime-gateway"
+
+
 class Settings(BaseSettings):
     """Every option is also an environment variable: `--llm-model X` is `GATEWAY_LLM_MODEL=X`."""
 
@@ -108,6 +112,12 @@ class Settings(BaseSettings):
         default_factory=default_cache_dir,
         description="Where converted model weights are cached and the engine's C kernels are built."
     )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Where the gateway keeps what must survive a restart: its SQLite database (gateway.db).")
+    database_url: str | None = Field(
+        None, description="A SQLAlchemy async URL for the conversations, e.g. postgresql+asyncpg://user:pass@host/db "
+        "(default: SQLite in --data-dir).")
     load_voice_models: bool = Field(True, description="Load ASR and TTS at start (text-only when false).")
 
     # LLM engine

@@ -12,6 +12,8 @@ from gateway.idempotency import IdempotencyStore
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.ratelimit import RateLimiter
 from gateway.runtime import Runtime
+from gateway.storage.conversations import ConversationStore
+from gateway.storage.database import open_database, sqlite_url
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
@@ -33,6 +35,7 @@ class Services:
     calls: dict[str, Call] = field(default_factory=dict)  # live WebRTC calls by id
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:
@@ -71,6 +74,16 @@ class Services:
         self.check_session_room(principal.key_id)
         self.auth.spend(principal)
         self.sessions[session] = principal.key_id
+
+    async def open_storage(self) -> None:
+        url = self.settings.database_url or sqlite_url(self.settings.data_dir)
+        self.conversations = ConversationStore(await open_database(url))
+
+    @property
+    def store(self) -> ConversationStore:
+        if self.conversations is None:  # only before the lifespan started: requests come after it
+            raise ApiError("storage_unavailable", "The conversation store is not open.", type="server_error", status=503)
+        return self.conversations
 
     def close_session(self, session: RealtimeSession) -> None:
         self.sessions.pop(session, None)

@@ -122,6 +122,9 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = None  # the end user's id, as OpenAI takes it: recorded nowhere, changes nothing
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # Not in OpenAI's API: a stored conversation (/v1/conversations) whose current branch comes before
+    # `messages`; those messages and the reply are stored under it.
+    conversation: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("stop")
     @classmethod

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from gateway import metrics
+from gateway.chat_history import AttachedChat
 from gateway.chat_plan import ChatPlan, plan_chat
 from gateway.event_log import log_event
 from gateway.http_bodies import read_json_object
@@ -24,7 +25,8 @@ from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completio
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
-from inference.llm.chat import ContextOverflow, render_prompt
+from gateway.storage.writer import MessageWriter
+from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
 from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, SamplingParams
 from inference.llm.loader import LoadedLM
@@ -81,7 +83,7 @@ async def chat_completions(request: Request) -> Response:
             return Response(stored.body, stored.status, {**stored.headers, "idempotent-replayed": "true"}, stored.media_type)
 
     try:
-        response = await _complete(svc, chat, headers, request)
+        response = await _complete(svc, chat, headers, request, principal.key_id)
     except BaseException:
         if idempotency_key:
             svc.idempotency.finish(principal.key_id, idempotency_key, None)
@@ -113,11 +115,15 @@ def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tup
     return prompt.token_ids, constraint
 
 
-async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request) -> Response:
+async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
+                    owner: str) -> Response:
     engine = svc.runtime.engine
     assert engine is not None
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
     plan = plan_chat(chat, engine.lm.tool_format)
+    attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
+    if attached is not None:
+        plan.messages = attached.prompt_messages(plan.messages)
     prompt_ids, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = SamplingParams(
         temperature=1.0 if chat.temperature is None else chat.temperature,
@@ -136,7 +142,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         raise overloaded("The model is at capacity; retry shortly.", exc.retry_after_s) from None
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
-    record = CompletionLog(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan)
+    record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
+                              attached, [m.to_chat() for m in chat.messages])
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         return StreamingResponse(
@@ -144,6 +151,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
+    record.start()
     try:
         text = "".join([delta async for delta in stream])
         result = await stream.result()
@@ -157,38 +165,63 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     finish = "tool_calls" if reply.calls else ("length" if result.finish_reason == "length" else "stop")
     calls = [_call_object(call) for call in reply.calls] or None
     body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
-    record.done("completed", result, finish, text)
+    record.delta(text)
+    record.done("completed", result, finish, text, reply=reply)
+    await record.stored()
     return JSONResponse(body, headers=headers)
 
 
 @dataclass
-class CompletionLog:
-    """A chat completion's metrics and its one `chat.completion` log record (the text only with --log-content)."""
+class CompletionRecord:
+    """A chat completion's bookkeeping: its metrics, its one `chat.completion` log record (the text only
+    with --log-content) and, when it is attached to a conversation, its stored reply."""
 
     request_id: str | None
     completion_id: str
     model: str
     stream: bool
     plan: ChatPlan
+    attached: AttachedChat | None
+    request_messages: list[ChatMessage]
+    writer: MessageWriter | None = None
+
+    def start(self) -> None:
+        """The reply begins: store the request's messages and the reply to come. (Called by a stream when
+        it starts: a response the client left before it began stores nothing.)"""
+        if self.attached is not None:
+            self.writer = self.attached.writer(self.request_messages, self.model)
+
+    async def stored(self) -> None:
+        if self.writer is not None:
+            await self.writer.written()
+
+    def delta(self, text: str) -> None:
+        if self.writer is not None:
+            self.writer.append(text)
 
     def done(self, status: str, result: GenerationResult | None = None, finish_reason: str | None = None,
-             text: str | None = None) -> None:
+             text: str | None = None, reply: ParsedReply | None = None) -> None:
         if result is not None and result.first_token_at is not None:
             metrics.CHAT_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
         if result is not None and result.admitted_at is not None:
             metrics.QUEUE_WAIT_SECONDS.labels("chat").observe(result.admitted_at - result.submitted_at)
+        timings = {"queue_ms": _ms(result.submitted_at, result.admitted_at),
+                   "ttft_ms": _ms(result.submitted_at, result.first_token_at),
+                   "duration_ms": _ms(result.submitted_at, result.finished_at)} if result else {}
+        tokens = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
+                  "output_tokens": result.completion_tokens} if result else {}
+        if self.writer is not None:
+            stored = {"completed": "incomplete" if finish_reason == "length" else "completed",
+                      "cancelled": "cancelled"}.get(status, "incomplete")
+            calls = [_call_object(call) for call in reply.calls] if reply is not None and reply.calls else None
+            self.writer.finish(stored, text=reply.content if reply is not None and calls else None, tool_calls=calls,
+                               latency=timings or None, error="the generation failed" if status == "failed" else None,
+                               **tokens)
         question = next((m.content for m in reversed(self.plan.messages) if m.role == "user"), None)
-        log_event(
-            "chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
-            stream=self.stream, status=status, finish_reason=finish_reason,
-            input_tokens=result.prompt_tokens if result else None,
-            cached_tokens=result.cached_prompt_tokens if result else None,
-            output_tokens=result.completion_tokens if result else None,
-            queue_ms=_ms(result.submitted_at, result.admitted_at) if result else None,
-            ttft_ms=_ms(result.submitted_at, result.first_token_at) if result else None,
-            duration_ms=_ms(result.submitted_at, result.finished_at) if result else None,
-            content={"last_user_message": question, "output_text": text},
-        )
+        log_event("chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
+                  stream=self.stream, status=status, finish_reason=finish_reason,
+                  conversation_id=self.attached.conversation.id if self.attached else None, message_id=self.writer.reply.id if self.writer else None,
+                  **tokens, **timings, content={"last_user_message": question, "output_text": text})
 
 
 def _ms(start: float, end: float | None) -> float | None:
@@ -206,7 +239,7 @@ def _sse_line(payload: dict[str, Any]) -> bytes:
 
 async def _sse(
     stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
-    record: CompletionLog,
+    record: CompletionRecord,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -215,17 +248,20 @@ async def _sse(
 
     # With tools, text that may begin a call block is held back until it is known (tool_calls.py).
     splitter = ReplySplitter() if plan.tools else None
+    parsed: ParsedReply | None = None
     logged = False
+    record.start()
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
+            record.delta(delta)
             text = splitter.feed(delta) if splitter is not None else delta
             if text:
                 yield chunk(delta={"content": text})
         result = await stream.result()
         finish = "length" if result.finish_reason == "length" else "stop"
         if splitter is not None:
-            reply = parse_reply(splitter.held, plan.tools)
+            reply = parsed = parse_reply(splitter.held, plan.tools)
             if reply.calls:
                 finish = "tool_calls"
                 if reply.content:  # text the model wrote after its calls
@@ -235,10 +271,11 @@ async def _sse(
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
         yield chunk(delta={}, finish_reason=finish)
-        record.done("completed", result, finish, result.text)
+        record.done("completed", result, finish, result.text, reply=parsed)
         logged = True
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
+        await record.stored()
         yield b"data: [DONE]\n\n"
     except Exception as exc:  # headers are gone: the error travels in the stream, as OpenAI does
         log.exception("chat stream %s failed", cid)
