@@ -18,9 +18,10 @@ class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
 
     url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
-    mode: Literal["chat", "text", "voice"] = Field(
+    mode: Literal["chat", "text", "voice", "webrtc"] = Field(
         "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text "
-        "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD.")
+        "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD; webrtc: the same over a "
+        "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel).")
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
     sessions: int = Field(4, ge=1, le=10_000, description="Sessions (chat: conversations) run at once.")
@@ -33,8 +34,12 @@ class Bench(BaseModel):
                                       description="A shared system prompt of about this many tokens (the prefix cache).")
     max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
     seed: int | None = Field(None, description="Seeds the server's sampling (chat) and the think times.")
-    audio: Path | None = Field(None, description="--mode voice: a folder of 16-bit WAV questions "
+    audio: Path | None = Field(None, description="--mode voice or webrtc: a folder of 16-bit WAV questions "
                                                   "(default: the questions spoken by the embedded Piper voice).")
+    barge_in: bool = Field(False, description="--mode voice or webrtc: speak the next question over each answer "
+                                              "and time how long the answer's audio goes on (barge_in_ms).")
+    barge_in_after_ms: int = Field(300, ge=0, le=60_000,
+                                   description="--barge-in: start speaking this long after the answer's first audio.")
     out: Path = Field(Path("bench-out"), description="Where report.json, turns.csv, the plots and report.html go.")
     compare: list[Path] = Field(default_factory=list,
                                 description="report.json files to print side by side (no run); compare.png goes to --out.")
@@ -49,6 +54,10 @@ class Bench(BaseModel):
                 raise BenchError("--url is required (or --compare with report.json files)")
             if not self.url.startswith(("http://", "https://")):
                 raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
+            if self.barge_in and self.mode not in ("voice", "webrtc"):
+                raise BenchError("--barge-in needs --mode voice or --mode webrtc")
+            if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:
+                raise BenchError("--barge-in-after-ms needs --barge-in")
             asyncio.run(run(self._config(), console))
         except (BenchError, ValueError) as exc:
             print(f"gateway bench: {exc}", file=sys.stderr)
@@ -66,4 +75,5 @@ class Bench(BaseModel):
         return BenchConfig(url=self.url or "", mode=self.mode, model=self.model, api_key=self.api_key,
                            sessions=self.sessions, turns=self.turns, ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
-                           max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio)
+                           max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio,
+                           barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms)

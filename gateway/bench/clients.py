@@ -1,20 +1,19 @@
 """The bench's clients: one turn at a time over Chat Completions (SSE) or the Realtime WebSocket, timed
-from the client's side. Nothing here knows it talks to this gateway: any server with the protocol works."""
+from the client's side; and the clock probe before a run. Nothing here knows it talks to this gateway: any
+server with the protocol works (latency marks and /healthz's clock are used when a server has them)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import numpy as np
 import websockets
 
+from gateway.bench.stages import TEXT_CHAIN, ClockOffset, choose_offset, parse_marks, turn_stages
 from gateway.bench.stats import TurnRecord
 
 
@@ -29,6 +28,7 @@ class Target:
     api_key: str | None
     max_tokens: int
     seed: int | None
+    clock: ClockOffset | None = None  # None: the server gives no clock (no cross-clock stages)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -39,7 +39,7 @@ class Target:
         return self.url.replace("http", "ws", 1) + f"/v1/realtime?model={self.model}"
 
 
-def _ms(since: float, until: float | None = None) -> float:
+def elapsed_ms(since: float, until: float | None = None) -> float:
     return round(((until if until is not None else time.perf_counter()) - since) * 1000, 2)
 
 
@@ -51,17 +51,33 @@ class DeltaTimer:
         self.first: float | None = None
         self._last: float | None = None
 
-    def tick(self, record: TurnRecord) -> None:
-        now = time.perf_counter()
+    def tick(self, record: TurnRecord, now: float) -> None:
         if self._last is None:
             self.first = now
         else:
-            record.itl_ms.append(_ms(self._last, now))
+            record.itl_ms.append(elapsed_ms(self._last, now))
         self._last = now
         record.output_tokens += 1
 
 
-def _error_code(status: int, body: bytes) -> str:
+async def probe_clock(http: httpx.AsyncClient, target: Target, probes: int = 8) -> ClockOffset | None:
+    """The server's clock against ours, from /healthz's time_ms; None when the server does not give it."""
+    samples: list[tuple[float, float, float]] = []
+    for _ in range(probes):
+        sent = time.time() * 1000
+        try:
+            response = await http.get(f"{target.url}/healthz")  # a public endpoint: the key stays home
+            received = time.time() * 1000
+            server = response.json().get("time_ms")
+        except (httpx.HTTPError, ValueError, AttributeError):  # unreachable, not JSON, not an object
+            return None
+        if not isinstance(server, int | float):
+            return None
+        samples.append((sent, float(server), received))
+    return choose_offset(samples, perf_to_wall_ms=(time.time() - time.perf_counter()) * 1000)
+
+
+def error_code(status: int, body: bytes) -> str:
     try:
         return str(json.loads(body)["error"]["code"] or f"http_{status}")
     except (ValueError, KeyError, TypeError):
@@ -88,7 +104,7 @@ class ChatClient:
         async with self.http.stream("POST", f"{self.target.url}/v1/chat/completions", json=body,
                                     headers=self.target.headers) as response:
             if response.status_code != 200:
-                record.error = _error_code(response.status_code, await response.aread())
+                record.error = error_code(response.status_code, await response.aread())
                 return
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -99,10 +115,10 @@ class ChatClient:
                     return
                 delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
                 if delta:
-                    timer.tick(record)
+                    timer.tick(record, time.perf_counter())
                     answer.append(delta)
-        record.total_ms = _ms(sent)
-        record.ttft_ms = _ms(sent, timer.first) if timer.first is not None else None
+        record.total_ms = elapsed_ms(sent)
+        record.ttft_ms = elapsed_ms(sent, timer.first) if timer.first is not None else None
         self.messages.append({"role": "assistant", "content": "".join(answer)})
 
     async def close(self) -> None:
@@ -165,85 +181,18 @@ class RealtimeTextClient:
             event = await self._next(timeout_s)
             kind = event.get("type")
             if kind in ("response.output_text.delta", "response.output_audio_transcript.delta"):
-                timer.tick(record)
+                timer.tick(record, time.perf_counter())
             elif kind == "error":
                 record.error = str((event.get("error") or {}).get("code") or "error")
             elif kind == "response.done":
-                record.total_ms = _ms(sent)
-                record.ttft_ms = _ms(sent, timer.first) if timer.first is not None else None
+                record.total_ms = elapsed_ms(sent)
+                record.ttft_ms = elapsed_ms(sent, timer.first) if timer.first is not None else None
                 response = event.get("response") or {}
+                record.stages = turn_stages(parse_marks(response), TEXT_CHAIN, start=sent, end=timer.first,
+                                            clock=self.target.clock)
                 if response.get("status") == "failed" and record.error is None:
                     record.error = str(((response.get("status_details") or {}).get("error") or {}).get("code") or "failed")
                 return
 
     async def close(self) -> None:
         await self.connection.close()
-
-
-VOICE_RATE = 24000  # audio/pcm, the Realtime API's default format
-CHUNK_MS = 20
-TAIL_SILENCE_S = 1.5  # after each question: the server's VAD ends the turn in it
-
-
-class RealtimeVoiceClient(RealtimeTextClient):
-    """A Realtime session over a WebSocket, spoken turns: the question's audio at real-time pace in 20 ms
-    chunks, then silence, with server VAD creating the response; timed from the end of the speech sent."""
-
-    @classmethod
-    async def open(cls, target: Target, system_prompt: str | None, timeout_s: float = 30) -> RealtimeVoiceClient:
-        client = await super().open(target, system_prompt, timeout_s)
-        assert isinstance(client, RealtimeVoiceClient)
-        await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"],
-                                                                 "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
-        return client
-
-    async def turn(self, record: TurnRecord, question: Any, timeout_s: float = 120) -> None:
-        pcm: np.ndarray = question
-        speech_end: list[float] = []
-        sender = asyncio.create_task(self._speak(pcm, speech_end))
-        timer = DeltaTimer()
-        audio_s = 0.0
-        first_audio: float | None = None
-        last_audio: float | None = None
-        try:
-            while True:
-                event = await self._next(timeout_s)
-                kind = event.get("type")
-                now = time.perf_counter()
-                if kind == "response.output_audio_transcript.delta":
-                    timer.tick(record)
-                elif kind == "response.output_audio.delta":
-                    first_audio = first_audio or now
-                    last_audio = now
-                    audio_s += len(base64.b64decode(event.get("delta") or "")) / 2 / VOICE_RATE
-                elif kind == "error":
-                    record.error = str((event.get("error") or {}).get("code") or "error")
-                elif kind == "response.done":
-                    break
-        except BaseException:
-            sender.cancel()  # a failed or cancelled turn stops speaking at once
-            raise
-        finally:
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-        end = speech_end[0] if speech_end else time.perf_counter()
-        if timer.first is not None:
-            record.ttft_ms = _ms(end, timer.first)
-        if first_audio is not None:
-            record.first_audio_ms = record.voice_to_voice_ms = _ms(end, first_audio)
-            if last_audio is not None and audio_s > 0:
-                record.audio_rtf = round((last_audio - first_audio) / audio_s, 3)
-        record.total_ms = _ms(end)
-
-    async def _speak(self, pcm: np.ndarray, speech_end: list[float]) -> None:
-        """Chunks leave when complete, as a microphone's would; the speech ends with its last chunk."""
-        step = VOICE_RATE * CHUNK_MS // 1000
-        audio = np.concatenate([pcm, np.zeros(int(VOICE_RATE * TAIL_SILENCE_S), np.int16)])
-        started = time.perf_counter()
-        for index, start in enumerate(range(0, len(audio), step)):
-            await asyncio.sleep(max(0.0, started + (index + 1) * CHUNK_MS / 1000 - time.perf_counter()))
-            chunk = audio[start:start + step]
-            await self.send({"type": "input_audio_buffer.append",
-                             "audio": base64.b64encode(np.ascontiguousarray(chunk).tobytes()).decode()})
-            if start + step >= len(pcm) and not speech_end:
-                speech_end.append(time.perf_counter())

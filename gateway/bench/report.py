@@ -14,15 +14,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.stats import METRICS, TurnRecord, metric_values, summarize
+from gateway.bench.stages import CHAINS, STAGES, ClockOffset
+from gateway.bench.stats import METRICS, TurnRecord, metric_values, stage_values, summarize
 
 TABLE_COLUMNS = ("count", "p50", "p90", "p95", "p99", "max", "mean")
 
 
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
-                 overhead: dict[str, Any], interrupted: bool) -> dict[str, Any]:
+                 overhead: dict[str, Any], interrupted: bool, clock: ClockOffset | None) -> dict[str, Any]:
     ok = [turn for turn in turns if turn.error is None]
     rates = [rate for turn in ok if (rate := turn.tokens_per_s) is not None]
+    stages = {stage: summarize(values) for stage in STAGES if (values := stage_values(turns, stage))}
     return {
         "tool": "gateway bench", "version": version, "config": config, "interrupted": interrupted,
         "duration_s": round(duration_s, 2),
@@ -32,6 +34,10 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         **{metric: summarize(metric_values(turns, metric)) for metric in METRICS},
         "tokens_per_s": summarize(rates),
         "audio_rtf": summarize([rtf for turn in ok if (rtf := turn.audio_rtf) is not None]),
+        "barge_in_missed": sum(turn.barge_in_missed for turn in ok),
+        # The server's latency marks per stage (stages.py), and the clock offset behind the cross-clock ones.
+        "server_stages_ms": stages,
+        "clock_offset": clock.public() if clock is not None else None,
         "overhead": overhead,
     }
 
@@ -41,15 +47,34 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     table.add_column("metric")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="right")
-    for metric in (*METRICS, "tokens_per_s", "audio_rtf"):
-        summary = report[metric]
-        if summary["count"]:
-            table.add_row(metric, *(_cell(summary[column]) for column in TABLE_COLUMNS))
+    for name, summary in _rows(report):
+        table.add_row(name, *(_cell(summary[column]) for column in TABLE_COLUMNS))
     console.print(table)
     errors = ", ".join(f"{code}: {n}" for code, n in report["errors"].items()) or "none"
     lag = report["overhead"]["loop_lag_ms"]
     console.print(f"sessions {report['sessions']}, turns {report['turns_ok']}/{report['turns']} ok, errors: {errors}; "
                   f"the tool's own event-loop lag p99 {lag['p99']} ms, CPU {report['overhead']['cpu_percent']}%")
+    for line in _notes(report):
+        console.print(line)
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The table's rows: the client's metrics, then the server's stages."""
+    rows = [(metric, report[metric]) for metric in (*METRICS, "tokens_per_s", "audio_rtf") if report[metric]["count"]]
+    return rows + [(f"stage {stage}", summary) for stage, summary in report["server_stages_ms"].items()]
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    notes = []
+    if report["config"]["mode"] in CHAINS:
+        clock = report["clock_offset"]
+        notes.append(f"clock offset (server - client) {clock['offset_ms']} ms \u00b1 {clock['uncertainty_ms']} ms, "
+                     f"from {clock['probes']} /healthz probes" if clock else
+                     "no clock offset (/healthz gives no time_ms): no uplink or downlink stage")
+    if report["config"].get("barge_in"):
+        notes.append(f"barge-in: {report['barge_in_ms']['count']} timed, {report['barge_in_missed']} missed "
+                     "(the answer was over, or not stopped, before the interruption)")
+    return notes
 
 
 def _cell(value: Any) -> str:
@@ -60,15 +85,18 @@ def write_outputs(out: Path, report: dict[str, Any], turns: list[TurnRecord], co
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     rows = [turn.row() for turn in turns]
+    stage_columns = [f"stage_{stage}_ms" for stage in STAGES if any(stage in turn.stages for turn in turns)]
+    columns = [name for name in rows[0] if not name.startswith("stage_")] + stage_columns if rows else ["session", "turn"]
     with (out / "turns.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["session", "turn"])
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    plots = _plots(out, turns, concurrency)
+    plots = _plots(out, report, turns, concurrency)
     (out / "report.html").write_text(_html(report, plots))
 
 
-def _plots(out: Path, turns: list[TurnRecord], concurrency: list[tuple[float, int]]) -> list[Path]:
+def _plots(out: Path, report: dict[str, Any], turns: list[TurnRecord],
+           concurrency: list[tuple[float, int]]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a server
@@ -98,8 +126,35 @@ def _plots(out: Path, turns: list[TurnRecord], concurrency: list[tuple[float, in
         twin.set_ylabel("sessions active")
     ax.set_title("Latency over time, with the concurrency")
     paths.append(_save(fig, out / "latency_over_time.png"))
+    if report["server_stages_ms"]:
+        paths.append(_stages_plot(plt, report, out / "stages.png"))
     plt.close("all")
     return paths
+
+
+def _stages_plot(plt: Any, report: dict[str, Any], path: Path) -> Path:
+    """Each quantile's stages stacked, with the client's own measurement of the same span beside them.
+    (A sum of per-stage quantiles is not the quantile of the sum: the two bars differ by that too.)"""
+    stages = report["server_stages_ms"]
+    measured = CHAINS[report["config"]["mode"]][1]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.get_cmap("tab10")
+    for position, q in enumerate(("p50", "p90")):
+        bottom = 0.0
+        for index, (stage, summary) in enumerate(stages.items()):
+            height = max(0.0, summary[q])  # a cross-clock stage within the offset's uncertainty of 0 may be < 0
+            ax.bar(position * 3, height, bottom=bottom, color=colors(index), label=stage if position == 0 else None)
+            bottom += height
+        client = report[measured][q]
+        if client is not None:
+            ax.bar(position * 3 + 1, client, color="gray", label=f"client {measured}" if position == 0 else None)
+    ax.set_xticks([0, 1, 3, 4], ["stages p50", "client p50", "stages p90", "client p90"])
+    ax.set_ylabel("ms")
+    clock = report["clock_offset"]
+    ax.set_title("Server stages" + (f" (clock offset {clock['offset_ms']} \u00b1 {clock['uncertainty_ms']} ms)"
+                                    if clock else " (no clock offset: no uplink or downlink)"))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -110,9 +165,10 @@ def _save(fig: Any, path: Path) -> Path:
 
 def _html(report: dict[str, Any], plots: list[Path]) -> str:
     rows = "".join(
-        f"<tr><th>{metric}</th>" + "".join(f"<td>{_cell(report[metric][c])}</td>" for c in TABLE_COLUMNS) + "</tr>"
-        for metric in (*METRICS, "tokens_per_s", "audio_rtf") if report[metric]["count"]
+        f"<tr><th>{name}</th>" + "".join(f"<td>{_cell(summary[c])}</td>" for c in TABLE_COLUMNS) + "</tr>"
+        for name, summary in _rows(report)
     )
+    notes = "".join(f"<p>{html.escape(line)}</p>" for line in _notes(report))
     images = "".join(
         f'<img alt="{path.stem}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
         for path in plots
@@ -124,7 +180,7 @@ def _html(report: dict[str, Any], plots: list[Path]) -> str:
         f"<h1>gateway bench: {html.escape(report['config']['mode'])}</h1>"
         f"<p>{report['turns_ok']}/{report['turns']} turns ok in {report['sessions']} sessions, "
         f"{report['duration_s']} s; errors: {html.escape(json.dumps(report['errors']))}</p>"
-        f"<table><tr><th>metric</th>{''.join(f'<th>{c}</th>' for c in TABLE_COLUMNS)}</tr>{rows}</table>"
+        f"<table><tr><th>metric</th>{''.join(f'<th>{c}</th>' for c in TABLE_COLUMNS)}</tr>{rows}</table>{notes}"
         f"{images}<h2>Configuration</h2><pre>{config}</pre>"
     )
 
@@ -142,9 +198,13 @@ def compare(paths: list[Path], console: Console, out: Path | None) -> None:
     table.add_column("metric")
     for name in names:
         table.add_column(name, justify="right")
-    for metric in (*METRICS, "tokens_per_s", "audio_rtf"):
+    stages = [stage for stage in STAGES if any(stage in r.get("server_stages_ms", {}) for r in reports)]
+    summaries = {metric: [r.get(metric, {}) for r in reports] for metric in (*METRICS, "tokens_per_s", "audio_rtf")}
+    summaries.update({f"stage {stage}": [r.get("server_stages_ms", {}).get(stage, {}) for r in reports]
+                      for stage in stages})
+    for metric, per_run in summaries.items():
         for q in (50, 95):
-            values = [r.get(metric, {}).get(f"p{q}") for r in reports]
+            values = [summary.get(f"p{q}") for summary in per_run]
             if all(v is None for v in values):
                 continue
             base = values[0]

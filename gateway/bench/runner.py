@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import resource
 import signal
@@ -23,9 +24,11 @@ from rich.console import Console
 from rich.live import Live
 
 from gateway.bench.audio import spoken_questions, wav_questions
-from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, RealtimeVoiceClient, Target
+from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target, probe_clock
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
+from gateway.bench.voice import VOICE_RATE, RealtimeVoiceClient, SpokenClient
+from gateway.bench.webrtc import RTC_RATE, RealtimeCallClient
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -41,7 +44,7 @@ LAG_INTERVAL_S = 0.05
 @dataclass
 class BenchConfig:
     url: str
-    mode: str  # chat | text | voice
+    mode: str  # chat | text | voice | webrtc
     model: str
     api_key: str | None = None
     sessions: int = 4
@@ -54,7 +57,13 @@ class BenchConfig:
     max_tokens: int = 64
     seed: int | None = None
     out: Path = Path("bench-out")
-    audio: Path | None = None  # --mode voice: a folder of WAV questions (default: the text ones, spoken by Piper)
+    audio: Path | None = None  # spoken modes: a folder of WAV questions (default: the text ones, spoken by Piper)
+    barge_in: bool = False  # spoken modes: speak the next question over each answer
+    barge_in_after_ms: int = 300  # ... this long after the answer's first audio
+
+    @property
+    def spoken(self) -> bool:
+        return self.mode in ("voice", "webrtc")
 
     def public(self) -> dict[str, Any]:
         """The configuration as report.json records it (never the key)."""
@@ -62,7 +71,8 @@ class BenchConfig:
                 "ramp": self.ramp, "duration": self.duration, "think_time": self.think_time,
                 "prompts": len(self.prompts), "system_prompt_tokens": self.system_prompt_tokens,
                 "max_tokens": self.max_tokens, "seed": self.seed, "api_key": "set" if self.api_key else None,
-                "audio": str(self.audio) if self.audio else None}
+                "audio": str(self.audio) if self.audio else None, "barge_in": self.barge_in,
+                "barge_in_after_ms": self.barge_in_after_ms if self.barge_in else None}
 
 
 def system_prompt(tokens: int) -> str | None:
@@ -99,11 +109,14 @@ class Progress:
 async def _session(index: int, config: BenchConfig, target: Target, http: httpx.AsyncClient, progress: Progress,
                    stop: asyncio.Event, rng: random.Random, questions: list[Any]) -> None:
     prompt = system_prompt(config.system_prompt_tokens)
-    client: ChatClient | RealtimeTextClient
+    barge_in_after_s = config.barge_in_after_ms / 1000 if config.barge_in else None
+    client: ChatClient | RealtimeTextClient | SpokenClient
     if config.mode == "chat":
         client = ChatClient(target, http, prompt)
     elif config.mode == "voice":
-        client = await RealtimeVoiceClient.open(target, prompt)
+        client = await RealtimeVoiceClient.open(target, prompt, barge_in_after_s)
+    elif config.mode == "webrtc":
+        client = await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
     else:
         client = await RealtimeTextClient.open(target, prompt)
     progress.session_delta(+1)
@@ -114,7 +127,11 @@ async def _session(index: int, config: BenchConfig, target: Target, http: httpx.
             record = TurnRecord(session=index, turn=turn, started_at=round(progress.elapsed(), 3))
             question = questions[(index + turn) % len(questions)]
             try:
-                await client.turn(record, question)
+                if isinstance(client, SpokenClient):
+                    interrupter = questions[(index + turn + 1) % len(questions)] if config.barge_in else None
+                    await client.turn(record, question, interrupter)
+                else:
+                    await client.turn(record, question)
             except httpx.HTTPError as exc:
                 record.error = type(exc).__name__
             except TimeoutError:
@@ -146,6 +163,10 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
     if config.mode in ("text", "voice"):
         client = await RealtimeTextClient.open(target, None)
         await client.close()
+        return
+    if config.mode == "webrtc":
+        call = await RealtimeCallClient.open(target, http, None, None)
+        await call.close()
         return
     body = {"model": target.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
     try:
@@ -179,10 +200,13 @@ async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console
     interrupted = False
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=limits) as http:
         await _preflight(config, target, http)
+        if config.mode != "chat":  # chat has no latency marks to put on the client's clock
+            target = dataclasses.replace(target, clock=await probe_clock(http, target))
         questions: list[Any] = list(config.prompts)
-        if config.mode == "voice":
-            questions = await asyncio.to_thread(wav_questions, config.audio) if config.audio else \
-                await asyncio.to_thread(spoken_questions, config.prompts)
+        if config.spoken:
+            rate = RTC_RATE if config.mode == "webrtc" else VOICE_RATE
+            questions = await asyncio.to_thread(wav_questions, config.audio, rate) if config.audio else \
+                await asyncio.to_thread(spoken_questions, config.prompts, rate)
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # the run's own CPU, not the questions' synthesis
         progress = Progress()
         lag = asyncio.create_task(_measure_lag(progress))
@@ -215,7 +239,7 @@ async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console
     cpu_s = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     overhead = {"loop_lag_ms": summarize(progress.lags_ms), "cpu_percent": round(100 * cpu_s / max(elapsed, 1e-9), 1)}
     report = build_report(progress.turns, config=config.public(), version=_version(), duration_s=elapsed,
-                          overhead=overhead, interrupted=interrupted)
+                          overhead=overhead, interrupted=interrupted, clock=target.clock)
     write_outputs(config.out, report, progress.turns, progress.concurrency)
     print_table(report, console)
     console.print(f"report: {config.out / 'report.json'}, {config.out / 'turns.csv'}, {config.out / 'report.html'}")

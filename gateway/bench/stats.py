@@ -19,12 +19,14 @@ class TurnRecord:
     ttft_ms: float | None = None  # request sent (or end of speech) -> first text token
     first_audio_ms: float | None = None  # -> first answer audio
     voice_to_voice_ms: float | None = None  # end of the user's speech in the audio sent -> first answer audio
-    barge_in_ms: float | None = None
+    barge_in_ms: float | None = None  # onset of the speech sent over the answer -> the answer stopped (voice.py)
+    barge_in_missed: bool = False  # --barge-in: the answer was over (or not stopped) before the interruption
     total_ms: float | None = None  # -> the turn's last event
     audio_rtf: float | None = None  # how long the answer audio took to arrive, per second of it
     output_tokens: int = 0  # text deltas received (a delta is a token on the servers measured here)
     itl_ms: list[float] = field(default_factory=list)  # gaps between consecutive text deltas
     error: str | None = None  # an error code, when the turn failed
+    stages: dict[str, float] = field(default_factory=dict)  # the server's marks, per stage (stages.py)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -35,8 +37,10 @@ class TurnRecord:
     def row(self) -> dict[str, Any]:
         """One line of turns.csv."""
         row = asdict(self)
+        stages = row.pop("stages")
         row["itl_ms"] = round(sum(self.itl_ms) / len(self.itl_ms), 2) if self.itl_ms else None
         row["tokens_per_s"] = round(self.tokens_per_s, 2) if self.tokens_per_s is not None else None
+        row.update({f"stage_{name}_ms": value for name, value in stages.items()})
         return row
 
 
@@ -66,3 +70,7 @@ def metric_values(turns: list[TurnRecord], metric: str) -> list[float]:
     if metric == "itl_ms":
         return [gap for turn in turns if turn.error is None for gap in turn.itl_ms]
     return [value for turn in turns if turn.error is None and (value := getattr(turn, metric)) is not None]
+
+
+def stage_values(turns: list[TurnRecord], stage: str) -> list[float]:
+    return [value for turn in turns if turn.error is None and (value := turn.stages.get(stage)) is not None]

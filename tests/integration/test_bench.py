@@ -1,17 +1,21 @@
 """`gateway bench`, run as users run it (a subprocess), against the real gateway and against a server that
 is not ours (`transformers serve`, OpenAI-compatible): its report, its agreement with an independent
-measurement of the same requests, and its one-line errors."""
+measurement of the same requests, the server's stages beside the client's view, and its one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,6 +28,9 @@ from tests.gateway_process import GatewayProcess
 from tests.integration.conftest import MODEL
 
 METRIC_KEYS = {"count", "p50", "p90", "p95", "p99", "max", "mean"}
+PNG = b"\x89PNG\r\n\x1a\n"
+VOICE_STAGES = ("uplink_vad", "asr", "response_start", "llm_first_token", "llm_first_clause", "tts_first_audio",
+                "downlink")
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -44,9 +51,25 @@ def check_report(out: Path, *, mode: str, turns: int) -> dict:
     lines = (out / "turns.csv").read_text().splitlines()
     assert len(lines) == turns + 1 and lines[0].startswith("session,turn,started_at,ttft_ms")
     for name in ("latency_cdf.png", "latency_over_time.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / name).read_bytes()[:8] == PNG
     assert "data:image/png;base64," in (out / "report.html").read_text()
     return report
+
+
+def check_stages(out: Path, report: dict, stages: tuple[str, ...], measured: str) -> dict[str, dict[str, float]]:
+    """Every turn's stages from the gateway's marks, clock-corrected, add up to the client's own measurement of
+    the same span; none is below zero by more than the clock's uncertainty. Returns the stages' summaries."""
+    clock = report["clock_offset"]
+    assert abs(clock["offset_ms"]) < 50 and 0 <= clock["uncertainty_ms"] < 50 and clock["probes"] > 1  # one host
+    summaries = report["server_stages_ms"]
+    assert list(summaries) == list(stages) and all(s["count"] == report["turns"] for s in summaries.values())
+    with (out / "turns.csv").open() as f:
+        for row in csv.DictReader(f):
+            values = [float(row[f"stage_{stage}_ms"]) for stage in stages]
+            assert sum(values) == pytest.approx(float(row[measured]), abs=1), row
+            assert min(values) >= -clock["uncertainty_ms"] - 1, row
+    assert (out / "stages.png").read_bytes()[:8] == PNG and 'alt="stages"' in (out / "report.html").read_text()
+    return summaries
 
 
 def chat_ttft_totals(url: str) -> tuple[float, float]:
@@ -61,13 +84,19 @@ def test_text_and_chat_runs_write_their_report_and_compare(gateway: GatewayProce
                  "--out", str(tmp_path / "text"))
     assert text.returncode == 0, text.stderr
     check_report(tmp_path / "text", mode="text", turns=4)
-    assert "ttft_ms" in text.stdout
+    assert "ttft_ms" in text.stdout and "clock offset" in text.stdout
+    stages = check_stages(tmp_path / "text", json.loads((tmp_path / "text" / "report.json").read_text()),
+                          ("uplink", "llm_first_token", "downlink"), "ttft_ms")
+    assert stages["uplink"]["max"] < 200 and stages["downlink"]["max"] < 200  # loopback
 
     before = chat_ttft_totals(gateway.url)
     chat = bench("--url", gateway.url, "--mode", "chat", "--model", MODEL, "--sessions", "2", "--turns", "2",
                  "--system-prompt-tokens", "200", "--out", str(tmp_path / "chat"))
     assert chat.returncode == 0, chat.stderr
     report = check_report(tmp_path / "chat", mode="chat", turns=4)
+    # Chat Completions carry no latency marks: no stages, no clock, no plot of them.
+    assert report["server_stages_ms"] == {} and report["clock_offset"] is None
+    assert not (tmp_path / "chat" / "stages.png").exists()
     # The independent measurement: the server's own TTFT of the same requests (the run's 4 turns and its
     # preflight request), from /metrics. The client's is that plus the HTTP round trip on loopback.
     after = chat_ttft_totals(gateway.url)
@@ -113,11 +142,45 @@ def test_bad_input_is_one_line_and_exit_2(secured_gateway: GatewayProcess, tmp_p
         (["--url", "ftp://example"], "must start with http"),
         (["--url", secured_gateway.url, "--sessions", "0"], "--sessions"),
         (["--compare", str(tmp_path / "missing.json")], "cannot read"),
+        (["--url", secured_gateway.url, "--mode", "webrtc", "--model", MODEL, "--api-key", "sk-wrong"], "refused the key"),
+        (["--url", secured_gateway.url, "--mode", "text", "--barge-in"], "--barge-in needs --mode voice"),
+        (["--url", secured_gateway.url, "--mode", "voice", "--barge-in-after-ms", "100"], "needs --barge-in"),
     ]
-    for args, message in cases:
-        run = bench(*args, "--out", str(tmp_path / "out"), timeout=60)
-        assert run.returncode == 2, (args, run.stdout, run.stderr)
-        assert message in run.stderr and "Traceback" not in run.stderr, (args, run.stderr)
+    with realtime_server_without_calls() as url:
+        cases.append((["--url", url, "--mode", "webrtc"], f"{url}/v1/realtime/calls answered 404, not 201 (not_found)"))
+        for args, message in cases:
+            run = bench(*args, "--out", str(tmp_path / "out"), timeout=60)
+            assert run.returncode == 2, (args, run.stdout, run.stderr)
+            assert message in run.stderr and "Traceback" not in run.stderr, (args, run.stderr)
+            assert run.stderr.count("\n") == 1, run.stderr
+
+
+class NoCalls(BaseHTTPRequestHandler):
+    """A Realtime server without WebRTC: it mints client secrets, and has no /v1/realtime/calls."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        found = self.path == "/v1/realtime/client_secrets"
+        body = json.dumps({"value": "ek_test"} if found else {"error": {"code": "not_found", "message": "no"}}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def realtime_server_without_calls() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoCalls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_ctrl_c_still_writes_the_report_of_what_finished(gateway: GatewayProcess, tmp_path: Path) -> None:
@@ -157,7 +220,43 @@ def test_voice_mode_times_voice_to_voice_from_wav_files(gateway: GatewayProcess,
     v2v = report["voice_to_voice_ms"]
     assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000 and report["first_audio_ms"]["count"] == 4
     assert report["audio_rtf"]["count"] == 4 and 0 < report["audio_rtf"]["p50"] < 1  # faster than real time
+    stages = check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
+    # The VAD waits out its silence (400 ms, less the speech's own trailing quiet) before speech_stopped.
+    assert 100 < stages["uplink_vad"]["p50"] < 1000 and stages["downlink"]["max"] < 200
 
     (folder / "bad.wav").write_bytes(b"RIFF....WAVEfmt not really")
     bad = bench("--url", gateway.url, "--mode", "voice", "--audio", str(folder), "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_voice_barge_in_times_how_long_the_answer_goes_on(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """Each answer is interrupted by the next question, spoken 300 ms after the answer's first audio; long
+    answers, so that the gateway is still at them (over the WebSocket it sends audio faster than real time)."""
+    prompts = tmp_path / "long.txt"
+    prompts.write_text("Tell me a long story.\nDescribe a big city.\n")
+    run = bench("--url", gateway.url, "--mode", "voice", "--model", MODEL, "--sessions", "2", "--turns", "2",
+                "--max-tokens", "100", "--prompt-file", str(prompts), "--barge-in", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    report = check_report(tmp_path / "out", mode="voice", turns=4)
+    barge_in = report["barge_in_ms"]
+    assert barge_in["count"] > 0 and barge_in["count"] + report["barge_in_missed"] == 4, report
+    # The gateway's VAD needs 160 ms of speech before it interrupts; then it stops within a step or two.
+    assert 100 < barge_in["p50"] and barge_in["max"] < 2000, barge_in
+    assert report["config"]["barge_in"] and report["config"]["barge_in_after_ms"] == 300
+    check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
+
+
+def test_webrtc_calls_with_barge_in(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """A WebRTC call per session made as OpenAI's browser page makes it (aiortc here), spoken turns on its
+    microphone track, answers heard on the gateway's track, each interrupted by the next question."""
+    run = bench("--url", gateway.url, "--mode", "webrtc", "--model", MODEL, "--sessions", "2", "--turns", "2",
+                "--max-tokens", "16", "--barge-in", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    report = check_report(tmp_path / "out", mode="webrtc", turns=4)
+    v2v = report["voice_to_voice_ms"]
+    assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000 and report["audio_rtf"]["count"] == 0  # real time there
+    barge_in = report["barge_in_ms"]
+    assert barge_in["count"] > 0 and barge_in["count"] + report["barge_in_missed"] == 4, report
+    assert 100 < barge_in["p50"] and barge_in["max"] < 2000, barge_in
+    stages = check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
+    assert stages["downlink"]["max"] < 1000  # playout, Opus, the receive jitter buffer, the answer's quiet start

@@ -1,0 +1,143 @@
+"""The bench's spoken turns without a server (gateway/bench/voice.py): the microphone's queue and timing, and
+a turn's bookkeeping fed what a WebSocket or a WebRTC call delivers, barge-in included."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gateway.bench.stats import TurnRecord
+from gateway.bench.voice import QUIET_S, AudioIn, Microphone, SpokenTurn, Utterance
+
+RATE = 1000  # 20 samples a chunk
+
+
+def speech(samples: int, level: int = 5000) -> np.ndarray:
+    return np.full(samples, level, np.int16)
+
+
+def test_the_microphone_times_the_onset_and_the_end_of_each_clip() -> None:
+    mic = Microphone(RATE, tail_s=0.03)
+    clip = np.concatenate([np.zeros(25, np.int16), speech(20)])  # speech starts in the second chunk
+    said = mic.say(clip)
+    chunks = []
+    at = 0.0
+    while (chunk := mic.take(at)) is not None:
+        chunks.append(chunk)
+        at += 0.02
+    assert [len(chunk) for chunk in chunks] == [20] * 4  # 45 samples of clip + 30 of silence, padded
+    assert said.onset == 0.02 and said.end == 0.04
+    assert np.array_equal(np.concatenate(chunks)[:45], clip) and not np.concatenate(chunks)[45:].any()
+    assert not mic.pending
+
+
+def test_an_interruption_takes_the_place_of_queued_silence_but_not_of_queued_speech() -> None:
+    mic = Microphone(RATE, tail_s=1.0)
+    first = mic.say(speech(20))
+    mic.take(0.0)  # the first clip's only chunk: its silence is queued now
+    second = mic.say(speech(20, level=-7000))
+    assert np.array_equal(mic.take(0.02), speech(20, level=-7000))  # straight after, no silence between
+    assert first.end == 0.0 and second.onset == second.end == 0.02
+    third = mic.say(speech(10))
+    fourth = mic.say(speech(10))  # speech queued before it goes first
+    assert np.array_equal(mic.take(0.04), speech(20)) and third.end == fourth.end == 0.04
+    mic.clear()
+    assert not mic.pending and mic.take(0.06) is None
+
+
+def test_quiet_audio_has_no_onset() -> None:
+    mic = Microphone(RATE, tail_s=0)
+    said = mic.say(np.full(20, 100, np.int16))
+    mic.take(1.0)
+    assert said.onset is None and said.end == 1.0
+
+
+def created(response_id: str) -> dict:
+    return {"type": "response.created", "response": {"id": response_id}}
+
+
+def done(response_id: str, status: str = "completed") -> dict:
+    return {"type": "response.done", "response": {"id": response_id, "status": status}}
+
+
+def test_a_websocket_turn_is_timed_from_the_end_of_speech() -> None:
+    record = TurnRecord(session=0, turn=0, started_at=0)
+    question = Utterance(onset=0.5, end=2.0)
+    turn = SpokenTurn(record, question, plays_out=False, barge_in_after_s=None)
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.5, {"type": "response.output_audio_transcript.delta", "response_id": "r1", "delta": "Hi"})
+    turn.feed(2.6, AudioIn(1.0, "r1"))
+    turn.feed(2.7, AudioIn(1.0, "r1"))
+    assert not turn.finished(2.8)
+    turn.feed(2.8, done("r1"))
+    assert turn.finished(2.8) and turn.interrupt_at is None
+    turn.measure(clock=None)
+    assert (record.ttft_ms, record.voice_to_voice_ms, record.total_ms) == (500.0, 600.0, 800.0)
+    assert record.audio_rtf == 0.05 and record.output_tokens == 1 and record.barge_in_ms is None
+    assert not record.barge_in_missed
+
+
+def test_a_websocket_barge_in_lasts_until_the_server_ends_the_answer() -> None:
+    record = TurnRecord(session=0, turn=0, started_at=0)
+    turn = SpokenTurn(record, Utterance(0.5, 2.0), plays_out=False, barge_in_after_s=0.3)
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.6, AudioIn(3.0, "r1"))  # a whole clause at once
+    assert turn.interrupt_at == 2.6 + 0.3 and not turn.interrupt_due(2.8) and turn.interrupt_due(2.9)
+    interruption = Utterance()
+    turn.interrupted(interruption)
+    interruption.onset = 2.92
+    turn.feed(3.1, {"type": "response.output_audio_transcript.delta", "response_id": "r1", "delta": "more"})
+    turn.feed(3.2, done("r1", "cancelled"))
+    assert not turn.finished(3.2)  # the reply to the interruption is still to come
+    turn.feed(4.5, created("r2"))
+    turn.feed(4.6, {"type": "response.output_audio_transcript.delta", "response_id": "r2", "delta": "Yes"})
+    turn.feed(4.7, AudioIn(1.0, "r2"))
+    turn.feed(5.0, done("r2"))
+    assert turn.finished(5.0)
+    turn.measure(clock=None)
+    assert record.barge_in_ms == 280.0 and not record.barge_in_missed  # 2.92 -> 3.2
+    assert record.ttft_ms == 1100.0 and record.output_tokens == 1  # the answer's delta, not the reply's
+    assert record.total_ms == 1200.0
+
+
+def test_an_answer_over_before_the_interruption_is_a_missed_barge_in() -> None:
+    record = TurnRecord(session=0, turn=0, started_at=0)
+    turn = SpokenTurn(record, Utterance(0.5, 2.0), plays_out=False, barge_in_after_s=0.3)
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.6, AudioIn(1.0, "r1"))
+    turn.feed(2.7, done("r1"))
+    assert turn.finished(2.7) and turn.interruption is None
+    turn.measure(clock=None)
+    assert record.barge_in_ms is None and record.barge_in_missed
+
+
+def test_a_webrtc_turn_waits_for_the_playout_and_times_the_last_loud_frame_of_the_interrupted_answer() -> None:
+    record = TurnRecord(session=0, turn=0, started_at=0)
+    turn = SpokenTurn(record, Utterance(0.5, 2.0), plays_out=True, barge_in_after_s=0.3)
+    turn.feed(1.0, AudioIn(0.02, None))  # before any response of this turn: nobody's
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.5, done("r1"))  # generated, but it plays at real-time pace
+    assert not turn.finished(2.5)
+    for index in range(20):
+        turn.feed(2.6 + index * 0.02, AudioIn(0.02, None))
+    assert turn.interrupt_due(2.9)
+    interruption = Utterance(onset=2.92)
+    turn.interrupted(interruption)
+    turn.feed(3.05, {"type": "output_audio_buffer.cleared", "response_id": "r1"})
+    turn.feed(4.5, created("r2"))
+    turn.feed(4.7, AudioIn(0.02, None))  # the reply's
+    turn.feed(4.8, done("r2"))
+    assert not turn.finished(4.8) and turn.wake_at(4.8, deadline=100) == 4.8 + 0.05
+    turn.feed(6.0, {"type": "output_audio_buffer.stopped", "response_id": "r2"})
+    assert turn.finished(6.0)
+    turn.measure(clock=None)
+    assert record.voice_to_voice_ms == 600.0 and record.audio_rtf is None
+    assert record.barge_in_ms == 60.0  # 2.92 -> the answer's last loud frame at 2.98
+
+
+def test_a_webrtc_response_without_a_playout_event_is_over_once_quiet() -> None:
+    turn = SpokenTurn(TurnRecord(session=0, turn=0, started_at=0), Utterance(0.5, 2.0), plays_out=True,
+                      barge_in_after_s=None)
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.5, AudioIn(0.02, None))
+    turn.feed(2.6, done("r1"))
+    assert not turn.finished(2.6 + QUIET_S - 0.01) and turn.finished(2.6 + QUIET_S)
