@@ -54,8 +54,9 @@ class Bench(BaseModel):
                 raise BenchError("--url is required (or --compare with report.json files)")
             if not self.url.startswith(("http://", "https://")):
                 raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
-            if self.barge_in and self.mode not in ("voice", "webrtc"):
-                raise BenchError("--barge-in needs --mode voice or --mode webrtc")
+            for option, given in (("--barge-in", self.barge_in), ("--audio", self.audio is not None)):
+                if given and self.mode not in ("voice", "webrtc"):
+                    raise BenchError(f"{option} needs --mode voice or --mode webrtc")
             if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:
                 raise BenchError("--barge-in-after-ms needs --barge-in")
             asyncio.run(run(self._config(), console))

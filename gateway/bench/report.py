@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.stages import CHAINS, STAGES, ClockOffset
+from gateway.bench.stages import MEASURED, STAGES, ClockOffset
 from gateway.bench.stats import METRICS, TurnRecord, metric_values, stage_values, summarize
 
 TABLE_COLUMNS = ("count", "p50", "p90", "p95", "p99", "max", "mean")
@@ -66,7 +66,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def _notes(report: dict[str, Any]) -> list[str]:
     notes = []
-    if report["config"]["mode"] in CHAINS:
+    if report["config"]["mode"] in MEASURED:
         clock = report["clock_offset"]
         notes.append(f"clock offset (server - client) {clock['offset_ms']} ms \u00b1 {clock['uncertainty_ms']} ms, "
                      f"from {clock['probes']} /healthz probes" if clock else
@@ -136,7 +136,7 @@ def _stages_plot(plt: Any, report: dict[str, Any], path: Path) -> Path:
     """Each quantile's stages stacked, with the client's own measurement of the same span beside them.
     (A sum of per-stage quantiles is not the quantile of the sum: the two bars differ by that too.)"""
     stages = report["server_stages_ms"]
-    measured = CHAINS[report["config"]["mode"]][1]
+    measured = MEASURED[report["config"]["mode"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.get_cmap("tab10")
     for position, q in enumerate(("p50", "p90")):

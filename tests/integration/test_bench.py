@@ -145,6 +145,7 @@ def test_bad_input_is_one_line_and_exit_2(secured_gateway: GatewayProcess, tmp_p
         (["--url", secured_gateway.url, "--mode", "webrtc", "--model", MODEL, "--api-key", "sk-wrong"], "refused the key"),
         (["--url", secured_gateway.url, "--mode", "text", "--barge-in"], "--barge-in needs --mode voice"),
         (["--url", secured_gateway.url, "--mode", "voice", "--barge-in-after-ms", "100"], "needs --barge-in"),
+        (["--url", secured_gateway.url, "--mode", "chat", "--audio", str(tmp_path)], "--audio needs --mode voice"),
     ]
     with realtime_server_without_calls() as url:
         cases.append((["--url", url, "--mode", "webrtc"], f"{url}/v1/realtime/calls answered 404, not 201 (not_found)"))

@@ -1,11 +1,14 @@
-"""The bench's clock offset and per-stage breakdown (gateway/bench/stages.py): pure functions."""
+"""The bench's clock offset and per-stage breakdown (gateway/bench/stages.py), and the clock probe on a mock."""
 
 from __future__ import annotations
 
 import json
+import time
 
+import httpx
 import pytest
 
+from gateway.bench.clients import Target, probe_clock
 from gateway.bench.stages import TEXT_CHAIN, VOICE_CHAIN, choose_offset, parse_marks, turn_stages
 
 
@@ -63,3 +66,19 @@ def test_marks_are_read_from_response_metadata() -> None:
     assert parse_marks({"metadata": None}) is None  # a server without marks
     assert parse_marks({"metadata": {"gateway_latency": "not json"}}) is None
     assert parse_marks({"metadata": {"gateway_latency": "[1, 2]"}}) is None
+
+
+async def test_the_clock_probe_reads_healthz_and_gives_up_on_a_server_without_time_ms() -> None:
+    def gateway(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/healthz" and "authorization" not in request.headers
+        return httpx.Response(200, json={"status": "ready", "time_ms": time.time() * 1000 + 5000})
+
+    target = Target("http://server", "m", "sk-secret", 16, None)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(gateway)) as http:
+        clock = await probe_clock(http, target, probes=4)
+    assert clock is not None and clock.probes == 4 and abs(clock.offset_ms - 5000) < 50
+    assert abs(clock.server_ms(time.perf_counter()) - (time.time() * 1000 + 5000)) < 50
+
+    for peer in (httpx.Response(404, text="Not Found"), httpx.Response(200, json={"status": "ok"})):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request, peer=peer: peer)) as http:
+            assert await probe_clock(http, target) is None
