@@ -2,7 +2,8 @@
 
 A session has one microphone, paced by the wall clock in 20 ms chunks. A turn speaks its question; the
 server's VAD ends it and answers. With --barge-in, the next question is spoken over the answer, and
-barge_in_ms is how long the answer's audio kept coming after the onset of that speech.
+barge_in_ms is how long after the onset of that speech the answer stopped (SpokenTurn.measure says when
+an answer stops on each transport).
 """
 
 from __future__ import annotations
