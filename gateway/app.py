@@ -173,6 +173,7 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
     loader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await loader
+    await svc.hub.close()  # the resume windows' timers; their sessions are closed with the others
     await asyncio.gather(*(session.close() for session in list(svc.sessions)), return_exceptions=True)
     for task in list(svc.background):
         task.cancel()

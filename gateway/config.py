@@ -176,6 +176,13 @@ class Settings(BaseSettings):
         "them (opened, or done with its previous request), or it is closed.",
     )
     idempotency_ttl_s: float = Field(600.0, gt=0, description="How long Idempotency-Key answers are kept.")
+    resume_window_s: float = Field(
+        60.0, ge=0, le=3600,
+        description="A Realtime session whose connection drops (no close frame) keeps running this long, waiting "
+        "for its client to resume it (?resume=<token>&last_sequence=<n>). 0: a dropped connection ends its session.")
+    resume_buffer_bytes: int = Field(
+        16 * 1024 * 1024, ge=64 * 1024,
+        description="Most bytes of sent events each session keeps for a resume; older ones cannot be replayed.")
 
     # WebRTC
     client_secret_ttl_s: int = Field(600, ge=10, le=7200, description="Lifetime of ephemeral client secrets.")

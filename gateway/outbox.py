@@ -1,7 +1,13 @@
-"""Server events leaving a session: ids, sequence numbers, and a bounded queue to the transport writer.
+"""Server events leaving a session: ids, sequence numbers, a bounded queue to the transport writer,
+and the bounded replay buffer that lets a client resume after a dropped connection.
 
 `send()` is synchronous on purpose: a state change and the events that announce it happen in one
 step of the event loop, so no other handler can observe (or interleave with) half of it.
+
+One reader (the transport that is attached) takes events in order. A transport that attaches with
+the last sequence number its client received gets the events after it again, from the replay buffer,
+then the live stream: no duplicates and no gaps. A new reader supersedes the old one, whose `next()`
+then returns None, so two connections never split one session's events between them.
 """
 
 from __future__ import annotations
@@ -19,24 +25,38 @@ class SlowConsumer(Exception):
     """The client stopped reading; the session is closed rather than buffering without limit."""
 
 
+class ReplayUnavailable(ValueError):
+    """A resume asked for events the session no longer keeps, or never sent."""
+
+
 class Outbox:
-    def __init__(self, max_pending_bytes: int = 64 * 1024 * 1024) -> None:
-        self._queue: deque[str] = deque()
+    def __init__(self, max_pending_bytes: int = 64 * 1024 * 1024, replay_bytes: int = 0) -> None:
+        self._queue: deque[tuple[int, str]] = deque()  # not yet handed to a reader
+        self._sent: deque[tuple[int, str]] = deque()  # handed out, kept for a resume (replay_bytes at most)
         self._pending_bytes = 0
+        self._sent_bytes = 0
         self._max_pending_bytes = max_pending_bytes
+        self._replay_bytes = replay_bytes
         self._ready = asyncio.Event()
+        self._reader_generation = 0
         self._closed = False
         self.overflowed = False  # closed because the client stopped reading
         self._sequence = itertools.count(1)
+        self._last_sequence = 0
         self._prefix = secrets.token_hex(4)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def send(self, event: dict[str, Any]) -> None:
         if self._closed:
             return
         sequence = next(self._sequence)
+        self._last_sequence = sequence
         event = {"event_id": f"event_{self._prefix}{sequence}", **event, "sequence_number": sequence}
         wire = encode_server_event(event)
-        self._queue.append(wire)
+        self._queue.append((sequence, wire))
         self._pending_bytes += len(wire)
         self._ready.set()
         if self._pending_bytes > self._max_pending_bytes:
@@ -44,17 +64,70 @@ class Outbox:
             self.close()
             raise SlowConsumer(f"more than {self._max_pending_bytes} bytes of events unread")
 
-    async def next(self) -> str | None:
-        """The next encoded event; None once closed and drained."""
-        while not self._queue:
+    def attach(self, after: int | None = None) -> OutboxReader:
+        """A reader for the transport now attached, superseding any other. With `after` (the last
+        sequence number the client received), the events after it are sent again first; without it,
+        the reader goes on with the events no reader has taken yet."""
+        if after is not None:
+            self._rewind(after)
+        self._reader_generation += 1
+        self._ready.set()  # wakes the superseded reader, which then ends
+        self._ready = asyncio.Event()
+        if self._queue or self._closed:
+            self._ready.set()
+        return OutboxReader(self, self._reader_generation)
+
+    def _rewind(self, after: int) -> None:
+        cursor = self._queue[0][0] if self._queue else self._last_sequence + 1  # the next event to hand out
+        oldest_kept = self._sent[0][0] if self._sent else cursor
+        if not 0 <= after < cursor:
+            raise ReplayUnavailable(
+                f"last_sequence {after} was never sent by this session (its last sent event is {cursor - 1}).")
+        if after + 1 < oldest_kept:
+            raise ReplayUnavailable(
+                f"The events after {after} are no longer kept (the oldest kept is {oldest_kept}); start a new session.")
+        while self._sent and self._sent[-1][0] > after:
+            entry = self._sent.pop()
+            self._sent_bytes -= len(entry[1])
+            self._pending_bytes += len(entry[1])
+            self._queue.appendleft(entry)
+
+    async def _next(self, generation: int) -> str | None:
+        while True:
+            if generation != self._reader_generation:
+                return None
+            if self._queue:
+                break
             if self._closed:
                 return None
-            self._ready.clear()
-            await self._ready.wait()
-        wire = self._queue.popleft()
-        self._pending_bytes -= len(wire)
-        return wire
+            ready = self._ready  # attach() replaces it: a superseded reader wakes on the one it waits on
+            ready.clear()
+            await ready.wait()
+        entry = self._queue.popleft()
+        self._pending_bytes -= len(entry[1])
+        if self._replay_bytes:
+            self._sent.append(entry)
+            self._sent_bytes += len(entry[1])
+            while self._sent_bytes > self._replay_bytes:
+                self._sent_bytes -= len(self._sent.popleft()[1])
+        return entry[1]
 
     def close(self) -> None:
         self._closed = True
         self._ready.set()
+
+
+class OutboxReader:
+    """One attached transport's view of the outbox."""
+
+    def __init__(self, outbox: Outbox, generation: int) -> None:
+        self._outbox = outbox
+        self._generation = generation
+
+    @property
+    def superseded(self) -> bool:
+        return self._generation != self._outbox._reader_generation
+
+    async def next(self) -> str | None:
+        """The next encoded event; None once the outbox is closed and drained, or another reader took over."""
+        return await self._outbox._next(self._generation)

@@ -12,11 +12,13 @@ from gateway.idempotency import IdempotencyStore
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.ratelimit import RateLimiter
 from gateway.runtime import Runtime
+from gateway.session_hub import SessionHub
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
+    from gateway.session_hub import Attachment
     from gateway.transports.webrtc import Call
 
 # A session bound frees up when some session ends: there is no telling when, so a guess.
@@ -36,6 +38,10 @@ class Services:
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
     conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
+    hub: SessionHub = field(init=False)  # sessions by resume token; those waiting for their client
+
+    def __post_init__(self) -> None:
+        self.hub = SessionHub(self.settings.resume_window_s, self.end_session)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:
@@ -68,12 +74,14 @@ class Services:
                 retry_after_s=SESSION_RETRY_S,
             )
 
-    def open_session(self, session: RealtimeSession, principal: Principal) -> None:
+    def open_session(self, session: RealtimeSession, principal: Principal) -> Attachment:
         """Count a new session in and spend the client secret that opened it, all or nothing. Nothing
-        here awaits, so concurrent requests cannot pass a bound between the check and the count."""
+        here awaits, so concurrent requests cannot pass a bound between the check and the count. Returns
+        the opening transport's hold on the session."""
         self.check_session_room(principal.key_id)
         self.auth.spend(principal)
         self.sessions[session] = principal.key_id
+        return self.hub.add(session, principal.key_id)
 
     async def open_storage(self) -> None:
         url = self.settings.database_url or sqlite_url(self.settings.data_dir)
@@ -85,8 +93,14 @@ class Services:
             raise ApiError("storage_unavailable", "The conversation store is not open.", type="server_error", status=503)
         return self.conversations
 
-    def close_session(self, session: RealtimeSession) -> None:
+    async def end_session(self, session: RealtimeSession) -> None:
+        """The session is over: uncounted, unresumable, closed, and its WebRTC call (if any) hung up."""
         self.sessions.pop(session, None)
+        self.hub.remove(session)
+        await session.close()
+        for call in list(self.calls.values()):
+            if call.session is session:
+                call.ended.set()  # the call's supervisor closes the peer connection
 
     def require_model(self, model: str, param: str = "model") -> None:
         if model not in self.runtime.model_names:

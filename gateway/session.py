@@ -11,6 +11,7 @@ import base64
 import binascii
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ class RealtimeSession:
         self.transport = transport
         self.speech_factory = speech_factory
         self.id = new_id("sess")
-        self.outbox = Outbox()
+        self.outbox = Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
+        # Reconnecting with it (and the last sequence number received) resumes this session: SessionHub.
+        self.resume_token = secrets.token_urlsafe(24)
         self.conversation = Conversation(max_items=settings.max_conversation_items,
                                          max_bytes=settings.max_conversation_bytes)
         self.active: ActiveResponse | None = None
@@ -120,7 +123,10 @@ class RealtimeSession:
         if self.runtime.asr is not None:
             self.voice = VoicePipeline(self)
         self.on_config_changed()
-        self.send({"type": "session.created", "session": self.config.model_dump()})
+        created: Event = {"type": "session.created", "session": self.config.model_dump()}
+        if self.settings.resume_window_s > 0:
+            created["resume_token"] = self.resume_token
+        self.send(created)
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
                   model=self.config.model, conversation_id=self.conversation.id)
 

@@ -28,11 +28,12 @@ from gateway.config import Settings
 from gateway.conversation import new_id
 from gateway.http_bodies import read_body
 from gateway.openapi import error_responses, request_body
-from gateway.outbox import SlowConsumer
+from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
 from gateway.services import Services
 from gateway.session import RealtimeSession
+from gateway.session_hub import Attachment, SessionHub
 from gateway.speech_out import PlayoutSpeech
 from media.playout import PlayoutBuffer
 from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
@@ -83,8 +84,9 @@ class Call:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     # The ephemeral key that opened the call is spent, but it may still hang the call up.
     secret_digest: str | None = None
+    hub: SessionHub | None = None  # to park the session while its events channel is gone (resume)
     reader: InboundAudioReader | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # event reader and writer
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # event readers and writers
 
     async def supervise(self, services: Services) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
@@ -98,27 +100,40 @@ class Call:
             if self.connected.is_set():
                 await self.ended.wait()
         finally:
-            services.close_session(self.session)
             services.calls.pop(self.id, None)
             if self.reader is not None:
                 await self.reader.close()
-            await self.session.close()
+            await services.end_session(self.session)
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
             await self.pc.close()
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
-        if channel.label != EVENTS_CHANNEL:
+        """An `oai-events` channel carries the session's events. One opened again on the same call
+        resumes them: its protocol `last_sequence=<n>` replays the events after n first."""
+        if channel.label != EVENTS_CHANNEL or self.ended.is_set():
             return
+        attachment = self.hub.reattach(self.session) if self.hub is not None else None
+        try:
+            reader = self.session.outbox.attach(_last_sequence(channel.protocol))
+        except (ReplayUnavailable, ValueError) as exc:
+            reader = self.session.outbox.attach()  # the call goes on; the client hears of the gap
+            self.session.send_error(ApiError("resume_gap", str(exc), "last_sequence"))
 
         inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         channel.on("message", inbox.put_nowait)
-        channel.on("close", self.ended.set)
+        channel.on("close", lambda: self._channel_closed(attachment))
         self.tasks += [
             asyncio.create_task(self._read_events(inbox), name=f"dc reader {self.id}"),
-            asyncio.create_task(self._write_events(channel), name=f"dc writer {self.id}"),
+            asyncio.create_task(self._write_events(channel, reader), name=f"dc writer {self.id}"),
         ]
+
+    def _channel_closed(self, attachment: Attachment | None) -> None:
+        """Without its events channel the call may go on (the audio still flows) until the client opens
+        another one, for the resume window; with resume off, the call ends."""
+        if attachment is None or self.hub is None or not self.hub.park(self.session, attachment):
+            self.ended.set()
 
     async def _read_events(self, inbox: asyncio.Queue[str | bytes]) -> None:
         """One event at a time, in order, as over the WebSocket."""
@@ -133,20 +148,19 @@ class Call:
                 self.ended.set()
                 return
 
-    async def _write_events(self, channel: RTCDataChannel) -> None:
+    async def _write_events(self, channel: RTCDataChannel, reader: OutboxReader) -> None:
         try:
             while channel.readyState == "connecting":
                 await asyncio.sleep(0.01)
-            while (wire := await self.session.outbox.next()) is not None:
+            while (wire := await reader.next()) is not None:
                 if channel.readyState != "open":
-                    break
+                    return  # the channel's close handler decides: park the session or end the call
                 channel.send(wire)
+            if not reader.superseded:
+                self.ended.set()  # the session is over, or its client stopped reading
         except Exception:
             log.exception("call %s: sending its events failed", self.id)
-        finally:
-            # The outbox closed (the session is over, or its client stopped reading) or sending
-            # failed: either way the call ends rather than going on mute.
-            self.ended.set()
+            self.ended.set()  # rather than a call that goes on mute
 
     def attach_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.reader is not None:
@@ -160,6 +174,15 @@ class Call:
                     self.session.send_error(error)
 
         self.reader = InboundAudioReader(track, on_chunk, on_end=self.ended.set).start()
+
+
+def _last_sequence(protocol: str) -> int | None:
+    if not protocol:
+        return None
+    name, _, value = protocol.partition("=")
+    if name != "last_sequence" or not value.isdigit():
+        raise ValueError(f"The events channel's protocol must be 'last_sequence=<n>', not {protocol!r}.")
+    return int(value)
 
 
 def _digest(token: str | None) -> str | None:
@@ -293,6 +316,7 @@ async def create_call(request: Request) -> Response:
     except ApiError:
         await pc.close()
         raise
+    call.hub = svc.hub
     session.start()
     svc.calls[call.id] = call
     task = asyncio.create_task(call.supervise(svc), name=f"call {call.id}")

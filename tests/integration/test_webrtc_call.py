@@ -20,6 +20,7 @@ from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import transcribe, with_silence
 from tests.peers import PacedClipTrack
@@ -188,3 +189,38 @@ async def test_bad_offers_are_refused(gateway: GatewayProcess) -> None:
         wrong_type = await http.post("/v1/realtime/calls", content="v=0", headers={"content-type": "text/plain"})
         assert wrong_type.status_code == 415
         assert (await http.get("/healthz")).status_code == 200  # still serving
+
+
+async def test_a_reopened_events_channel_resumes_after_its_last_sequence(
+    gateway: GatewayProcess, hangups: list[Caller]
+) -> None:
+    caller = await call(gateway, PacedClipTrack(np.zeros(0, np.int16)),
+                        {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 200})
+    hangups.append(caller)
+    await caller.wait_for("session.created")
+    caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}})
+    caller.send({"type": "response.create"})
+    await caller.wait_for("response.output_text.delta", count=3)
+    caller.channel.close()  # the page reloads its events channel; the call (and its audio) goes on
+    last_sequence = caller.events[-1]["sequence_number"]
+    before = list(caller.events)
+    await asyncio.sleep(0.3)
+
+    caller.events.clear()
+    caller.channel = caller.pc.createDataChannel("oai-events", protocol=f"last_sequence={last_sequence}")
+    caller.channel.on("message", caller.receive)
+    done = await caller.wait_for("response.done", timeout=60)
+    sequences = [event["sequence_number"] for event in before + caller.events]
+    assert sequences == list(range(1, len(sequences) + 1)), "no duplicates and no gaps"
+    streamed = "".join(e["delta"] for e in before + caller.events if e["type"] == "response.output_text.delta")
+    assert streamed == done["response"]["output"][0]["content"][0]["text"]
+
+    # The resume token works for the call's session over a WebSocket too; the data channel then stops.
+    token = before[0]["resume_token"]
+    resumed = await RealtimeClient.connect(
+        f"{gateway.ws_url}/v1/realtime?resume={token}&last_sequence={done['sequence_number']}")
+    await resumed.send({"type": "response.create", "response": {"max_output_tokens": 5}})
+    assert (await resumed.wait_for("response.done"))["sequence_number"] > done["sequence_number"]
+    assert len(caller.of_type("response.done")) == 1, "the superseded channel gets nothing more"
+    await resumed.close()

@@ -45,7 +45,7 @@ class SessionStub:
 
 async def _run_writer(socket: SocketWithFault, events: int, **outbox_args: int) -> SessionStub:
     session = SessionStub(outbox=Outbox(**outbox_args))
-    writer = asyncio.create_task(_write_events(socket, session))  # type: ignore[arg-type]
+    writer = asyncio.create_task(_write_events(socket, session, session.outbox.attach()))  # type: ignore[arg-type]
     for n in range(events):
         session.outbox.send({"type": "response.output_text.delta", "delta": f"d{n}"})
         await asyncio.sleep(0)
@@ -66,7 +66,7 @@ async def test_after_the_writer_dies_the_outbox_is_closed() -> None:
     session = await _run_writer(socket, events=1)
     assert socket.closed_with == (CLOSE_SERVER_ERROR, "server error")
     session.outbox.send({"type": "response.done"})  # the session goes on talking until it sees the close
-    assert await asyncio.wait_for(session.outbox.next(), 1) is None, "a closed outbox queues nothing more"
+    assert await asyncio.wait_for(session.outbox.attach().next(), 1) is None, "a closed outbox queues nothing more"
 
 
 @pytest.mark.parametrize("error", [WebSocketDisconnect(1006), ConnectionResetError("reset by peer")])
@@ -87,7 +87,7 @@ async def test_a_send_that_raced_the_close_is_not_a_server_error(caplog: pytest.
 async def test_a_client_that_stops_reading_is_closed_with_1013() -> None:
     socket = SocketWithFault(fail_at=0, error=RuntimeError("unused"))
     session = SessionStub(outbox=Outbox(max_pending_bytes=200))
-    writer = asyncio.create_task(_write_events(socket, session))  # type: ignore[arg-type]
+    writer = asyncio.create_task(_write_events(socket, session, session.outbox.attach()))  # type: ignore[arg-type]
     with pytest.raises(Exception, match="bytes of events unread"):
         for n in range(10):  # queued in one step of the loop: the writer cannot drain in between
             session.outbox.send({"type": "response.output_text.delta", "delta": "x" * 40 + str(n)})
@@ -113,7 +113,7 @@ async def test_a_data_channel_send_failure_ends_the_call(caplog: pytest.LogCaptu
     session = SessionStub()
     call = Call(id="rtc_test", pc=None, session=session, playout=None)  # type: ignore[arg-type]
     channel = ChannelWithFault(fail_at=2)
-    writer = asyncio.create_task(call._write_events(channel))  # type: ignore[arg-type]
+    writer = asyncio.create_task(call._write_events(channel, session.outbox.attach()))  # type: ignore[arg-type]
     for n in range(3):
         session.outbox.send({"type": "response.output_text.delta", "delta": f"d{n}"})
         await asyncio.sleep(0)

@@ -12,8 +12,9 @@ from gateway.session import RealtimeSession
 
 async def _drain(session: RealtimeSession) -> list[dict]:
     events = []
+    reader = session.outbox.attach()
     while session.outbox._queue:
-        events.append(json.loads(await session.outbox.next()))
+        events.append(json.loads(await reader.next()))
     return events
 
 

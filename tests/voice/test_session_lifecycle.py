@@ -62,10 +62,11 @@ async def test_a_spoken_turn_past_the_conversation_bound_is_an_error_and_the_ses
     await session.receive(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(speech.tobytes()).decode()}))
     events: list[dict] = []
+    reader = session.outbox.attach()
 
     async def until(kind: str) -> dict:
         while True:
-            wire = await asyncio.wait_for(session.outbox.next(), 30)
+            wire = await asyncio.wait_for(reader.next(), 30)
             assert wire is not None
             events.append(json.loads(wire))
             if events[-1]["type"] == kind:
