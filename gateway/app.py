@@ -28,7 +28,14 @@ from gateway.http_bodies import BodySizeLimit
 from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
-from gateway.transports import chat_http, client_secrets, conversations_http, realtime_ws, webrtc
+from gateway.transports import (
+    chat_http,
+    client_secrets,
+    conversation_stream,
+    conversations_http,
+    realtime_ws,
+    webrtc,
+)
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -163,6 +170,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)
+    app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
     webrtc.configure_ice(settings)
     return app
@@ -174,6 +182,8 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await loader
     await svc.hub.close()  # the resume windows' timers; their sessions are closed with the others
+    await svc.streams.close()
+    svc.prewarmer.close()
     await asyncio.gather(*(session.close() for session in list(svc.sessions)), return_exceptions=True)
     for task in list(svc.background):
         task.cancel()

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
 from gateway.idempotency import IdempotencyStore
+from gateway.prewarm import Prewarmer
 from gateway.protocol.errors import ApiError, overloaded
 from gateway.ratelimit import RateLimiter
 from gateway.runtime import Runtime
 from gateway.session_hub import SessionHub
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
+from gateway.stream_hub import StreamHub
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
@@ -39,9 +41,12 @@ class Services:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
     hub: SessionHub = field(init=False)  # sessions by resume token; those waiting for their client
+    streams: StreamHub = field(init=False)  # SSE streams, resumable with Last-Event-ID
+    prewarmer: Prewarmer = field(default_factory=Prewarmer)  # drafts prefilled while the user types
 
     def __post_init__(self) -> None:
         self.hub = SessionHub(self.settings.resume_window_s, self.end_session)
+        self.streams = StreamHub(self.settings.resume_window_s)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:

@@ -68,6 +68,9 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
 async def chat_completions(request: Request) -> Response:
     svc = services(request)
     principal, headers = svc.authorize(request.headers.get("authorization"))
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
+        return resume_stream(svc, last_event_id, principal.key_id, headers)
     body, payload = await read_json_object(request)
     try:
         chat = ChatCompletionRequest.model_validate(payload)
@@ -98,6 +101,16 @@ async def chat_completions(request: Request) -> Response:
         # A stream cannot be replayed byte for byte once sent; a retry after it runs again.
         svc.idempotency.finish(principal.key_id, idempotency_key, None)
     return response
+
+
+def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
+
+
+def resume_stream(svc: Services, last_event_id: str, owner: str, headers: dict[str, str]) -> StreamingResponse:
+    """The events of a running or recently finished stream after `Last-Event-ID`, then the live ones."""
+    buffer, after = svc.streams.get(last_event_id, owner)
+    return sse_response(svc.streams.read(buffer, after), headers)
 
 
 def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tuple[list[int], TokenConstraint | None]:
@@ -146,11 +159,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
                               attached, [m.to_chat() for m in chat.messages])
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        return StreamingResponse(
-            _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record),
-            media_type="text/event-stream",
-            headers={**headers, "cache-control": "no-cache"},
-        )
+        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record),
+                                   runs_to_end=attached is not None)
+        return sse_response(svc.streams.read(buffer), headers)
     record.start()
     try:
         text = "".join([delta async for delta in stream])

@@ -169,13 +169,14 @@ class _Request:
         "id", "kind", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
         "slot", "cached", "prefilled", "generated", "sampler", "detok", "stopper", "emitted_text",
         "cancelled", "submitted_at", "first_token_at", "max_new", "finished", "admitted_at", "cancel_at",
-        "waited_for_prefix",
+        "waited_for_prefix", "background",
     )
 
     def __init__(self, rid: str, kind: str, prompt: list[int], params: SamplingParams | None,
                  conversation_id: str | None, loop: asyncio.AbstractEventLoop) -> None:
         self.id = rid
         self.kind = kind  # "generate" | "prefill"
+        self.background = False  # admitted only when no other request waits, one at a time
         self.prompt = prompt
         self.params = params
         self.conversation_id = conversation_id
@@ -327,17 +328,19 @@ class LLMEngine:
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *,
-        conversation_id: str | None = None, constraint: TokenConstraint | None = None,
+        conversation_id: str | None = None, constraint: TokenConstraint | None = None, background: bool = False,
     ) -> GenerationStream:
         """Queue a generation; returns at once. Raises EngineOverloaded / EngineClosed / ValueError.
 
-        `constraint`: a fresh grammar state (constraints.py) that decides which tokens it may sample."""
+        `constraint`: a fresh grammar state (constraints.py) that decides which tokens it may sample.
+        `background`: work nobody waits on (a title): it never delays a live request (see _admit)."""
         loop = asyncio.get_running_loop()
         prompt = self._validate_prompt(prompt_ids)
         if params.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         rid = f"gen-{next(self._ids)}"
         req = _Request(rid, "generate", prompt, params, conversation_id, loop)
+        req.background = background
         req.max_new = min(params.max_tokens, self.lm.context_window - len(prompt))
         # Build the sampler now: invalid parameters fail here, on the caller's side.
         req.sampler = RowSampler(
@@ -356,15 +359,18 @@ class LLMEngine:
         self._enqueue(req)
         return stream
 
-    def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str) -> asyncio.Future[int]:
+    def prefill(
+        self, prompt_ids: Sequence[int], *, conversation_id: str, background: bool = False
+    ) -> asyncio.Future[int]:
         """Compute (and pin for the conversation) the KV of ``prompt_ids`` ahead of the request.
 
         Resolves to the number of tokens whose KV this call computed (0 when all were cached).
-        Cancelling the returned future cancels the prefill.
+        Cancelling the returned future cancels the prefill. `background`: as in submit (a pre-warm).
         """
         loop = asyncio.get_running_loop()
         prompt = self._validate_prompt(prompt_ids)
         req = _Request(f"pre-{next(self._ids)}", "prefill", prompt, None, conversation_id, loop)
+        req.background = background
         fut = loop.create_future()
         req.future = fut
 
@@ -497,7 +503,13 @@ class LLMEngine:
             # The oldest request that need not wait; the waiting ones keep their place (and count
             # against the queue's limit). Judged outside the lock, which submit() takes on the event
             # loop; only this thread removes requests from the queue.
-            req = next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
+            req = next((r for r in queued if not r.background and not self._should_wait_for_shared_prefix(r)), None)
+            if req is None and not any(not r.background for r in queued):
+                # Background work (titles, pre-warms) only when no live request waits, one at a time:
+                # it may share a step with live replies but never takes a slot one of them wants.
+                with self._lock:
+                    busy = any(r.background for r in self._active)
+                req = None if busy else next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
             if req is None:
                 return
             with self._lock:

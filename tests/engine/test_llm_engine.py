@@ -644,3 +644,28 @@ async def test_a_grammar_constrains_its_own_row_and_no_other(lm, make_engine, ch
     assert [r.token_ids for r in plain] == [r.token_ids for r in solo]
     jsonschema.validate(json.loads(constrained.text), PERSON)
     assert constrained.finish_reason == "stop"
+
+
+async def test_background_work_waits_for_live_requests_and_runs_one_at_a_time(make_engine, chat_ids):
+    """Titles and pre-warms never take a slot a live reply wants: a live request queued after a background
+    one is admitted first, and background requests run one at a time even with slots free."""
+    prompt = chat_ids(("user", "Tell me about the sea."))
+
+    def params(tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+
+    engine = make_engine(max_batch_size=1)
+    running = engine.submit(prompt, params(20))
+    await running.__aiter__().__anext__()  # admitted and generating: the one slot is taken
+    title = engine.submit(prompt, params(5), background=True)
+    live = engine.submit(prompt, params(5))
+    assert (await live.result()).admitted_at < (await title.result()).admitted_at
+
+    engine = make_engine(max_batch_size=3)
+    first = engine.submit(prompt, params(20), background=True)
+    second = engine.submit(prompt, params(5), background=True)
+    await first.__aiter__().__anext__()
+    live = engine.submit(prompt, params(5))
+    first_result, second_result, live_result = [await s.result() for s in (first, second, live)]
+    assert live_result.admitted_at < second_result.admitted_at
+    assert second_result.admitted_at >= first_result.finished_at, "one background request at a time"

@@ -10,11 +10,13 @@ from tests.gateway_process import GatewayProcess, start_gateway
 
 MODEL = "smollm2-135m-instruct"
 API_KEY = "sk-test-key"
+RESUME_WINDOW_S = 3
 
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    process = start_gateway(log_path=tmp_path_factory.mktemp("gateway") / "gateway.log")
+    """A short resume window, so that the tests see what happens to streams nobody comes back for."""
+    process = start_gateway("--resume-window-s", str(RESUME_WINDOW_S), log_path=tmp_path_factory.mktemp("gateway") / "gateway.log")
     yield process
     process.stop()
 

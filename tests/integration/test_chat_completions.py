@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
 from tests.gateway_process import GatewayProcess
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import MODEL, RESUME_WINDOW_S
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -103,8 +104,9 @@ def test_idempotency_key_replays_the_first_answer(gateway: GatewayProcess) -> No
     assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
 
 
-async def test_client_disconnect_cancels_the_stream(gateway: GatewayProcess) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 400, "stream": True}
+async def test_a_stream_its_client_left_is_cancelled_after_the_resume_window(gateway: GatewayProcess) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 2000,
+            "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
             received = 0
@@ -112,15 +114,65 @@ async def test_client_disconnect_cancels_the_stream(gateway: GatewayProcess) -> 
                 received += line.startswith("data:")
                 if received >= 5:
                     break
-        # The engine frees the request's slot once the connection is gone.
-        for _ in range(40):
+        # It goes on generating for the resume window, then the engine frees the request's slot.
+        left = time.monotonic()
+        for _ in range(100):
             metrics = (await http.get("/metrics")).text
             if "gateway_engine_active 0.0" in metrics:
                 break
             await asyncio.sleep(0.1)
         assert "gateway_engine_active 0.0" in metrics
+        assert time.monotonic() - left > RESUME_WINDOW_S - 0.5, "cancelled only when nobody came back"
         cancelled = [line for line in metrics.splitlines() if line.startswith("gateway_engine_requests_cancelled ")]
         assert float(cancelled[0].split()[1]) >= 1
+
+
+async def _sse_events(response: httpx.Response, limit: int | None = None) -> list[tuple[str, str]]:
+    """(id, data) of each event, up to `limit`."""
+    events, event_id = [], ""
+    async for line in response.aiter_lines():
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            events.append((event_id, line[6:]))
+            if limit is not None and len(events) == limit:
+                break
+    return events
+
+
+def _content(events: list[tuple[str, str]]) -> str:
+    chunks = [json.loads(data) for _, data in events if data != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+
+async def test_a_dropped_stream_resumes_with_last_event_id(gateway: GatewayProcess) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a cat."}],
+            "max_tokens": 150, "temperature": 0, "stream": True}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            before = await _sse_events(response, limit=4)
+        stream_id = before[0][0].split("/")[0]
+        assert [event_id for event_id, _ in before] == [f"{stream_id}/{n}" for n in range(1, 5)]
+        await asyncio.sleep(0.3)
+        async with http.stream("POST", "/v1/chat/completions", json=body,
+                               headers={"last-event-id": before[-1][0]}) as response:
+            assert response.status_code == 200
+            after = await _sse_events(response)
+        ids = [event_id for event_id, _ in before + after]
+        assert ids == [f"{stream_id}/{n}" for n in range(1, len(ids) + 1)], "no duplicates and no gaps"
+        assert after[-1][1] == "[DONE]"
+        # Not run again: the same stream, which a plain request with the same body reproduces.
+        complete = await http.post("/v1/chat/completions", json={**body, "stream": False})
+        assert _content(before + after) == complete.json()["choices"][0]["message"]["content"]
+
+        # Recently finished streams can still be read from any event on.
+        async with http.stream("POST", "/v1/chat/completions", json=body,
+                               headers={"last-event-id": f"{stream_id}/2"}) as response:
+            assert [event_id for event_id, _ in await _sse_events(response)] == ids[2:]
+        for last_event_id, status, code in ((f"{stream_id}/999", 400, "invalid_value"),
+                                             ("chatcmpl-unknown/1", 404, "stream_not_found")):
+            refused = await http.post("/v1/chat/completions", json=body, headers={"last-event-id": last_event_id})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (status, code)
 
 
 def test_openai_model_names_reach_the_served_model(client: openai.OpenAI, gateway: GatewayProcess) -> None:

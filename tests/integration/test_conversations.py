@@ -1,5 +1,6 @@
 """Stored conversations against the real gateway and a real SQLite file: the REST API, its pagination and
-ownership, chat completions attached to a conversation (history, branches), and SIGKILL mid-stream."""
+ownership, chat completions attached to a conversation (history, branches), the seeds' streaming API
+(delta encoding, titles, regenerate and edit, resume), pre-warm, and SIGKILL mid-stream."""
 
 from __future__ import annotations
 
@@ -143,6 +144,143 @@ def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[Gatew
         other = http.post("/v1/conversations", json={}).json()["id"]
         assert_error(http.patch(f"/v1/conversations/{other}", json={"current_leaf_id": branch[1]["id"]}),
                      404, "message_not_found")
+
+
+def sse_events(response: httpx.Response, limit: int | None = None) -> list[dict[str, Any]]:
+    """Each event's id, event name and decoded data (`[DONE]` stays a string), up to `limit`."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in response.iter_lines():
+        if not line:
+            if current:
+                events.append(current)
+                current = {}
+                if limit is not None and len(events) == limit:
+                    break
+            continue
+        field, _, value = line.partition(": ")
+        current[field] = value if field != "data" or value == "[DONE]" else json.loads(value)
+    return events
+
+
+def post_message(http: httpx.Client, conversation: str, **body: Any) -> list[dict[str, Any]]:
+    with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+                     json={"model": MODEL, "max_tokens": 24, "temperature": 0, **body}) as response:
+        assert response.status_code == 200, response.read()
+        return sse_events(response)
+
+
+def typed(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if isinstance(e["data"], dict) and e["data"].get("type") == kind]
+
+
+def reply_text(events: list[dict[str, Any]]) -> str:
+    deltas = [e["data"] for e in events if e.get("event") == "delta" and ("o" not in e["data"] or e["data"]["o"] == "append")]
+    return "".join(d["v"] for d in deltas)
+
+
+def test_the_seeds_streaming_api_patches_a_message_and_titles_the_conversation(
+        stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with client(gateway) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        events = post_message(http, conversation, content="How do plants make their food?")
+        assert events[0]["event"] == "delta_encoding" and events[0]["data"] == "v1"
+        token = events[1]["data"]["token"]
+        assert events[1]["data"]["type"] == "resume_conversation_token"
+        assert [e["id"] for e in events] == [f"{token}/{n}" for n in range(1, len(events) + 1)]
+        added = events[2]["data"]
+        assert (added["p"], added["o"]) == ("", "add") and added["v"]["message"]["status"] == "in_progress"
+        assert events[3]["data"]["p"] == "/message/content/parts/0" and events[3]["data"]["o"] == "append"
+        text_events = [e for e in events[4:] if e.get("event") == "delta" and e["data"].get("o") != "patch"]
+        assert text_events and all(set(e["data"]) == {"v"} for e in text_events), "later deltas reuse path and op"
+        final = next(e["data"] for e in events if e.get("event") == "delta" and e["data"].get("o") == "patch")
+        assert final["v"][0] == {"p": "/message/status", "o": "replace", "v": "incomplete"}  # 24 tokens: cut short
+        assert final["v"][1]["v"]["prewarmed"] is False
+        (title,) = typed(events, "title_generation")
+        assert title["title"] and events[-1]["data"] == "[DONE]"
+
+        view = http.get(f"/v1/conversations/{conversation}").json()
+        assert view["title"] == title["title"]
+        user, reply = view["messages"]
+        assert reply["id"] == added["v"]["message"]["id"] and reply["parent_id"] == user["id"]
+        assert reply["content"][0]["text"] == reply_text(events) and reply["status"] == "incomplete"
+
+        # Regenerate (no content): a sibling reply to the same user message, now the current leaf.
+        again = post_message(http, conversation, parent_message_id=user["id"], temperature=1.0)
+        assert not typed(again, "title_generation"), "only the first exchange is titled"
+        view = http.get(f"/v1/conversations/{conversation}", params={"all_branches": "true"}).json()
+        replies = [m for m in view["messages"] if m["parent_id"] == user["id"]]
+        assert len(replies) == 2 and view["current_leaf_id"] == replies[1]["id"]
+        # Edit the first message: a new root beside the old one.
+        post_message(http, conversation, parent_message_id=None, content="How do fish breathe?")
+        branch = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        assert branch[0]["parent_id"] is None and branch[0]["content"][0]["text"] == "How do fish breathe?"
+
+        url = f"/v1/conversations/{conversation}/messages"
+        assert_error(http.post(url, json={"model": MODEL, "content": "x", "parent_message_id": "msg_nope"}),
+                     404, "message_not_found")
+        assert_error(http.post(url, json={"model": MODEL, "parent_message_id": replies[0]["id"]}), 400, "invalid_value")
+        assert_error(http.post(url, json={"model": MODEL, "content": "x", "stream": True}), 400,
+                     "unknown_parameter")
+        assert_error(http.post("/v1/conversations/conv_nope/messages", json={"model": MODEL, "content": "x"}),
+                     404, "conversation_not_found")
+    with client(gateway, KEY_B) as other:
+        assert_error(other.post(url, json={"model": MODEL, "content": "x"}), 404, "conversation_not_found")
+
+
+def test_a_stored_reply_runs_on_when_its_client_leaves_and_resumes(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with client(gateway) as http, client(gateway, KEY_B) as other:
+        conversation = http.post("/v1/conversations", json={"title": "resumed"}).json()["id"]
+        url = f"/v1/conversations/{conversation}/messages"
+        body = {"model": MODEL, "max_tokens": 120, "temperature": 0, "content": "Tell me a long story about a fox."}
+        with http.stream("POST", url, json=body) as response:
+            before = sse_events(response, limit=6)
+        time.sleep(0.3)
+        last = before[-1]["id"]
+        assert_error(other.post(url, json=body, headers={"last-event-id": last}), 404, "stream_not_found")
+        with http.stream("POST", url, json=body, headers={"last-event-id": last}) as response:
+            after = sse_events(response)
+        events = before + after
+        token = before[1]["data"]["token"]
+        assert [e["id"] for e in events] == [f"{token}/{n}" for n in range(1, len(events) + 1)], "no gaps, no duplicates"
+        assert after[-1]["data"] == "[DONE]"
+        reply = http.get(f"/v1/conversations/{conversation}").json()["messages"][-1]
+        assert reply["content"][0]["text"] == reply_text(events) and reply["status"] in ("completed", "incomplete")
+        print(f"SSE resume: {len(before)} events before the drop, {len(after)} after it")
+
+        # A client that leaves for good: the reply is still generated to its end and stored.
+        with http.stream("POST", url, json={**body, "content": "Tell me another story."}) as response:
+            sse_events(response, limit=4)
+        for _ in range(100):
+            reply = http.get(f"/v1/conversations/{conversation}").json()["messages"][-1]
+            if reply["status"] != "in_progress":
+                break
+            time.sleep(0.1)
+        assert reply["status"] in ("completed", "incomplete") and reply["usage"]["output_tokens"] >= 20
+
+
+def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    draft = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 20
+    with client(gateway) as http:
+        conversation = http.post("/v1/conversations", json={"title": "warm"}).json()["id"]
+        prepared = http.post(f"/v1/conversations/{conversation}/prepare", json={"content": draft})
+        assert prepared.status_code == 202 and prepared.json()["prompt_tokens"] > 200
+        time.sleep(1.0)
+        events = post_message(http, conversation, content=draft, max_tokens=4)
+        final = next(e["data"] for e in events if e.get("event") == "delta" and e["data"].get("o") == "patch")
+        metadata = final["v"][1]["v"]
+        assert metadata["prewarmed"] is True and metadata["usage"]["cached_tokens"] >= prepared.json()["prompt_tokens"] - 1
+
+        assert_error(http.post(f"/v1/conversations/{conversation}/prepare", json={"content": ""}), 400, "invalid_value")
+        # A storm from one key: two prefills in flight at most (each of a long draft takes a while).
+        long_draft = "Read this carefully: " + "every morning the baker lights the oven and sings. " * 150
+        others = [http.post("/v1/conversations", json={}).json()["id"] for _ in range(3)]
+        answers = [http.post(f"/v1/conversations/{c}/prepare", json={"content": long_draft}) for c in others]
+        assert [a.status_code for a in answers[:2]] == [202, 202]
+        assert_error(answers[2], 429, "too_many_prepares")
 
 
 def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess, Path]) -> None:
