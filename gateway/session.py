@@ -35,6 +35,7 @@ from gateway.protocol.session_config import (
     apply_session_update,
     check_tool_choice,
 )
+from gateway.realtime_store import ConversationRecorder
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
@@ -115,6 +116,8 @@ class RealtimeSession:
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
+        self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
+        self._stored_items: list[Item] = []
 
     def start(self) -> None:
         self._started = True
@@ -127,6 +130,11 @@ class RealtimeSession:
         if self.settings.resume_window_s > 0:
             created["resume_token"] = self.resume_token
         self.send(created)
+        previous = None
+        for item in self._stored_items:
+            self.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
+            self.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+            previous = item.id
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
                   model=self.config.model, conversation_id=self.conversation.id)
 
@@ -154,13 +162,27 @@ class RealtimeSession:
             self.voice = None
         if self.runtime.engine is not None:
             self.runtime.engine.end_conversation(self.conversation.id)
+        if self.recorder is not None:
+            await self.recorder.close()
 
     def send(self, event: Event) -> None:
         self.outbox.send(event)
+        if self.recorder is not None:
+            self.recorder.observe(event, self.conversation)
 
     def send_all(self, events: list[Event]) -> None:
         for event in events:
-            self.outbox.send(event)
+            self.send(event)
+
+    def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None:
+        """Before start(): continue a stored conversation (realtime_store.py). Its branch becomes the
+        first items, announced after session.created, and what the session adds is stored."""
+        self.conversation = Conversation(max_items=self.settings.max_conversation_items,
+                                         max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
+        for item in items:
+            self.conversation.add(item)  # conversation_full past the session's bounds
+        self._stored_items = items
+        self.recorder = recorder
 
     def send_error(self, error: ApiError) -> None:
         metrics.ERRORS.labels("realtime", error.code).inc()

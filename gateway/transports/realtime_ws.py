@@ -15,6 +15,7 @@ from gateway.auth import bearer_token, token_from_subprotocols
 from gateway.event_log import log_event
 from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
+from gateway.realtime_store import attach_stored_conversation
 from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.session_hub import Attachment
@@ -40,6 +41,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     # Accepted first: a refusal is said in an `error` event (clients show it), then the close; and
     # nothing awaits between the session bounds' check and the session's count (open_session).
     await websocket.accept(subprotocol=accept_subprotocol)
+    fresh: RealtimeSession | None = None  # a new session, closed again if it is refused
     try:
         principal = svc.auth.authenticate(token, allow_ephemeral=True)
         svc.limiter.check(principal.key_id)
@@ -51,7 +53,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
             if model is not None:
                 svc.require_model(model)
             svc.require_ready()
-            session = RealtimeSession(
+            session = fresh = RealtimeSession(
                 svc.runtime,
                 svc.settings,
                 transport="websocket",
@@ -59,10 +61,14 @@ async def realtime_websocket(websocket: WebSocket) -> None:
                 initial_config=principal.ephemeral_session,
                 request_id=request_id,
             )
+            if (stored := websocket.query_params.get("conversation")) is not None:
+                await attach_stored_conversation(session, svc.store, principal.key_id, stored)
             attachment = svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
             reader = session.outbox.attach()
             session.start()
     except ApiError as error:
+        if fresh is not None:
+            await fresh.close()  # its stored conversation's recorder, if it had one
         log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
         await websocket.send_json({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error.body()})
         await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)

@@ -18,7 +18,7 @@ import aioice.ice
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -31,6 +31,7 @@ from gateway.openapi import error_responses, request_body
 from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
+from gateway.realtime_store import attach_stored_conversation
 from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.session_hub import Attachment, SessionHub
@@ -267,7 +268,10 @@ CALL_ANSWER = {
     openapi_extra=CALL_BODY,
     responses={201: CALL_ANSWER, **error_responses(400, 401, 404, 413, 415, 429, 503)},
 )
-async def create_call(request: Request) -> Response:
+async def create_call(
+    request: Request,
+    conversation: str | None = Query(None, max_length=64, description="A stored conversation the call continues."),
+) -> Response:
     svc: Services = request.app.state.services
     # A client secret is only looked up here; it is spent when the call is set up (open_session).
     principal, headers = svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
@@ -290,6 +294,12 @@ async def create_call(request: Request) -> Response:
         request_id=getattr(request.state, "request_id", None),
     )
     session.playout = playout
+    if conversation is not None:
+        try:
+            await attach_stored_conversation(session, svc.store, principal.key_id, conversation)
+        except ApiError:
+            await session.close()
+            raise
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     token = bearer_token(request.headers.get("authorization"))
     call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
@@ -310,11 +320,13 @@ async def create_call(request: Request) -> Response:
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
         await pc.close()
+        await session.close()
         raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
     try:
         svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
     except ApiError:
         await pc.close()
+        await session.close()
         raise
     call.hub = svc.hub
     session.start()

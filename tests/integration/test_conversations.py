@@ -4,6 +4,7 @@ ownership, chat completions attached to a conversation (history, branches), the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
+from tests.integration.realtime_client import RealtimeClient
 
 KEY_A = "sk-conversations-key-a"
 KEY_B = "sk-conversations-key-b"
@@ -283,6 +285,51 @@ def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[Ga
         assert_error(answers[2], 429, "too_many_prepares")
 
 
+async def realtime_turn(gateway: GatewayProcess, conversation: str, question: str,
+                        key: str = KEY_A) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Open a Realtime session on the stored conversation, ask in text; the items it loaded and response.done."""
+    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}&conversation={conversation}",
+                                          headers={"authorization": f"Bearer {key}"})
+    try:
+        created = await client.recv()
+        assert created["type"] == "session.created"
+        await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0,
+                                                                 "max_output_tokens": 12}})
+        await client.wait_for("session.updated")
+        loaded = [e["item"] for e in client.of_type("conversation.item.done")]
+        done = await client.ask(question)
+        return loaded, done
+    finally:
+        await client.close()
+
+
+async def test_a_realtime_session_continues_a_stored_conversation(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with client(gateway) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        ask(http, conversation, "My name is Ann.")
+        before = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+    loaded, done = await realtime_turn(gateway, conversation, "What is my name?")
+    assert [item["id"] for item in loaded] == [m["id"] for m in before], "the stored branch, as items"
+    assert loaded[0]["content"] == [{"type": "input_text", "text": "My name is Ann."}]
+    assert done["response"]["conversation_id"] == conversation
+    with client(gateway) as http:
+        for _ in range(50):  # written behind the session
+            after = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            if len(after) == 4:
+                break
+            time.sleep(0.1)
+    assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
+    assert after[2]["content"] == [{"type": "text", "text": "What is my name?"}] and after[2]["parent_id"] == before[1]["id"]
+    assert after[3]["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
+    assert after[3]["status"] in ("completed", "incomplete")
+
+    refused = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}&conversation={conversation}",
+                                           headers={"authorization": f"Bearer {KEY_B}"})
+    error = await refused.recv()
+    assert error["type"] == "error" and error["error"]["code"] == "conversation_not_found"
+
+
 def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, tmp = stored
     with client(gateway) as http:
@@ -321,5 +368,9 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
         # What the client had 0.3 s before the kill is all there (the writer lags by at most 0.1 s); the
         # generation went on meanwhile, so the stored text may be longer.
         assert text.startswith("".join(streamed)), (text, streamed)
+        # A Realtime session continues it after the restart: the four messages, then its own turn.
+        loaded, done = asyncio.run(realtime_turn(restarted, conversation, "Thanks."))
+        assert [item["id"] for item in loaded] == [m["id"] for m in messages]
+        assert loaded[3]["status"] == "incomplete" and done["response"]["status"] in ("completed", "incomplete")
     finally:
         gateway.process = restarted.process  # the module fixture stops whichever runs now

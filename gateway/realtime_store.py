@@ -1,0 +1,141 @@
+"""A Realtime session attached to a stored conversation (`?conversation=conv_...`): the stored branch
+becomes the session's first items, and the session's items are stored as the client sees them finish.
+
+The recorder watches the events the session sends, so the stored copy follows exactly what was
+announced: a user item at `conversation.item.done` (an audio turn once its transcript is final), the
+response's items at `response.done` with its status, and a truncation's heard text at
+`conversation.item.truncated` (status `truncated`). One task writes them in order, behind the session:
+the event loop never waits for the disk. Items are stored as a chain in the order they finished; a
+deletion in the session leaves the stored branch as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gateway.conversation import Conversation, Item
+from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
+from gateway.storage.schema import ConversationRow, MessageRow
+
+if TYPE_CHECKING:
+    from gateway.session import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+_RESPONSE_STATUS: dict[str, MessageStatus] = {"completed": "completed", "cancelled": "cancelled",
+                                              "incomplete": "incomplete", "failed": "incomplete"}
+_STORED_PART = {"input_text": "text", "output_text": "text"}
+
+
+def items_from_rows(rows: list[MessageRow]) -> list[tuple[Item, str]]:
+    """The stored branch as Realtime items, each with the id of the message it comes from (a message's
+    item has the message's id; a stored tool call becomes a function_call item of its own)."""
+    items: list[tuple[Item, str]] = []
+    for row in rows:
+        if row.role == "tool":
+            output = "".join(part.get("text") or "" for part in row.content)
+            items.append((Item(id=row.id, type="function_call_output", call_id=row.tool_call_id, output=output), row.id))
+            continue
+        content = []
+        for part in row.content:
+            if part.get("transcript") is not None:
+                kind = "input_audio" if row.role == "user" else "output_audio"
+                content.append({"type": kind, "transcript": part["transcript"]})
+            elif part.get("text"):
+                content.append({"type": "output_text" if row.role == "assistant" else "input_text", "text": part["text"]})
+        status = "incomplete" if row.status in ("in_progress", "incomplete", "cancelled") else "completed"
+        if content:
+            items.append((Item(id=row.id, type="message", role=row.role, content=content, status=status), row.id))  # type: ignore[arg-type]
+        for n, call in enumerate(row.tool_calls or ()):
+            call_item = Item(id=row.id if not content and n == 0 else f"{row.id}_{n}", type="function_call",
+                             call_id=call["id"], name=call["function"]["name"], arguments=call["function"]["arguments"])
+            items.append((call_item, row.id))
+    return items
+
+
+def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
+    """A Realtime item (wire form) as a stored message."""
+    if wire["type"] == "function_call":
+        call = {"id": wire["call_id"], "type": "function", "function": {"name": wire["name"], "arguments": wire["arguments"]}}
+        return NewMessage(role="assistant", content=[], tool_calls=[call], status=status)
+    if wire["type"] == "function_call_output":
+        return NewMessage(role="tool", content=[{"type": "text", "text": wire["output"]}], tool_call_id=wire["call_id"],
+                          status=status)
+    content = [{"type": _STORED_PART.get(part["type"], part["type"]), **{k: v for k, v in part.items() if k != "type"}}
+               for part in wire.get("content", [])]
+    return NewMessage(role=wire["role"], content=content, status=status)
+
+
+class ConversationRecorder:
+    def __init__(self, store: ConversationStore, conversation: ConversationRow, loaded: list[tuple[Item, str]],
+                 model: str) -> None:
+        self.store = store
+        self.conversation_id = conversation.id
+        self.model = model
+        self._leaf = conversation.current_leaf_id
+        self._message_ids = {item.id: message_id for item, message_id in loaded}  # session item -> stored message
+        self._truncated: set[str] = set()  # cut before their response was stored
+        self._ops: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
+        self._task = asyncio.create_task(self._write(), name=f"record {conversation.id}")
+        store.track(self._task)
+
+    def observe(self, event: dict[str, Any], conversation: Conversation) -> None:
+        """Called with every event the session sends, and the session's conversation as it is now."""
+        kind = event["type"]
+        if kind == "conversation.item.done":
+            item = event["item"]
+            if item["id"] not in self._message_ids and item.get("status") != "in_progress":
+                self._append(item, "completed")
+        elif kind == "response.done":
+            status = _RESPONSE_STATUS.get(event["response"]["status"], "incomplete")
+            items = {item.id: item for item in conversation.items}
+            for output in event["response"].get("output", []):
+                item = items.get(output["id"])  # absent: a response outside the conversation
+                if item is not None and item.id not in self._message_ids:
+                    self._append(item.to_wire(), "truncated" if item.id in self._truncated else status)
+        elif kind == "conversation.item.truncated":
+            self._truncated.add(event["item_id"])
+            message_id = self._message_ids.get(event["item_id"])
+            if message_id is not None:
+                content = stored_message(conversation.get(event["item_id"]).to_wire(), "truncated").content
+                self._ops.put_nowait(("truncate", (message_id, content)))
+
+    def _append(self, item: dict[str, Any], status: MessageStatus) -> None:
+        message = stored_message(item, status)
+        if message.role == "assistant":
+            message.model = self.model
+        self._message_ids[item["id"]] = message.id
+        self._ops.put_nowait(("append", message))
+
+    async def _write(self) -> None:
+        while (op := await self._ops.get()) is not None:
+            kind, value = op
+            try:
+                if kind == "append":
+                    await self.store.append(self.conversation_id, self._leaf, [value])
+                    self._leaf = value.id
+                else:
+                    message_id, content = value
+                    await self.store.save_message(message_id, content=content, status="truncated")
+            except Exception:
+                log.exception("storing a Realtime item of %s failed", self.conversation_id)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """The session ended: what it announced is written (bounded by `timeout_s`), then the task ends."""
+        self._ops.put_nowait(None)
+        await asyncio.wait({self._task}, timeout=timeout_s)
+
+
+async def attach_stored_conversation(session: RealtimeSession, store: ConversationStore, owner: str,
+                                     conversation_id: str) -> None:
+    """Before the session starts: continue `conversation_id` (404 for another key's, as for a wrong id)."""
+    conversation = await store.get(owner, conversation_id)
+    loaded = items_from_rows(await store.branch(conversation))
+    recorder = ConversationRecorder(store, conversation, loaded, session.config.model)
+    try:
+        session.attach_stored(conversation.id, [item for item, _ in loaded], recorder)
+    except BaseException:
+        await recorder.close()
+        raise

@@ -1,0 +1,70 @@
+"""The recorder that stores a Realtime session's items, on a real SQLite database, fed the events a
+session sends: statuses from response.done, a truncation before and after the reply is stored, calls,
+and the stored branch read back as items."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.conversation import Conversation, Item
+from gateway.realtime_store import ConversationRecorder, items_from_rows
+from gateway.storage.conversations import ConversationStore
+from gateway.storage.database import open_database, sqlite_url
+
+
+def _response_done(status: str, *items: Item) -> dict:
+    return {"type": "response.done", "response": {"status": status, "output": [item.to_wire() for item in items]}}
+
+
+async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> None:
+    store = ConversationStore(await open_database(sqlite_url(tmp_path)))
+    row = await store.create("key")
+    recorder = ConversationRecorder(store, row, [], "smollm2")
+    session = Conversation(max_items=100, max_bytes=1 << 20, conversation_id=row.id)
+
+    def add(item: Item) -> Item:
+        session.add(item)
+        return item
+
+    question = add(Item(id="item_q", type="message", role="user", content=[{"type": "input_audio", "transcript": "Hi"}]))
+    recorder.observe({"type": "conversation.item.done", "item": question.to_wire()}, session)
+    answer = add(Item(id="item_a", type="message", role="assistant", status="incomplete",
+                      content=[{"type": "output_audio", "transcript": "Hello there, how"}], audio_ms_sent=900))
+    recorder.observe({"type": "conversation.item.truncated", "item_id": "item_a"}, session)  # barge-in: cut first
+    answer.content[0]["transcript"] = "Hello"
+    recorder.observe(_response_done("cancelled", answer), session)
+    call = add(Item(id="item_c", type="function_call", call_id="call_1", name="weather", arguments='{"city":"Oslo"}'))
+    recorder.observe(_response_done("completed", call), session)
+    output = add(Item(id="item_o", type="function_call_output", call_id="call_1", output="sunny"))
+    recorder.observe({"type": "conversation.item.done", "item": output.to_wire()}, session)
+    outside = Item(id="item_x", type="message", role="assistant", content=[{"type": "output_text", "text": "aside"}])
+    recorder.observe(_response_done("completed", outside), session)  # conversation "none": not stored
+    await recorder.close()
+
+    row = await store.get("key", row.id)
+    branch = await store.branch(row)
+    assert [(m.role, m.status) for m in branch] == [("user", "completed"), ("assistant", "truncated"),
+                                                    ("assistant", "completed"), ("tool", "completed")]
+    assert branch[0].content == [{"type": "input_audio", "transcript": "Hi"}]
+    assert branch[1].content == [{"type": "output_audio", "transcript": "Hello"}] and branch[1].model == "smollm2"
+    assert branch[2].tool_calls == [{"id": "call_1", "type": "function",
+                                     "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]
+    assert branch[3].tool_call_id == "call_1" and row.current_leaf_id == branch[3].id
+
+    items = items_from_rows(branch)
+    assert [(item.type, item.role, item.status) for item, _ in items] == [
+        ("message", "user", "completed"), ("message", "assistant", "completed"), ("function_call", None, "completed"),
+        ("function_call_output", None, "completed")]
+    assert items[1][0].content == [{"type": "output_audio", "transcript": "Hello"}]
+
+    # A truncation after the reply was stored rewrites the stored copy.
+    recorder = ConversationRecorder(store, row, items, "smollm2")
+    session = Conversation(max_items=100, max_bytes=1 << 20, conversation_id=row.id)
+    for item, _ in items:
+        session.add(item)
+    session.get(branch[1].id).content[0]["transcript"] = "Hel"
+    recorder.observe({"type": "conversation.item.truncated", "item_id": branch[1].id}, session)
+    await recorder.close()
+    stored = (await store.branch(await store.get("key", row.id)))[1]
+    assert stored.content == [{"type": "output_audio", "transcript": "Hel"}] and stored.status == "truncated"
+    await store.close()
