@@ -189,6 +189,8 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
         task.cancel()
     if svc.background:
         await asyncio.wait(svc.background, timeout=5)
+    if svc.durable is not None:
+        await svc.durable.close()
     if svc.conversations is not None:
         await svc.conversations.close()
     await svc.runtime.heap.close()

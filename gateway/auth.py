@@ -7,9 +7,13 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.protocol.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.storage.durable_state import DurableState
+    from gateway.storage.schema import ClientSecretRow
 
 EPHEMERAL_PREFIX = "ek_"
 # Browsers cannot set headers on a WebSocket; OpenAI's clients pass the key as a subprotocol.
@@ -36,7 +40,12 @@ class _ClientSecret:
 class Authenticator:
     api_keys: list[str]
     max_secrets_per_key: int  # outstanding (minted, neither used nor expired) client secrets
-    _secrets: dict[str, _ClientSecret] = field(default_factory=dict)
+    _secrets: dict[str, _ClientSecret] = field(default_factory=dict)  # by the secret's SHA-256
+    journal: DurableState | None = None  # writes the secrets behind us, so that they survive a restart
+
+    def restore(self, rows: list[ClientSecretRow]) -> None:
+        for row in rows:
+            self._secrets[row.digest] = _ClientSecret(session=row.session, expires_at=row.expires_at, owner=row.owner)
 
     @property
     def enabled(self) -> bool:
@@ -68,18 +77,24 @@ class Authenticator:
             )
         value = EPHEMERAL_PREFIX + secrets.token_urlsafe(24)
         expires_at = time.time() + ttl_s
-        self._secrets[value] = _ClientSecret(session=session, expires_at=expires_at, owner=owner.key_id)
+        self._secrets[secret_digest(value)] = _ClientSecret(session=session, expires_at=expires_at, owner=owner.key_id)
+        if self.journal is not None:
+            self.journal.secret_minted(secret_digest(value), owner.key_id, session, expires_at)
         return value, expires_at
 
     def spend(self, principal: Principal) -> None:
         """A client secret opens exactly one session: it is spent when that session opens, not before,
         so that a request that fails (a bad SDP offer, a full gateway) leaves it usable."""
-        if principal.secret is not None and self._secrets.pop(principal.secret, None) is None:
+        if principal.secret is None:
+            return
+        if self._secrets.pop(secret_digest(principal.secret), None) is None:
             raise _unauthorized("The client secret was used by another request meanwhile.")
+        if self.journal is not None:
+            self.journal.secret_spent(secret_digest(principal.secret))
 
     def _look_up(self, token: str) -> Principal:
         self._forget_expired()
-        secret = self._secrets.get(token)
+        secret = self._secrets.get(secret_digest(token))
         if secret is None:
             raise _unauthorized("The client secret is unknown, expired or already used.")
         return Principal(key_id=secret.owner, ephemeral_session=secret.session, secret=token)
@@ -88,6 +103,10 @@ class Authenticator:
         now = time.time()
         for value in [value for value, secret in self._secrets.items() if secret.expires_at <= now]:
             del self._secrets[value]
+
+
+def secret_digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
 
 
 def hash_prefix(key: str) -> str:

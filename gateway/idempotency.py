@@ -5,8 +5,15 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.protocol.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.storage.durable_state import DurableState
+    from gateway.storage.schema import IdempotencyRow
+
+MAX_KEY_CHARS = 256
 
 
 @dataclass
@@ -29,16 +36,25 @@ class IdempotencyStore:
     ttl_s: float
     max_entries: int = 10_000
     _entries: dict[tuple[str, str], _Entry] = field(default_factory=dict)
+    journal: DurableState | None = None  # writes the answers behind us, so that they survive a restart
+
+    def restore(self, rows: list[IdempotencyRow]) -> None:
+        for row in sorted(rows, key=lambda row: row.created_at)[-self.max_entries:]:
+            response = StoredResponse(row.status, row.media_type, row.body, dict(row.headers))
+            self._entries[(row.owner, row.key)] = _Entry(row.fingerprint, row.created_at, response)
 
     def begin(self, caller: str, key: str, body: bytes) -> StoredResponse | None:
         """The stored answer for a replay, None for a first request (which must then `finish`)."""
+        if len(key) > MAX_KEY_CHARS:
+            raise ApiError("invalid_value", f"An Idempotency-Key has at most {MAX_KEY_CHARS} characters.",
+                           "Idempotency-Key")
         self._expire()
         fingerprint = hashlib.sha256(body).hexdigest()
         entry = self._entries.get((caller, key))
         if entry is None:
             if len(self._entries) >= self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
-            self._entries[(caller, key)] = _Entry(fingerprint=fingerprint, created=time.monotonic())
+            self._entries[(caller, key)] = _Entry(fingerprint=fingerprint, created=time.time())
             return None
         if entry.fingerprint != fingerprint:
             raise ApiError(
@@ -58,8 +74,11 @@ class IdempotencyStore:
         entry = self._entries.get((caller, key))
         if entry is not None:
             entry.response = response
+            if self.journal is not None:
+                self.journal.response_stored(caller, key, entry.fingerprint, entry.created, response.status,
+                                             response.media_type, response.body, response.headers)
 
     def _expire(self) -> None:
-        horizon = time.monotonic() - self.ttl_s
+        horizon = time.time() - self.ttl_s
         for key in [key for key, entry in self._entries.items() if entry.created < horizon]:
             del self._entries[key]

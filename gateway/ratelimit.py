@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.protocol.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.storage.durable_state import DurableState
+    from gateway.storage.schema import RateLimitRow
 
 
 @dataclass
@@ -19,6 +24,11 @@ class _Bucket:
 class RateLimiter:
     requests_per_minute: int  # 0: unlimited
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    journal: DurableState | None = None  # writes the buckets behind us: a restart does not refill them
+
+    def restore(self, rows: list[RateLimitRow]) -> None:
+        for row in rows:
+            self._buckets[row.owner] = _Bucket(tokens=row.tokens, updated=row.updated_at)
 
     def check(self, caller: str) -> dict[str, str]:
         """Take one request from the caller's bucket; returns headers, or raises 429."""
@@ -26,7 +36,7 @@ class RateLimiter:
             return {}
         capacity = float(self.requests_per_minute)
         rate = capacity / 60.0
-        now = time.monotonic()
+        now = time.time()  # wall clock: buckets outlive the process
         bucket = self._buckets.setdefault(caller, _Bucket(tokens=capacity, updated=now))
         bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
         bucket.updated = now
@@ -46,6 +56,8 @@ class RateLimiter:
             )
             raise error
         bucket.tokens -= 1.0
+        if self.journal is not None:
+            self.journal.bucket(caller, bucket.tokens, bucket.updated)
         reset = (capacity - bucket.tokens) / rate
         return {
             "x-ratelimit-limit-requests": str(self.requests_per_minute),

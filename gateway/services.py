@@ -16,6 +16,7 @@ from gateway.runtime import Runtime
 from gateway.session_hub import SessionHub
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
+from gateway.storage.durable_state import DurableState
 from gateway.stream_hub import StreamHub
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class Services:
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
     conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
+    durable: DurableState | None = None  # client secrets, idempotency, rate limits (open_storage)
     hub: SessionHub = field(init=False)  # sessions by resume token; those waiting for their client
     streams: StreamHub = field(init=False)  # SSE streams, resumable with Last-Event-ID
     prewarmer: Prewarmer = field(default_factory=Prewarmer)  # drafts prefilled while the user types
@@ -90,7 +92,14 @@ class Services:
 
     async def open_storage(self) -> None:
         url = self.settings.database_url or sqlite_url(self.settings.data_dir)
-        self.conversations = ConversationStore(await open_database(url))
+        engine = await open_database(url)
+        self.conversations = ConversationStore(engine)
+        self.durable = DurableState(engine)
+        snapshot = await self.durable.load(self.settings.idempotency_ttl_s)
+        self.auth.restore(snapshot.secrets)
+        self.idempotency.restore(snapshot.idempotency)
+        self.limiter.restore(snapshot.buckets)
+        self.auth.journal = self.idempotency.journal = self.limiter.journal = self.durable
 
     @property
     def store(self) -> ConversationStore:

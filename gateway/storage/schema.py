@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import uuid_utils
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID_LENGTH = 40
@@ -60,3 +60,39 @@ class MessageRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=epoch)
 
     __table_args__ = (Index("ix_messages_conversation_id_id", "conversation_id", "id"),)
+
+
+class ClientSecretRow(Base):
+    """A minted, unspent client secret, by its SHA-256 (the secret itself is never stored)."""
+
+    __tablename__ = "client_secrets"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    session: Mapped[dict[str, Any]] = mapped_column(JSON)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class IdempotencyRow(Base):
+    """The first answer to a POST with an Idempotency-Key."""
+
+    __tablename__ = "idempotency_records"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[int] = mapped_column(Integer)
+    media_type: Mapped[str] = mapped_column(String(128))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    headers: Mapped[dict[str, str]] = mapped_column(JSON)
+
+
+class RateLimitRow(Base):
+    """A key's token bucket: its tokens at `updated_at` (epoch seconds)."""
+
+    __tablename__ = "rate_limit_buckets"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,98 @@
+"""What must survive a restart besides conversations: unspent client secrets, idempotency records and
+rate-limit buckets. The in-memory objects (auth.Authenticator, idempotency.IdempotencyStore,
+ratelimit.RateLimiter) answer requests; this journal writes their changes behind them, coalesced, every
+FLUSH_S (a handler never waits for the disk), and restores them when the gateway starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from gateway.storage.schema import ClientSecretRow, IdempotencyRow, RateLimitRow
+
+log = logging.getLogger(__name__)
+FLUSH_S = 0.2
+
+
+@dataclass
+class Snapshot:
+    secrets: list[ClientSecretRow] = field(default_factory=list)
+    idempotency: list[IdempotencyRow] = field(default_factory=list)
+    buckets: list[RateLimitRow] = field(default_factory=list)
+
+
+class DurableState:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._session = async_sessionmaker(engine, expire_on_commit=False)
+        self._secrets: dict[str, ClientSecretRow | None] = {}  # digest -> row to write, or None: delete
+        self._records: dict[tuple[str, str], IdempotencyRow] = {}
+        self._buckets: dict[str, RateLimitRow] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def load(self, idempotency_ttl_s: float) -> Snapshot:
+        """What is still valid (expired secrets and records are deleted), then the writer starts."""
+        now = time.time()
+        async with self._session.begin() as session:
+            await session.execute(delete(ClientSecretRow).where(ClientSecretRow.expires_at <= now))
+            await session.execute(delete(IdempotencyRow).where(IdempotencyRow.created_at <= now - idempotency_ttl_s))
+            snapshot = Snapshot(
+                secrets=list(await session.scalars(select(ClientSecretRow))),
+                idempotency=list(await session.scalars(select(IdempotencyRow))),
+                buckets=list(await session.scalars(select(RateLimitRow))),
+            )
+        self._task = asyncio.create_task(self._run(), name="durable state writer")
+        return snapshot
+
+    # The journal: synchronous, called by the in-memory objects as they change.
+
+    def secret_minted(self, digest: str, owner: str, session: dict[str, Any], expires_at: float) -> None:
+        self._secrets[digest] = ClientSecretRow(digest=digest, owner=owner, session=session, expires_at=expires_at)
+
+    def secret_spent(self, digest: str) -> None:
+        self._secrets[digest] = None
+
+    def response_stored(self, owner: str, key: str, fingerprint: str, created_at: float, status: int,
+                        media_type: str, body: bytes, headers: dict[str, str]) -> None:
+        self._records[(owner, key)] = IdempotencyRow(owner=owner, key=key, fingerprint=fingerprint,
+                                                     created_at=created_at, status=status, media_type=media_type,
+                                                     body=body, headers=headers)
+
+    def bucket(self, owner: str, tokens: float, updated_at: float) -> None:
+        self._buckets[owner] = RateLimitRow(owner=owner, tokens=tokens, updated_at=updated_at)
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(FLUSH_S)
+            await self.flush()
+
+    async def flush(self) -> None:
+        secrets, records, buckets = self._secrets, self._records, self._buckets
+        if not (secrets or records or buckets):
+            return
+        self._secrets, self._records, self._buckets = {}, {}, {}
+        try:
+            async with self._session.begin() as session:
+                spent = [digest for digest, row in secrets.items() if row is None]
+                if spent:
+                    await session.execute(delete(ClientSecretRow).where(ClientSecretRow.digest.in_(spent)))
+                for row in [*(r for r in secrets.values() if r is not None), *records.values(), *buckets.values()]:
+                    await session.merge(row)
+        except Exception:
+            log.exception("writing client secrets, idempotency records and rate limits failed")
+
+    async def close(self) -> None:
+        """Shutdown: the writer stops and what is pending is written."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
