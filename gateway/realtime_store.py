@@ -12,12 +12,15 @@ deletion in the session leaves the stored branch as it is.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.conversation import Conversation, Item
 from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow, MessageRow
+from gateway.titles import title_later
+from inference.llm.engine import LLMEngine
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
@@ -55,6 +58,17 @@ def items_from_rows(rows: list[MessageRow]) -> list[tuple[Item, str]]:
     return items
 
 
+def _response_values(response: dict[str, Any]) -> dict[str, Any]:
+    """The token counts and latency marks response.done carries, as a stored message's columns."""
+    usage = response.get("usage") or {}
+    values: dict[str, Any] = {"input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
+                              "cached_tokens": (usage.get("input_token_details") or {}).get("cached_tokens")}
+    marks = (response.get("metadata") or {}).get("gateway_latency")
+    if marks:
+        values["latency"] = json.loads(marks)
+    return values
+
+
 def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
     """A Realtime item (wire form) as a stored message."""
     if wire["type"] == "function_call":
@@ -70,13 +84,17 @@ def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
 
 class ConversationRecorder:
     def __init__(self, store: ConversationStore, conversation: ConversationRow, loaded: list[tuple[Item, str]],
-                 model: str) -> None:
+                 model: str, engine: LLMEngine | None) -> None:
         self.store = store
         self.conversation_id = conversation.id
+        self.owner = conversation.owner
+        self._engine = engine
+        self._title_wanted = conversation.title is None and not loaded  # after the first exchange
         self.model = model
         self._leaf = conversation.current_leaf_id
         self._message_ids = {item.id: message_id for item, message_id in loaded}  # session item -> stored message
         self._truncated: set[str] = set()  # cut before their response was stored
+        self._response_items: set[str] = set()
         self._ops: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
         self._task = asyncio.create_task(self._write(), name=f"record {conversation.id}")
         store.track(self._task)
@@ -84,23 +102,35 @@ class ConversationRecorder:
     def observe(self, event: dict[str, Any], conversation: Conversation) -> None:
         """Called with every event the session sends, and the session's conversation as it is now."""
         kind = event["type"]
-        if kind == "conversation.item.done":
+        if kind == "response.output_item.added":
+            self._response_items.add(event["item"]["id"])  # stored at response.done, with its status
+        elif kind == "conversation.item.done":
             item = event["item"]
-            if item["id"] not in self._message_ids and item.get("status") != "in_progress":
+            if item["id"] not in self._message_ids and item["id"] not in self._response_items:
                 self._append(item, "completed")
         elif kind == "response.done":
             status = _RESPONSE_STATUS.get(event["response"]["status"], "incomplete")
+            self._title_after(status, conversation)
             items = {item.id: item for item in conversation.items}
             for output in event["response"].get("output", []):
                 item = items.get(output["id"])  # absent: a response outside the conversation
                 if item is not None and item.id not in self._message_ids:
                     self._append(item.to_wire(), "truncated" if item.id in self._truncated else status)
+                    self._ops.put_nowait(("save", (self._message_ids[item.id], _response_values(event["response"]))))
         elif kind == "conversation.item.truncated":
             self._truncated.add(event["item_id"])
             message_id = self._message_ids.get(event["item_id"])
             if message_id is not None:
                 content = stored_message(conversation.get(event["item_id"]).to_wire(), "truncated").content
-                self._ops.put_nowait(("truncate", (message_id, content)))
+                self._ops.put_nowait(("save", (message_id, {"content": content, "status": "truncated"})))
+
+    def _title_after(self, status: MessageStatus, conversation: Conversation) -> None:
+        if not self._title_wanted or status not in ("completed", "incomplete") or self._engine is None:
+            return
+        question = next((item.text() for item in conversation.items if item.role == "user" and item.text()), None)
+        if question:
+            self._title_wanted = False
+            title_later(self.store, self._engine, self.owner, self.conversation_id, question)
 
     def _append(self, item: dict[str, Any], status: MessageStatus) -> None:
         message = stored_message(item, status)
@@ -117,8 +147,8 @@ class ConversationRecorder:
                     await self.store.append(self.conversation_id, self._leaf, [value])
                     self._leaf = value.id
                 else:
-                    message_id, content = value
-                    await self.store.save_message(message_id, content=content, status="truncated")
+                    message_id, values = value
+                    await self.store.save_message(message_id, **values)
             except Exception:
                 log.exception("storing a Realtime item of %s failed", self.conversation_id)
 
@@ -133,7 +163,7 @@ async def attach_stored_conversation(session: RealtimeSession, store: Conversati
     """Before the session starts: continue `conversation_id` (404 for another key's, as for a wrong id)."""
     conversation = await store.get(owner, conversation_id)
     loaded = items_from_rows(await store.branch(conversation))
-    recorder = ConversationRecorder(store, conversation, loaded, session.config.model)
+    recorder = ConversationRecorder(store, conversation, loaded, session.config.model, session.runtime.engine)
     try:
         session.attach_stored(conversation.id, [item for item, _ in loaded], recorder)
     except BaseException:

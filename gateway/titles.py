@@ -4,10 +4,14 @@ never takes the engine from a live reply: LLMEngine.submit(background=True))."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
-from inference.llm.chat import ChatMessage, render_prompt
-from inference.llm.engine import LLMEngine, SamplingParams
+from gateway.storage.conversations import ConversationStore
+from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
+from inference.llm.engine import EngineClosed, EngineOverloaded, LLMEngine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 TITLE_INSTRUCTIONS = ("Write a title of three to six words for a conversation that starts with the user's "
                       "message below. Reply with the title only.")
@@ -31,3 +35,19 @@ async def generate_title(engine: LLMEngine, question: str) -> str | None:
         return clean_title((await stream.result()).text)
     finally:
         stream.cancel()
+
+
+def title_later(store: ConversationStore, engine: LLMEngine, owner: str, conversation_id: str, question: str) -> None:
+    """After a conversation's first exchange (chat completions, Realtime): its title, written in the
+    background by a task the store owns (it awaits it when it closes)."""
+
+    async def run() -> None:
+        try:
+            title = await generate_title(engine, question)
+        except (EngineOverloaded, EngineClosed, ContextOverflow) as exc:
+            log.info("no title for %s: %s", conversation_id, exc)
+            return
+        if title is not None:
+            await store.update(owner, conversation_id, title=title)
+
+    store.track(asyncio.create_task(run(), name=f"title {conversation_id}"))

@@ -26,9 +26,10 @@ from gateway.protocol.errors import ApiError, overloaded
 from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
+from gateway.titles import title_later
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, SamplingParams
+from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
 from inference.llm.loader import LoadedLM
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, ToolCall, parse_reply
 
@@ -156,7 +157,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
-                              attached, [m.to_chat() for m in chat.messages])
+                              attached, [m.to_chat() for m in chat.messages], engine=engine)
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record),
@@ -194,6 +195,7 @@ class CompletionRecord:
     plan: ChatPlan
     attached: AttachedChat | None
     request_messages: list[ChatMessage]
+    engine: LLMEngine | None = None  # for the title after a conversation's first exchange
     writer: MessageWriter | None = None
 
     def start(self) -> None:
@@ -229,6 +231,10 @@ class CompletionRecord:
                                latency=timings or None, error="the generation failed" if status == "failed" else None,
                                **tokens)
         question = next((m.content for m in reversed(self.plan.messages) if m.role == "user"), None)
+        attached = self.attached
+        if (attached is not None and status == "completed" and attached.conversation.title is None
+                and not attached.history and question and self.engine is not None):
+            title_later(attached.store, self.engine, attached.conversation.owner, attached.conversation.id, question)
         log_event("chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
                   stream=self.stream, status=status, finish_reason=finish_reason,
                   conversation_id=self.attached.conversation.id if self.attached else None, message_id=self.writer.reply.id if self.writer else None,

@@ -316,13 +316,27 @@ async def test_a_realtime_session_continues_a_stored_conversation(stored: tuple[
     with client(gateway) as http:
         for _ in range(50):  # written behind the session
             after = http.get(f"/v1/conversations/{conversation}").json()["messages"]
-            if len(after) == 4:
+            if len(after) == 4 and after[3]["usage"] is not None:
                 break
             time.sleep(0.1)
     assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
     assert after[2]["content"] == [{"type": "text", "text": "What is my name?"}] and after[2]["parent_id"] == before[1]["id"]
     assert after[3]["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
+    assert after[3]["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"]
+    assert after[3]["latency"] == json.loads(done["response"]["metadata"]["gateway_latency"])
     assert after[3]["status"] in ("completed", "incomplete")
+
+    # Titles come after the first exchange, whichever API made it (written in the background).
+    with client(gateway) as http:
+        fresh = http.post("/v1/conversations", json={}).json()["id"]
+    await realtime_turn(gateway, fresh, "How do bees make honey?")
+    with client(gateway) as http:
+        for _ in range(100):
+            titles = [http.get(f"/v1/conversations/{c}").json()["title"] for c in (conversation, fresh)]
+            if all(titles):
+                break
+            time.sleep(0.1)
+    assert all(isinstance(title, str) and title for title in titles), titles
 
     refused = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}&conversation={conversation}",
                                            headers={"authorization": f"Bearer {KEY_B}"})

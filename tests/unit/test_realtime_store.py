@@ -13,13 +13,16 @@ from gateway.storage.database import open_database, sqlite_url
 
 
 def _response_done(status: str, *items: Item) -> dict:
-    return {"type": "response.done", "response": {"status": status, "output": [item.to_wire() for item in items]}}
+    return {"type": "response.done", "response": {
+        "status": status, "output": [item.to_wire() for item in items],
+        "usage": {"input_tokens": 40, "output_tokens": 7, "input_token_details": {"cached_tokens": 32}},
+        "metadata": {"gateway_latency": '{"first_token_ms":21.5,"done_ms":90.0}'}}}
 
 
 async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> None:
     store = ConversationStore(await open_database(sqlite_url(tmp_path)))
     row = await store.create("key")
-    recorder = ConversationRecorder(store, row, [], "smollm2")
+    recorder = ConversationRecorder(store, row, [], "smollm2", None)
     session = Conversation(max_items=100, max_bytes=1 << 20, conversation_id=row.id)
 
     def add(item: Item) -> Item:
@@ -47,6 +50,8 @@ async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> No
                                                     ("assistant", "completed"), ("tool", "completed")]
     assert branch[0].content == [{"type": "input_audio", "transcript": "Hi"}]
     assert branch[1].content == [{"type": "output_audio", "transcript": "Hello"}] and branch[1].model == "smollm2"
+    assert (branch[1].input_tokens, branch[1].cached_tokens, branch[1].output_tokens) == (40, 32, 7)
+    assert branch[1].latency == {"first_token_ms": 21.5, "done_ms": 90.0}
     assert branch[2].tool_calls == [{"id": "call_1", "type": "function",
                                      "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]
     assert branch[3].tool_call_id == "call_1" and row.current_leaf_id == branch[3].id
@@ -58,7 +63,7 @@ async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> No
     assert items[1][0].content == [{"type": "output_audio", "transcript": "Hello"}]
 
     # A truncation after the reply was stored rewrites the stored copy.
-    recorder = ConversationRecorder(store, row, items, "smollm2")
+    recorder = ConversationRecorder(store, row, items, "smollm2", None)
     session = Conversation(max_items=100, max_bytes=1 << 20, conversation_id=row.id)
     for item, _ in items:
         session.add(item)
