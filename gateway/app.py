@@ -28,6 +28,7 @@ from gateway.http_bodies import BodySizeLimit
 from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
+from gateway.storage.durable_answers import DurableAnswers
 from gateway.transports import (
     chat_http,
     client_secrets,
@@ -114,6 +115,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
     app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
+    # Innermost: an answer waits for the durable changes its request made (a spent secret, an idempotent answer).
+    app.add_middleware(DurableAnswers)
     # The body limit sits inside the request ids, so that its 413s get an id and are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestIdMiddleware, routes=app.router.routes)
