@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from inference.llm.engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
+from inference.llm.backend import GenerationResult, SamplingParams
+from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm

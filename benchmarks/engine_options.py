@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine import greedy_reference, leading_agreement, measure_decode, render, running
-from inference.llm.engine import LLMEngine, SamplingParams
+from inference.llm.backend import SamplingParams
+from inference.llm.engine import LLMEngine
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm

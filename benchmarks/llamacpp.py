@@ -41,7 +41,8 @@ from benchmarks.engine import (
     system_prompt,
     warm_up,
 )
-from inference.llm.engine import LLMEngine, SamplingParams
+from inference.llm.backend import SamplingParams
+from inference.llm.engine import LLMEngine
 from inference.llm.forward import LeanForward
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.threads import run_in_own_thread

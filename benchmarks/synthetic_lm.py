@@ -64,7 +64,7 @@ def random_loaded_lm(cache_dir: Path, *, layers: int = EMBEDDED_LAYERS, device: 
     model = random_model(layers, dtype, device, seed)
     tokenizer = byte_tokenizer()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return LoadedLM(model=model, tokenizer=tokenizer, device=torch.device(device), dtype=dtype,
+    return LoadedLM(model=model, tokenizer=tokenizer, vocab_size=int(model.config.vocab_size), device=torch.device(device), dtype=dtype,
                     context_window=model.config.max_position_embeddings,
                     eos_token_ids=frozenset({tokenizer.eos_token_id}), source=Path(f"random-seed-{seed}"),
                     load_seconds=0.0, converted=False, cache_dir=Path(cache_dir), kernels=kernels)

@@ -156,7 +156,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "time_ms": round(time.time() * 1000, 1),
         }
         if runtime.engine is not None:
-            body["llm"] = runtime.engine.fwd.describe()  # what each part of a step runs on (see --llm-kernels)
+            body["llm"] = runtime.engine.describe()  # what each part of a step runs on (see --llm-kernels)
         if runtime.load_error:
             body["error"] = runtime.load_error
         return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)

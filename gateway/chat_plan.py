@@ -29,7 +29,7 @@ class ChatPlan:
 
 
 def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list") -> ChatPlan:
-    """`tool_format`: the model's (LoadedLM.tool_format)."""
+    """`tool_format`: the model's (PromptModel.tool_format)."""
     return _plan(chat, tool_format)
 
 

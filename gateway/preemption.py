@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gateway import metrics
-from inference.llm.engine import GenerationStream, SamplingParams
+from inference.llm.backend import GenerationStream, SamplingParams
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass
 
 from gateway.protocol.errors import ApiError
-from inference.llm.engine import LLMEngine
+from inference.llm.backend import LLMBackend
 
 PREPARES_PER_KEY = 2
 PIN_S = 60.0
@@ -33,7 +33,7 @@ class Prewarmer:
     def _pin_name(conversation_id: str) -> str:
         return f"prepare:{conversation_id}"
 
-    def prepare(self, engine: LLMEngine, owner: str, conversation_id: str, prompt_ids: list[int]) -> None:
+    def prepare(self, engine: LLMBackend, owner: str, conversation_id: str, prompt_ids: list[int]) -> None:
         self._drop(engine, owner, conversation_id)
         in_flight = sum(1 for (key, _), p in self._prepared.items() if key == owner and not p.prefill.done())
         if in_flight >= PREPARES_PER_KEY:
@@ -57,11 +57,11 @@ class Prewarmer:
             common += 1
         return min(common, len(prompt_ids) - 1)  # the last prompt token is always computed
 
-    def release(self, engine: LLMEngine, owner: str, conversation_id: str) -> None:
+    def release(self, engine: LLMBackend, owner: str, conversation_id: str) -> None:
         """The message came: its reply's KV now extends the prefix, which no longer needs a pin."""
         self._drop(engine, owner, conversation_id)
 
-    def _drop(self, engine: LLMEngine, owner: str, conversation_id: str) -> None:
+    def _drop(self, engine: LLMBackend, owner: str, conversation_id: str) -> None:
         prepared = self._prepared.pop((owner, conversation_id), None)
         if prepared is None:
             return

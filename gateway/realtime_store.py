@@ -20,7 +20,7 @@ from gateway.conversation import Conversation, Item
 from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow, MessageRow
 from gateway.titles import title_later
-from inference.llm.engine import LLMEngine
+from inference.llm.backend import LLMBackend
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
@@ -84,7 +84,7 @@ def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
 
 class ConversationRecorder:
     def __init__(self, store: ConversationStore, conversation: ConversationRow, loaded: list[tuple[Item, str]],
-                 model: str, engine: LLMEngine | None) -> None:
+                 model: str, engine: LLMBackend | None) -> None:
         self.store = store
         self.conversation_id = conversation.id
         self.owner = conversation.owner

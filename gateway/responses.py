@@ -14,13 +14,19 @@ import numpy as np
 from gateway import metrics
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
+from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.preemption import Preemption
-from gateway.protocol.errors import ApiError, overloaded
+from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
-from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
+from inference.llm.backend import (
+    GenerationResult,
+    GenerationStream,
+    LLMBackend,
+    PromptModel,
+    SamplingParams,
+)
+from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
-from inference.llm.loader import LoadedLM
 from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
@@ -48,9 +54,9 @@ class ResponseJob:
 
 
 def render_reply_prompt(
-    lm: LoadedLM, messages: list[ChatMessage], sampling: SamplingParams, tool_use: ToolUse | None = None
-) -> list[int]:
-    """The prompt tokens of a reply (blocking: run it in a thread)."""
+    lm: PromptModel, messages: list[ChatMessage], sampling: SamplingParams, tool_use: ToolUse | None = None
+) -> RenderedPrompt:
+    """The prompt of a reply (blocking: run it in a thread)."""
     try:
         prompt = render_prompt(
             lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens,
@@ -58,10 +64,10 @@ def render_reply_prompt(
         )
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc)) from None
-    return prompt.token_ids
+    return prompt
 
 
-def reply_constraint(lm: LoadedLM, tool_use: ToolUse) -> TokenConstraint | None:
+def reply_constraint(lm: PromptModel, tool_use: ToolUse) -> TokenConstraint | None:
     """The grammar of a forced function call (blocking: run it in a thread)."""
     if tool_use.forced_block is None:
         return None
@@ -75,7 +81,7 @@ class ResponseRunner:
     def __init__(
         self,
         *,
-        engine: LLMEngine,
+        engine: LLMBackend,
         tts: TtsEngine | None,
         job: ResponseJob,
         events: ResponseEvents,
@@ -101,13 +107,13 @@ class ResponseRunner:
         job = self.job
         lm = self.engine.lm
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
+            prompt = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
             constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
         except BaseException:
             self.cancel_generation()
             raise
         preemption, job.preemption = job.preemption, None
-        if (preemption is not None and constraint is None and preemption.prompt_ids == prompt_ids
+        if (preemption is not None and constraint is None and preemption.prompt_ids == prompt.token_ids
                 and preemption.sampling == job.sampling):
             self._adopted = preemption
             self.stream = preemption.stream
@@ -118,11 +124,11 @@ class ResponseRunner:
                 log.debug("preempted reply dropped: the response's prompt or sampling differs")
                 preemption.cancel()
             try:
-                self.stream = self.engine.submit(prompt_ids, job.sampling, conversation_id=job.conversation_key,
-                                                 constraint=constraint)
+                self.stream = self.engine.submit(prompt.token_ids, job.sampling, conversation_id=job.conversation_key,
+                                                 constraint=constraint, messages=prompt.messages)
                 job.marks.mark("generation_started")
-            except EngineOverloaded as exc:
-                raise overloaded("The model is busy; retry shortly.", exc.retry_after_s) from None
+            except BACKEND_ERRORS as exc:
+                raise backend_api_error(exc) from None
         # An adopted preemption's run_ahead reads the stream; its text is replayed from there.
         deltas = self._adopted.replay() if self._adopted is not None else self.stream
         tools = job.tool_use.tools

@@ -19,8 +19,8 @@ from inference.models import ModelPaths, resolve_device, resolve_model_paths
 
 if TYPE_CHECKING:
     from inference.asr import AsrEngine
+    from inference.llm.backend import LLMBackend
     from inference.llm.end_of_turn import EndOfTurnModel
-    from inference.llm.engine import LLMEngine
     from inference.tts import TtsEngine
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Runtime:
     settings: Settings
     device: Literal["cpu", "cuda"] = "cpu"
     paths: ModelPaths | None = None
-    engine: LLMEngine | None = None
+    engine: LLMBackend | None = None
     end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge, on the engine
     asr: AsrEngine | None = None
     tts: TtsEngine | None = None

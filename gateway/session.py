@@ -22,6 +22,7 @@ from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.event_log import log_event
 from gateway.latency import TurnMarks, now
+from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
@@ -40,8 +41,8 @@ from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_
 from gateway.runtime import Runtime
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
+from inference.llm.backend import GenerationResult, SamplingParams
 from inference.llm.chat import ChatMessage
-from inference.llm.engine import EngineClosed, EngineOverloaded, GenerationResult, SamplingParams
 from inference.llm.tool_calls import ToolCall, ToolFormat, ToolSpec, ToolUse, plan_tool_use
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
@@ -371,13 +372,14 @@ class RealtimeSession:
         messages = [*history, ChatMessage("user", user_text)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
         try:
-            prompt_ids = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling)
+            prompt = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling)
             if self.active is not None:
                 return None
-            stream = engine.submit(prompt_ids, sampling, conversation_id=self.conversation.id)
-        except (ApiError, EngineOverloaded, EngineClosed):
+            stream = engine.submit(prompt.token_ids, sampling, conversation_id=self.conversation.id,
+                                   messages=prompt.messages)
+        except (ApiError, *BACKEND_ERRORS):
             return None  # the response itself will meet (and report) the same condition
-        return Preemption(prompt_ids=prompt_ids, sampling=sampling, stream=stream, started_at=now())
+        return Preemption(prompt_ids=prompt.token_ids, sampling=sampling, stream=stream, started_at=now())
 
     def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
         """Start a response now (synchronously), or raise if one is already running.
@@ -471,7 +473,8 @@ class RealtimeSession:
         # A cancelled run sends nothing more: whoever cancelled it ends the response (see cancel_response).
         try:
             result = await active.runner.run()
-        except ApiError as error:
+        except (ApiError, *BACKEND_ERRORS) as exc:
+            error = exc if isinstance(exc, ApiError) else backend_api_error(exc)
             self.send_error(error)
             self._finish(active, "failed", error=error.body())
         except Exception as exc:

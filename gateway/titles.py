@@ -1,5 +1,5 @@
 """A conversation's title, written by the model after the first exchange, at background priority (it
-never takes the engine from a live reply: LLMEngine.submit(background=True))."""
+never takes the engine from a live reply: LLMBackend.submit(background=True))."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import asyncio
 import logging
 import re
 
+from gateway.llm_errors import BACKEND_ERRORS
 from gateway.storage.conversations import ConversationStore
+from inference.llm.backend import LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
-from inference.llm.engine import EngineClosed, EngineOverloaded, LLMEngine, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -26,25 +27,26 @@ def clean_title(text: str) -> str | None:
     return line[:MAX_TITLE_CHARS] or None
 
 
-async def generate_title(engine: LLMEngine, question: str) -> str | None:
+async def generate_title(engine: LLMBackend, question: str) -> str | None:
     messages = [ChatMessage("system", TITLE_INSTRUCTIONS), ChatMessage("user", question[:2000])]
     prompt = await asyncio.to_thread(render_prompt, engine.lm.tokenizer, messages,
                                      context_window=engine.lm.context_window, reserve_tokens=16)
-    stream = engine.submit(prompt.token_ids, SamplingParams(temperature=0.0, max_tokens=16), background=True)
+    stream = engine.submit(prompt.token_ids, SamplingParams(temperature=0.0, max_tokens=16), background=True,
+                           messages=prompt.messages)
     try:
         return clean_title((await stream.result()).text)
     finally:
         stream.cancel()
 
 
-def title_later(store: ConversationStore, engine: LLMEngine, owner: str, conversation_id: str, question: str) -> None:
+def title_later(store: ConversationStore, engine: LLMBackend, owner: str, conversation_id: str, question: str) -> None:
     """After a conversation's first exchange (chat completions, Realtime): its title, written in the
     background by a task the store owns (it awaits it when it closes)."""
 
     async def run() -> None:
         try:
             title = await generate_title(engine, question)
-        except (EngineOverloaded, EngineClosed, ContextOverflow) as exc:
+        except (*BACKEND_ERRORS, ContextOverflow) as exc:
             log.info("no title for %s: %s", conversation_id, exc)
             return
         if title is not None:

@@ -29,6 +29,7 @@ from gateway.conversation import Item, new_id
 from gateway.event_log import log_event
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
+from gateway.llm_errors import BACKEND_ERRORS
 from gateway.preemption import Preemption
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
@@ -36,7 +37,6 @@ from gateway.protocol.session_config import SEMANTIC_WAITS_MS, SemanticVad, Turn
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
-from inference.llm.engine import EngineClosed, EngineOverloaded
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
@@ -292,7 +292,7 @@ class VoicePipeline:
             return
         try:
             probability = await end_of_turn.probability(transcript.text)
-        except (EngineOverloaded, EngineClosed):
+        except BACKEND_ERRORS:
             return  # the longest wait stands
         if self.turn is turn and self.vad.detector.silence_started_ms is not None:
             wait_ms = semantic_wait_ms(detection.eagerness, probability)

@@ -20,17 +20,23 @@ from gateway.chat_plan import ChatPlan, plan_chat
 from gateway.event_log import log_event
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
+from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
-from gateway.protocol.errors import ApiError, overloaded
+from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
 from gateway.titles import title_later
-from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
+from inference.llm.backend import (
+    GenerationResult,
+    GenerationStream,
+    LLMBackend,
+    PromptModel,
+    SamplingParams,
+)
+from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.engine import EngineOverloaded, GenerationResult, GenerationStream, LLMEngine, SamplingParams
-from inference.llm.loader import LoadedLM
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, ToolCall, parse_reply
 
 log = logging.getLogger(__name__)
@@ -114,7 +120,7 @@ def resume_stream(svc: Services, last_event_id: str, owner: str, headers: dict[s
     return sse_response(svc.streams.read(buffer, after), headers)
 
 
-def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tuple[list[int], TokenConstraint | None]:
+def _prompt_and_constraint(lm: PromptModel, plan: ChatPlan, max_tokens: int) -> tuple[RenderedPrompt, TokenConstraint | None]:
     """Blocking (tokenizer, grammar compiler): run it in a thread."""
     try:
         prompt = render_prompt(lm.tokenizer, plan.messages, context_window=lm.context_window, reserve_tokens=max_tokens,
@@ -126,7 +132,7 @@ def _prompt_and_constraint(lm: LoadedLM, plan: ChatPlan, max_tokens: int) -> tup
     except GrammarError as exc:
         param = "response_format" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
         raise ApiError("invalid_value", f"The JSON schema cannot be used: {exc}", param) from None
-    return prompt.token_ids, constraint
+    return prompt, constraint
 
 
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
@@ -138,7 +144,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
     if attached is not None:
         plan.messages = attached.prompt_messages(plan.messages)
-    prompt_ids, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
+    prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = SamplingParams(
         temperature=1.0 if chat.temperature is None else chat.temperature,
         top_p=chat.top_p or 1.0,
@@ -151,9 +157,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         frequency_penalty=chat.frequency_penalty or 0.0,
     )
     try:
-        stream = engine.submit(prompt_ids, sampling, constraint=constraint)
-    except EngineOverloaded as exc:
-        raise overloaded("The model is at capacity; retry shortly.", exc.retry_after_s) from None
+        stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
+    except BACKEND_ERRORS as exc:
+        raise backend_api_error(exc) from None
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
@@ -167,6 +173,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     try:
         text = "".join([delta async for delta in stream])
         result = await stream.result()
+    except BACKEND_ERRORS as exc:
+        record.done("failed")
+        raise backend_api_error(exc) from None
     except BaseException as exc:
         record.done("cancelled" if isinstance(exc, asyncio.CancelledError) else "failed")
         raise
@@ -195,7 +204,7 @@ class CompletionRecord:
     plan: ChatPlan
     attached: AttachedChat | None
     request_messages: list[ChatMessage]
-    engine: LLMEngine | None = None  # for the title after a conversation's first exchange
+    engine: LLMBackend | None = None  # for the title after a conversation's first exchange
     writer: MessageWriter | None = None
 
     def start(self) -> None:
@@ -294,7 +303,12 @@ async def _sse(
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         await record.stored()
         yield b"data: [DONE]\n\n"
-    except Exception as exc:  # headers are gone: the error travels in the stream, as OpenAI does
+    except BACKEND_ERRORS as exc:  # headers are gone: the error travels in the stream, as OpenAI does
+        log.warning("chat stream %s failed: %s", cid, exc)
+        record.done("failed")
+        logged = True
+        yield _sse_line({"error": backend_api_error(exc).body()})
+    except Exception as exc:
         log.exception("chat stream %s failed", cid)
         record.done("failed")
         logged = True

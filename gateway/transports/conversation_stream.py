@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.chat_history import chat_message
 from gateway.http_bodies import read_json_object
+from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
-from gateway.protocol.errors import ApiError, overloaded
+from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from gateway.storage.conversations import MessageStatus, NewMessage
@@ -32,8 +33,8 @@ from gateway.storage.schema import ConversationRow
 from gateway.storage.writer import MessageWriter
 from gateway.titles import generate_title
 from gateway.transports.chat_http import resume_stream, sse_response
-from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
-from inference.llm.engine import EngineOverloaded, GenerationStream, LLMEngine, SamplingParams
+from inference.llm.backend import GenerationStream, LLMBackend, SamplingParams
+from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -85,11 +86,11 @@ async def _resolve(svc: Services, owner: str, conversation_id: str, content: str
     return Turn(conversation, parent, [*history, ChatMessage("user", content)], user)
 
 
-def _prompt_ids(engine: LLMEngine, messages: list[ChatMessage], max_tokens: int) -> list[int]:
+def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int) -> RenderedPrompt:
     """Blocking (the tokenizer): run it in a thread."""
     try:
         return render_prompt(engine.lm.tokenizer, messages, context_window=engine.lm.context_window,
-                             reserve_tokens=max_tokens, tool_format=engine.lm.tool_format).token_ids
+                             reserve_tokens=max_tokens, tool_format=engine.lm.tool_format)
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc), "content") from None
 
@@ -102,7 +103,7 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
         raise api_error_from_validation(exc) from None
 
 
-def _engine(svc: Services) -> LLMEngine:
+def _engine(svc: Services) -> LLMBackend:
     svc.require_ready()
     assert svc.runtime.engine is not None
     return svc.runtime.engine
@@ -122,14 +123,14 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     turn = await _resolve(svc, principal.key_id, conversation_id, body.content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     max_tokens = body.max_tokens or svc.settings.default_max_tokens
-    prompt_ids = await asyncio.to_thread(_prompt_ids, engine, turn.messages, max_tokens)
-    prepared = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prompt_ids)
+    prompt = await asyncio.to_thread(_prompt, engine, turn.messages, max_tokens)
+    prepared = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prompt.token_ids)
     sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
                               repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
     try:
-        stream = engine.submit(prompt_ids, sampling)
-    except EngineOverloaded as exc:
-        raise overloaded("The model is at capacity; retry shortly.", exc.retry_after_s) from None
+        stream = engine.submit(prompt.token_ids, sampling, messages=prompt.messages)
+    except BACKEND_ERRORS as exc:
+        raise backend_api_error(exc) from None
     reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
     writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
                            [turn.new_user] if turn.new_user is not None else [], reply)
@@ -192,7 +193,7 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
         svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
 
 
-def stream_engine(svc: Services) -> LLMEngine:
+def stream_engine(svc: Services) -> LLMBackend:
     assert svc.runtime.engine is not None
     return svc.runtime.engine
 
@@ -201,7 +202,7 @@ async def _title(svc: Services, owner: str, conversation_id: str, question: str)
     engine = stream_engine(svc)
     try:
         title = await generate_title(engine, question)
-    except (EngineOverloaded, ContextOverflow) as exc:
+    except (*BACKEND_ERRORS, ContextOverflow) as exc:
         log.info("no title for %s: %s", conversation_id, exc)
         return None
     if title is not None:
@@ -219,7 +220,7 @@ async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     engine = _engine(svc)
     turn = await _resolve(svc, principal.key_id, conversation_id, body.content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
-    prompt_ids = await asyncio.to_thread(_prompt_ids, engine, turn.messages, svc.settings.default_max_tokens)
-    svc.prewarmer.prepare(engine, principal.key_id, conversation_id, prompt_ids)
+    prompt = await asyncio.to_thread(_prompt, engine, turn.messages, svc.settings.default_max_tokens)
+    svc.prewarmer.prepare(engine, principal.key_id, conversation_id, prompt.token_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
-                         "prompt_tokens": len(prompt_ids)}, status_code=202, headers=headers)
+                         "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=headers)

@@ -16,7 +16,7 @@ import asyncio
 import re
 from typing import Any
 
-from inference.llm.engine import LLMEngine, SamplingParams
+from inference.llm.backend import LLMBackend, SamplingParams
 
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 SENTENCE_ENDS = (".", "?", "!")
@@ -42,7 +42,7 @@ def user_turn_ids(tokenizer: Any, text: str) -> list[int]:
 
 
 class EndOfTurnModel:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMBackend) -> None:
         self._engine = engine
         self._params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=1,
                                       probe_ids=ending_ids(engine.lm.tokenizer, engine.lm.eos_token_ids))

@@ -27,14 +27,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 import torch
 
 from inference.cpu import wait_for_exclusive_work
 
+from .backend import (
+    DEFAULT_SAMPLING,
+    EngineClosed,
+    EngineOverloaded,
+    FinishReason,
+    GenerationResult,
+    GenerationStream,
+    SamplingParams,
+)
 from .cache import PrefixCache, RadixNode
 from .constraints import TokenConstraint
 from .forward import LeanForward, Segment
@@ -44,29 +53,11 @@ from .threads import ThreadPolicy
 
 log = logging.getLogger(__name__)
 
-FinishReason = Literal["stop", "length", "cancelled"]
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
 # A queued request waits for another's prefill of a shared prompt prefix when it would reuse at least
 # this many tokens of it (the chat template's default system prompt alone is about 30).
 SHARED_PREFIX_MIN_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.7  # 0 => greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 => off
-    repetition_penalty: float = 1.1
-    seed: int | None = None
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()  # stop strings; never emitted to the client
-    ignore_eos: bool = False  # addition: never sample EOS (fixed-length generations for benchmarks)
-    presence_penalty: float = 0.0  # OpenAI's, over the generated tokens
-    frequency_penalty: float = 0.0
-    # Addition: report the model's probability of these tokens at the first step, before any processor
-    # (GenerationResult.first_step_probability; end_of_turn.py asks for the end-of-message token's).
-    probe_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,90 +69,6 @@ class EngineConfig:
     # Additions. Intra-op threads of the scheduler thread: 0 = adaptive between 1 and torch's thread
     # count (see threads.py: measured per kind of step, because the CPU is shared); > 0 = fixed.
     threads: int = 0
-
-
-class EngineOverloaded(Exception):
-    """The admission queue is full. Map it to HTTP 429/503 with ``Retry-After`` or a WebSocket error event."""
-
-    def __init__(self, retry_after_s: float, message: str | None = None) -> None:
-        self.retry_after_s = float(retry_after_s)
-        super().__init__(message or f"LLM engine overloaded: admission queue full; retry after {retry_after_s:.1f} s")
-
-
-class EngineClosed(Exception):
-    """The engine is closed (or closing): no new requests."""
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # every sampled token, the final EOS token included
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int
-    submitted_at: float
-    first_token_at: float | None
-    finished_at: float  # time.monotonic()
-    first_step_probability: float | None = None  # of SamplingParams.probe_ids
-    admitted_at: float | None = None  # when the scheduler took it from the queue (queue wait: - submitted_at)
-
-
-_END = object()
-
-
-class GenerationStream:
-    """The client side of one generation request (lives on the event loop)."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._result: asyncio.Future = loop.create_future()
-        self._request: _Request | None = None
-        self._engine: LLMEngine | None = None
-
-    # Called on the event loop (scheduled by the scheduler thread).
-    def _deliver(self, delta: str | None, result: GenerationResult | None, error: BaseException | None) -> None:
-        if delta:
-            self._queue.put_nowait(delta)
-        if error is not None:
-            self._queue.put_nowait(error)
-            if not self._result.done():
-                self._result.set_exception(error)
-                self._result.exception()  # mark retrieved: the iterator may be the one that reports it
-        elif result is not None:
-            self._queue.put_nowait(_END)
-            if not self._result.done():
-                self._result.set_result(result)
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[str]:
-        while True:
-            if self._result.done() and self._queue.empty():
-                if self._result.exception() is not None:
-                    raise self._result.exception()
-                return
-            item = await self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    async def result(self) -> GenerationResult:
-        return await asyncio.shield(self._result)
-
-    def cancel(self) -> None:
-        """Thread-safe, idempotent: generation stops at the next step (finish_reason "cancelled")."""
-        req, engine = self._request, self._engine
-        if req is not None and not req.cancelled:
-            req.cancel_at = time.monotonic()
-            req.cancelled = True
-            if engine is not None:
-                engine._wake()
 
 
 class _Request:
@@ -327,10 +234,12 @@ class LLMEngine:
         return float(min(30.0, max(0.5, per_slot * (len(self._queue) + 1))))
 
     def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *,
+        self, prompt_ids: Sequence[int], params: SamplingParams = DEFAULT_SAMPLING, *,
         conversation_id: str | None = None, constraint: TokenConstraint | None = None, background: bool = False,
+        messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> GenerationStream:
         """Queue a generation; returns at once. Raises EngineOverloaded / EngineClosed / ValueError.
+        (``messages`` is for backends that template on their side; this one runs the ids.)
 
         `constraint`: a fresh grammar state (constraints.py) that decides which tokens it may sample.
         `background`: work nobody waits on (a title): it never delays a live request (see _admit)."""
@@ -352,15 +261,14 @@ class LLMEngine:
         )
         req.detok = IncrementalDetokenizer(self.lm.tokenizer)
         req.stopper = StopChecker(tuple(params.stop))
-        stream = GenerationStream(rid, loop)
-        stream._request = req
-        stream._engine = self
+        stream = GenerationStream(rid, loop, on_cancel=lambda: self._cancel(req))
         req.stream = stream
         self._enqueue(req)
         return stream
 
     def prefill(
-        self, prompt_ids: Sequence[int], *, conversation_id: str, background: bool = False
+        self, prompt_ids: Sequence[int], *, conversation_id: str, background: bool = False,
+        messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> asyncio.Future[int]:
         """Compute (and pin for the conversation) the KV of ``prompt_ids`` ahead of the request.
 
@@ -382,6 +290,15 @@ class LLMEngine:
         fut.add_done_callback(_on_done)
         self._enqueue(req)
         return fut
+
+    def _cancel(self, req: _Request) -> None:
+        """A stream's cancel (any thread): the request stops at the next step boundary."""
+        req.cancel_at = time.monotonic()
+        req.cancelled = True
+        self._wake()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "in-process", **self.fwd.describe()}
 
     def end_conversation(self, conversation_id: str) -> None:
         """The conversation is over (its session closed): unpin its KV and drop the part no other
@@ -737,7 +654,7 @@ class LLMEngine:
         if not delta:
             return
         req.emitted_text.append(delta)
-        self._call(req, req.stream._deliver, delta, None, None)
+        self._call(req, req.stream.deliver, delta, None, None)
 
     def _call(self, req: _Request, fn, *args) -> None:
         if self._deliveries is not None:  # in a step: sent with the step's other calls
@@ -823,7 +740,7 @@ class LLMEngine:
             first_step_probability=req.sampler.probed if req.sampler is not None else None,
             admitted_at=req.admitted_at or None,
         )
-        self._call(req, req.stream._deliver, None, result, None)
+        self._call(req, req.stream.deliver, None, result, None)
 
     def _fail(self, req: _Request, exc: BaseException) -> None:
         if req.finished:
@@ -834,7 +751,7 @@ class LLMEngine:
         if req.kind == "prefill":
             self._call(req, _fail_future, req.future, exc)
         else:
-            self._call(req, req.stream._deliver, None, None, exc)
+            self._call(req, req.stream.deliver, None, None, exc)
 
 
 def _shared_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:

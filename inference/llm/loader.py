@@ -38,29 +38,37 @@ _EXTRA_EOS_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 @dataclass
-class LoadedLM:
-    model: PreTrainedModel
+class TokenizerModel:
+    """A model's tokenizer and chat template without its weights: what the gateway needs to render prompts
+    and read replies (backend.PromptModel) when a remote backend runs the weights."""
+
     tokenizer: PreTrainedTokenizerBase
-    device: torch.device
-    dtype: torch.dtype
+    vocab_size: int  # the model's, which may exceed the tokenizer's (padded embedding rows)
     context_window: int  # model's max positions, capped by the caller's setting
     eos_token_ids: frozenset[int]  # from generation config + tokenizer (e.g. <|im_end|>)
     source: Path
-    load_seconds: float
-    converted: bool  # True when this load did the GGUF -> safetensors conversion
-    cache_dir: Path  # converted weights; also where the engine's C kernels are built (cpu_kernels.py)
-    # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
-    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
-    weight_format: str = "native"
-    # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
-    # "auto" is the fastest this CPU runs), or "torch" for torch's own.
-    kernels: str = "auto"
     grammars: GrammarCompiler = field(init=False)  # grammar-constrained decoding over this tokenizer
     tool_format: ToolFormat = field(init=False)  # how the model is told of tools and calls them (tool_calls.py)
 
     def __post_init__(self) -> None:
-        self.grammars = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.tool_format = template_tool_format(self.tokenizer)
+
+
+@dataclass
+class LoadedLM(TokenizerModel):
+    model: PreTrainedModel = field(kw_only=True)
+    device: torch.device = field(kw_only=True)
+    dtype: torch.dtype = field(kw_only=True)
+    load_seconds: float = field(kw_only=True)
+    converted: bool = field(kw_only=True)  # True when this load did the GGUF -> safetensors conversion
+    cache_dir: Path = field(kw_only=True)  # converted weights; also where the engine's C kernels are built (cpu_kernels.py)
+    # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
+    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
+    weight_format: str = field(default="native", kw_only=True)
+    # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
+    # "auto" is the fastest this CPU runs), or "torch" for torch's own.
+    kernels: str = field(default="auto", kw_only=True)
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -220,7 +228,7 @@ def _convert_gguf(path: Path, target: Path) -> None:
              time.perf_counter() - t2)
 
 
-def _eos_ids(model, tokenizer) -> frozenset[int]:
+def _eos_ids(config, generation_config, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
 
     def add(value) -> None:
@@ -232,10 +240,9 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
         else:
             ids.add(int(value))
 
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        add(gen.eos_token_id)
-    add(model.config.eos_token_id)
+    if generation_config is not None:
+        add(generation_config.eos_token_id)
+    add(config.eos_token_id)
     add(tokenizer.eos_token_id)
     vocab = tokenizer.get_vocab()
     template = getattr(tokenizer, "chat_template", None) or ""
@@ -268,8 +275,63 @@ def load_lm(
     return lm
 
 
+def load_tokenizer_model(path: Path, *, cache_dir: Path, max_context_tokens: int = 0) -> TokenizerModel:
+    """The tokenizer, chat template, context window and end-of-turn ids of the model at ``path``, without
+    its weights: what a gateway in front of a remote backend renders prompts with."""
+    from transformers import AutoConfig, GenerationConfig
+
+    folder, _ = _model_folder(Path(path).expanduser(), Path(cache_dir).expanduser())
+    tokenizer = _load_tokenizer(folder)
+    config = AutoConfig.from_pretrained(str(folder))
+    try:
+        generation = GenerationConfig.from_pretrained(str(folder))
+    except OSError:  # a folder without generation_config.json
+        generation = None
+    return TokenizerModel(tokenizer=tokenizer, vocab_size=int(config.vocab_size),
+                          context_window=_context_window(config, max_context_tokens),
+                          eos_token_ids=_eos_ids(config, generation, tokenizer), source=Path(path))
+
+
+def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool]:
+    """The transformers folder of ``path`` (a GGUF file is converted once into the cache), and whether
+    this call converted it."""
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    if not path.is_file():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} has no config.json; not a transformers model folder")
+        return path, False
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a transformers folder")
+    folder = gguf_cache_folder(path, cache_dir)
+    if _is_complete(folder):
+        return folder, False
+    log.info("converting %s once into %s", path.name, folder)
+    _convert_gguf(path, folder)
+    for stale in prune_stale_conversions(path, cache_dir):
+        log.info("removed %s, the conversion of another version of %s", stale, path.name)
+    return folder, True
+
+
+def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    log.info("tokenizer loaded in %.2f s", time.perf_counter() - t0)
+    return tokenizer
+
+
+def _context_window(config, max_context_tokens: int) -> int:
+    window = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
+    return min(window, int(max_context_tokens)) if max_context_tokens > 0 else window
+
+
 def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_context_tokens: int) -> LoadedLM:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     t_start = time.perf_counter()
     path = Path(path).expanduser()
@@ -277,32 +339,9 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     quantized = dtype in ("int8", "int4")
     weight_format = dtype if quantized else "native"
     dt = _resolve_dtype("float32" if quantized else dtype, dev)
-    if not path.exists():
-        raise FileNotFoundError(f"model not found: {path}")
-
-    converted = False
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a transformers folder")
-        folder = gguf_cache_folder(path, Path(cache_dir).expanduser())
-        if not _is_complete(folder):
-            log.info("converting %s once into %s", path.name, folder)
-            _convert_gguf(path, folder)
-            converted = True
-            for stale in prune_stale_conversions(path, Path(cache_dir).expanduser()):
-                log.info("removed %s, the conversion of another version of %s", stale, path.name)
-    else:
-        folder = path
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"{folder} has no config.json; not a transformers model folder")
-
-    t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
+    folder, converted = _model_folder(path, Path(cache_dir).expanduser())
+    tokenizer = _load_tokenizer(folder)
     t1 = time.perf_counter()
-    log.info("tokenizer loaded in %.2f s", t1 - t0)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, attn_implementation="sdpa")
     model.to(dev)
     model.eval()
@@ -314,16 +353,15 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
         weight_format = "int4"  # the engine keeps these weights exactly, in about a seventh of the bytes
         log.info("the linear weights are 4-bit groups already: the engine runs them as int4")
 
-    window = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
-    if max_context_tokens > 0:
-        window = min(window, int(max_context_tokens))
+    window = _context_window(model.config, max_context_tokens)
     lm = LoadedLM(
         model=model,
         tokenizer=tokenizer,
+        vocab_size=int(model.config.vocab_size),
         device=dev,
         dtype=dt,
         context_window=window,
-        eos_token_ids=_eos_ids(model, tokenizer),
+        eos_token_ids=_eos_ids(model.config, getattr(model, "generation_config", None), tokenizer),
         source=path,
         load_seconds=time.perf_counter() - t_start,
         converted=converted,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from inference.llm import cpu_kernels
-from inference.llm.engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
+from inference.llm.backend import GenerationResult, SamplingParams
+from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.loader import LoadedLM, load_lm
 from inference.models import ModelNotFound, embedded_llm
 

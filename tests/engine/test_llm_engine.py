@@ -13,13 +13,8 @@ import pytest
 import torch
 
 from inference.llm import cpu_kernels
-from inference.llm.engine import (
-    EngineClosed,
-    EngineConfig,
-    EngineOverloaded,
-    LLMEngine,
-    SamplingParams,
-)
+from inference.llm.backend import EngineClosed, EngineOverloaded, SamplingParams
+from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.forward import LeanForward, UnsupportedModel
 from inference.llm.loader import gguf_cache_folder, load_lm
 from inference.llm.sampling import RowSampler
@@ -386,7 +381,7 @@ async def test_bad_requests_do_not_stop_the_engine(lm, make_engine, chat_ids, co
 
     p = chat_ids(("user", QUESTIONS[0]))
     bad = eng.submit(p, SamplingParams(temperature=1.0, max_tokens=5))
-    bad._request.sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
+    eng._queue[-1].sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
     good = eng.submit(p, GREEDY)
     eng.start()
     with pytest.raises(RuntimeError, match="boom"):

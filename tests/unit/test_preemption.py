@@ -10,7 +10,7 @@ import pytest
 
 from gateway import metrics
 from gateway.preemption import Preemption
-from inference.llm.engine import SamplingParams
+from inference.llm.backend import SamplingParams
 
 
 class Deltas:
