@@ -18,6 +18,8 @@ from gateway.bench.stages import MEASURED, STAGES, ClockOffset
 from gateway.bench.stats import METRICS, TurnRecord, metric_values, stage_values, summarize
 
 TABLE_COLUMNS = ("count", "p50", "p90", "p95", "p99", "max", "mean")
+OVER_TIME = ("ttft_ms", "voice_to_voice_ms")  # the metrics of latency_over_time.png
+COMPARED = (*METRICS, "tokens_per_s", "audio_rtf")  # the summaries --compare puts side by side
 
 
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
@@ -116,10 +118,13 @@ def _plots(out: Path, report: dict[str, Any], turns: list[TurnRecord],
     paths.append(_save(fig, out / "latency_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ok = [turn for turn in turns if turn.error is None and turn.ttft_ms is not None]
-    ax.scatter([turn.started_at for turn in ok], [turn.ttft_ms for turn in ok], s=8, label="TTFT (ms)")
+    series = over_time(turns)
+    for metric, (starts, values) in series.items():
+        ax.scatter(starts, values, s=8, label=metric)
     ax.set_xlabel("seconds into the run")
-    ax.set_ylabel("TTFT (ms)")
+    ax.set_ylabel("ms")
+    if series:
+        ax.legend(loc="upper left")
     if concurrency:
         twin = ax.twinx()
         twin.step([t for t, _ in concurrency], [n for _, n in concurrency], where="post", color="gray", label="sessions")
@@ -130,6 +135,18 @@ def _plots(out: Path, report: dict[str, Any], turns: list[TurnRecord],
         paths.append(_stages_plot(plt, report, out / "stages.png"))
     plt.close("all")
     return paths
+
+
+def over_time(turns: list[TurnRecord]) -> dict[str, tuple[list[float], list[float]]]:
+    """latency_over_time.png's points per metric (when each turn started, its value): TTFT, and voice-to-voice
+    for spoken turns; a metric no turn has is left out."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for metric in OVER_TIME:
+        timed = [(turn.started_at, value) for turn in turns
+                 if turn.error is None and (value := getattr(turn, metric)) is not None]
+        if timed:
+            series[metric] = ([start for start, _ in timed], [value for _, value in timed])
+    return series
 
 
 def _stages_plot(plt: Any, report: dict[str, Any], path: Path) -> Path:
@@ -187,19 +204,14 @@ def _html(report: dict[str, Any], plots: list[Path]) -> str:
 
 def compare(paths: list[Path], console: Console, out: Path | None) -> None:
     """Runs side by side: p50 and p95 of each metric, with each run's ratio to the first."""
-    reports = []
-    for path in paths:
-        try:
-            reports.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read {path}: {exc}") from None
+    reports = [load_report(path) for path in paths]
     names = [f"{i + 1}: {r['config']['url']} ({r['config']['mode']})" for i, r in enumerate(reports)]
     table = Table(title="gateway bench --compare (ratio: this run / the first)")
     table.add_column("metric")
     for name in names:
         table.add_column(name, justify="right")
     stages = [stage for stage in STAGES if any(stage in r.get("server_stages_ms", {}) for r in reports)]
-    summaries = {metric: [r.get(metric, {}) for r in reports] for metric in (*METRICS, "tokens_per_s", "audio_rtf")}
+    summaries = {metric: [r.get(metric, {}) for r in reports] for metric in COMPARED}
     summaries.update({f"stage {stage}": [r.get("server_stages_ms", {}).get(stage, {}) for r in reports]
                       for stage in stages})
     for metric, per_run in summaries.items():
@@ -216,6 +228,27 @@ def compare(paths: list[Path], console: Console, out: Path | None) -> None:
         _compare_plot(reports, names, out)
 
 
+def load_report(path: Path) -> dict[str, Any]:
+    """A report.json of this tool, with what --compare reads in the shape it expects (ValueError: one line)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not isinstance(report, dict) or report.get("tool") != "gateway bench":
+        raise ValueError(f"{path} is not a report.json of gateway bench")
+    config = report.get("config")
+    if not isinstance(config, dict) or not all(isinstance(config.get(key), str) for key in ("url", "mode")):
+        raise ValueError(f"{path} is not a report.json of gateway bench")
+    stages = report.get("server_stages_ms", {})
+    summaries = [report.get(metric, {}) for metric in COMPARED]
+    summaries += list(stages.values()) if isinstance(stages, dict) else [None]
+    for summary in summaries:
+        if not isinstance(summary, dict) or not all(isinstance(summary.get(q), int | float | None)
+                                                    for q in ("p50", "p95", "count")):
+            raise ValueError(f"{path} is not a report.json of gateway bench (a summary is malformed)")
+    return report
+
+
 def _compare_plot(reports: list[dict[str, Any]], names: list[str], out: Path) -> None:
     import matplotlib
 
@@ -226,7 +259,7 @@ def _compare_plot(reports: list[dict[str, Any]], names: list[str], out: Path) ->
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(reports))
     for i, (report, name) in enumerate(zip(reports, names)):
-        ax.bar([j + i * width for j in range(len(metrics))], [report[m]["p50"] or 0 for m in metrics], width,
+        ax.bar([j + i * width for j in range(len(metrics))], [report.get(m, {}).get("p50") or 0 for m in metrics], width,
                label=f"{name} p50")
     ax.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(metrics))], metrics)
     ax.set_ylabel("ms (p50)")
