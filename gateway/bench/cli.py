@@ -13,6 +13,8 @@ from rich.console import Console
 from gateway.bench.clients import BenchError
 from gateway.bench.runner import QUESTIONS, BenchConfig, run, run_compare
 
+DEFAULT_TURNS = 3
+
 
 class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
@@ -25,15 +27,19 @@ class Bench(BaseModel):
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
     sessions: int = Field(4, ge=1, le=10_000, description="Sessions (chat: conversations) run at once.")
-    turns: int = Field(3, ge=1, le=100_000, description="Turns per session.")
+    turns: int | None = Field(None, ge=1, le=100_000, description=f"Turns per session (default {DEFAULT_TURNS}; "
+                              "with --duration: no limit but the duration's).")
     ramp: float = Field(0.0, ge=0, description="Sessions started per second (0: all at once).")
-    duration: float = Field(0.0, ge=0, description="Seconds after which no turn starts (0: no limit).")
+    duration: float = Field(0.0, ge=0, description="Seconds after which no session or turn starts, turns under way "
+                            "finishing (0: no limit); with --turns too, whichever comes first.")
     think_time: float = Field(0.0, ge=0, description="A session's pause between turns, drawn in [0, this] seconds.")
-    prompt_file: Path | None = Field(None, description="Questions, one per line (default: a built-in list).")
+    prompt_file: Path | None = Field(None, description="Questions, one per line (default: a built-in list); in voice "
+                                     "and webrtc modes the embedded Piper voice speaks them.")
     system_prompt_tokens: int = Field(0, ge=0, le=100_000,
                                       description="A shared system prompt of about this many tokens (the prefix cache).")
     max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
-    seed: int | None = Field(None, description="Seeds the server's sampling (chat) and the think times.")
+    seed: int | None = Field(None, description="Seeds each session's question order and think times (unset: 0) "
+                             "and, in chat mode only, the server's sampling (the request's seed).")
     audio: Path | None = Field(None, description="--mode voice or webrtc: a folder of 16-bit WAV questions "
                                                   "(default: the questions spoken by the embedded Piper voice).")
     barge_in: bool = Field(False, description="--mode voice or webrtc: speak the next question over each answer "
@@ -48,6 +54,9 @@ class Bench(BaseModel):
         console = Console()
         try:
             if self.compare:
+                if run_options := sorted(self.model_fields_set - {"compare", "out"}):
+                    flags = ", ".join("--" + name.replace("_", "-") for name in run_options)
+                    raise BenchError(f"--compare runs nothing: it takes only --out, not {flags}")
                 run_compare(self.compare, self.out, console)
                 return
             if not self.url:
@@ -59,6 +68,8 @@ class Bench(BaseModel):
                     raise BenchError(f"{option} needs --mode voice or --mode webrtc")
             if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:
                 raise BenchError("--barge-in-after-ms needs --barge-in")
+            if self.audio is not None and self.prompt_file is not None:
+                raise BenchError("--audio gives the spoken questions: --prompt-file has no use with it")
             asyncio.run(run(self._config(), console))
         except (BenchError, ValueError) as exc:
             print(f"gateway bench: {exc}", file=sys.stderr)
@@ -74,7 +85,13 @@ class Bench(BaseModel):
             if not prompts:
                 raise BenchError(f"--prompt-file {self.prompt_file} holds no question")
         return BenchConfig(url=self.url or "", mode=self.mode, model=self.model, api_key=self.api_key,
-                           sessions=self.sessions, turns=self.turns, ramp=self.ramp, duration=self.duration,
+                           sessions=self.sessions, turns=self._turns(), ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
                            max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio,
                            barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms)
+
+    def _turns(self) -> int | None:
+        """Turns per session; None: as many as --duration allows."""
+        if self.turns is not None:
+            return self.turns
+        return None if self.duration > 0 else DEFAULT_TURNS

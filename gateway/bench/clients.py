@@ -18,7 +18,12 @@ from gateway.bench.stats import TurnRecord
 
 
 class BenchError(Exception):
-    """A failure the run cannot go on with (unreachable server, refused key, wrong protocol): one line."""
+    """A failure the run cannot go on with (unreachable server, refused key, wrong protocol): one line.
+    Mid-run, a session that cannot open fails alone, counted under `code` (the server's, when it gave one)."""
+
+    def __init__(self, message: str, code: str = "session_open_failed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -133,29 +138,46 @@ class RealtimeTextClient:
         self.connection = connection
 
     @classmethod
-    async def open(cls, target: Target, system_prompt: str | None, timeout_s: float = 30) -> RealtimeTextClient:
+    async def open(cls, target: Target, system_prompt: str | None, timeout_s: float = 30,
+                   spoken: bool = False) -> RealtimeTextClient:
+        """`spoken`: answers in audio, turns ended by the server's VAD (RealtimeVoiceClient)."""
         try:
             connection = await websockets.connect(target.realtime_url, additional_headers=target.headers,
                                                   max_size=None, open_timeout=timeout_s)
         except websockets.InvalidStatus as exc:
             status = exc.response.status_code
-            raise BenchError(f"{target.realtime_url}: the WebSocket handshake was refused ({status})") from None
+            raise BenchError(f"{target.realtime_url}: the WebSocket handshake was refused ({status})",
+                             f"http_{status}") from None
         except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
             raise BenchError(f"cannot open {target.realtime_url}: {exc}") from None
         client = cls(target, connection)
-        first = await client._next(timeout_s)
+        try:
+            first = await client._next(timeout_s)
+        except TimeoutError:
+            await connection.close()
+            raise BenchError(f"not a Realtime server: {target.realtime_url} sent no session.created "
+                             f"within {timeout_s:g} s") from None
+        except ValueError:
+            await connection.close()
+            raise BenchError("not a Realtime server: its first event was not a JSON object") from None
         if first.get("type") == "error":
             await connection.close()
-            error = first.get("error") or {}
-            raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}")
+            error = first.get("error") if isinstance(first.get("error"), dict) else {}
+            raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
+                             str(error.get("code") or "session_refused"))
         if first.get("type") != "session.created":
             await connection.close()
             raise BenchError(f"not a Realtime server: its first event was {first.get('type')!r}, not session.created")
-        session: dict[str, Any] = {"type": "realtime", "output_modalities": ["text"],
+        session: dict[str, Any] = {"type": "realtime", "output_modalities": ["audio" if spoken else "text"],
                                    "max_output_tokens": target.max_tokens}
+        if spoken:
+            session["audio"] = {"input": {"turn_detection": {"type": "server_vad"}}}
         if system_prompt:
             session["instructions"] = system_prompt
-        await client.send({"type": "session.update", "session": session})
+        try:
+            await client.send({"type": "session.update", "session": session})
+        except websockets.ConnectionClosed:
+            raise BenchError("the server closed the session as it opened", "connection_closed") from None
         return client
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -166,9 +188,9 @@ class RealtimeTextClient:
             raw = await asyncio.wait_for(self.connection.recv(), timeout_s)
         except websockets.ConnectionClosed as exc:
             raise BenchError(f"the server closed the session ({exc.rcvd.code if exc.rcvd else 'no close frame'})") from None
-        event = json.loads(raw)
+        event = json.loads(raw)  # ValueError: a bad response (runner.BAD_RESPONSE)
         if not isinstance(event, dict):
-            raise BenchError("not a Realtime server: an event was not a JSON object")
+            raise ValueError("an event was not a JSON object")
         return event
 
     async def turn(self, record: TurnRecord, question: str, timeout_s: float = 120) -> None:

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import random
 import resource
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import websockets
@@ -38,7 +40,11 @@ QUESTIONS = (
     "What is the tallest mountain on Earth?",
     "How many days are in a week?",
 )
+T = TypeVar("T")
 LAG_INTERVAL_S = 0.05
+GRACE_S = 5.0  # after the first Ctrl-C, how long the turns under way get to finish before they are cancelled
+# What a malformed SSE line or event raises in a client: the turn fails with bad_response.
+BAD_RESPONSE = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 
 
 @dataclass
@@ -48,14 +54,14 @@ class BenchConfig:
     model: str
     api_key: str | None = None
     sessions: int = 4
-    turns: int = 3
+    turns: int | None = 3  # per session; None: until --duration ends
     ramp: float = 0.0  # sessions started per second (0: all at once)
     duration: float = 0.0  # stop starting turns after this many seconds (0: no limit)
     think_time: float = 0.0  # seconds between a session's turns, drawn uniformly in [0, think_time]
     prompts: tuple[str, ...] = QUESTIONS
     system_prompt_tokens: int = 0
     max_tokens: int = 64
-    seed: int | None = None
+    seed: int | None = None  # None: the workload is drawn with seed 0, and no seed goes to the server
     out: Path = Path("bench-out")
     audio: Path | None = None  # spoken modes: a folder of WAV questions (default: the text ones, spoken by Piper)
     barge_in: bool = False  # spoken modes: speak the next question over each answer
@@ -83,8 +89,42 @@ def system_prompt(tokens: int) -> str | None:
     return "You are a helpful assistant. Reference words: " + " ".join(words[i % len(words)] for i in range(tokens))
 
 
+class Interrupt:
+    """Ctrl-C. The first stops starting sessions and turns, and gives the turns under way GRACE_S to finish;
+    the second, or the end of the grace, cancels them. The report of what finished is written either way."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.cancel = asyncio.Event()
+
+    def press(self) -> None:
+        if self.stop.is_set():
+            self.cancel.set()
+            return
+        self.stop.set()
+        asyncio.get_running_loop().call_later(GRACE_S, self.cancel.set)
+
+
+class SessionPlan:
+    """A session's workload: the order of its questions and its think times, drawn from its own generator,
+    seeded with the run's seed and the session's index; so a seeded run draws the same whatever the timing
+    and whatever the other sessions draw."""
+
+    def __init__(self, seed: int, index: int, questions: int) -> None:
+        self._rng = random.Random(f"{seed}/{index}")
+        self._order = self._rng.sample(range(questions), questions)
+
+    def question(self, turn: int) -> int:
+        """The index of the question of `turn`: all of them in the session's order, then again."""
+        return self._order[turn % len(self._order)]
+
+    def think_time(self, most: float) -> float:
+        return self._rng.uniform(0, most) if most > 0 else 0.0
+
+
 @dataclass
 class Progress:
+    spoken: bool = False  # voice and webrtc: the live line shows voice-to-voice too
     started: float = field(default_factory=time.perf_counter)
     active: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
@@ -94,59 +134,94 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
+    def over(self, duration: float) -> bool:
+        """Past --duration (0: no limit)."""
+        return duration > 0 and self.elapsed() >= duration
+
     def session_delta(self, change: int) -> None:
         self.active += change
         self.concurrency.append((round(self.elapsed(), 3), self.active))
 
     def line(self) -> str:
-        ttft = metric_values(self.turns, "ttft_ms")
         errors = sum(1 for turn in self.turns if turn.error is not None)
-        running = (f"TTFT p50 {percentile(ttft, 50):.0f} ms, p95 {percentile(ttft, 95):.0f} ms" if ttft else "TTFT -")
-        return (f"{self.elapsed():6.1f} s  sessions active {self.active}  turns done {len(self.turns)}  "
-                f"errors {errors}  {running}")
+        parts = [f"{self.elapsed():6.1f} s  sessions active {self.active}  turns done {len(self.turns)}  errors {errors}",
+                 _running("TTFT", metric_values(self.turns, "ttft_ms"))]
+        if self.spoken:
+            parts.append(_running("voice-to-voice", metric_values(self.turns, "voice_to_voice_ms")))
+        return "  ".join(parts)
+
+
+def _running(label: str, values: list[float]) -> str:
+    if not values:
+        return f"{label} -"
+    return f"{label} p50 {percentile(values, 50):.0f} ms, p95 {percentile(values, 95):.0f} ms"
+
+
+Client = ChatClient | RealtimeTextClient | SpokenClient
+
+
+async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> Client:
+    prompt = system_prompt(config.system_prompt_tokens)
+    barge_in_after_s = config.barge_in_after_ms / 1000 if config.barge_in else None
+    if config.mode == "chat":
+        return ChatClient(target, http, prompt)
+    if config.mode == "voice":
+        return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s)
+    if config.mode == "webrtc":
+        return await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
+    return await RealtimeTextClient.open(target, prompt)
 
 
 async def _session(index: int, config: BenchConfig, target: Target, http: httpx.AsyncClient, progress: Progress,
-                   stop: asyncio.Event, rng: random.Random, questions: list[Any]) -> None:
-    prompt = system_prompt(config.system_prompt_tokens)
-    barge_in_after_s = config.barge_in_after_ms / 1000 if config.barge_in else None
-    client: ChatClient | RealtimeTextClient | SpokenClient
-    if config.mode == "chat":
-        client = ChatClient(target, http, prompt)
-    elif config.mode == "voice":
-        client = await RealtimeVoiceClient.open(target, prompt, barge_in_after_s)
-    elif config.mode == "webrtc":
-        client = await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
-    else:
-        client = await RealtimeTextClient.open(target, prompt)
+                   stop: asyncio.Event, questions: list[Any]) -> None:
+    plan = SessionPlan(config.seed if config.seed is not None else 0, index, len(questions))
+    opened_at = round(progress.elapsed(), 3)
+    try:
+        client = await _open(config, target, http)
+    except BenchError as exc:  # refused after the preflight (e.g. the key's session cap): this session fails alone
+        progress.turns.append(TurnRecord(session=index, turn=0, started_at=opened_at, error=exc.code))
+        return
     progress.session_delta(+1)
     try:
-        for turn in range(config.turns):
-            if stop.is_set() or (config.duration and progress.elapsed() >= config.duration):
-                return
-            record = TurnRecord(session=index, turn=turn, started_at=round(progress.elapsed(), 3))
-            question = questions[(index + turn) % len(questions)]
-            try:
-                if isinstance(client, SpokenClient):
-                    interrupter = questions[(index + turn + 1) % len(questions)] if config.barge_in else None
-                    await client.turn(record, question, interrupter)
-                else:
-                    await client.turn(record, question)
-            except httpx.HTTPError as exc:
-                record.error = type(exc).__name__
-            except TimeoutError:
-                record.error = "timeout"
-            except (BenchError, websockets.ConnectionClosed):  # the server closed this session: the run goes on
-                record.error = "connection_closed"
-                progress.turns.append(record)
-                return
-            progress.turns.append(record)
-            if config.think_time and turn + 1 < config.turns:
+        for turn in range(config.turns) if config.turns is not None else itertools.count():
+            if turn and (think := plan.think_time(config.think_time)):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), rng.uniform(0, config.think_time))
+                    await asyncio.wait_for(stop.wait(), think)
+            if stop.is_set() or progress.over(config.duration):
+                return
+            record = TurnRecord(session=index, turn=turn, started_at=round(progress.elapsed(), 3),
+                                question=plan.question(turn))
+            session_over = await _take_turn(client, record, questions, plan, config)
+            progress.turns.append(record)
+            if session_over:
+                return
     finally:
         progress.session_delta(-1)
         await client.close()
+
+
+async def _take_turn(client: Client, record: TurnRecord, questions: list[Any], plan: SessionPlan,
+                     config: BenchConfig) -> bool:
+    """One turn, its result or its error in `record`; True when its session cannot go on."""
+    question = questions[plan.question(record.turn)]
+    try:
+        if isinstance(client, SpokenClient):
+            interrupter = questions[plan.question(record.turn + 1)] if config.barge_in else None
+            await client.turn(record, question, interrupter)
+        else:
+            await client.turn(record, question)
+    except httpx.HTTPError as exc:
+        record.error = type(exc).__name__
+    except TimeoutError:
+        record.error = "timeout"
+    except (BenchError, websockets.ConnectionClosed):  # the server closed this session: the run goes on
+        record.error = "connection_closed"
+        return True
+    except BAD_RESPONSE:
+        record.error = "bad_response"
+        # A chat turn is a request of its own; a Realtime session's events are out of step after one.
+        return not isinstance(client, ChatClient)
+    return False
 
 
 async def _measure_lag(progress: Progress) -> None:
@@ -184,62 +259,95 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
         raise BenchError(f"{target.url}/v1/chat/completions did not answer a chat completion") from None
 
 
+async def _prepare(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> tuple[Target, list[Any]]:
+    """The questions, the preflight and the clock. WAV files are read first (a bad one is said before any
+    request); Piper speaks the questions last, once the server has said yes."""
+    rate = RTC_RATE if config.mode == "webrtc" else VOICE_RATE
+    questions: list[Any] = list(config.prompts)
+    if config.audio is not None:
+        questions = await asyncio.to_thread(wav_questions, config.audio, rate)
+    await _preflight(config, target, http)
+    if config.mode != "chat":  # chat has no latency marks to put on the client's clock
+        target = dataclasses.replace(target, clock=await probe_clock(http, target))
+    if config.spoken and config.audio is None:
+        questions = await asyncio.to_thread(spoken_questions, config.prompts, rate)
+    return target, questions
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None when Ctrl-C comes first (`work` is cancelled then)."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+async def _drive(config: BenchConfig, target: Target, http: httpx.AsyncClient, questions: list[Any],
+                 progress: Progress, interrupt: Interrupt, console: Console) -> None:
+    """The sessions, started at the ramp, until they are done or Ctrl-C cancels them."""
+    lag = asyncio.create_task(_measure_lag(progress))
+    sessions: list[asyncio.Task[None]] = []
+    try:
+        with Live(progress.line(), console=console, refresh_per_second=4, transient=True) as live:
+            for index in range(config.sessions):
+                if interrupt.stop.is_set() or progress.over(config.duration):
+                    break
+                sessions.append(asyncio.create_task(
+                    _session(index, config, target, http, progress, interrupt.stop, questions)))
+                if config.ramp > 0 and index + 1 < config.sessions:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(interrupt.stop.wait(), 1 / config.ramp)
+                live.update(progress.line())
+            pending = set(sessions)
+            while pending and not interrupt.cancel.is_set():
+                done, pending = await asyncio.wait(pending, timeout=0.25)
+                for task in done:
+                    if not task.cancelled() and (error := task.exception()) is not None:
+                        raise error  # a bug: a session records what the server did, and never raises
+                live.update(progress.line())
+    finally:
+        for task in (*sessions, lag):
+            task.cancel()
+        await asyncio.gather(*sessions, lag, return_exceptions=True)
+
+
 async def run(config: BenchConfig, console: Console) -> dict[str, Any]:
     target = Target(config.url.rstrip("/"), config.model, config.api_key, config.max_tokens, config.seed)
-    stop = asyncio.Event()
+    interrupt = Interrupt()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the turns under way, then report
+    loop.add_signal_handler(signal.SIGINT, interrupt.press)
     try:
-        return await _run(config, target, stop, console)
+        return await _run(config, target, interrupt, console)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _run(config: BenchConfig, target: Target, stop: asyncio.Event, console: Console) -> dict[str, Any]:
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _run(config: BenchConfig, target: Target, interrupt: Interrupt, console: Console) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=config.sessions + 1, max_keepalive_connections=config.sessions + 1)
-    interrupted = False
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=limits) as http:
-        await _preflight(config, target, http)
-        if config.mode != "chat":  # chat has no latency marks to put on the client's clock
-            target = dataclasses.replace(target, clock=await probe_clock(http, target))
-        questions: list[Any] = list(config.prompts)
-        if config.spoken:
-            rate = RTC_RATE if config.mode == "webrtc" else VOICE_RATE
-            questions = await asyncio.to_thread(wav_questions, config.audio, rate) if config.audio else \
-                await asyncio.to_thread(spoken_questions, config.prompts, rate)
-        cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # the run's own CPU, not the questions' synthesis
-        progress = Progress()
-        lag = asyncio.create_task(_measure_lag(progress))
-        rng = random.Random(config.seed)
-        sessions: list[asyncio.Task[None]] = []
-        try:
-            with Live(progress.line(), console=console, refresh_per_second=4, transient=True) as live:
-                for index in range(config.sessions):
-                    if stop.is_set():
-                        break
-                    sessions.append(asyncio.create_task(_session(index, config, target, http, progress, stop, rng, questions)))
-                    if config.ramp > 0 and index + 1 < config.sessions:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), 1 / config.ramp)
-                    live.update(progress.line())
-                pending = set(sessions)
-                while pending:
-                    done, pending = await asyncio.wait(pending, timeout=0.25)
-                    for task in done:
-                        if not task.cancelled() and isinstance(task.exception(), BenchError):
-                            raise task.exception()  # type: ignore[misc]
-                    live.update(progress.line())
-        finally:
-            interrupted = stop.is_set()
-            for task in (*sessions, lag):
-                task.cancel()
-            await asyncio.gather(*sessions, lag, return_exceptions=True)
+        prepared = await _unless_stopped(interrupt.stop, _prepare(config, target, http))
+        cpu_before = _cpu_s()  # the run's own CPU, not the questions' synthesis
+        progress = Progress(spoken=config.spoken)
+        if prepared is not None:
+            target, questions = prepared
+            await _drive(config, target, http, questions, progress, interrupt, console)
     elapsed = progress.elapsed()
-    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_s = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    overhead = {"loop_lag_ms": summarize(progress.lags_ms), "cpu_percent": round(100 * cpu_s / max(elapsed, 1e-9), 1)}
+    overhead = {"loop_lag_ms": summarize(progress.lags_ms),
+                "cpu_percent": round(100 * (_cpu_s() - cpu_before) / max(elapsed, 1e-9), 1)}
     report = build_report(progress.turns, config=config.public(), version=_version(), duration_s=elapsed,
-                          overhead=overhead, interrupted=interrupted, clock=target.clock)
+                          overhead=overhead, interrupted=interrupt.stop.is_set(), clock=target.clock)
     write_outputs(config.out, report, progress.turns, progress.concurrency)
     print_table(report, console)
     console.print(f"report: {config.out / 'report.json'}, {config.out / 'turns.csv'}, {config.out / 'report.html'}")

@@ -26,6 +26,7 @@ class TurnRecord:
     output_tokens: int = 0  # text deltas received (a delta is a token on the servers measured here)
     itl_ms: list[float] = field(default_factory=list)  # gaps between consecutive text deltas
     error: str | None = None  # an error code, when the turn failed
+    question: int | None = None  # which question (its line of --prompt-file, its file of --audio in name order)
     stages: dict[str, float] = field(default_factory=dict)  # the server's marks, per stage (stages.py)
 
     @property

@@ -226,7 +226,8 @@ class SpokenTurn:
 
 
 class SpokenClient(ABC):
-    """Spoken turns over a transport that fills `_inbox` with what arrives (or a BenchError when it closes)."""
+    """Spoken turns over a transport that fills `_inbox` with what arrives, a BenchError when it closes, or a
+    ValueError when the server sent what is not the protocol (the turn fails with bad_response)."""
 
     plays_out: bool  # the answer's audio plays at real-time pace after its response.done (WebRTC)
 
@@ -234,7 +235,7 @@ class SpokenClient(ABC):
         self.target = target
         self.mic = mic
         self.barge_in_after_s = barge_in_after_s
-        self._inbox: asyncio.Queue[Received | BenchError] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Received | BenchError | ValueError] = asyncio.Queue()
 
     def say(self, pcm: np.ndarray) -> Utterance:
         return self.mic.say(pcm)
@@ -270,7 +271,7 @@ class SpokenClient(ABC):
                 return None
         else:
             received = self._inbox.get_nowait()
-        if isinstance(received, BenchError):
+        if isinstance(received, BenchError | ValueError):
             raise received
         return received
 
@@ -293,9 +294,7 @@ class RealtimeVoiceClient(SpokenClient):
     @classmethod
     async def open(cls, target: Target, system_prompt: str | None, barge_in_after_s: float | None,
                    timeout_s: float = 30) -> RealtimeVoiceClient:
-        socket = await RealtimeTextClient.open(target, system_prompt, timeout_s)
-        await socket.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"],
-                                                                 "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}})
+        socket = await RealtimeTextClient.open(target, system_prompt, timeout_s, spoken=True)
         return cls(socket, barge_in_after_s)
 
     def say(self, pcm: np.ndarray) -> Utterance:
@@ -327,7 +326,7 @@ class RealtimeVoiceClient(SpokenClient):
             async for raw in connection:
                 event = json.loads(raw)
                 if not isinstance(event, dict):
-                    self._inbox.put_nowait(BenchError("not a Realtime server: an event was not a JSON object"))
+                    self._inbox.put_nowait(ValueError("an event was not a JSON object"))
                     return
                 if event.get("type") == "response.output_audio.delta":
                     seconds = len(base64.b64decode(event.get("delta") or "")) / 2 / VOICE_RATE
@@ -337,7 +336,7 @@ class RealtimeVoiceClient(SpokenClient):
         except websockets.ConnectionClosed:
             pass
         except ValueError:
-            self._inbox.put_nowait(BenchError("not a Realtime server: an event was not JSON"))
+            self._inbox.put_nowait(ValueError("an event was not JSON"))
             return
         code = connection.close_rcvd.code if connection.close_rcvd else "no close frame"
         self._inbox.put_nowait(BenchError(f"the server closed the session ({code})"))

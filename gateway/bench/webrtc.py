@@ -116,8 +116,8 @@ class RealtimeCallClient(SpokenClient):
         if minted.status_code in (401, 403):
             raise BenchError(f"{url} refused the key ({minted.status_code})")
         if minted.status_code != 200:
-            raise BenchError(f"{url}/v1/realtime/client_secrets answered {minted.status_code} "
-                             f"({error_code(minted.status_code, minted.content)})")
+            code = error_code(minted.status_code, minted.content)
+            raise BenchError(f"{url}/v1/realtime/client_secrets answered {minted.status_code} ({code})", code)
         try:
             self.secret = str(minted.json()["value"])
         except (ValueError, KeyError, TypeError):
@@ -125,8 +125,8 @@ class RealtimeCallClient(SpokenClient):
         answer = await self._post(f"{url}/v1/realtime/calls", content=self.pc.localDescription.sdp,
                                   headers={"content-type": "application/sdp", "authorization": f"Bearer {self.secret}"})
         if answer.status_code != 201:
-            raise BenchError(f"{url}/v1/realtime/calls answered {answer.status_code}, not 201 "
-                             f"({error_code(answer.status_code, answer.content)})")
+            code = error_code(answer.status_code, answer.content)
+            raise BenchError(f"{url}/v1/realtime/calls answered {answer.status_code}, not 201 ({code})", code)
         location = answer.headers.get("location")
         if not location:
             raise BenchError(f"{url}/v1/realtime/calls answered without a Location header")
@@ -138,11 +138,15 @@ class RealtimeCallClient(SpokenClient):
             raise BenchError(f"{url}/v1/realtime/calls answered an SDP that cannot be used: {exc}") from None
         except TimeoutError:
             raise BenchError(f"the call to {url} did not connect in {timeout_s:.0f} s (no ICE path?)") from None
-        first = await self._receive(timeout_s)
+        try:
+            first = await self._receive(timeout_s)
+        except ValueError:
+            raise BenchError("not a Realtime call: its first event was not a JSON object") from None
         event = first[1] if first is not None else None
         if isinstance(event, dict) and event.get("type") == "error":
-            error = event.get("error") or {}
-            raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}")
+            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
+                             str(error.get("code") or "session_refused"))
         if not isinstance(event, dict) or event.get("type") != "session.created":
             raise BenchError("not a Realtime call: its first event was not session.created")
 
@@ -159,7 +163,7 @@ class RealtimeCallClient(SpokenClient):
         except ValueError:
             event = None
         if not isinstance(event, dict):
-            self._inbox.put_nowait(BenchError("not a Realtime call: an event was not a JSON object"))
+            self._inbox.put_nowait(ValueError("an event was not a JSON object"))
             return
         self._inbox.put_nowait((at, event))
 
