@@ -32,6 +32,7 @@ from gateway.storage.durable_answers import DurableAnswers
 from gateway.transports import (
     chat_http,
     client_secrets,
+    completions_http,
     conversation_stream,
     conversations_http,
     realtime_ws,
@@ -170,6 +171,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         return FileResponse(STATIC_DIR / "index.html")
 
     app.include_router(chat_http.router)
+    app.include_router(completions_http.router)
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -128,6 +129,29 @@ class Settings(BaseSettings):
     max_context_tokens: int = Field(0, ge=0, description="Context window used (0: the model's own, capped at 8192).")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none.")
     repetition_penalty: float = Field(1.1, ge=1.0, le=2.0, description="Default repetition penalty.")
+
+    # The LLM on a remote server (inference/llm/remote.py) instead of this process
+    llm_backend: str | None = Field(
+        None, description="The API root (http(s)://host:port/v1) of an OpenAI-compatible server that runs the LLM: vLLM, "
+        "SGLang, another gateway, ... This process then loads only the tokenizer of --llm-model, which must be the "
+        "server's model, and renders every prompt itself.")
+    llm_backend_flavour: Literal["token", "chat"] = Field(
+        "token", description="token: /v1/completions with token-id prompts (vLLM, SGLang, this gateway; prefixes stay "
+        "byte-identical, so the server's prefix cache hits); chat: /v1/chat/completions with the rendered messages, "
+        "for servers that take no token ids (llama.cpp's server, transformers serve, hosted APIs).")
+    llm_backend_model: str | None = Field(None, description="The model name the backend serves (default: --model-name).")
+    llm_backend_api_key: str | None = Field(None, description="Bearer key for the backend.")
+    llm_routing_header: str = Field(
+        "x-conversation-id", min_length=1, description="Header that carries each request's conversation id to the "
+        "backend, for a cache-aware router's session affinity (set the router's session key to it).")
+    llm_backend_timeout_s: float = Field(
+        60.0, gt=0, description="The longest a backend stream may stay silent (its first token included).")
+    llm_backend_retries: int = Field(
+        2, ge=0, le=10, description="Retries of a backend request that failed before it streamed anything.")
+    llm_backend_breaker_failures: int = Field(
+        3, ge=1, description="Consecutive backend failures that open the circuit breaker (503 at once).")
+    llm_backend_breaker_cooldown_s: float = Field(
+        2.0, gt=0, description="How long the open breaker refuses before one request probes the backend again.")
     realtime_temperature: float = Field(
         0.0,
         ge=0.0,
@@ -216,6 +240,14 @@ class Settings(BaseSettings):
     min_barge_in_speech_ms: int = Field(
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
+
+    @field_validator("llm_backend")
+    @classmethod
+    def _backend_url(cls, value: str | None) -> str | None:
+        url = urlsplit(value) if value is not None else None
+        if url is not None and (url.scheme not in ("http", "https") or not url.netloc):
+            raise ValueError("must be an http(s) URL of the server's API root, such as http://10.0.0.5:8000/v1")
+        return value
 
     @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", mode="before")
     @classmethod

@@ -37,6 +37,10 @@ PREEMPTIONS = Counter(
 CHAT_TTFT_SECONDS = Histogram(
     "gateway_chat_time_to_first_token_seconds", "Chat completions time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
 )
+COMPLETIONS_TTFT_SECONDS = Histogram(
+    "gateway_completions_time_to_first_token_seconds", "Completions (/v1/completions, token-id prompts of other "
+    "gateways) time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
+)
 QUEUE_WAIT_SECONDS = Histogram(
     "gateway_engine_queue_wait_seconds", "Time a generation waited in the engine's queue before it was scheduled",
     ["api"], buckets=_SHORT_BUCKETS, registry=REGISTRY,

@@ -146,24 +146,27 @@ class ResponseRunner:
                     job.marks.mark("first_clause")
                     clauses.put_nowait(clause)
 
-        async with asyncio.TaskGroup() as group:
-            if self.speech is not None:
-                group.create_task(self._speak(clauses))
-            async for delta in deltas:
-                job.marks.mark("first_token")
-                text = reply.feed(delta) if reply is not None else delta
-                if text:
-                    say(text)
-            if reply is not None and reply.held:
-                parsed = parse_reply(reply.held, tools)
-                if parsed.calls:
-                    self.add_calls(parsed.calls)
-                if parsed.content:
-                    say(parsed.content)
-            for clause in splitter.flush():
-                job.marks.mark("first_clause")
-                clauses.put_nowait(clause)
-            clauses.put_nowait(None)
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.speech is not None:
+                    group.create_task(self._speak(clauses))
+                async for delta in deltas:
+                    job.marks.mark("first_token")
+                    text = reply.feed(delta) if reply is not None else delta
+                    if text:
+                        say(text)
+                if reply is not None and reply.held:
+                    parsed = parse_reply(reply.held, tools)
+                    if parsed.calls:
+                        self.add_calls(parsed.calls)
+                    if parsed.content:
+                        say(parsed.content)
+                for clause in splitter.flush():
+                    job.marks.mark("first_clause")
+                    clauses.put_nowait(clause)
+                clauses.put_nowait(None)
+        except* BACKEND_ERRORS as failed:  # the backend failed mid-stream (a remote one went down)
+            raise backend_api_error(failed.exceptions[0]) from None
         return await self.stream.result()
 
     def cancel_generation(self) -> None:

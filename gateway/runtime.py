@@ -107,6 +107,9 @@ class Runtime:
         self.ready.set()
 
     def _load_llm(self) -> None:
+        if self.settings.llm_backend:
+            self._connect_remote_llm()
+            return
         from inference.llm.end_of_turn import EndOfTurnModel
         from inference.llm.engine import EngineConfig, LLMEngine
         from inference.llm.loader import load_lm
@@ -142,6 +145,31 @@ class Runtime:
         metrics.ENGINE.stats = engine.stats
         self.engine = engine
         self.end_of_turn = EndOfTurnModel(engine)
+
+    def _connect_remote_llm(self) -> None:
+        """The LLM on a remote server: only the tokenizer loads here. semantic_vad's end-of-turn judge needs the
+        first step's token probabilities, which such servers do not return: without it semantic_vad waits each
+        eagerness' longest silence."""
+        from inference.llm.loader import load_tokenizer_model
+        from inference.llm.remote import RemoteBackend, RemoteConfig
+
+        settings = self.settings
+        assert self.paths is not None and settings.llm_backend is not None
+        started = time.monotonic()
+        lm = load_tokenizer_model(self.paths.llm, cache_dir=settings.cache_dir,
+                                  max_context_tokens=settings.max_context_tokens)
+        self.load_times.llm_s = time.monotonic() - started
+        backend = RemoteBackend(lm, RemoteConfig(
+            url=settings.llm_backend, flavour=settings.llm_backend_flavour,
+            model=settings.llm_backend_model or settings.model_name, api_key=settings.llm_backend_api_key,
+            routing_header=settings.llm_routing_header, read_timeout_s=settings.llm_backend_timeout_s,
+            retries=settings.llm_backend_retries, breaker_failures=settings.llm_backend_breaker_failures,
+            breaker_cooldown_s=settings.llm_backend_breaker_cooldown_s, max_in_flight=settings.max_batch_size + settings.max_queued_requests,
+        ))
+        log.info("the LLM runs on %s (%s flavour); prompts are rendered here with %s's tokenizer",
+                 settings.llm_backend, settings.llm_backend_flavour, self.paths.llm.name)
+        metrics.ENGINE.stats = backend.stats
+        self.engine = backend
 
     def _load_asr(self) -> None:
         from inference.asr import AsrEngine

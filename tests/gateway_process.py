@@ -9,9 +9,9 @@ from benchmarks.voice_server import GatewayProcess
 __all__ = ["GatewayProcess", "start_gateway"]
 
 
-def start_gateway(*args: str, log_path: Path, timeout_s: float = 240.0) -> GatewayProcess:
+def start_gateway(*args: str, log_path: Path, timeout_s: float = 240.0, port: int | None = None) -> GatewayProcess:
     """A ready gateway (/healthz 200) with `args` added to `gateway serve`; the caller stops it."""
-    gateway = GatewayProcess(log_path, args=list(args)).start()
+    gateway = GatewayProcess(log_path, args=list(args), port=port).start()
     try:
         gateway.wait_ready(timeout_s)
     except BaseException:

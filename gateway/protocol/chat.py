@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.protocol.validation import Temperature
+from inference.llm.backend import SamplingParams
 from inference.llm.chat import ChatMessage
 
 INT32_MAX = 2**31 - 1  # counts of tokens: far past any context, never an overflow downstream
@@ -99,11 +100,12 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class SamplingRequest(BaseModel):
+    """The sampling parameters Chat Completions and (legacy) Completions share."""
+
     # An unknown parameter is refused by name: ignored, it would be one that silently does nothing.
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str
-    messages: list[MessageParam] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: Temperature | None = None
@@ -111,20 +113,12 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # not in OpenAI's API; accepted like vLLM does
     repetition_penalty: float | None = Field(None, ge=1.0, le=2.0)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI's
     n: int = Field(1, ge=1, le=1)
-    tools: list[ChatTool] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
-    response_format: ResponseFormat | None = None
     user: str | None = None  # the end user's id, as OpenAI takes it: recorded nowhere, changes nothing
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    # Not in OpenAI's API: a stored conversation (/v1/conversations) whose current branch comes before
-    # `messages`; those messages and the reply are stored under it.
-    conversation: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("stop")
     @classmethod
@@ -135,6 +129,32 @@ class ChatCompletionRequest(BaseModel):
         if len(stops) > 4 or any(not stop for stop in stops):
             raise ValueError("up to 4 non-empty stop sequences")
         return stops
+
+    def sampling(self, max_tokens: int, default_repetition_penalty: float, *, ignore_eos: bool = False) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=self.top_p or 1.0,
+            top_k=self.top_k or 0,
+            repetition_penalty=self.repetition_penalty or default_repetition_penalty,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            stop=tuple(self.stop or ()),
+            ignore_eos=ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+        )
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[MessageParam] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    tools: list[ChatTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    # Not in OpenAI's API: a stored conversation (/v1/conversations) whose current branch comes before
+    # `messages`; those messages and the reply are stored under it.
+    conversation: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("tool_choice")
     @classmethod

@@ -33,7 +33,6 @@ from inference.llm.backend import (
     GenerationStream,
     LLMBackend,
     PromptModel,
-    SamplingParams,
 )
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
@@ -145,17 +144,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     if attached is not None:
         plan.messages = attached.prompt_messages(plan.messages)
     prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
-    sampling = SamplingParams(
-        temperature=1.0 if chat.temperature is None else chat.temperature,
-        top_p=chat.top_p or 1.0,
-        top_k=chat.top_k or 0,
-        repetition_penalty=chat.repetition_penalty or svc.settings.repetition_penalty,
-        seed=chat.seed,
-        max_tokens=max_tokens,
-        stop=tuple(chat.stop or ()),  # type: ignore[arg-type]
-        presence_penalty=chat.presence_penalty or 0.0,
-        frequency_penalty=chat.frequency_penalty or 0.0,
-    )
+    sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
     try:
         stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
@@ -259,7 +248,7 @@ def _call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return obj if index is None else {"index": index, **obj}
 
 
-def _sse_line(payload: dict[str, Any]) -> bytes:
+def sse_data(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
 
 
@@ -270,7 +259,7 @@ async def _sse(
     created = int(time.time())
 
     def chunk(**fields: Any) -> bytes:
-        return _sse_line(chunk_object(cid, model, created, fingerprint, **fields))
+        return sse_data(chunk_object(cid, model, created, fingerprint, **fields))
 
     # With tools, text that may begin a call block is held back until it is known (tool_calls.py).
     splitter = ReplySplitter() if plan.tools else None
@@ -307,12 +296,12 @@ async def _sse(
         log.warning("chat stream %s failed: %s", cid, exc)
         record.done("failed")
         logged = True
-        yield _sse_line({"error": backend_api_error(exc).body()})
+        yield sse_data({"error": backend_api_error(exc).body()})
     except Exception as exc:
         log.exception("chat stream %s failed", cid)
         record.done("failed")
         logged = True
-        yield _sse_line({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "internal_error"}})
+        yield sse_data({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "internal_error"}})
     finally:
         # Runs when the client disconnects too (the generator is closed): free the engine slot.
         stream.cancel()

@@ -1,0 +1,136 @@
+"""POST /v1/completions: text or token-id prompts, plain JSON or SSE.
+
+This is how one gateway is the LLM engine of others (``--llm-backend URL`` with the token flavour,
+inference/llm/remote.py), and how a cache-aware router fronts several of them: the front gateway renders
+the prompt, this one runs it on its engine, whose prefix cache matches token ids exactly. A client that
+leaves (a barge-in closes the connection) cancels its request at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from gateway import metrics
+from gateway.event_log import log_event
+from gateway.http_bodies import read_json_object
+from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
+from gateway.openapi import error_responses, json_body
+from gateway.protocol.chat import usage_object
+from gateway.protocol.completions import (
+    DEFAULT_MAX_TOKENS,
+    CompletionRequest,
+    completion_choice,
+    text_completion,
+    text_completion_id,
+)
+from gateway.protocol.errors import ApiError
+from gateway.protocol.validation import api_error_from_validation
+from gateway.services import Services
+from gateway.transports.chat_http import sse_data, sse_response
+from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest),
+             responses=error_responses(400, 401, 404, 413, 422, 429, 503))
+async def completions(request: Request) -> Response:
+    svc: Services = request.app.state.services
+    principal, headers = svc.authorize(request.headers.get("authorization"))
+    _, payload = await read_json_object(request)
+    try:
+        body = CompletionRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise api_error_from_validation(exc) from None
+    svc.require_model(body.model)
+    svc.require_ready()
+    engine = svc.runtime.engine
+    assert engine is not None
+    prompt_ids = await _prompt_ids(engine, body.prompt)
+    room = engine.lm.context_window - len(prompt_ids)
+    if room < 1:
+        raise ApiError("context_length_exceeded", f"The prompt has {len(prompt_ids)} tokens; the model's context "
+                       f"window is {engine.lm.context_window}.", "prompt")
+    max_tokens = min(body.max_tokens or DEFAULT_MAX_TOKENS, room)
+    try:
+        stream = engine.submit(prompt_ids, body.sampling(max_tokens, svc.settings.repetition_penalty,
+                                                         ignore_eos=body.ignore_eos))
+    except ValueError as exc:  # a token id past the vocabulary
+        raise ApiError("invalid_value", str(exc), "prompt") from None
+    except BACKEND_ERRORS as exc:
+        raise backend_api_error(exc) from None
+    cid = text_completion_id()
+    request_id = getattr(request.state, "request_id", None)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_sse(stream, cid, body.model, include_usage, request_id), headers)
+    try:
+        text = "".join([delta async for delta in stream])
+        result = await stream.result()
+    except BACKEND_ERRORS as exc:
+        raise backend_api_error(exc) from None
+    finally:
+        stream.cancel()  # no-op when finished; frees the slot if the client went away
+    _record(request_id, cid, body.model, False, result)
+    return JSONResponse(text_completion(cid, body.model, None, [completion_choice(text, _finish(result))],
+                                        _usage(result)), headers=headers)
+
+
+async def _prompt_ids(engine: LLMBackend, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt
+    tokenizer = engine.lm.tokenizer
+    return await asyncio.to_thread(lambda: list(tokenizer(prompt)["input_ids"]))
+
+
+def _finish(result: GenerationResult) -> str:
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def _usage(result: GenerationResult) -> dict[str, Any]:
+    return usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
+
+
+def _record(request_id: str | None, cid: str, model: str, stream: bool, result: GenerationResult | None,
+            status: str = "completed") -> None:
+    if result is not None and result.first_token_at is not None:
+        metrics.COMPLETIONS_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
+    if result is not None and result.admitted_at is not None:
+        metrics.QUEUE_WAIT_SECONDS.labels("completions").observe(result.admitted_at - result.submitted_at)
+    tokens = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
+              "output_tokens": result.completion_tokens, "finish_reason": result.finish_reason} if result else {}
+    log_event("completion", request_id=request_id, completion_id=cid, model=model, stream=stream, status=status,
+              **tokens)
+
+
+async def _sse(stream: GenerationStream, cid: str, model: str, include_usage: bool,
+               request_id: str | None) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    status = "cancelled"
+    try:
+        async for delta in stream:
+            yield sse_data(text_completion(cid, model, created, [completion_choice(delta, None)]))
+        result = await stream.result()
+        yield sse_data(text_completion(cid, model, created, [completion_choice("", _finish(result))]))
+        if include_usage:
+            yield sse_data(text_completion(cid, model, created, [], _usage(result)))
+        status = "completed"
+        _record(request_id, cid, model, True, result)
+        yield b"data: [DONE]\n\n"
+    except BACKEND_ERRORS as exc:  # headers are gone: the error travels in the stream
+        status = "failed"
+        yield sse_data({"error": backend_api_error(exc).body()})
+    finally:
+        # Runs when the client disconnects too (the generator is closed): the engine stops the request.
+        stream.cancel()
+        if status != "completed":
+            _record(request_id, cid, model, True, None, status)
