@@ -37,6 +37,10 @@ PREEMPTIONS = Counter(
 CHAT_TTFT_SECONDS = Histogram(
     "gateway_chat_time_to_first_token_seconds", "Chat completions time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY
 )
+BATCH_SIZE = Histogram(
+    "gateway_engine_batch_size", "Requests in each step of the in-process engine (decoding rows and prompt chunks)",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), registry=REGISTRY,
+)
 COMPLETIONS_TTFT_SECONDS = Histogram(
     "gateway_completions_time_to_first_token_seconds", "Completions (/v1/completions, token-id prompts of other "
     "gateways) time to first token", buckets=_LATENCY_BUCKETS, registry=REGISTRY

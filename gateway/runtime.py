@@ -141,6 +141,7 @@ class Runtime:
             log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
                      lm.weight_format)
         log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in engine.fwd.describe().items()))
+        engine.step_observer = metrics.BATCH_SIZE.observe
         engine.start()
         metrics.ENGINE.stats = engine.stats
         self.engine = engine

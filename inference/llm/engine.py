@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +142,8 @@ class LLMEngine:
         # Counters (written by the scheduler thread, read anywhere).
         self._steps = 0
         self._step_rows = 0  # requests in the steps, summed: / steps is the average batch
+        # Called with each step's batch size on the scheduler thread (the gateway's histogram); must not block.
+        self.step_observer: Callable[[int], None] | None = None
         self._tokens_generated = 0
         self._prefill_tokens = 0
         self._requests_finished = 0
@@ -542,6 +544,8 @@ class LLMEngine:
         logits, failed = out
         self._steps += 1
         self._step_rows += len(rows)
+        if self.step_observer is not None:
+            self.step_observer(len(rows))
         self._prefill_tokens += sum(s.n for s, r in zip(segs, rows) if not r.prefilled)
         for req in done_prefill:
             if id(req) in failed:

@@ -391,6 +391,7 @@ async def test_metrics_move_with_a_spoken_turn_and_the_log_holds_no_user_text(
         "queue wait": ("gateway_engine_queue_wait_seconds_count", {"api": "realtime"}),
         "voice to voice": ("gateway_turn_stage_seconds_count", {"stage": "voice_to_voice"}),
         "barge-in": ("gateway_barge_in_seconds_count", {}),
+        "batch size": ("gateway_engine_batch_size_count", {}),
     }
     for what, (name, labels) in grew.items():
         assert sample(after, name, **labels) > sample(before, name, **labels), what
