@@ -344,6 +344,92 @@ async def test_a_realtime_session_continues_a_stored_conversation(stored: tuple[
     assert error["type"] == "error" and error["error"]["code"] == "conversation_not_found"
 
 
+async def open_realtime(gateway: GatewayProcess, conversation: str, max_output_tokens: int) -> RealtimeClient:
+    """A text session on the stored conversation, its loaded items received."""
+    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}&conversation={conversation}",
+                                          headers={"authorization": f"Bearer {KEY_A}"})
+    assert (await client.recv())["type"] == "session.created"
+    await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0,
+                                                             "max_output_tokens": max_output_tokens}})
+    await client.wait_for("session.updated")
+    return client
+
+
+async def start_story(client: RealtimeClient, deltas: int) -> list[str]:
+    """Ask for a long story; the text of its first `deltas` deltas."""
+    await client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Write a long story about a lighthouse keeper."}]}})
+    await client.send({"type": "response.create"})
+    streamed: list[str] = []
+    while len(streamed) < deltas:
+        streamed.append((await client.wait_for("response.output_text.delta"))["delta"])
+    return streamed
+
+
+def stored_messages(gateway: GatewayProcess, conversation: str, count: int) -> list[dict[str, Any]]:
+    """The current branch, once it has `count` messages and the last one is finished (written behind)."""
+    with client(gateway) as http:
+        for _ in range(100):
+            messages = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            if len(messages) == count and messages[-1]["status"] != "in_progress":
+                break
+            time.sleep(0.1)
+    return messages
+
+
+async def test_a_cancelled_realtime_reply_is_stored_as_cancelled(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with client(gateway) as http:
+        conversation = http.post("/v1/conversations", json={"title": "cancelled"}).json()["id"]
+    session = await open_realtime(gateway, conversation, max_output_tokens=400)
+    try:
+        await start_story(session, deltas=5)
+        await session.send({"type": "response.cancel"})
+        done = await session.wait_for("response.done")
+    finally:
+        await session.close()
+    assert done["response"]["status"] == "cancelled"
+    user, reply = stored_messages(gateway, conversation, 2)
+    assert user["status"] == "completed" and reply["status"] == "cancelled"
+    assert reply["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
+    assert reply["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"] < 400
+
+
+async def test_sigkill_mid_realtime_response_keeps_the_text_streamed(tmp_path: Path) -> None:
+    gateway = start(tmp_path)
+    try:
+        with client(gateway) as http:
+            conversation = http.post("/v1/conversations", json={"title": "survivor"}).json()["id"]
+            done = ask(http, conversation, "Say hello.")
+        session = await open_realtime(gateway, conversation, max_output_tokens=400)
+        streamed = await start_story(session, deltas=40)
+        await asyncio.sleep(0.3)  # past the recorder's flush interval: the text so far is committed
+        assert gateway.process is not None
+        os.kill(gateway.process.pid, signal.SIGKILL)
+        gateway.process.wait(10)
+        await session.close()
+    finally:
+        gateway.stop()
+    with sqlite3.connect(tmp_path / "data" / "gateway.db") as check:
+        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+    restarted = start(tmp_path)
+    try:
+        with client(restarted) as http:
+            messages = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+    finally:
+        restarted.stop()
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    finished = "incomplete" if done["choices"][0]["finish_reason"] == "length" else "completed"
+    assert [m["status"] for m in messages[:3]] == ["completed", finished, "completed"]
+    assert messages[1]["content"][0]["text"] == done["choices"][0]["message"]["content"]
+    assert messages[2]["content"] == [{"type": "text", "text": "Write a long story about a lighthouse keeper."}]
+    interrupted = messages[3]
+    assert interrupted["status"] == "incomplete" and interrupted["model"] == MODEL
+    # What the client had 0.3 s before the kill is all there (the recorder lags by at most 0.1 s).
+    assert interrupted["content"][0]["text"].startswith("".join(streamed)), (interrupted["content"], streamed)
+
+
 def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, tmp = stored
     with client(gateway) as http:
@@ -386,5 +472,15 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
         loaded, done = asyncio.run(realtime_turn(restarted, conversation, "Thanks."))
         assert [item["id"] for item in loaded] == [m["id"] for m in messages]
         assert loaded[3]["status"] == "incomplete" and done["response"]["status"] in ("completed", "incomplete")
+        # So does a chat completion: the whole branch (recomputed, the KV cache is gone) is its history.
+        before = stored_messages(restarted, conversation, 6)
+        with client(restarted) as http:
+            alone = ask(http, None, "What was my first question?")
+            again = ask(http, conversation, "What was my first question?")
+            after = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        assert again["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"] + 50
+        assert [m["id"] for m in after[:6]] == [m["id"] for m in before] and len(after) == 8
+        assert after[6]["parent_id"] == before[5]["id"] and after[6]["content"][0]["text"] == "What was my first question?"
+        assert after[7]["content"][0]["text"] == again["choices"][0]["message"]["content"]
     finally:
         gateway.process = restarted.process  # the module fixture stops whichever runs now

@@ -1,15 +1,21 @@
 """The recorder that stores a Realtime session's items, on a real SQLite database, fed the events a
-session sends: statuses from response.done, a truncation before and after the reply is stored, calls,
-and the stored branch read back as items."""
+session sends: a reply stored in_progress when it starts and its text written behind as it streams,
+statuses from response.done, a truncation before and after the reply is done, calls, and the stored
+branch read back as items."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from gateway.conversation import Conversation, Item
-from gateway.realtime_store import ConversationRecorder, items_from_rows
+from gateway.realtime_store import FLUSH_S, ConversationRecorder, items_from_rows
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
+
+
+def _added(item: Item) -> dict:
+    return {"type": "response.output_item.added", "item": item.to_wire()}
 
 
 def _response_done(status: str, *items: Item) -> dict:
@@ -31,12 +37,14 @@ async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> No
 
     question = add(Item(id="item_q", type="message", role="user", content=[{"type": "input_audio", "transcript": "Hi"}]))
     recorder.observe({"type": "conversation.item.done", "item": question.to_wire()}, session)
-    answer = add(Item(id="item_a", type="message", role="assistant", status="incomplete",
-                      content=[{"type": "output_audio", "transcript": "Hello there, how"}], audio_ms_sent=900))
-    recorder.observe({"type": "conversation.item.truncated", "item_id": "item_a"}, session)  # barge-in: cut first
-    answer.content[0]["transcript"] = "Hello"
+    answer = add(Item(id="item_a", type="message", role="assistant", status="in_progress",
+                      content=[{"type": "output_audio", "transcript": ""}]))
+    recorder.observe(_added(answer), session)
+    answer.content[0]["transcript"] = "Hello"  # barge-in: cut to what was heard before the response is done
+    recorder.observe({"type": "conversation.item.truncated", "item_id": "item_a"}, session)
     recorder.observe(_response_done("cancelled", answer), session)
     call = add(Item(id="item_c", type="function_call", call_id="call_1", name="weather", arguments='{"city":"Oslo"}'))
+    recorder.observe(_added(call), session)
     recorder.observe(_response_done("completed", call), session)
     output = add(Item(id="item_o", type="function_call_output", call_id="call_1", output="sunny"))
     recorder.observe({"type": "conversation.item.done", "item": output.to_wire()}, session)
@@ -72,4 +80,35 @@ async def test_items_are_stored_as_announced_and_read_back(tmp_path: Path) -> No
     await recorder.close()
     stored = (await store.branch(await store.get("key", row.id)))[1]
     assert stored.content == [{"type": "output_audio", "transcript": "Hel"}] and stored.status == "truncated"
+    await store.close()
+
+
+async def test_a_reply_is_stored_in_progress_and_its_text_written_behind(tmp_path: Path) -> None:
+    store = ConversationStore(await open_database(sqlite_url(tmp_path)))
+    row = await store.create("key")
+    recorder = ConversationRecorder(store, row, [], "smollm2", None)
+    session = Conversation(max_items=100, max_bytes=1 << 20, conversation_id=row.id)
+    reply = Item(id="item_r", type="message", role="assistant", status="in_progress",
+                 content=[{"type": "output_text", "text": ""}])
+    session.add(reply)
+
+    async def stored() -> tuple[str, list[dict]]:
+        [message] = await store.all_messages(row.id)
+        return message.status, message.content
+
+    recorder.observe(_added(reply), session)
+    await asyncio.sleep(FLUSH_S * 3)
+    assert await stored() == ("in_progress", [{"type": "text", "text": ""}]), "stored when it starts"
+    for word in ("Once", " upon", " a"):  # the session updates the item's text with each delta
+        reply.content[0]["text"] += word
+        recorder.observe({"type": "response.output_text.delta", "item_id": reply.id, "delta": word}, session)
+    await asyncio.sleep(FLUSH_S * 3)
+    assert await stored() == ("in_progress", [{"type": "text", "text": "Once upon a"}]), "written behind"
+    reply.content[0]["text"] += " time."
+    recorder.observe(_response_done("completed", reply), session)
+    await recorder.close()
+    assert await stored() == ("completed", [{"type": "text", "text": "Once upon a time."}])
+    [message] = await store.all_messages(row.id)
+    assert message.output_tokens == 7 and message.model == "smollm2"
+    assert (await store.get("key", row.id)).current_leaf_id == message.id
     await store.close()
