@@ -3,7 +3,9 @@ background priority, so the message's reply starts from cached KV.
 
 Bounded: a key has at most PREPARES_PER_KEY prefills in flight (a new draft of the same conversation
 replaces the previous one), the engine runs background work only when no live request waits and one at
-a time, and a prepared prefix stays pinned for PIN_S at most.
+a time, and a prepared prefix stays pinned for PIN_S at most. A key keeps at most PINNED_PER_KEY
+prepared prefixes pinned: a new one unpins the key's oldest finished one, so that one key's storm of
+prepares cannot pin the cache full and push out the prefixes other keys prepared.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gateway.protocol.errors import ApiError
 from inference.llm.backend import LLMBackend
 
 PREPARES_PER_KEY = 2
+PINNED_PER_KEY = 4  # in flight or finished; more than PREPARES_PER_KEY, so a finished one can always go
 PIN_S = 60.0
 
 
@@ -39,6 +42,10 @@ class Prewarmer:
         if in_flight >= PREPARES_PER_KEY:
             raise ApiError("too_many_prepares", f"This key has {in_flight} prepares running; wait for one to finish.",
                            type="rate_limit_error", status=429, retry_after_s=1.0)
+        mine = [(conversation, p) for (key, conversation), p in self._prepared.items() if key == owner]
+        finished = [conversation for conversation, p in mine if p.prefill.done()]  # oldest first
+        for oldest in finished[: max(0, len(mine) + 1 - PINNED_PER_KEY)]:
+            self._drop(engine, owner, oldest)
         prefill = engine.prefill(prompt_ids, conversation_id=self._pin_name(conversation_id), background=True)
         prefill.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed pre-warm is only a miss
         prepared = _Prepared(prompt_ids, prefill)

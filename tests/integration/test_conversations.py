@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.prewarm import PINNED_PER_KEY
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
@@ -283,6 +284,39 @@ def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[Ga
         answers = [http.post(f"/v1/conversations/{c}/prepare", json={"content": long_draft}) for c in others]
         assert [a.status_code for a in answers[:2]] == [202, 202]
         assert_error(answers[2], 429, "too_many_prepares")
+
+
+def engine_stat(http: httpx.Client, name: str) -> float:
+    line = next(line for line in http.get("/metrics").text.splitlines() if line.startswith(f"gateway_engine_{name} "))
+    return float(line.split()[1])
+
+
+def test_a_storm_of_prepares_from_one_key_leaves_another_keys_prepare_working(tmp_path: Path) -> None:
+    """A cache of ~7 drafts' KV: one key's 12 prepares would pin it full and push out another key's
+    prepared draft; the key keeps only its newest PINNED_PER_KEY pinned."""
+    gateway = start_gateway("--api-keys", f"{KEY_A},{KEY_B}", "--no-load-voice-models", "--prefix-cache-mb", "100",
+                            "--data-dir", str(tmp_path / "data"), log_path=tmp_path / "gateway.log")
+    # ~640 tokens each (~14 MB of KV); distinct from their first words, so no two share their KV.
+    drafts = [f"Draft {n}. Read this carefully: " + "every morning the baker lights the oven and sings. " * 60
+              for n in range(13)]
+    try:
+        with client(gateway, KEY_B) as other, client(gateway) as storm:
+            mine = other.post("/v1/conversations", json={}).json()["id"]
+            assert other.post(f"/v1/conversations/{mine}/prepare", json={"content": drafts[0]}).status_code == 202
+            for draft in drafts[1:]:
+                conversation = storm.post("/v1/conversations", json={}).json()["id"]
+                while (answer := storm.post(f"/v1/conversations/{conversation}/prepare",
+                                            json={"content": draft})).status_code == 429:
+                    time.sleep(0.1)  # two in flight: the next one waits for a slot
+                assert answer.status_code == 202, answer.text
+            while engine_stat(storm, "queue_depth") or engine_stat(storm, "active"):
+                time.sleep(0.1)
+            assert engine_stat(storm, "conversations_pinned") == PINNED_PER_KEY + 1, "the storm's newest, and key B's"
+            events = post_message(other, mine, content=drafts[0], max_tokens=4)
+        final = next(e["data"] for e in events if e.get("event") == "delta" and e["data"].get("o") == "patch")
+        assert final["v"][1]["v"]["prewarmed"] is True
+    finally:
+        gateway.stop()
 
 
 async def realtime_turn(gateway: GatewayProcess, conversation: str, question: str,
