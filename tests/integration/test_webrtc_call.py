@@ -20,6 +20,7 @@ from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import transcribe, with_silence
@@ -74,7 +75,9 @@ class Caller:
         return np.concatenate(frames) if frames else np.zeros(0, np.int16)
 
 
-async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: dict[str, Any]) -> Caller:
+async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: dict[str, Any],
+               conversation: str | None = None) -> Caller:
+    """A call with a client secret minted for `session`; with `conversation`, it continues that stored one."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("oai-events")
     caller = Caller(pc, channel)
@@ -101,6 +104,7 @@ async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: d
         secret = (await http.post("/v1/realtime/client_secrets", json={"session": session})).json()["value"]
         answer = await http.post(
             "/v1/realtime/calls",
+            params={"conversation": conversation} if conversation else None,
             content=pc.localDescription.sdp,
             headers={"content-type": "application/sdp", "authorization": f"Bearer {secret}"},
         )
@@ -224,3 +228,38 @@ async def test_a_reopened_events_channel_resumes_after_its_last_sequence(
     assert (await resumed.wait_for("response.done"))["sequence_number"] > done["sequence_number"]
     assert len(caller.of_type("response.done")) == 1, "the superseded channel gets nothing more"
     await resumed.close()
+
+
+async def test_a_call_continues_a_stored_conversation_and_stores_its_turn(
+    gateway: GatewayProcess, hangups: list[Caller]
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+        first = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "conversation": conversation, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "My name is Ann."}]})
+        assert first.status_code == 200, first.text
+        before = (await http.get(f"/v1/conversations/{conversation}")).json()["messages"]
+    caller = await call(gateway, PacedClipTrack(np.zeros(0, np.int16)),
+                        {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 12}, conversation)
+    hangups.append(caller)
+    await caller.wait_for("session.created")
+    loaded = [(await caller.wait_for("conversation.item.done", count=n + 1))["item"] for n in range(len(before))]
+    assert [item["id"] for item in loaded] == [m["id"] for m in before], "the stored branch, as items"
+    caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "What is my name?"}]}})
+    caller.send({"type": "response.create"})
+    done = await caller.wait_for("response.done")
+    assert done["response"]["conversation_id"] == conversation
+
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        for _ in range(50):  # written behind the call
+            after = (await http.get(f"/v1/conversations/{conversation}")).json()["messages"]
+            if len(after) == 4 and after[3]["status"] != "in_progress":
+                break
+            await asyncio.sleep(0.1)
+    assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
+    assert after[2]["content"] == [{"type": "text", "text": "What is my name?"}] and after[2]["parent_id"] == before[1]["id"]
+    assert after[3]["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
+    assert after[3]["status"] in ("completed", "incomplete")
+    assert after[3]["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"]
