@@ -30,6 +30,7 @@ from gateway.protocol.errors import ApiError
 from gateway.services import Services
 from gateway.storage.durable_answers import DurableAnswers
 from gateway.transports import (
+    audio_http,
     chat_http,
     client_secrets,
     completions_http,
@@ -177,6 +178,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(conversations_http.router)
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
+    app.include_router(audio_http.router)
     webrtc.configure_ice(settings)
     return app
 

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     tts_voice: Path | None = Field(
         None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
     )
+    tts_voices: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="More installed Piper voices (.onnx, with the .onnx.json beside it) for POST /v1/audio/speech, "
+        "named by their file (en_US-amy-medium.onnx: amy); --tts-voice stays the default and the Realtime sessions' "
+        "voice. OpenAI's voice names go round the installed voices (GET /v1/audio/voices lists the table). "
+        "Comma-separated in the environment.",
+    )
     tts_threads: int = Field(1, ge=1, description="onnxruntime threads for Piper.")
     tts_first_clause_threads: int = Field(
         2,
@@ -169,6 +176,10 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(
         15 * 1024 * 1024, ge=1024, description="Largest Realtime event (one WebSocket message) accepted."
     )
+    max_transcription_audio_s: float = Field(
+        1800.0, gt=0, le=4 * 3600,
+        description="Longest audio POST /v1/audio/transcriptions takes (decoded; past it, 400); its file is also held "
+        "to --max-request-bytes.")
     max_input_audio_seconds: float = Field(
         120.0, gt=0, description="Cap on the un-committed input audio buffer of a Realtime session."
     )
@@ -249,7 +260,7 @@ class Settings(BaseSettings):
             raise ValueError("must be an http(s) URL of the server's API root, such as http://10.0.0.5:8000/v1")
         return value
 
-    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", mode="before")
+    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

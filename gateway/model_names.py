@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import typing
 
+from openai.types.audio.speech_model import SpeechModel
+from openai.types.audio_model import AudioModel
 from openai.types.realtime.audio_transcription import AudioTranscription
 from openai.types.realtime.realtime_audio_config_output import RealtimeAudioConfigOutput
 from openai.types.realtime.realtime_session_create_request import RealtimeSessionCreateRequest
@@ -35,7 +37,14 @@ def openai_voice_names() -> frozenset[str]:
 
 @functools.cache
 def openai_transcription_names() -> frozenset[str]:
-    return frozenset(_literals(AudioTranscription.model_fields["model"].annotation))
+    """Realtime sessions' and POST /v1/audio/transcriptions' transcription model names."""
+    return frozenset(_literals(AudioTranscription.model_fields["model"].annotation) | _literals(AudioModel))
+
+
+@functools.cache
+def openai_speech_names() -> frozenset[str]:
+    """POST /v1/audio/speech's model names (tts-1, gpt-4o-mini-tts, ...)."""
+    return frozenset(_literals(SpeechModel))
 
 
 class ModelNames:

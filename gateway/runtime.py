@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Literal
 from gateway import metrics
 from gateway.config import Settings
 from gateway.heap import HeapTrimmer
-from gateway.model_names import ModelNames, openai_transcription_names, openai_voice_names
+from gateway.model_names import ModelNames, openai_transcription_names
 from gateway.protocol.session_config import SpeechOptions
-from inference.models import ModelPaths, resolve_device, resolve_model_paths
+from gateway.voices import VoiceCatalog
+from inference.models import ModelNotFound, ModelPaths, resolve_device, resolve_model_paths
 
 if TYPE_CHECKING:
     from inference.asr import AsrEngine
@@ -54,23 +55,25 @@ class Runtime:
     # Open sessions, and the heap given back once none is left (the app's shutdown closes it).
     heap: HeapTrimmer = field(default_factory=HeapTrimmer)
     model_names: ModelNames = field(init=False)  # what requests may call the LLM
+    voices: VoiceCatalog = field(init=False)  # the installed voices' names, known before they load
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
+        self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # ValueError: two alike
 
     @property
     def speech_options(self) -> SpeechOptions:
         """The voice models' names for session validation (known from the settings before they load)."""
         settings = self.settings
-        voice = settings.tts_voice.name.split("-")[1] if settings.tts_voice and settings.tts_voice.name.count("-") >= 2 \
-            else (settings.tts_voice.stem if settings.tts_voice else "joe")
+        voices = self.voices
+        voice = voices.default
         asr_name = settings.asr_model.name if settings.asr_model else "whisper-tiny.en"
         if self.asr is not None:
             language = self.asr.language
         else:  # not loaded yet: English-only models say so in their name, as Whisper's do
             language = "en" if asr_name.endswith(".en") else None
-        return SpeechOptions(voice=voice, voice_aliases=openai_voice_names(), transcription_model=asr_name,
+        return SpeechOptions(voice=voice, voice_aliases=voices.aliases_of(voice), transcription_model=asr_name,
                              transcription_aliases=openai_transcription_names(), transcription_language=language)
 
     @property
@@ -189,11 +192,17 @@ class Runtime:
         from inference.tts import TtsEngine
 
         assert self.paths is not None
+        voices = self.voices
+        for path in self.settings.tts_voices:
+            if not path.exists() or not path.with_name(path.name + ".json").exists():
+                raise ModelNotFound(f"TTS voice {path} (or its {path.name}.json) not found")
         self.tts = TtsEngine.load(
             self.paths.tts_model,
             self.paths.tts_config,
             threads=self.settings.tts_threads,
             first_clause_threads=min(self.settings.tts_first_clause_threads, os.cpu_count() or 1),
+            voice_name=voices.default,
+            other_voices=list(zip(voices.installed[1:], self.settings.tts_voices)),
         )
         self.load_times.tts_s = self.tts.load_seconds
 

