@@ -108,6 +108,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="blocking"))
         await svc.open_storage()
+        svc.announce_replica()
         loader = asyncio.create_task(svc.runtime.load(), name="model loader")
         try:
             yield
@@ -148,7 +149,9 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         runtime = svc.runtime
         body: dict[str, Any] = {
-            "status": "ready" if runtime.ready.is_set() else ("failed" if runtime.load_error else "loading"),
+            "status": "draining" if svc.draining else (
+                "ready" if runtime.ready.is_set() else ("failed" if runtime.load_error else "loading")),
+            "replica": settings.replica_id,
             "model": settings.model_name,
             "device": runtime.device,
             "voice": runtime.voice_ready,
@@ -161,7 +164,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             body["llm"] = runtime.engine.describe()  # what each part of a step runs on (see --llm-kernels)
         if runtime.load_error:
             body["error"] = runtime.load_error
-        return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)
+        return JSONResponse(body, status_code=200 if runtime.ready.is_set() and not svc.draining else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -196,6 +199,7 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
         task.cancel()
     if svc.background:
         await asyncio.wait(svc.background, timeout=5)
+    await svc.close_shared()
     if svc.durable is not None:
         await svc.durable.close()
     if svc.conversations is not None:

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.protocol.errors import ApiError
+from gateway.redis_state import SecretRecord
 
 if TYPE_CHECKING:
+    from gateway.redis_state import RedisState
     from gateway.storage.durable_state import DurableState
     from gateway.storage.schema import ClientSecretRow
 
@@ -42,6 +44,7 @@ class Authenticator:
     max_secrets_per_key: int  # outstanding (minted, neither used nor expired) client secrets
     _secrets: dict[str, _ClientSecret] = field(default_factory=dict)  # by the secret's SHA-256
     journal: DurableState | None = None  # writes the secrets behind us, so that they survive a restart
+    shared: RedisState | None = None  # --redis-url: the secrets live there, single use across replicas
 
     def restore(self, rows: list[ClientSecretRow]) -> None:
         for row in rows:
@@ -51,10 +54,10 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self.api_keys)
 
-    def authenticate(self, token: str | None, *, allow_ephemeral: bool = False) -> Principal:
+    async def authenticate(self, token: str | None, *, allow_ephemeral: bool = False) -> Principal:
         """Check a bearer token. With no keys configured every caller is anonymous and allowed."""
         if token and allow_ephemeral and token.startswith(EPHEMERAL_PREFIX):
-            return self._look_up(token)
+            return await self._look_up(token)
         if not self.enabled:
             return Principal("anonymous")
         if not token:
@@ -64,37 +67,55 @@ class Authenticator:
                 return Principal(key_id=f"key_{hash_prefix(key)}")
         raise _unauthorized("Incorrect API key provided.")
 
-    def mint(self, owner: Principal, session: dict[str, Any], ttl_s: float) -> tuple[str, float]:
+    async def mint(self, owner: Principal, session: dict[str, Any], ttl_s: float) -> tuple[str, float]:
+        value = EPHEMERAL_PREFIX + secrets.token_urlsafe(24)
+        now = time.time()
+        expires_at = now + ttl_s
+        if self.shared is not None:
+            earliest = await self.shared.mint_secret(secret_digest(value), SecretRecord(owner.key_id, session, expires_at),
+                                                     now, self.max_secrets_per_key)
+            if earliest is not None:
+                raise self._too_many(self.max_secrets_per_key, earliest)
+            return value, expires_at
         self._forget_expired()
         outstanding = [secret.expires_at for secret in self._secrets.values() if secret.owner == owner.key_id]
         if len(outstanding) >= self.max_secrets_per_key:
-            raise ApiError(
-                "too_many_client_secrets",
-                f"This key has {len(outstanding)} unused client secrets, its maximum; retry when one is used or expires.",
-                type="rate_limit_error",
-                status=429,
-                retry_after_s=min(outstanding) - time.time(),
-            )
-        value = EPHEMERAL_PREFIX + secrets.token_urlsafe(24)
-        expires_at = time.time() + ttl_s
+            raise self._too_many(len(outstanding), min(outstanding))
         self._secrets[secret_digest(value)] = _ClientSecret(session=session, expires_at=expires_at, owner=owner.key_id)
         if self.journal is not None:
             self.journal.secret_minted(secret_digest(value), owner.key_id, session, expires_at)
         return value, expires_at
 
-    def spend(self, principal: Principal) -> None:
+    @staticmethod
+    def _too_many(count: int, earliest_expiry: float) -> ApiError:
+        return ApiError(
+            "too_many_client_secrets",
+            f"This key has {count} unused client secrets, its maximum; retry when one is used or expires.",
+            type="rate_limit_error",
+            status=429,
+            retry_after_s=earliest_expiry - time.time(),
+        )
+
+    async def spend(self, principal: Principal) -> None:
         """A client secret opens exactly one session: it is spent when that session opens, not before,
         so that a request that fails (a bad SDP offer, a full gateway) leaves it usable."""
         if principal.secret is None:
+            return
+        if self.shared is not None:
+            if await self.shared.take_secret(secret_digest(principal.secret)) is None:
+                raise _unauthorized("The client secret was used by another request meanwhile.")
             return
         if self._secrets.pop(secret_digest(principal.secret), None) is None:
             raise _unauthorized("The client secret was used by another request meanwhile.")
         if self.journal is not None:
             self.journal.secret_spent(secret_digest(principal.secret))
 
-    def _look_up(self, token: str) -> Principal:
-        self._forget_expired()
-        secret = self._secrets.get(secret_digest(token))
+    async def _look_up(self, token: str) -> Principal:
+        if self.shared is not None:
+            secret: _ClientSecret | SecretRecord | None = await self.shared.get_secret(secret_digest(token))
+        else:
+            self._forget_expired()
+            secret = self._secrets.get(secret_digest(token))
         if secret is None:
             raise _unauthorized("The client secret is unknown, expired or already used.")
         return Principal(key_id=secret.owner, ephemeral_session=secret.session, secret=token)

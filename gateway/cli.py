@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import socket
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from pydantic import BaseModel, ValidationError
@@ -14,6 +19,9 @@ from gateway.bench.cli import Bench
 from gateway.config import Settings, is_loopback
 from gateway.http_server import guarded_protocol
 from gateway.log_redaction import RedactKeys
+
+if TYPE_CHECKING:
+    from gateway.services import Services
 
 log = logging.getLogger("gateway")
 
@@ -52,7 +60,7 @@ def serve(settings: Settings) -> None:
     app = build_app(settings)
     scheme = "https" if settings.ssl_certfile else "http"
     log.info("gateway starting on %s://%s:%s (page at /, API under /v1)", scheme, settings.host, settings.port)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -69,6 +77,42 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
+    DrainingServer(config, app.state.services, settings.drain_timeout_s).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that SIGTERM first drains the gateway (Services.drain: no new sessions, the
+    replies in flight finish, the rest are handed off to another replica), then shuts down as uvicorn does.
+    SIGINT (Ctrl-C), and a second SIGTERM, shut down at once."""
+
+    def __init__(self, config: uvicorn.Config, services: Services, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.services = services
+        self.drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: it only schedules the drain on the loop, whose task ends in uvicorn's own exit.
+        if sig == signal.SIGTERM and self._loop is not None and self._drain is None and not self.should_exit:
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            log.info("SIGTERM: draining (at most %.0f s for the replies in flight)", self.drain_timeout_s)
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit(), name="drain")
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.services.drain(self.drain_timeout_s)
+        finally:
+            super().handle_exit(signal.SIGTERM, None)
 
 
 def main(argv: list[str] | None = None) -> None:

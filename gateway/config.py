@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -192,7 +193,8 @@ class Settings(BaseSettings):
     )
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
     max_sessions: int = Field(
-        256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) open at once; past it, 429."
+        256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) this replica holds at once; past "
+        "it, 503 with Retry-After, so that a router tries another replica."
     )
     max_sessions_per_key: int = Field(
         256,
@@ -218,6 +220,21 @@ class Settings(BaseSettings):
     resume_buffer_bytes: int = Field(
         16 * 1024 * 1024, ge=64 * 1024,
         description="Most bytes of sent events each session keeps for a resume; older ones cannot be replayed.")
+
+    # Several replicas
+    redis_url: str | None = Field(
+        None, description="Redis (redis://host:6379/0) for what replicas share: client secrets (single use across "
+        "replicas), Idempotency-Key answers, rate-limit buckets and the replica directory. Without it, they live in "
+        "this process (and its database).")
+    replica_id: str = Field(
+        default_factory=lambda: secrets.token_hex(3), pattern=r"^[a-z0-9]{1,16}$",
+        description="This replica's id, carried in its call ids and resume tokens (default: random).")
+    replica_url: str | None = Field(
+        None, description="The URL other replicas reach this one at (http://10.0.0.3:8000), announced in Redis so that "
+        "a hangup or a resume sent to another replica is forwarded here.")
+    drain_timeout_s: float = Field(
+        20.0, ge=0, description="On SIGTERM: how long replies in flight may take to finish before the remaining "
+        "sessions are closed with a hand-off (their conversation stored, to go on on another replica).")
 
     # WebRTC
     client_secret_ttl_s: int = Field(600, ge=10, le=7200, description="Lifetime of ephemeral client secrets.")

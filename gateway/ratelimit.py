@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from gateway.protocol.errors import ApiError
 
 if TYPE_CHECKING:
+    from gateway.redis_state import RedisState
     from gateway.storage.durable_state import DurableState
     from gateway.storage.schema import RateLimitRow
 
@@ -25,23 +26,24 @@ class RateLimiter:
     requests_per_minute: int  # 0: unlimited
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
     journal: DurableState | None = None  # writes the buckets behind us: a restart does not refill them
+    shared: RedisState | None = None  # --redis-url: one bucket per key for every replica
 
     def restore(self, rows: list[RateLimitRow]) -> None:
         for row in rows:
             self._buckets[row.owner] = _Bucket(tokens=row.tokens, updated=row.updated_at)
 
-    def check(self, caller: str) -> dict[str, str]:
+    async def check(self, caller: str) -> dict[str, str]:
         """Take one request from the caller's bucket; returns headers, or raises 429."""
         if self.requests_per_minute <= 0:
             return {}
         capacity = float(self.requests_per_minute)
         rate = capacity / 60.0
-        now = time.time()  # wall clock: buckets outlive the process
-        bucket = self._buckets.setdefault(caller, _Bucket(tokens=capacity, updated=now))
-        bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
-        bucket.updated = now
-        if bucket.tokens < 1.0:
-            wait = (1.0 - bucket.tokens) / rate
+        if self.shared is not None:
+            taken, tokens = await self.shared.take_tokens(f"requests:{caller}", capacity, rate)
+        else:
+            taken, tokens = self._take(caller, capacity, rate)
+        if not taken:
+            wait = (1.0 - tokens) / rate
             error = ApiError(
                 "rate_limit_exceeded",
                 f"Rate limit of {self.requests_per_minute} requests per minute reached; retry in {wait:.1f} s.",
@@ -55,12 +57,21 @@ class RateLimiter:
                 },
             )
             raise error
+        reset = (capacity - tokens) / rate
+        return {
+            "x-ratelimit-limit-requests": str(self.requests_per_minute),
+            "x-ratelimit-remaining-requests": str(math.floor(tokens)),
+            "x-ratelimit-reset-requests": f"{reset:.3f}s",
+        }
+
+    def _take(self, caller: str, capacity: float, rate: float) -> tuple[bool, float]:
+        now = time.time()  # wall clock: buckets outlive the process
+        bucket = self._buckets.setdefault(caller, _Bucket(tokens=capacity, updated=now))
+        bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            return False, bucket.tokens
         bucket.tokens -= 1.0
         if self.journal is not None:
             self.journal.bucket(caller, bucket.tokens, bucket.updated)
-        reset = (capacity - bucket.tokens) / rate
-        return {
-            "x-ratelimit-limit-requests": str(self.requests_per_minute),
-            "x-ratelimit-remaining-requests": str(math.floor(bucket.tokens)),
-            "x-ratelimit-reset-requests": f"{reset:.3f}s",
-        }
+        return True, bucket.tokens

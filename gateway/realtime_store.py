@@ -219,3 +219,15 @@ async def attach_stored_conversation(session: RealtimeSession, store: Conversati
     except BaseException:
         await recorder.close()
         raise
+
+
+async def hand_off_conversation(session: RealtimeSession, store: ConversationStore, owner: str) -> str:
+    """The stored conversation a session goes on from on another replica: its own when it is attached to
+    one (its recorder has stored it), else a new one holding its items as they stand."""
+    if session.recorder is not None:
+        return session.conversation.id
+    conversation = await store.create(owner)
+    messages = [stored_message(item.to_wire(), "completed") for item in session.conversation.items]
+    if messages:
+        await store.append(conversation.id, None, messages)
+    return conversation.id

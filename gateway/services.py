@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
+from gateway.conversation import new_id
 from gateway.idempotency import IdempotencyStore
 from gateway.prewarm import Prewarmer
-from gateway.protocol.errors import ApiError, overloaded
+from gateway.protocol.errors import ApiError
 from gateway.ratelimit import RateLimiter
+from gateway.realtime_store import hand_off_conversation
+from gateway.redis_state import REPLICA_TTL_S, RedisState
 from gateway.runtime import Runtime
 from gateway.session_hub import SessionHub
 from gateway.storage.conversations import ConversationStore
@@ -26,6 +33,8 @@ if TYPE_CHECKING:
 
 # A session bound frees up when some session ends: there is no telling when, so a guess.
 SESSION_RETRY_S = 5.0
+CLOSE_SERVICE_RESTART = 1012  # WebSocket close code: the session goes on elsewhere (drain)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +54,8 @@ class Services:
     hub: SessionHub = field(init=False)  # sessions by resume token; those waiting for their client
     streams: StreamHub = field(init=False)  # SSE streams, resumable with Last-Event-ID
     prewarmer: Prewarmer = field(default_factory=Prewarmer)  # drafts prefilled while the user types
+    shared: RedisState | None = None  # --redis-url: what replicas share (opened with the storage)
+    draining: bool = False  # SIGTERM: no new sessions; see drain()
 
     def __post_init__(self) -> None:
         self.hub = SessionHub(self.settings.resume_window_s, self.end_session)
@@ -60,17 +71,22 @@ class Services:
             idempotency=IdempotencyStore(settings.idempotency_ttl_s),
         )
 
-    def authorize(self, authorization: str | None, *, allow_ephemeral: bool = False) -> tuple[Principal, dict[str, str]]:
+    async def authorize(self, authorization: str | None, *, allow_ephemeral: bool = False) -> tuple[Principal, dict[str, str]]:
         """Authenticate and rate-limit one request; returns the caller and the rate-limit headers."""
-        principal = self.auth.authenticate(bearer_token(authorization), allow_ephemeral=allow_ephemeral)
-        return principal, self.limiter.check(principal.key_id)
+        principal = await self.auth.authenticate(bearer_token(authorization), allow_ephemeral=allow_ephemeral)
+        return principal, await self.limiter.check(principal.key_id)
 
     def check_session_room(self, key_id: str) -> None:
         """429 when the gateway (--max-sessions) or this key (--max-sessions-per-key) has no room for
         another session."""
+        if self.draining:
+            raise ApiError("replica_draining", "This replica is shutting down; open the session on another one.",
+                           type="server_error", status=503, retry_after_s=1.0)
         limit = self.settings.max_sessions
         if len(self.sessions) >= limit:
-            raise overloaded(f"The gateway has its maximum of {limit} sessions open; retry later.", SESSION_RETRY_S)
+            # 503, not 429: this replica is full, not the caller over a limit; a router tries another replica.
+            raise ApiError("replica_full", f"This replica has its maximum of {limit} sessions open; retry later.",
+                           type="server_error", status=503, retry_after_s=SESSION_RETRY_S)
         per_key = self.settings.max_sessions_per_key
         if sum(1 for owner in self.sessions.values() if owner == key_id) >= per_key:
             raise ApiError(
@@ -81,13 +97,17 @@ class Services:
                 retry_after_s=SESSION_RETRY_S,
             )
 
-    def open_session(self, session: RealtimeSession, principal: Principal) -> Attachment:
-        """Count a new session in and spend the client secret that opened it, all or nothing. Nothing
-        here awaits, so concurrent requests cannot pass a bound between the check and the count. Returns
-        the opening transport's hold on the session."""
+    async def open_session(self, session: RealtimeSession, principal: Principal) -> Attachment:
+        """Count a new session in and spend the client secret that opened it, all or nothing. The count
+        is taken before the spend awaits, so concurrent requests cannot pass a bound between the check
+        and the count. Returns the opening transport's hold on the session."""
         self.check_session_room(principal.key_id)
-        self.auth.spend(principal)
         self.sessions[session] = principal.key_id
+        try:
+            await self.auth.spend(principal)
+        except BaseException:
+            self.sessions.pop(session, None)
+            raise
         return self.hub.add(session, principal.key_id)
 
     async def open_storage(self) -> None:
@@ -95,11 +115,77 @@ class Services:
         engine = await open_database(url)
         self.conversations = ConversationStore(engine)
         self.durable = DurableState(engine)
+        if self.settings.redis_url:
+            # Secrets, idempotency answers and buckets live in Redis for every replica, not in this database.
+            self.shared = RedisState(self.settings.redis_url)
+            await self.shared.ping()
+            self.auth.shared = self.idempotency.shared = self.limiter.shared = self.shared
+            return
         snapshot = await self.durable.load(self.settings.idempotency_ttl_s)
         self.auth.restore(snapshot.secrets)
         self.idempotency.restore(snapshot.idempotency)
         self.limiter.restore(snapshot.buckets)
         self.auth.journal = self.idempotency.journal = self.limiter.journal = self.durable
+
+    async def drain(self, timeout_s: float) -> None:
+        """SIGTERM: take no new session (503, and /healthz says draining, so the router sends them to another
+        replica), let the replies in flight finish for up to `timeout_s`, then hand every session off: its
+        conversation is stored, an `error` event `session_handoff` names it, and the connection closes with
+        1012 (service restart) and the same reason, so the client opens a session on another replica with
+        ?conversation=<id> and goes on where it was."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while any(session.active is not None for session in self.sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        results = await asyncio.gather(*(self._hand_off(session, owner) for session, owner in list(self.sessions.items())),
+                                       return_exceptions=True)
+        for failure in (result for result in results if isinstance(result, BaseException)):
+            log.error("a session's hand-off failed", exc_info=failure)
+
+    async def _hand_off(self, session: RealtimeSession, owner: str) -> None:
+        try:
+            conversation_id = await hand_off_conversation(session, self.store, owner)
+            reason = json.dumps({"conversation": conversation_id})
+            session.send_error(ApiError("session_handoff", f"This replica is shutting down: open a session on another "
+                                        f"one with ?conversation={conversation_id} to go on.", "conversation"))
+            session.close_frame = (CLOSE_SERVICE_RESTART, reason)
+        finally:
+            await self.end_session(session)
+
+    def announce_replica(self) -> None:
+        """With Redis and --replica-url: keep this replica in the directory that other replicas forward by,
+        refreshed well within its entry's expiry (a task in `background`, cancelled at shutdown)."""
+        shared, url = self.shared, self.settings.replica_url
+        if shared is None or url is None:
+            return
+
+        async def refresh() -> None:
+            while True:
+                try:
+                    await shared.announce_replica(self.settings.replica_id, url)
+                except Exception as exc:  # Redis away for a moment: the next refresh tries again
+                    log.warning("announcing replica %s failed: %s", self.settings.replica_id, exc)
+                await asyncio.sleep(REPLICA_TTL_S / 3)
+
+        task = asyncio.create_task(refresh(), name="replica announcer")
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def close_shared(self) -> None:
+        if self.shared is not None:
+            with contextlib.suppress(Exception):  # Redis may be gone first; the entry then expires by itself
+                await self.shared.withdraw_replica(self.settings.replica_id)
+            await self.shared.close()
+
+    def new_call_id(self) -> str:
+        """A call id that names this replica, so that another replica can forward its hangup here."""
+        return new_id(f"rtc_{self.settings.replica_id}")
+
+    async def owner_url(self, replica_id: str) -> str | None:
+        """Where another replica answers (the Redis directory), or None: this one, unknown, or gone."""
+        if replica_id == self.settings.replica_id or self.shared is None:
+            return None
+        return await self.shared.replica_url(replica_id)
 
     @property
     def store(self) -> ConversationStore:

@@ -88,7 +88,9 @@ class RealtimeSession:
         self.id = new_id("sess")
         self.outbox = Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
         # Reconnecting with it (and the last sequence number received) resumes this session: SessionHub.
-        self.resume_token = secrets.token_urlsafe(24)
+        # Names the replica, so that a resume reaching another one is relayed here (transports/realtime_ws.py).
+        self.resume_token = f"{settings.replica_id}.{secrets.token_urlsafe(24)}"
+        self.close_frame: tuple[int, str] = (1000, "")  # how its WebSocket closes when the session ends
         self.conversation = Conversation(max_items=settings.max_conversation_items,
                                          max_bytes=settings.max_conversation_bytes)
         self.active: ActiveResponse | None = None

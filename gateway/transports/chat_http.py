@@ -53,7 +53,7 @@ def model_object(model_id: str) -> dict[str, Any]:
 @router.get("/v1/models", responses=error_responses(401, 429))
 async def list_models(request: Request) -> JSONResponse:
     svc = services(request)
-    _, headers = svc.authorize(request.headers.get("authorization"))
+    _, headers = await svc.authorize(request.headers.get("authorization"))
     listed = svc.runtime.model_names.listed
     return JSONResponse({"object": "list", "data": [model_object(name) for name in listed]}, headers=headers)
 
@@ -61,7 +61,7 @@ async def list_models(request: Request) -> JSONResponse:
 @router.get("/v1/models/{model_id:path}", responses=error_responses(401, 404, 429))
 async def get_model(model_id: str, request: Request) -> JSONResponse:
     svc = services(request)
-    _, headers = svc.authorize(request.headers.get("authorization"))
+    _, headers = await svc.authorize(request.headers.get("authorization"))
     svc.require_model(model_id, "model_id")
     return JSONResponse(model_object(model_id), headers=headers)
 
@@ -73,7 +73,7 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
 )
 async def chat_completions(request: Request) -> Response:
     svc = services(request)
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
         return resume_stream(svc, last_event_id, principal.key_id, headers)
@@ -87,7 +87,7 @@ async def chat_completions(request: Request) -> Response:
 
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key:
-        stored = svc.idempotency.begin(principal.key_id, idempotency_key, body)
+        stored = await svc.idempotency.begin(principal.key_id, idempotency_key, body)
         if stored is not None:
             return Response(stored.body, stored.status, {**stored.headers, "idempotent-replayed": "true"}, stored.media_type)
 
@@ -95,17 +95,17 @@ async def chat_completions(request: Request) -> Response:
         response = await _complete(svc, chat, headers, request, principal.key_id)
     except BaseException:
         if idempotency_key:
-            svc.idempotency.finish(principal.key_id, idempotency_key, None)
+            await svc.idempotency.finish(principal.key_id, idempotency_key, None)
         raise
     if idempotency_key and not isinstance(response, StreamingResponse):
-        svc.idempotency.finish(
+        await svc.idempotency.finish(
             principal.key_id,
             idempotency_key,
             StoredResponse(response.status_code, "application/json", bytes(response.body), headers),
         )
     elif idempotency_key:
         # A stream cannot be replayed byte for byte once sent; a retry after it runs again.
-        svc.idempotency.finish(principal.key_id, idempotency_key, None)
+        await svc.idempotency.finish(principal.key_id, idempotency_key, None)
     return response
 
 

@@ -39,7 +39,7 @@ class ClientSecretRequest(BaseModel):
 async def mint_client_secret(request: Request) -> JSONResponse:
     """A short-lived token that opens one Realtime session with the given configuration."""
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     _, payload = await read_json_object(request, empty={})
     try:
         body = ClientSecretRequest.model_validate(payload)
@@ -53,7 +53,7 @@ async def mint_client_secret(request: Request) -> JSONResponse:
     speech = svc.runtime.speech_options
     session = apply_session_update(speech.apply_defaults(SessionConfig(model=svc.settings.model_name)), session_update,
                                    speech=speech, param="session")
-    value, expires_at = svc.auth.mint(principal, session_update, ttl)
+    value, expires_at = await svc.auth.mint(principal, session_update, ttl)
     return JSONResponse(
         {"value": value, "expires_at": int(expires_at), "session": session.model_dump(exclude={"id", "expires_at"})},
         headers=headers,

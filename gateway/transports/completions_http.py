@@ -45,7 +45,7 @@ router = APIRouter()
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def completions(request: Request) -> Response:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     _, payload = await read_json_object(request)
     try:
         body = CompletionRequest.model_validate(payload)

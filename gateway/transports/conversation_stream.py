@@ -113,7 +113,7 @@ def _engine(svc: Services) -> LLMBackend:
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def post_message(request: Request, conversation_id: str) -> Response:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
         return resume_stream(svc, last_event_id, principal.key_id, headers)
@@ -215,7 +215,7 @@ async def _title(svc: Services, owner: str, conversation_id: str, question: str)
 async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: PrepareMessage = await _body(request, PrepareMessage)
     engine = _engine(svc)
     turn = await _resolve(svc, principal.key_id, conversation_id, body.content,

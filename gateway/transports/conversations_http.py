@@ -72,7 +72,7 @@ async def _body(request: Request, model: type[BaseModel], empty: dict[str, Any] 
              responses=error_responses(400, 401, 413, 429))
 async def create_conversation(request: Request) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: CreateConversation = await _body(request, CreateConversation, empty={})
     row = await svc.store.create(principal.key_id, body.title)
     return JSONResponse(conversation_object(row), headers=headers)
@@ -82,7 +82,7 @@ async def create_conversation(request: Request) -> JSONResponse:
 async def list_conversations(request: Request, after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
                              order: Literal["asc", "desc"] = PAGE_ORDER) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     page = await svc.store.list(principal.key_id, after=after, limit=limit, order=order)
     return JSONResponse(list_object(page, conversation_object), headers=headers)
 
@@ -92,7 +92,7 @@ async def get_conversation(request: Request, conversation_id: str,
                            all_branches: bool = Query(False, description="Every message, not only the current branch.")
                            ) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     row = await svc.store.get(principal.key_id, conversation_id)
     messages = await (svc.store.all_messages(row.id) if all_branches else svc.store.branch(row))
     return JSONResponse({**conversation_object(row), "messages": [message_object(m) for m in messages]},
@@ -103,7 +103,7 @@ async def get_conversation(request: Request, conversation_id: str,
               responses=error_responses(400, 401, 404, 413, 429))
 async def update_conversation(request: Request, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: UpdateConversation = await _body(request, UpdateConversation)
     row = await svc.store.update(principal.key_id, conversation_id, title=body.title,
                                  current_leaf_id=body.current_leaf_id)
@@ -113,7 +113,7 @@ async def update_conversation(request: Request, conversation_id: str) -> JSONRes
 @router.delete("/v1/conversations/{conversation_id}", responses=error_responses(401, 404, 429))
 async def delete_conversation(request: Request, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     await svc.store.delete(principal.key_id, conversation_id)
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True}, headers=headers)
 
@@ -122,6 +122,6 @@ async def delete_conversation(request: Request, conversation_id: str) -> JSONRes
 async def list_messages(request: Request, conversation_id: str, after: str | None = PAGE_AFTER,
                         limit: int = PAGE_LIMIT, order: Literal["asc", "desc"] = Query("asc")) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = svc.authorize(request.headers.get("authorization"))
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
     page = await svc.store.messages(principal.key_id, conversation_id, after=after, limit=limit, order=order)
     return JSONResponse(list_object(page, message_object), headers=headers)

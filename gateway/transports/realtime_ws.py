@@ -13,6 +13,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gateway.auth import bearer_token, token_from_subprotocols
 from gateway.event_log import log_event
+from gateway.forwarding import relay_websocket, replica_of
 from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
 from gateway.realtime_store import attach_stored_conversation
@@ -43,9 +44,13 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=accept_subprotocol)
     fresh: RealtimeSession | None = None  # a new session, closed again if it is refused
     try:
-        principal = svc.auth.authenticate(token, allow_ephemeral=True)
-        svc.limiter.check(principal.key_id)
+        principal = await svc.auth.authenticate(token, allow_ephemeral=True)
+        await svc.limiter.check(principal.key_id)
         resume_token = websocket.query_params.get("resume")
+        if resume_token is not None and (owner := await svc.owner_url(replica_of(resume_token))) is not None:
+            # The session lives on another replica (the router sent the resume here): relay to its owner.
+            await relay_websocket(websocket, owner, accept_subprotocol)
+            return
         if resume_token is not None:
             session, attachment, reader = _resume(svc, resume_token, principal.key_id, websocket.query_params)
         else:
@@ -63,7 +68,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
             )
             if (stored := websocket.query_params.get("conversation")) is not None:
                 await attach_stored_conversation(session, svc.store, principal.key_id, stored)
-            attachment = svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
+            attachment = await svc.open_session(session, principal)  # 503 or 429 past a session bound; spends a client secret
             reader = session.outbox.attach()
             session.start()
     except ApiError as error:
@@ -120,7 +125,7 @@ async def _attach(
         if attachment.superseded.is_set():
             await _close(websocket, CLOSE_RESUMED_ELSEWHERE, "the session was resumed on another connection")
         else:
-            await _close(websocket, 1000, "")
+            await _close(websocket, *session.close_frame)
         await _join(receiver)
     if attachment.superseded.is_set():
         await _stop(writer)
@@ -136,7 +141,7 @@ async def _attach(
             log.error("session %s: reading its events failed", session.id, exc_info=error)
     await svc.end_session(session)
     await _drain(writer)
-    await _close(websocket, 1000, "")
+    await _close(websocket, *session.close_frame)
 
 
 def _dropped(receiver: asyncio.Task[int], writer: asyncio.Task[bool]) -> bool:
@@ -187,7 +192,7 @@ async def _write_events(websocket: WebSocket, session: RealtimeSession, reader: 
     """Sends the session's events until its outbox closes or another connection takes over. Returns
     True when the peer was found gone. A send that fails for another reason closes the outbox (and so
     the session) with the connection: a session is never left open and mute."""
-    code, reason = 1000, ""
+    code, reason = session.close_frame
     try:
         while (wire := await reader.next()) is not None:
             await websocket.send_text(wire)

@@ -25,7 +25,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from gateway.auth import bearer_token
 from gateway.config import Settings
-from gateway.conversation import new_id
+from gateway.forwarding import forward_post, replica_of
 from gateway.http_bodies import read_body
 from gateway.openapi import error_responses, request_body
 from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
@@ -274,7 +274,7 @@ async def create_call(
 ) -> Response:
     svc: Services = request.app.state.services
     # A client secret is only looked up here; it is spent when the call is set up (open_session).
-    principal, headers = svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
+    principal, headers = await svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
     svc.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
@@ -302,7 +302,7 @@ async def create_call(
             raise
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     token = bearer_token(request.headers.get("authorization"))
-    call = Call(id=new_id("rtc"), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
+    call = Call(id=svc.new_call_id(), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
 
@@ -323,7 +323,7 @@ async def create_call(
         await session.close()
         raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
     try:
-        svc.open_session(session, principal)  # 429 past a session bound; spends a client secret
+        await svc.open_session(session, principal)  # 503 or 429 past a session bound; spends a client secret
     except ApiError:
         await pc.close()
         await session.close()
@@ -346,9 +346,11 @@ async def create_call(
 async def hang_up(call_id: str, request: Request) -> JSONResponse:
     svc: Services = request.app.state.services
     call = svc.calls.get(call_id)
+    if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:
+        return await forward_post(owner, request)  # the call lives on another replica: its owner answers
     token = bearer_token(request.headers.get("authorization"))
     if call is None or call.secret_digest is None or _digest(token) != call.secret_digest:
-        svc.authorize(request.headers.get("authorization"))
+        await svc.authorize(request.headers.get("authorization"))
     if call is None:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     call.ended.set()

@@ -157,7 +157,7 @@ def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> Non
     # machine runs: every part of a step on it, and the report says so.
     isas = cpu_kernels.supported_isas()
     best = isas[0] if isas else "torch"
-    assert health["llm"] == {"device": "cpu", "cpu_isas": ",".join(isas) or "none", "kernels": best, "weights": "int4",
+    assert health["llm"] == {"backend": "in-process", "device": "cpu", "cpu_isas": ",".join(isas) or "none", "kernels": best, "weights": "int4",
                              "matmul": best, "attention": best if isas else "sdpa",
                              "head": best if isas else "onednn", "layers_in_one_call": str(bool(isas)).lower()}
     assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text

@@ -283,15 +283,16 @@ async def test_sessions_are_bounded_per_key_and_in_total(bounded: GatewayProcess
             assert answer.status_code == 201, answer.text
             call_url = answer.headers["location"]
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
-            # KEY_B has room (1 of 2) but the gateway is full (3 of 3): over HTTP a 429 with Retry-After.
+            # KEY_B has room (1 of 2) but the replica is full (3 of 3): over HTTP a 503 with Retry-After, so that
+            # a router tries another replica.
             second_pc, _ = await make_offer()
             full = await http.post("/v1/realtime/calls", content=second_pc.localDescription.sdp,
                                    headers={"content-type": "application/sdp", **bearer(KEY_B)})
             await second_pc.close()
-            assert full.status_code == 429, full.text
-            assert full.json()["error"]["code"] == "server_overloaded" and int(full.headers["retry-after"]) >= 1
+            assert full.status_code == 503, full.text
+            assert full.json()["error"]["code"] == "replica_full" and int(full.headers["retry-after"]) >= 1
             client, refused = await open_ws(bounded, KEY_B)
-            assert refused["type"] == "error" and refused["error"]["code"] == "server_overloaded"
+            assert refused["type"] == "error" and refused["error"]["code"] == "replica_full"
             await client.close()
             # A session that ends frees its place.
             assert (await http.post(f"{call_url}/hangup", headers=bearer(KEY_B))).status_code == 200

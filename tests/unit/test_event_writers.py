@@ -41,6 +41,7 @@ class SocketWithFault:
 class SessionStub:
     id: str = "sess_test"
     outbox: Outbox = field(default_factory=Outbox)
+    close_frame: tuple[int, str] = (1000, "")
 
 
 async def _run_writer(socket: SocketWithFault, events: int, **outbox_args: int) -> SessionStub:
