@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from benchmarks.int4_kernels import cpu_model
-from benchmarks.voice_server import GatewayProcess
+from gateway.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
 WORDS = ("amber", "basil", "cedar", "delta", "ember", "fable", "garnet", "harbor", "indigo", "juniper", "kestrel",

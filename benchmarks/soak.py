@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import websockets
 
-from benchmarks.voice_server import GatewayProcess
+from gateway.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
 WARM_SESSIONS = 8

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.voice_server import GatewayProcess
+from gateway.processes import GatewayProcess
 
 QUESTION = "Tell me about the history of Paris."
 

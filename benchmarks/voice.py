@@ -63,7 +63,7 @@ from typing import Any, Self
 import numpy as np
 
 from benchmarks.voice_audio import Clip, Speaker
-from benchmarks.voice_server import GatewayProcess, get_json
+from gateway.processes import GatewayProcess, get_json
 
 WS_RATE = 24000  # pcm16 over the WebSocket
 MODEL = "smollm2-135m-instruct"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.voice_server import GatewayProcess
+from gateway.processes import GatewayProcess
 
 __all__ = ["GatewayProcess", "start_gateway"]
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import uvicorn
 
-from benchmarks.voice_server import free_port
 from gateway.app import build_app
 from gateway.config import Settings
+from gateway.processes import free_port
 from gateway.storage.conversations import ConversationStore
 from tests.integration.conftest import MODEL
 

@@ -1,4 +1,4 @@
-"""Start the real gateway in a subprocess for the voice benchmark and the browser test.
+"""Start the real gateway in a subprocess: for `gateway cluster`, the benchmarks and the tests.
 
 `python -m gateway serve --host H --port P --ice-host-addresses 127.0.0.1 [extra args]`. The
 caller's GATEWAY_* variables (GATEWAY_CACHE_DIR, GATEWAY_LLM_MODEL, ...) pass through unchanged.
