@@ -129,7 +129,7 @@ class RealtimeSession:
         if self.runtime.asr is not None:
             self.voice = VoicePipeline(self)
         self.on_config_changed()
-        created: Event = {"type": "session.created", "session": self.config.model_dump()}
+        created: Event = {"type": "session.created", "session": self.config.to_wire()}
         if self.settings.resume_window_s > 0:
             created["resume_token"] = self.resume_token
         self.send(created)
@@ -231,6 +231,8 @@ class RealtimeSession:
             case ev.ConversationItemTruncate():
                 self._truncate_item(event)
             case ev.ResponseCreate():
+                if self.config.transcribes_only:
+                    raise ApiError("invalid_value", "A transcription session creates no responses.", "type")
                 if self.voice is not None:
                     await self.voice.transcripts_done()
                 self.create_response(event.response)
@@ -277,7 +279,10 @@ class RealtimeSession:
         if model is not None and model not in self.runtime.model_names:
             raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
         config = apply_session_update(self.config, update, speech=self.runtime.speech_options)
-        if config.wants_audio() and not self._can_speak():
+        if config.type != self.config.type and (len(self.conversation) or self.active is not None):
+            raise ApiError("invalid_value", f"A {self.config.type} session becomes a {config.type} one only before its "
+                           "first item.", "session.type")
+        if config.wants_audio() and not config.transcribes_only and not self._can_speak():
             raise ApiError(
                 "invalid_value",
                 "Audio output needs the voice models (start without --no-load-voice-models).",
@@ -285,7 +290,7 @@ class RealtimeSession:
             )
         self.config = config
         self.on_config_changed()
-        self.send({"type": "session.updated", "session": self.config.model_dump()})
+        self.send({"type": "session.updated", "session": self.config.to_wire()})
 
     def on_config_changed(self) -> None:
         detection = self.config.audio.input.turn_detection

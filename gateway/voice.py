@@ -398,14 +398,14 @@ class VoicePipeline:
     ) -> None:
         session = self.session
         item_id = item.id
-        transcript = None
-        for job in ready:  # a superseded partial resolves to None: try the next one
-            with contextlib.suppress(asyncio.CancelledError):
-                transcript = await job
-            if transcript is not None:
-                break
-        if transcript is None:
-            transcript = await self._transcribe(audio, final=True)
+        try:
+            transcript = await self._final_transcript(audio, ready)
+        except Exception as exc:  # the model failed: the item stays without words, the session goes on
+            log.exception("session %s: transcribing item %s failed", session.id, item_id)
+            self._transcription_failed(item, previous, str(exc) or type(exc).__name__)
+            if preemption is not None:
+                self._discard(preemption)
+            return
         text = transcript.text if transcript is not None else ""
         marks.mark("transcript_final")
         item.content[0]["transcript"] = text
@@ -431,6 +431,28 @@ class VoicePipeline:
         finally:
             if head_start is not None and not created:
                 head_start.cancel()
+
+    async def _final_transcript(self, audio: np.ndarray, ready: list[asyncio.Task[Transcript | None]]) -> Transcript | None:
+        for job in ready:  # a superseded partial resolves to None: try the next one
+            transcript = None
+            with contextlib.suppress(asyncio.CancelledError):
+                transcript = await job
+            if transcript is not None:
+                return transcript
+        return await self._transcribe(audio, final=True)
+
+    def _transcription_failed(self, item: Item, previous: str | None, reason: str) -> None:
+        session = self.session
+        item.content[0]["transcript"] = ""
+        item.status = "incomplete"
+        if session.config.audio.input.transcription is not None:
+            session.send({
+                "type": "conversation.item.input_audio_transcription.failed", "item_id": item.id, "content_index": 0,
+                "error": {"type": "server_error", "code": "transcription_failed",
+                          "message": f"Transcribing the audio failed: {reason}", "param": None},
+            })
+        session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+        session.turns.transcript_final(has_text=False)  # back to listening
 
     async def _create_response(
         self, marks: TurnMarks, params: ResponseParams | None = None, *, preemption: Preemption | None = None
@@ -497,8 +519,8 @@ class VoicePipeline:
         """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
         engine = self.runtime.engine
         session = self.session
-        if engine is None or session.active is not None:
-            return
+        if engine is None or session.active is not None or session.config.transcribes_only:
+            return  # a transcription session never answers: nothing to prefill for
         messages = session.conversation.chat_messages(session.config.instructions)
         self._spawn(self._prefill(messages, user_text))
 

@@ -65,8 +65,9 @@ class SpeechOptions:
     def check(self, config: SessionConfig) -> None:
         output = config.audio.output
         if output.voice != self.voice and output.voice not in self.voice_aliases:
-            raise ApiError("invalid_value", f"Unknown voice '{output.voice}'. This server speaks with '{self.voice}' "
-                           "(OpenAI's voice names also select it).", "session.audio.output.voice")
+            raise ApiError("invalid_value", f"Unknown voice '{output.voice}'. Realtime sessions speak with "
+                           f"'{self.voice}' (so do the OpenAI voice names that select it: GET /v1/audio/voices).",
+                           "session.audio.output.voice")
         transcription = config.audio.input.transcription
         if transcription is None:
             return
@@ -225,8 +226,13 @@ class TracingConfig(_Strict):
     metadata: dict[str, Any] | None = None
 
 
+SessionType = Literal["realtime", "transcription"]
+# What a transcription session has (GA: RealtimeTranscriptionSessionCreateRequest): no output, no responses.
+TRANSCRIPTION_SESSION_FIELDS = frozenset({"type", "audio", "include"})
+
+
 class SessionConfig(_Strict):
-    type: Literal["realtime"] = "realtime"
+    type: SessionType = "realtime"
     object: Literal["realtime.session"] = "realtime.session"
     id: str = ""
     model: str = ""
@@ -276,6 +282,18 @@ class SessionConfig(_Strict):
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities
 
+    @property
+    def transcribes_only(self) -> bool:
+        return self.type == "transcription"
+
+    def to_wire(self) -> dict[str, Any]:
+        """The session object clients see: a transcription session has only its input audio (and include)."""
+        data = self.model_dump()
+        if not self.transcribes_only:
+            return data
+        return {"type": "transcription", "object": "realtime.transcription_session", "id": data["id"],
+                "audio": {"input": data["audio"]["input"]}, "include": data["include"], "expires_at": data["expires_at"]}
+
 
 READ_ONLY_FIELDS = {"id", "object", "expires_at"}
 
@@ -312,6 +330,8 @@ def apply_session_update(
         field = sorted(read_only)[0]
         raise ApiError("invalid_value", f"'{param}.{field}' cannot be changed", f"{param}.{field}")
     merged = {"temperature": current.temperature, **_deep_merge(current.model_dump(), update)}
+    if merged.get("type") == "transcription":
+        _as_transcription(merged, update, param)
     try:
         config = SessionConfig.model_validate(merged)
     except ValidationError as exc:
@@ -319,3 +339,33 @@ def apply_session_update(
     if speech is not None:
         speech.check(config)
     return config
+
+
+def _as_transcription(merged: dict[str, Any], update: dict[str, Any], param: str) -> None:
+    """A transcription session's update holds only its fields; its turns never create or interrupt a response."""
+    audio = update.get("audio")
+    extra = sorted(update.keys() - TRANSCRIPTION_SESSION_FIELDS)
+    extra += sorted(f"audio.{field}" for field in (audio.keys() - {"input"} if isinstance(audio, dict) else ()))
+    if extra:
+        raise ApiError("unknown_parameter", f"'{param}.{extra[0]}' is not a field of a transcription session.",
+                       f"{param}.{extra[0]}")
+    if isinstance(audio, dict):
+        detection = audio.get("input", {}).get("turn_detection") if isinstance(audio.get("input"), dict) else None
+        for field in ("create_response", "interrupt_response"):
+            if isinstance(detection, dict) and detection.get(field):
+                raise ApiError("invalid_value", "A transcription session creates no responses.",
+                               f"{param}.audio.input.turn_detection.{field}")
+    detection = merged.get("audio", {}).get("input", {}).get("turn_detection")
+    if isinstance(detection, dict):
+        detection["create_response"] = detection["interrupt_response"] = False
+
+
+def with_intent(initial: dict[str, Any] | None, intent: str | None) -> dict[str, Any] | None:
+    """A WebSocket's `?intent=transcription` (as the openai SDK connects for one) opens a transcription session."""
+    if intent is None:
+        return initial
+    if intent != "transcription":
+        raise ApiError("invalid_value", f"Unknown intent '{intent}': 'transcription' or none.", "intent")
+    if initial is not None and initial.get("type", "transcription") != "transcription":
+        raise ApiError("invalid_value", "intent=transcription, but the client secret is for a realtime session.", "intent")
+    return {**(initial or {}), "type": "transcription"}

@@ -46,7 +46,7 @@ async def mint_client_secret(request: Request) -> JSONResponse:
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
     ttl = body.expires_after.seconds if body.expires_after else svc.settings.client_secret_ttl_s
-    session_update = {key: value for key, value in (body.session or {}).items() if key != "type"}
+    session_update = dict(body.session or {})  # its type too: a "transcription" session only transcribes
     if "model" in session_update:
         svc.require_model(str(session_update["model"]), "session.model")
     # Validate now, so a bad configuration fails here and not when the browser connects.
@@ -55,6 +55,7 @@ async def mint_client_secret(request: Request) -> JSONResponse:
                                    speech=speech, param="session")
     value, expires_at = await svc.auth.mint(principal, session_update, ttl)
     return JSONResponse(
-        {"value": value, "expires_at": int(expires_at), "session": session.model_dump(exclude={"id", "expires_at"})},
+        {"value": value, "expires_at": int(expires_at),
+         "session": {field: item for field, item in session.to_wire().items() if field not in ("id", "expires_at")}},
         headers=headers,
     )

@@ -16,6 +16,7 @@ from gateway.event_log import log_event
 from gateway.forwarding import relay_websocket, replica_of
 from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
+from gateway.protocol.session_config import with_intent
 from gateway.realtime_store import attach_stored_conversation
 from gateway.services import Services
 from gateway.session import RealtimeSession
@@ -63,7 +64,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
                 svc.settings,
                 transport="websocket",
                 speech_factory=WebSocketSpeech.create,
-                initial_config=principal.ephemeral_session,
+                initial_config=with_intent(principal.ephemeral_session, websocket.query_params.get("intent")),
                 request_id=request_id,
             )
             if (stored := websocket.query_params.get("conversation")) is not None:

@@ -283,8 +283,7 @@ async def create_call(
     _validate_offer(sdp)
     initial = principal.ephemeral_session or {}
     if session_config:
-        initial = {**initial, **session_config}
-        initial.pop("type", None)
+        initial = {**initial, **session_config}  # its type too: a "transcription" call only transcribes
     if "model" in initial:
         svc.require_model(str(initial["model"]), "session.model")
 

@@ -1,0 +1,70 @@
+"""The speech endpoints' pure parts: the TTS worker's priorities, the voice table, subtitles."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.protocol.audio import srt, vtt
+from gateway.protocol.errors import ApiError
+from gateway.voices import OPENAI_VOICES, VoiceCatalog, piper_voice_name
+from inference.asr import Segment
+from inference.tts import PriorityWorker
+
+
+def test_live_hops_run_before_queued_background_hops() -> None:
+    worker = PriorityWorker("test-tts")
+    release, started = threading.Event(), threading.Event()
+    order: list[str] = []
+    try:
+        busy = worker.submit("background", lambda: started.set() or release.wait())  # running when the others arrive
+        assert started.wait(5)
+        futures = [worker.submit(priority, lambda name=name: order.append(name))
+                   for name, priority in (("bg1", "background"), ("live1", "live"), ("bg2", "background"),
+                                          ("live2", "live"))]
+        release.set()
+        busy.result(5)
+        for future in futures:
+            future.result(5)
+    finally:
+        worker.shutdown()
+    assert order == ["live1", "live2", "bg1", "bg2"]
+
+
+def test_shutdown_cancels_queued_hops() -> None:
+    worker = PriorityWorker("test-tts")
+    release, started = threading.Event(), threading.Event()
+    running = worker.submit("live", lambda: started.set() or release.wait())
+    assert started.wait(5)
+    queued = worker.submit("background", lambda: None)
+    worker.shutdown()
+    release.set()
+    assert running.result(5) is True and queued.cancelled()
+    with pytest.raises(RuntimeError):
+        worker.submit("live", lambda: None)
+
+
+def test_voice_table() -> None:
+    assert piper_voice_name(Path("/x/en_US-joe-medium.onnx")) == "joe"
+    assert piper_voice_name(Path("voice.onnx")) == "voice"
+    one = VoiceCatalog.from_paths(None, [])
+    assert one.installed == ("joe",) and set(one.table().values()) == {"joe"}
+    assert one.resolve("marin") == one.resolve("joe") == "joe"
+    two = VoiceCatalog.from_paths(None, [Path("/v/en_GB-alba-medium.onnx")])
+    table = two.table()
+    assert [table[name] for name in OPENAI_VOICES[:4]] == ["joe", "alba", "joe", "alba"]
+    assert two.aliases_of("alba") == {name for name, voice in table.items() if voice == "alba"}
+    with pytest.raises(ApiError) as caught:
+        two.resolve("bob")
+    assert caught.value.param == "voice" and "'joe', 'alba'" in caught.value.message
+    with pytest.raises(ValueError):
+        VoiceCatalog.from_paths(None, [Path("/v/en_US-joe-low.onnx")])  # two voices named joe
+
+
+def test_subtitles() -> None:
+    segments = [Segment(0, 0, 0.0, 2.5, " Hello there.", [], 0.0, -0.2, 1.0, 0.01, []),
+                Segment(1, 0, 3661.0, 3662.25, " Bye.", [], 0.0, -0.2, 1.0, 0.01, [])]
+    assert srt(segments) == "1\n00:00:00,000 --> 00:00:02,500\nHello there.\n\n2\n01:01:01,000 --> 01:01:02,250\nBye.\n"
+    assert vtt(segments) == "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello there.\n\n01:01:01.000 --> 01:01:02.250\nBye.\n"
