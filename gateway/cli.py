@@ -16,6 +16,7 @@ from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, Settings
 
 from gateway import event_log
 from gateway.bench.cli import Bench
+from gateway.cluster import ClusterCommand
 from gateway.config import Settings, is_loopback
 from gateway.http_server import guarded_protocol
 from gateway.log_redaction import RedactKeys
@@ -40,6 +41,7 @@ class Gateway(BaseModel):
 
     serve: CliSubCommand[Serve]
     bench: CliSubCommand[Bench]
+    cluster: CliSubCommand[ClusterCommand]
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)

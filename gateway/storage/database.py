@@ -4,18 +4,23 @@ marked `incomplete`: they keep the text that had been written."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event, update
+from sqlalchemy import event, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.storage.schema import MessageRow
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATION_LOCK_KEY = 0x6761_7465  # "gate": the advisory lock replicas take to migrate one at a time
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -42,14 +47,28 @@ async def open_database(url: str) -> AsyncEngine:
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     try:
-        async with engine.begin() as connection:
-            await connection.run_sync(_migrate)
-            await connection.execute(update(MessageRow).where(MessageRow.status == "in_progress")
-                                     .values(status="incomplete"))
+        # Replicas starting together migrate one at a time: PostgreSQL's advisory lock, a file lock for SQLite.
+        async with _sqlite_migration_lock(parsed.database if parsed.get_backend_name() == "sqlite" else None):
+            async with engine.begin() as connection:
+                if parsed.get_backend_name() == "postgresql":
+                    await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+                await connection.run_sync(_migrate)
+                await connection.execute(update(MessageRow).where(MessageRow.status == "in_progress")
+                                         .values(status="incomplete"))
     except BaseException:
         await engine.dispose()
         raise
     return engine
+
+
+@contextlib.asynccontextmanager
+async def _sqlite_migration_lock(database: str | None) -> AsyncIterator[None]:
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate.lock", "w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _migrate(connection: Connection) -> None:
