@@ -3,6 +3,7 @@ Whisper tiny.en), through the official openai SDK: Piper's speech transcribes ba
 
 from __future__ import annotations
 
+import difflib
 import io
 import json
 import re
@@ -225,8 +226,8 @@ def test_long_file_in_windows(client: OpenAI, tts: TtsEngine) -> None:
     assert verbose.segments and max(segment.end for segment in verbose.segments) > 55
     assert sorted(segment.start for segment in verbose.segments) == [segment.start for segment in verbose.segments]
     heard, said = norm(verbose.text), norm(" ".join(LONG_TEXT))
-    errors = sum(1 for a, b in zip(heard, said) if a != b) + abs(len(heard) - len(said))
-    assert errors <= len(said) // 20, verbose.text  # tiny.en: a word or two in 150 may differ
+    matched = sum(block.size for block in difflib.SequenceMatcher(a=said, b=heard, autojunk=False).get_matching_blocks())
+    assert matched >= 0.95 * len(said) and len(heard) <= 1.05 * len(said), verbose.text  # tiny.en: a word or two may differ
 
 
 # -- bad input -----------------------------------------------------------------------------------------
