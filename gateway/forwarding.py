@@ -84,9 +84,8 @@ async def relay_websocket(websocket: WebSocket, owner_url: str, subprotocol: str
                 else:
                     await websocket.send_bytes(frame)
         if websocket.application_state == WebSocketState.CONNECTED:
-            close = upstream.close_rcvd
             with contextlib.suppress(Exception):
-                await websocket.close(close.code if close else 1011, close.reason if close else "")
+                await websocket.close(upstream.close_code or 1011, upstream.close_reason or "")
 
     tasks = [asyncio.create_task(client_to_owner()), asyncio.create_task(owner_to_client())]
     try:

@@ -13,6 +13,7 @@ then returns None, so two connections never split one session's events between t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
 from collections import deque
@@ -44,6 +45,7 @@ class Outbox:
         self._sequence = itertools.count(1)
         self._last_sequence = 0
         self._prefix = secrets.token_hex(4)
+        self._taps: list[OutboxTap] = []  # sideband connections: every event from when they tapped in
 
     @property
     def closed(self) -> bool:
@@ -56,6 +58,8 @@ class Outbox:
         self._last_sequence = sequence
         event = {"event_id": f"event_{self._prefix}{sequence}", **event, "sequence_number": sequence}
         wire = encode_server_event(event)
+        for tap in list(self._taps):
+            tap.put(wire)
         self._queue.append((sequence, wire))
         self._pending_bytes += len(wire)
         self._ready.set()
@@ -112,9 +116,52 @@ class Outbox:
                 self._sent_bytes -= len(self._sent.popleft()[1])
         return entry[1]
 
+    def tap(self, max_pending_bytes: int = 16 * 1024 * 1024) -> OutboxTap:
+        """A second stream of the events sent from now on, for an observer beside the attached transport (a
+        sideband connection to a WebRTC call): it never takes events from the reader, and one that falls
+        `max_pending_bytes` behind is cut off rather than holding the session's memory."""
+        tap = OutboxTap(self, max_pending_bytes)
+        if self._closed:
+            tap.put(None)
+        else:
+            self._taps.append(tap)
+        return tap
+
+    def untap(self, tap: OutboxTap) -> None:
+        with contextlib.suppress(ValueError):
+            self._taps.remove(tap)
+
     def close(self) -> None:
         self._closed = True
         self._ready.set()
+        for tap in self._taps:
+            tap.put(None)
+        self._taps.clear()
+
+
+class OutboxTap:
+    def __init__(self, outbox: Outbox, max_pending_bytes: int) -> None:
+        self._outbox = outbox
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._pending_bytes = 0
+        self._max_pending_bytes = max_pending_bytes
+        self.overflowed = False
+
+    def put(self, wire: str | None) -> None:
+        if wire is not None:
+            self._pending_bytes += len(wire)
+            if self._pending_bytes > self._max_pending_bytes:
+                self.overflowed = True
+                self._outbox.untap(self)
+                wire = None
+        self._queue.put_nowait(wire)
+
+    async def next(self) -> str | None:
+        """The next event; None once the session is over (or this tap fell too far behind)."""
+        wire = await self._queue.get()
+        if wire is not None:
+            self._pending_bytes -= len(wire)
+        return wire
 
 
 class OutboxReader:

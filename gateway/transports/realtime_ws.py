@@ -22,6 +22,7 @@ from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.session_hub import Attachment
 from gateway.speech_out import WebSocketSpeech
+from gateway.transports.sideband import serve_sideband
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -47,6 +48,9 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     try:
         principal = await svc.auth.authenticate(token, allow_ephemeral=True)
         await svc.limiter.check(principal.key_id)
+        if (call_id := websocket.query_params.get("call_id")) is not None:  # a sideband connection to a call
+            await serve_sideband(websocket, svc, principal, call_id, accept_subprotocol)
+            return
         resume_token = websocket.query_params.get("resume")
         if resume_token is not None and (owner := await svc.owner_url(replica_of(resume_token))) is not None:
             # The session lives on another replica (the router sent the resume here): relay to its owner.

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("redis-server") and shutil.whi
                                 reason="needs redis-server and haproxy (Debian packages; .ci/run installs them)")
 
 KEYS = {name: f"sk-{name}" for name in ("secrets", "idempotency", "rate", "call", "resume", "drain")}
-RATE_PER_MINUTE = 6
+RATE_PER_MINUTE = 30
 TEXT_ONLY = {"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 30}}
 
 
@@ -92,7 +92,7 @@ async def test_a_rate_limit_is_one_bucket_for_both_replicas(cluster: Cluster) ->
     assert over.status_code == 429 and over.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-async def test_a_hangup_on_the_wrong_replica_reaches_the_owner(cluster: Cluster) -> None:
+async def test_a_sideband_and_a_hangup_on_the_wrong_replica_reach_the_owner(cluster: Cluster) -> None:
     first, second = replica_urls(cluster)
     pc, _ = await make_offer()
     try:
@@ -102,6 +102,24 @@ async def test_a_hangup_on_the_wrong_replica_reaches_the_owner(cluster: Cluster)
             assert answer.status_code == 201, answer.text
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
             call_path = answer.headers["location"]
+            call_id = call_path.rsplit("/", 1)[1]
+            assert call_id.startswith("rtc_r0_")  # it names its replica
+
+            # A sideband connection (the app's server steering the browser's call) through the other replica.
+            sideband = await RealtimeClient.connect(
+                f"{second.replace('http', 'ws', 1)}/v1/realtime?call_id={call_id}", headers=bearer("call"))
+            await sideband.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Sideband."}})
+            updated = await sideband.wait_for("session.updated")
+            assert updated["session"]["instructions"] == "Sideband."
+            await sideband.close()
+            for key, code in (("resume", "call_not_found"), ("call", "call_not_found")):
+                other = await RealtimeClient.connect(
+                    f"{second.replace('http', 'ws', 1)}/v1/realtime?call_id={call_id if key != 'call' else 'rtc_r1_00'}",
+                    headers=bearer(key))
+                refused = await other.recv()
+                assert refused["type"] == "error" and refused["error"]["code"] == code
+                await other.close()
+
             hung_up = await http.post(f"{second}{call_path}/hangup")
             assert hung_up.status_code == 200 and hung_up.json()["status"] == "ended", hung_up.text
             for _ in range(100):  # the owner ends the call: it no longer knows it

@@ -104,3 +104,28 @@ async def test_a_closed_outbox_ends_its_reader_after_the_queued_events() -> None
     outbox.close()
     assert await _take(reader, 2) == [1, 2]
     assert await reader.next() is None and not reader.superseded
+
+
+async def test_a_tap_sees_every_event_from_when_it_tapped_in_without_taking_the_readers() -> None:
+    outbox = Outbox(replay_bytes=1 << 20)
+    reader = outbox.attach()
+    _send(outbox, 2)
+    tap = outbox.tap()
+    _send(outbox, 3)
+    assert [json.loads(await tap.next())["sequence_number"] for _ in range(3)] == [3, 4, 5]
+    assert await _take(reader, 5) == [1, 2, 3, 4, 5]  # the attached transport still gets them all
+    outbox.close()
+    assert await asyncio.wait_for(tap.next(), 1) is None
+
+
+async def test_a_tap_that_falls_behind_is_cut_off_and_the_session_goes_on() -> None:
+    outbox = Outbox()
+    reader = outbox.attach()
+    tap = outbox.tap(max_pending_bytes=300)
+    _send(outbox, 10)  # about 1 KB: past the tap's bound, well within the outbox's
+    assert tap.overflowed and not outbox.closed
+    received = []
+    while (wire := await asyncio.wait_for(tap.next(), 1)) is not None:
+        received.append(json.loads(wire)["sequence_number"])
+    assert received == list(range(1, len(received) + 1)) and len(received) < 10
+    assert await _take(reader, 10) == list(range(1, 11))
