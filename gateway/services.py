@@ -112,7 +112,7 @@ class Services:
 
     async def open_storage(self) -> None:
         url = self.settings.database_url or sqlite_url(self.settings.data_dir)
-        engine = await open_database(url)
+        engine = await open_database(url, shared_by_replicas=bool(self.settings.redis_url))
         self.conversations = ConversationStore(engine)
         self.durable = DurableState(engine)
         if self.settings.redis_url:

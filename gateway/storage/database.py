@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from gateway.storage.schema import MessageRow
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# A reply being written is touched every 0.1 s (storage/writer.py); one untouched this long lost its writer.
+ORPHANED_AFTER_S = 30.0
 MIGRATION_LOCK_KEY = 0x6761_7465  # "gate": the advisory lock replicas take to migrate one at a time
 
 
@@ -38,8 +41,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-async def open_database(url: str) -> AsyncEngine:
-    """Connect, migrate to the newest schema, and end the messages a crash interrupted."""
+async def open_database(url: str, *, shared_by_replicas: bool = False) -> AsyncEngine:
+    """Connect, migrate to the newest schema, and end the messages a crash interrupted. With
+    `shared_by_replicas`, another replica may be writing a reply right now (its text every 0.1 s): only
+    messages untouched for ORPHANED_AFTER_S are taken for a crashed replica's."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -53,8 +58,10 @@ async def open_database(url: str) -> AsyncEngine:
                 if parsed.get_backend_name() == "postgresql":
                     await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
                 await connection.run_sync(_migrate)
-                await connection.execute(update(MessageRow).where(MessageRow.status == "in_progress")
-                                         .values(status="incomplete"))
+                interrupted = MessageRow.status == "in_progress"
+                if shared_by_replicas:
+                    interrupted &= MessageRow.updated_at < time.time() - ORPHANED_AFTER_S
+                await connection.execute(update(MessageRow).where(interrupted).values(status="incomplete"))
     except BaseException:
         await engine.dispose()
         raise

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
 from gateway.protocol.errors import ApiError
 from gateway.storage.conversations import ConversationStore, NewMessage
-from gateway.storage.database import open_database, sqlite_url
+from gateway.storage.database import ORPHANED_AFTER_S, open_database, sqlite_url
+from gateway.storage.schema import MessageRow
 from tests.integration.postgres_server import postgres_url  # noqa: F401 (a fixture, used by name)
 
 
@@ -66,5 +68,25 @@ async def test_a_restart_ends_interrupted_messages(store: ConversationStore, tmp
     try:
         [message] = await reopened.all_messages(conversation.id)
         assert message.status == "incomplete" and message.content == [{"type": "text", "text": "Once upon"}]
+    finally:
+        await reopened.close()
+
+
+async def test_a_replica_starting_ends_only_the_replies_no_replica_is_writing(store: ConversationStore) -> None:
+    """With several replicas on one database, a start must not end another replica's reply in progress
+    (written every 0.1 s), only one untouched since before ORPHANED_AFTER_S (its replica crashed)."""
+    owner = f"key_{time.monotonic_ns()}"
+    conversation = await store.create(owner)
+    live = NewMessage("assistant", [{"type": "text", "text": "Being written"}], status="in_progress")
+    orphan = NewMessage("assistant", [{"type": "text", "text": "Left behind"}], status="in_progress")
+    await store.append(conversation.id, None, [orphan, live])
+    async with store.engine.begin() as connection:  # its replica crashed a while ago
+        await connection.execute(update(MessageRow).where(MessageRow.id == orphan.id)
+                                 .values(updated_at=time.time() - ORPHANED_AFTER_S - 5))
+    url = store.engine.url.render_as_string(hide_password=False)
+    reopened = ConversationStore(await open_database(url, shared_by_replicas=True))
+    try:
+        statuses = {message.id: message.status for message in await reopened.all_messages(conversation.id)}
+        assert statuses == {orphan.id: "incomplete", live.id: "in_progress"}
     finally:
         await reopened.close()
