@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import time
@@ -16,6 +17,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -146,6 +148,23 @@ async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
         assert "Paris" in (reply.choices[0].message.content or "")
         assert engine_stat(worker, "requests_finished") == before + 1
         assert relay.header_values("content-type")  # the relay saw the request
+
+        # Early prefill through the hop: a prepared draft is a 1-token request on the worker, whose
+        # prefix cache then serves the message (the worker reports the cached tokens back).
+        draft = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 20
+        async with httpx.AsyncClient(base_url=front.url, timeout=120) as http:  # (the relay runs on this loop)
+            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            finished = engine_stat(worker, "requests_finished")
+            prepared = await http.post(f"/v1/conversations/{conversation}/prepare", json={"content": draft})
+            assert prepared.status_code == 202
+            while engine_stat(worker, "requests_finished") == finished:
+                await asyncio.sleep(0.05)
+            async with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+                                   json={"model": MODEL, "content": draft, "max_tokens": 4, "temperature": 0}) as sse:
+                data = [json.loads(line[6:]) async for line in sse.aiter_lines() if line.startswith("data: {")]
+        metadata = [d for d in data if d.get("o") == "patch"][-1]["v"][1]["v"]
+        assert metadata["prewarmed"] is True
+        assert metadata["usage"]["cached_tokens"] >= prepared.json()["prompt_tokens"] - 1
 
         # A Realtime session: its conversation id travels in the routing header of every request.
         session = await RealtimeClient.connect(f"{front.ws_url}/v1/realtime?model={MODEL}")
