@@ -170,9 +170,9 @@ class RemoteBackend:
         body = self._body(prompt_ids, params, messages)
         loop = self._admit()
         rid = f"remote-{next(self._ids)}"
-        stream = GenerationStream(rid, loop)
+        # Cancelling closes the request's connection: the server stops it (any thread may cancel).
+        stream = GenerationStream(rid, loop, on_cancel=lambda: loop.call_soon_threadsafe(task.cancel))
         task = self._spawn(self._generate(stream, body, conversation_id, len(prompt_ids)), rid)
-        stream._on_cancel = lambda: loop.call_soon_threadsafe(task.cancel)
         return stream
 
     def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str, background: bool = False,
