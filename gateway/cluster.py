@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -36,8 +37,6 @@ ROUTING_HEADER = "x-conversation-id"
 
 
 def _wait_port(port: int, process: subprocess.Popen[bytes], what: str, timeout_s: float = 30.0) -> None:
-    import socket
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
