@@ -6,12 +6,15 @@ Without --url it starts a gateway on a free port (the embedded Piper voice and W
 paragraph of ~25 s in each format, streamed; the real-time factor is seconds of audio made per wall second, and
 the time to the first byte is from the request to the first body bytes. Transcription: Piper's own speech
 (a 5 s sentence and a 67 s file of 20 sentences, made by the speech endpoint first) as WAV, plain and streamed;
-its real-time factor is seconds of audio per wall second. Prints one JSON object, with the CPU it ran on.
+its real-time factor is seconds of audio per wall second. Live priority: a Realtime text turn answered in audio,
+the time from response.created to its first audio delta, alone and while 3 speech requests stream a long text
+each. Prints one JSON object, with the CPU it ran on.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import os
@@ -25,6 +28,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import websockets
 
 from benchmarks.int4_kernels import cpu_model
 from gateway.processes import GatewayProcess
@@ -50,6 +54,7 @@ LONG = [
     "I forgot my keys on the kitchen table.", "The concert ended with a loud round of applause.",
 ]
 PCM_RATE = 24000
+LIVE_QUESTION = "What is the capital of France?"
 
 
 def lscpu_model() -> str:
@@ -135,7 +140,50 @@ def summary(runs: list[dict[str, Any]], audio_s: float | None = None) -> dict[st
     return out
 
 
-def measure(http: httpx.Client, runs: int) -> dict[str, Any]:
+async def live_first_audio(ws_url: str, headers: dict[str, str]) -> float:
+    """A Realtime text turn answered in audio: seconds from response.created to its first audio delta."""
+    async with websockets.connect(f"{ws_url}/v1/realtime", additional_headers=headers, max_size=None) as ws:
+        async def until(kind: str) -> float:
+            while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != kind:
+                pass
+            return time.perf_counter()
+
+        await until("session.created")
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": LIVE_QUESTION}]}}))
+        await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["audio"]}}))
+        created = await until("response.created")
+        first_audio = await until("response.output_audio.delta")
+        await until("response.done")
+        return first_audio - created
+
+
+async def live_under_speech_load(url: str, headers: dict[str, str], runs: int, streams: int) -> dict[str, Any]:
+    """Live turns alone and while `streams` speech requests stream a long text each: the live hops go first."""
+    ws_url = url.replace("http", "ws", 1)
+    alone, loaded = [], []
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as http:
+        async def drain() -> None:
+            async with http.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "voice": "alloy",
+                                                                    "input": PARAGRAPH * 2, "response_format": "pcm"}) as r:
+                async for _ in r.aiter_bytes():
+                    pass
+
+        await live_first_audio(ws_url, headers)  # warm up
+        for _ in range(runs):
+            alone.append(await live_first_audio(ws_url, headers))
+            background = [asyncio.create_task(drain()) for _ in range(streams)]
+            await asyncio.sleep(0.5)  # the speech requests are synthesizing
+            loaded.append(await live_first_audio(ws_url, headers))
+            still_streaming = sum(not task.done() for task in background)
+            await asyncio.gather(*background)
+            assert still_streaming == streams, "the speech requests ended before the live turn did"
+    return {"speech_requests": streams, "alone_s": [round(x, 3) for x in alone],
+            "alone_s_median": round(statistics.median(alone), 3), "loaded_s": [round(x, 3) for x in loaded],
+            "loaded_s_median": round(statistics.median(loaded), 3)}
+
+
+def measure(http: httpx.Client, runs: int, headers: dict[str, str]) -> dict[str, Any]:
     speak(http, "Warm up.", "pcm")
     speech = {fmt: summary([speak(http, PARAGRAPH, fmt) for _ in range(runs)]) for fmt in ("pcm", "mp3", "opus", "wav")}
     short_wav, short_s = spoken(http, [SENTENCE])
@@ -145,7 +193,8 @@ def measure(http: httpx.Client, runs: int) -> dict[str, Any]:
         "long_json": summary([transcribe(http, long_wav, stream=False) for _ in range(runs)], long_s),
         "long_stream": summary([transcribe(http, long_wav, stream=True) for _ in range(runs)], long_s),
     }
-    return {"speech": speech, "transcription": transcription}
+    live = asyncio.run(live_under_speech_load(str(http.base_url).rstrip("/"), headers, runs, streams=3))
+    return {"speech": speech, "transcription": transcription, "live_first_audio": live}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,14 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     headers = {"authorization": f"Bearer {args.api_key}"}
     if args.url:
         with httpx.Client(base_url=args.url, headers=headers, timeout=300) as http:
-            result.update(measure(http, args.runs))
+            result.update(measure(http, args.runs, headers))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             gateway = GatewayProcess(Path(tmp) / "gateway.log", args=["--data-dir", tmp]).start()
             try:
                 gateway.wait_ready(300)
                 with httpx.Client(base_url=gateway.url, headers=headers, timeout=300) as http:
-                    result.update(measure(http, args.runs))
+                    result.update(measure(http, args.runs, headers))
             finally:
                 gateway.stop()
     print(json.dumps(result, indent=2))

@@ -355,7 +355,11 @@ def _as_transcription(merged: dict[str, Any], update: dict[str, Any], param: str
             if isinstance(detection, dict) and detection.get(field):
                 raise ApiError("invalid_value", "A transcription session creates no responses.",
                                f"{param}.audio.input.turn_detection.{field}")
-    detection = merged.get("audio", {}).get("input", {}).get("turn_detection")
+    audio_input = merged.get("audio", {}).get("input", {})
+    if audio_input.get("transcription") is None:
+        raise ApiError("invalid_value", "A transcription session needs audio.input.transcription (null would "
+                       "transcribe nothing).", f"{param}.audio.input.transcription")
+    detection = audio_input.get("turn_detection")
     if isinstance(detection, dict):
         detection["create_response"] = detection["interrupt_response"] = False
 

@@ -74,6 +74,8 @@ async def test_sdk_transcription_session_over_websocket(gateway: GatewayProcess,
         await connection.send({"type": "session.update", "session": {"instructions": "Answer."}})
         refused = await until(connection, "error")
         assert refused["error"]["param"] == "session.instructions"
+        await connection.send({"type": "session.update", "session": {"audio": {"input": {"transcription": None}}}})
+        assert (await until(connection, "error"))["error"]["param"] == "session.audio.input.transcription"
         await asyncio.sleep(1.0)  # nothing more comes: no response was started for the turn
         with pytest.raises(asyncio.TimeoutError):
             await until(connection, "response.created", timeout=0.5)
