@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -275,6 +275,14 @@ class Settings(BaseSettings):
         url = urlsplit(value) if value is not None else None
         if url is not None and (url.scheme not in ("http", "https") or not url.netloc):
             raise ValueError("must be an http(s) URL of the server's API root, such as http://10.0.0.5:8000/v1")
+        return value
+
+    @field_validator("tts_voices")
+    @classmethod
+    def _voice_names(cls, value: list[Path], info: ValidationInfo) -> list[Path]:
+        from gateway.voices import VoiceCatalog
+
+        VoiceCatalog.from_paths(info.data.get("tts_voice"), value)  # two voices of one name: refused at start
         return value
 
     @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", mode="before")

@@ -60,7 +60,7 @@ class Runtime:
     def __post_init__(self) -> None:
         settings = self.settings
         self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
-        self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # ValueError: two alike
+        self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # names checked by Settings
 
     @property
     def speech_options(self) -> SpeechOptions:
