@@ -184,6 +184,22 @@ def test_transcription_formats(client: OpenAI, gateway: GatewayProcess, spoken: 
     assert sdk_verbose.words and sdk_verbose.segments is None
 
 
+def test_transcription_of_a_stereo_m4a(client: OpenAI, tts: TtsEngine) -> None:
+    """Any container and codec FFmpeg reads: AAC in MP4 at 44.1 kHz stereo, as phones record it."""
+    import av
+
+    pcm = resample(tts.synthesize_blocking(SENTENCES[2]), tts.sample_rate, 44100)
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=44100, layout="stereo")
+        frame = av.AudioFrame.from_ndarray(np.stack([pcm, pcm], axis=1).reshape(1, -1), format="s16", layout="stereo")
+        frame.sample_rate = 44100
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    transcript = client.audio.transcriptions.create(model="whisper-1", file=("memo.m4a", out.getvalue()))
+    assert norm(transcript.text) == norm(SENTENCES[2])
+
+
 def test_transcription_stream(client: OpenAI, gateway: GatewayProcess, spoken: tuple[bytes, str]) -> None:
     audio, text = spoken
     events = list(client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio), stream=True))
