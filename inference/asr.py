@@ -19,6 +19,7 @@ Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
@@ -289,8 +290,9 @@ class AsrEngine:
                 )
         finally:
             close = getattr(segments, "close", None)
-            if close is not None and not self._closed:  # on the worker: a hop may still be running it
-                self._executor.submit(close)
+            if close is not None:  # on the worker: a hop may still be running it
+                with contextlib.suppress(RuntimeError):  # a closed engine: the generator is simply dropped
+                    self._executor.submit(close)
 
     def _run_next(self) -> None:
         """Runs on the worker: one submit per job, but superseded jobs leave some calls with nothing to do."""
