@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.safety.detectors import load_denylist
+
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
@@ -191,6 +193,18 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, ge=1024,
         description="Most bytes of text (UTF-8) a Realtime session's conversation holds; past it, conversation_full.",
     )
+    # Safety (gateway/safety/): the policy on what reaches the model and what it says
+    safety: bool = Field(
+        True, description="Screen every message before the model sees it (typed, transcribed, tool results) and the "
+        "model's output as it streams, with the rules below. --no-safety: neither.")
+    safety_pii: Literal["redact", "block", "off"] = Field(
+        "redact", description="Personal data (e-mail, phone, payment card with a Luhn check, IBAN): redact it (the "
+        "model sees [email] ...), block the message (input) or stop the reply (output), or let it through.")
+    safety_denylist: Path | None = Field(
+        None, description="A file of denied phrases, one a line (whole words, any case), or `re:` and a regular "
+        "expression; `#` comments.")
+    safety_denylist_action: Literal["block", "redact"] = Field(
+        "block", description="What a denylist match does: block (input refused, output stopped) or redact.")
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
     max_sessions: int = Field(
         256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) this replica holds at once; past "
@@ -268,6 +282,13 @@ class Settings(BaseSettings):
     min_barge_in_speech_ms: int = Field(
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
+
+    @field_validator("safety_denylist")
+    @classmethod
+    def _denylist(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
+        return value
 
     @field_validator("llm_backend")
     @classmethod

@@ -20,6 +20,8 @@ ERRORS = Counter("gateway_errors_total", "Errors sent to clients", ["surface", "
 CLIENT_EVENTS = Counter("gateway_realtime_client_events_total", "Realtime client events", ["type"], registry=REGISTRY)
 ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", ["transport"], registry=REGISTRY)
 RESPONSES = Counter("gateway_realtime_responses_total", "Realtime responses by final status", ["status"], registry=REGISTRY)
+SAFETY_FINDINGS = Counter("gateway_safety_findings_total", "Matches of the safety policy (gateway/safety/)",
+                          ["stage", "rule", "action"], registry=REGISTRY)
 STAGE_SECONDS = Histogram(
     "gateway_turn_stage_seconds",
     "Per-turn latency of each stage (asr, llm_first_token, tts_first_audio, voice_to_voice)",

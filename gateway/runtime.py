@@ -15,6 +15,8 @@ from gateway.config import Settings
 from gateway.heap import HeapTrimmer
 from gateway.model_names import ModelNames, openai_transcription_names
 from gateway.protocol.session_config import SpeechOptions
+from gateway.safety.policy import SafetyPolicy
+from gateway.safety.rules import build_policy
 from gateway.voices import VoiceCatalog
 from inference.models import ModelNotFound, ModelPaths, resolve_device, resolve_model_paths
 
@@ -56,11 +58,13 @@ class Runtime:
     heap: HeapTrimmer = field(default_factory=HeapTrimmer)
     model_names: ModelNames = field(init=False)  # what requests may call the LLM
     voices: VoiceCatalog = field(init=False)  # the installed voices' names, known before they load
+    safety: SafetyPolicy = field(init=False)  # the rules on input and output (gateway/safety/)
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
         self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # names checked by Settings
+        self.safety = build_policy(settings)  # DenylistError (a ValueError): a file it cannot use
 
     @property
     def speech_options(self) -> SpeechOptions:
