@@ -3,7 +3,8 @@
 Events carry ids (request, session, response, conversation), the model, token counts, latency marks and
 a status, and never the user's content: prompts, transcripts and answers reach the log only when
 --log-content is on (for debugging). Every record, the gateway's, uvicorn's and the libraries', goes
-through the root logger's one handler, where keys are redacted (log_redaction.py).
+through the root logger's one handler, where keys (log_redaction.py) and personal data
+(safety/log_filter.py) are redacted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from gateway.log_redaction import RedactKeys
+from gateway.safety.log_filter import RedactPersonalData
 
 EVENTS = logging.getLogger("gateway.events")
 # uvicorn adds `color_message`, its message with terminal colours: not for a log file.
@@ -70,6 +72,7 @@ def configure(*, level: str, log_format: str, log_content: bool, redact: RedactK
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format))
     handler.addFilter(redact)
+    handler.addFilter(RedactPersonalData())  # e-mail, phone, card, IBAN: at every level, --log-content too
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

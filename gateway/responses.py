@@ -18,6 +18,8 @@ from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
+from gateway.safety.output import ContentFiltered, OutputGuard
+from gateway.safety.policy import SafetyPolicy
 from inference.llm.backend import (
     GenerationResult,
     GenerationStream,
@@ -51,6 +53,7 @@ class ResponseJob:
     preemption: Preemption | None = None
     speech_speed: float = 1.0  # the session's audio.output.speed
     tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the tools the reply may call (tool_calls.py)
+    safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
 
 
 def render_reply_prompt(
@@ -102,6 +105,7 @@ class ResponseRunner:
         self.add_calls = add_calls
         self.stream: GenerationStream | None = None
         self._adopted: Preemption | None = None
+        self.guard = OutputGuard(job.safety)  # text that may begin a match waits for the rest of it
 
     async def run(self) -> GenerationResult:
         job = self.job
@@ -146,15 +150,24 @@ class ResponseRunner:
                     job.marks.mark("first_clause")
                     clauses.put_nowait(clause)
 
+        guard = self.guard
+
+        def release(safe: str) -> None:
+            text = reply.feed(safe) if reply is not None else safe
+            if text:
+                say(text)
+            if guard.blocked is not None:
+                self.cancel_generation()  # stopped at once; the session ends the response (content_filter)
+                guard.check()
+
         try:
             async with asyncio.TaskGroup() as group:
                 if self.speech is not None:
                     group.create_task(self._speak(clauses))
                 async for delta in deltas:
                     job.marks.mark("first_token")
-                    text = reply.feed(delta) if reply is not None else delta
-                    if text:
-                        say(text)
+                    release(guard.feed(delta))
+                release(guard.flush())
                 if reply is not None and reply.held:
                     parsed = parse_reply(reply.held, tools)
                     if parsed.calls:
@@ -167,7 +180,16 @@ class ResponseRunner:
                 clauses.put_nowait(None)
         except* BACKEND_ERRORS as failed:  # the backend failed mid-stream (a remote one went down)
             raise backend_api_error(failed.exceptions[0]) from None
+        except* ContentFiltered as filtered:  # the speech task is cancelled with it: nothing more is said
+            raise filtered.exceptions[0] from None
         return await self.stream.result()
+
+    def release_held(self) -> None:
+        """A cancelled text reply (its task stopped): the text the policy still held, screened as the end of the
+        reply, goes out as its last delta, so the item holds everything generated before the cancel."""
+        if self.speech is None and not self.job.tool_use.tools and self.events.opened:
+            if text := self.guard.flush():
+                self.send(self.events.text_delta(text))
 
     def cancel_generation(self) -> None:
         if self.stream is not None:

@@ -39,6 +39,8 @@ from gateway.protocol.session_config import (
 from gateway.realtime_store import ConversationRecorder
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
+from gateway.safety.output import ContentFiltered
+from gateway.safety.screening import screen_item
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
 from inference.llm.backend import GenerationResult, SamplingParams
@@ -311,7 +313,16 @@ class RealtimeSession:
 
     def _create_item(self, event: ev.ConversationItemCreate) -> None:
         item = item_from_param(event.item)
+        screen_item(self.runtime.safety, item)  # the policy, before the model sees it
         self.add_item(item, event.previous_item_id)
+
+    def screened(self, text: str) -> str | None:
+        """A user's words as the model may read them ahead of their turn (a speculative transcript): redacted,
+        or None when the policy refuses them."""
+        if not self.runtime.safety:
+            return text
+        screened = self.runtime.safety.screen(text)
+        return None if screened.blocked is not None else screened.text
 
     def add_item(self, item: Item, previous_item_id: str | None = None) -> None:
         previous = self.conversation.add(item, previous_item_id)
@@ -375,8 +386,11 @@ class RealtimeSession:
         params = ev.ResponseParams()
         if self._tool_use(params, engine.lm.tool_format).tools:
             return None  # a reply that may call functions has their instructions and maybe a grammar
+        words = self.screened(user_text)
+        if words is None:
+            return None  # refused: the turn's final transcript will say so
         history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
-        messages = [*history, ChatMessage("user", user_text)]
+        messages = [*history, ChatMessage("user", words)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
         try:
             prompt = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling)
@@ -418,7 +432,9 @@ class RealtimeSession:
             context = Conversation(max_items=self.settings.max_conversation_items,
                                    max_bytes=self.settings.max_conversation_bytes)
             for param in params.input:
-                context.add(item_from_param(param))
+                item = item_from_param(param)
+                screen_item(self.runtime.safety, item)
+                context.add(item)
         if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
         messages = context.chat_messages(instructions)
@@ -449,6 +465,7 @@ class RealtimeSession:
             preemption=preemption,
             speech_speed=self.config.audio.output.speed,
             tool_use=tool_use,
+            safety=self.runtime.safety,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
 
@@ -480,6 +497,8 @@ class RealtimeSession:
         # A cancelled run sends nothing more: whoever cancelled it ends the response (see cancel_response).
         try:
             result = await active.runner.run()
+        except ContentFiltered:
+            await self._stop_filtered(active)
         except (ApiError, *BACKEND_ERRORS) as exc:
             error = exc if isinstance(exc, ApiError) else backend_api_error(exc)
             self.send_error(error)
@@ -547,6 +566,17 @@ class RealtimeSession:
             content={"output_text": text} if text is not None else None,
         )
 
+    async def _stop_filtered(self, active: ActiveResponse) -> None:
+        """The reply matched a block rule (its generation is stopped): the audio not yet played is cleared, as in
+        a barge-in, the item keeps what was sent (heard, over WebRTC), and the response ends incomplete."""
+        final_text = None
+        if active.events.audio:
+            self.interrupt_playout()
+            item = active.events.item
+            final_text = item.cut_audio(self.playout.played_ms(item.id) if self.playout is not None else item.audio_ms_sent)
+        self._finish(active, "incomplete", reason="content_filter", result=await self._final_result(active),
+                     final_text=final_text)
+
     async def _cancel_from_client(self, response_id: str | None) -> None:
         active = self.active
         if active is None or (response_id is not None and response_id != active.events.response_id):
@@ -564,6 +594,7 @@ class RealtimeSession:
             return
         active.cancelling = True
         await self._stop_active(active)
+        active.runner.release_held()
         result = await self._final_result(active)
         final_text = None
         if active.events.audio:

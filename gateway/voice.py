@@ -34,6 +34,7 @@ from gateway.preemption import Preemption
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SEMANTIC_WAITS_MS, SemanticVad, TurnDetection, semantic_wait_ms
+from gateway.safety.screening import screen_text
 from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
@@ -288,10 +289,11 @@ class VoicePipeline:
         turn sets how long this silence must last (it may already have lasted that long)."""
         transcript = await asyncio.shield(speculative)
         end_of_turn = self.runtime.end_of_turn
-        if transcript is None or end_of_turn is None or self.turn is not turn:
+        words = self.session.screened(transcript.text) if transcript is not None else None
+        if words is None or end_of_turn is None or self.turn is not turn:
             return
         try:
-            probability = await end_of_turn.probability(transcript.text)
+            probability = await end_of_turn.probability(words)
         except BACKEND_ERRORS:
             return  # the longest wait stands
         if self.turn is turn and self.vad.detector.silence_started_ms is not None:
@@ -407,6 +409,14 @@ class VoicePipeline:
                 self._discard(preemption)
             return
         text = transcript.text if transcript is not None else ""
+        try:  # the policy, before the model hears it: a redacted transcript, or none at all
+            text = screen_text(session.runtime.safety, text, what="transcript", param=None)
+        except ApiError as refused:
+            session.send_error(refused)
+            self._transcription_failed(item, previous, refused.message, code=refused.code)
+            if preemption is not None:
+                self._discard(preemption)
+            return
         marks.mark("transcript_final")
         item.content[0]["transcript"] = text
         item.status = "completed"
@@ -441,15 +451,17 @@ class VoicePipeline:
                 return transcript
         return await self._transcribe(audio, final=True)
 
-    def _transcription_failed(self, item: Item, previous: str | None, reason: str) -> None:
+    def _transcription_failed(self, item: Item, previous: str | None, reason: str,
+                              code: str = "transcription_failed") -> None:
         session = self.session
         item.content[0]["transcript"] = ""
         item.status = "incomplete"
         if session.config.audio.input.transcription is not None:
             session.send({
                 "type": "conversation.item.input_audio_transcription.failed", "item_id": item.id, "content_index": 0,
-                "error": {"type": "server_error", "code": "transcription_failed",
-                          "message": f"Transcribing the audio failed: {reason}", "param": None},
+                "error": {"type": "server_error" if code == "transcription_failed" else "invalid_request_error",
+                          "code": code, "param": None,
+                          "message": f"Transcribing the audio failed: {reason}" if code == "transcription_failed" else reason},
             })
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
         session.turns.transcript_final(has_text=False)  # back to listening
@@ -521,8 +533,11 @@ class VoicePipeline:
         session = self.session
         if engine is None or session.active is not None or session.config.transcribes_only:
             return  # a transcription session never answers: nothing to prefill for
+        draft = session.screened(user_text)
+        if draft is None:
+            return  # the model never reads a refused message, not even ahead of time
         messages = session.conversation.chat_messages(session.config.instructions)
-        self._spawn(self._prefill(messages, user_text))
+        self._spawn(self._prefill(messages, draft))
 
     async def _prefill(self, messages: list[ChatMessage], user_text: str) -> None:
         engine = self.runtime.engine

@@ -25,6 +25,8 @@ from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
+from gateway.safety.output import OutputGuard
+from gateway.safety.screening import screen_messages
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
 from gateway.titles import title_later
@@ -140,6 +142,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     assert engine is not None
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
     plan = plan_chat(chat, engine.lm.tool_format)
+    # The policy on the request's user and tool messages (a stored history was screened when it came).
+    plan.messages = screen_messages(svc.runtime.safety, plan.messages)
+    request_messages = plan.messages[:len(chat.messages)]
     attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
     if attached is not None:
         plan.messages = attached.prompt_messages(plan.messages)
@@ -152,15 +157,24 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
-                              attached, [m.to_chat() for m in chat.messages], engine=engine)
+                              attached, request_messages, engine=engine)
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record),
+        guard = OutputGuard(svc.runtime.safety)
+        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard),
                                    runs_to_end=attached is not None)
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
+    guard = OutputGuard(svc.runtime.safety)
     try:
-        text = "".join([delta async for delta in stream])
+        parts = []
+        async for delta in stream:
+            parts.append(guard.feed(delta))
+            if guard.blocked is not None:
+                stream.cancel()  # stopped at once; the engine ends it at its next step
+                break
+        parts.append(guard.flush())
+        text = "".join(parts)
         result = await stream.result()
     except BACKEND_ERRORS as exc:
         record.done("failed")
@@ -171,8 +185,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
-    reply = parse_reply(text, plan.tools) if plan.tools else ParsedReply(text, [])
-    finish = "tool_calls" if reply.calls else ("length" if result.finish_reason == "length" else "stop")
+    reply = parse_reply(text, plan.tools) if plan.tools and guard.blocked is None else ParsedReply(text, [])
+    finish = "tool_calls" if reply.calls else _finish_reason(result, guard)
     calls = [_call_object(call) for call in reply.calls] or None
     body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
     record.delta(text)
@@ -222,7 +236,7 @@ class CompletionRecord:
         tokens = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
                   "output_tokens": result.completion_tokens} if result else {}
         if self.writer is not None:
-            stored = {"completed": "incomplete" if finish_reason == "length" else "completed",
+            stored = {"completed": "incomplete" if finish_reason in ("length", "content_filter") else "completed",
                       "cancelled": "cancelled"}.get(status, "incomplete")
             calls = [_call_object(call) for call in reply.calls] if reply is not None and reply.calls else None
             self.writer.finish(stored, text=reply.content if reply is not None and calls else None, tool_calls=calls,
@@ -237,6 +251,12 @@ class CompletionRecord:
                   stream=self.stream, status=status, finish_reason=finish_reason,
                   conversation_id=self.attached.conversation.id if self.attached else None, message_id=self.writer.reply.id if self.writer else None,
                   **tokens, **timings, content={"last_user_message": question, "output_text": text})
+
+
+def _finish_reason(result: GenerationResult, guard: OutputGuard) -> str:
+    if guard.blocked is not None:
+        return "content_filter"
+    return "length" if result.finish_reason == "length" else "stop"
 
 
 def _ms(start: float, end: float | None) -> float | None:
@@ -254,7 +274,7 @@ def sse_data(payload: dict[str, Any]) -> bytes:
 
 async def _sse(
     stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
-    record: CompletionRecord,
+    record: CompletionRecord, guard: OutputGuard,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -269,13 +289,22 @@ async def _sse(
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
-            record.delta(delta)
-            text = splitter.feed(delta) if splitter is not None else delta
+            safe = guard.feed(delta)
+            record.delta(safe)
+            text = splitter.feed(safe) if splitter is not None else safe
+            if text:
+                yield chunk(delta={"content": text})
+            if guard.blocked is not None:
+                stream.cancel()  # stopped at once; the engine ends it at its next step
+                break
+        if (tail := guard.flush()):
+            record.delta(tail)
+            text = splitter.feed(tail) if splitter is not None else tail
             if text:
                 yield chunk(delta={"content": text})
         result = await stream.result()
-        finish = "length" if result.finish_reason == "length" else "stop"
-        if splitter is not None:
+        finish = _finish_reason(result, guard)
+        if splitter is not None and guard.blocked is None:
             reply = parsed = parse_reply(splitter.held, plan.tools)
             if reply.calls:
                 finish = "tool_calls"
@@ -286,7 +315,7 @@ async def _sse(
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
         yield chunk(delta={}, finish_reason=finish)
-        record.done("completed", result, finish, result.text, reply=parsed)
+        record.done("completed", result, finish, guard.text if guard.text is not None else result.text, reply=parsed)
         logged = True
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))

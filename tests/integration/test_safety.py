@@ -1,0 +1,220 @@
+"""The safety policy on a real gateway: input refused or redacted before the model reads it (typed, spoken,
+tool results), output stopped mid-stream (chat, Realtime text and voice), and logs without personal data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from inference.tts import TtsEngine
+from media.resample import resample
+from tests.gateway_process import GatewayProcess, start_gateway
+from tests.integration.conftest import MODEL
+from tests.integration.realtime_client import RealtimeClient
+from tests.integration.speech import encode_chunks, with_silence
+
+QUESTION = "What is the capital of France?"
+EMAIL = "jane.roe@example.org"
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.fixture(scope="module")
+def safe_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Denies "Paris" (the model's answer to QUESTION, so output is stopped mid-reply) and "secret project";
+    logs at debug level with --log-content, where every frame a WebSocket carries is logged."""
+    folder = tmp_path_factory.mktemp("safety")
+    denylist = folder / "denylist.txt"
+    denylist.write_text("# test denylist\nParis\nsecret project\n", encoding="utf-8")
+    process = start_gateway("--safety-denylist", str(denylist), "--log-level", "debug", "--log-content",
+                            log_path=folder / "gateway.log")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(safe_gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{safe_gateway.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+async def realtime(safe_gateway: GatewayProcess) -> AsyncIterator[RealtimeClient]:
+    client = await RealtimeClient.connect(f"{safe_gateway.ws_url}/v1/realtime?model={MODEL}")
+    assert (await client.recv())["type"] == "session.created"
+    yield client
+    await client.close()
+
+
+def ask(content: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": content}]
+
+
+def test_blocked_input_is_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[*ask("hi"), {"role": "assistant", "content": "Hello!"},
+                                                              *ask("Tell me about the SECRET project.")], max_tokens=4)
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "content_policy_violation" and error["param"] == "messages[2].content"
+    assert "denylist" in error["message"]
+
+
+def test_blocked_tool_result_is_refused(client: openai.OpenAI) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            *ask("Look it up."), {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "the secret project is on"}])
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "messages[2].content"
+
+
+def test_redacted_input_is_what_the_model_reads(client: openai.OpenAI) -> None:
+    """The same prompt with the address and with its label is the same prompt, token for token: the model read
+    the label. (Greedy, so the replies are the same too.)"""
+    def reply(text: str) -> tuple[int, str]:
+        completion = client.chat.completions.create(model=MODEL, messages=ask(text), temperature=0, max_tokens=12)
+        assert completion.usage is not None
+        return completion.usage.prompt_tokens, completion.choices[0].message.content or ""
+
+    raw = reply(f"My e-mail is {EMAIL} and my card is {CARD}. Say hello.")
+    labelled = reply("My e-mail is [email] and my card is [payment_card]. Say hello.")
+    plain = reply("My e-mail is me and my card is mine. Say hello.")
+    assert raw == labelled and raw[0] != plain[0]
+
+
+def test_redacted_input_is_stored_redacted(client: openai.OpenAI, safe_gateway: GatewayProcess) -> None:
+    conversation = httpx.post(f"{safe_gateway.url}/v1/conversations", json={}).json()["id"]
+    client.chat.completions.create(model=MODEL, messages=ask(f"Write to {EMAIL}."), max_tokens=2,
+                                   extra_body={"conversation": conversation})
+    stored = httpx.get(f"{safe_gateway.url}/v1/conversations/{conversation}").json()
+    assert "Write to [email]." in json.dumps(stored) and EMAIL not in json.dumps(stored)
+
+
+def test_output_is_stopped_mid_reply(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL, messages=ask(QUESTION), temperature=0, max_tokens=40)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "content_filter"
+    assert "Paris" not in (choice.message.content or "") and "capital" in (choice.message.content or "")
+    # Stopped at once: the engine generated no more than a step past the match, far from the 40 allowed.
+    assert completion.usage is not None and completion.usage.completion_tokens < 20
+
+
+def test_streamed_output_is_stopped_mid_reply(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ask(QUESTION), temperature=0, max_tokens=40,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == ["content_filter"] and "Paris" not in text and "capital" in text
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens < 20
+
+
+async def test_realtime_blocked_item_and_redacted_item(realtime: RealtimeClient) -> None:
+    await realtime.send({"type": "conversation.item.create", "event_id": "evt_blocked", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me the secret project"}]}})
+    error = await realtime.wait_for("error")
+    assert error["error"]["code"] == "content_policy_violation" and error["error"]["event_id"] == "evt_blocked"
+    assert not realtime.of_type("conversation.item.added")
+    await realtime.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Mail {EMAIL} now"}]}})
+    added = await realtime.wait_for("conversation.item.added")
+    assert added["item"]["content"][0]["text"] == "Mail [email] now"
+
+
+async def test_realtime_text_reply_is_stopped(realtime: RealtimeClient) -> None:
+    await realtime.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    done = await realtime.ask(QUESTION, max_output_tokens=40)
+    response = done["response"]
+    assert response["status"] == "incomplete"
+    assert response["status_details"]["reason"] == "content_filter"
+    text = response["output"][0]["content"][0]["text"]
+    assert "Paris" not in text and "capital" in text
+    deltas = "".join(e["delta"] for e in realtime.of_type("response.output_text.delta"))
+    assert deltas == text and response["usage"]["output_tokens"] < 20
+
+
+async def speak(client: RealtimeClient, tts: TtsEngine, text: str) -> None:
+    pcm = with_silence(resample(tts.synthesize_blocking(text), tts.sample_rate, 24000), 24000, 0.5, 1.5)
+    started = asyncio.get_running_loop().time()
+    for index, payload in enumerate(encode_chunks(pcm, 24000, "audio/pcm")):
+        await client.send({"type": "input_audio_buffer.append", "audio": payload})
+        await asyncio.sleep(max(0.0, started + (index + 1) * 0.02 - asyncio.get_running_loop().time()))
+
+
+async def test_voice_reply_is_stopped(realtime: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray) -> None:
+    await realtime.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"]}})
+    await realtime.wait_for("session.updated")
+    sender = asyncio.create_task(speak(realtime, tts, QUESTION))
+    done = await realtime.wait_for("response.done", timeout=90)
+    await sender
+    response = done["response"]
+    assert response["status"] == "incomplete" and response["status_details"]["reason"] == "content_filter"
+    transcript = response["output"][0]["content"][0]["transcript"]
+    assert "Paris" not in transcript
+    spoken = "".join(e["delta"] for e in realtime.of_type("response.output_audio_transcript.delta"))
+    assert "Paris" not in spoken
+
+
+async def test_spoken_input_is_refused(realtime: RealtimeClient, tts: TtsEngine) -> None:
+    sender = asyncio.create_task(speak(realtime, tts, "Tell me about the secret project."))
+    error = await realtime.wait_for("error", timeout=90)
+    await sender
+    assert error["error"]["code"] == "content_policy_violation"
+    failed = await realtime.wait_for("conversation.item.input_audio_transcription.failed")
+    assert failed["error"]["code"] == "content_policy_violation"
+    done = await realtime.wait_for("conversation.item.done")
+    assert done["item"]["status"] == "incomplete" and done["item"]["content"][0]["transcript"] == ""
+    await asyncio.sleep(1.0)
+    assert not realtime.of_type("response.created")
+
+
+def personal_data(log: Path) -> list[str]:
+    text = log.read_text(errors="replace")
+    digits = re.sub(r"\D", "", CARD)
+    return [found for found in (EMAIL, CARD, digits, "jane.roe") if found in text]
+
+
+@pytest.fixture(scope="module")
+def open_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """No policy on the model (--no-safety): the address and the card reach the model, its reply, the stored
+    conversation and --log-content's records, and the SQL that aiosqlite logs at debug level."""
+    folder = tmp_path_factory.mktemp("open")
+    process = start_gateway("--no-safety", "--log-level", "debug", "--log-content", "--no-load-voice-models",
+                            log_path=folder / "gateway.log")
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize("which", ["debug_content_no_policy", "debug_content", "info"])
+async def test_logs_hold_no_personal_data(which: str, request: pytest.FixtureRequest) -> None:
+    """A full conversation with an address and a card number, typed (stored, plain and streamed) and over the
+    Realtime API: at debug level with --log-content, with and without the policy, and at info, the log holds
+    neither."""
+    name = {"debug_content_no_policy": "open_gateway", "debug_content": "safe_gateway", "info": "gateway"}[which]
+    process: GatewayProcess = request.getfixturevalue(name)
+    said = f"My e-mail is {EMAIL} and my card number is {CARD}. Repeat them."
+    async with httpx.AsyncClient(base_url=process.url, timeout=120) as http:
+        conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+        for stream in (False, True):
+            answer = await http.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 8, "stream": stream, "messages": ask(said), "conversation": conversation})
+            assert answer.status_code == 200
+        if which == "debug_content_no_policy":  # the data did go through: only the log filter keeps it out
+            assert EMAIL in json.dumps((await http.get(f"/v1/conversations/{conversation}")).json())
+    client = await RealtimeClient.connect(f"{process.ws_url}/v1/realtime?model={MODEL}")
+    await client.wait_for("session.created")
+    await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    await client.ask(said, max_output_tokens=8)
+    await client.close()
+    await asyncio.sleep(0.5)
+    if which.startswith("debug"):
+        assert "[email]" in process.log_path.read_text(errors="replace")  # the content was logged, redacted
+    assert personal_data(process.log_path) == []
