@@ -206,6 +206,9 @@ class Settings(BaseSettings):
     safety_denylist_action: Literal["block", "redact"] = Field(
         "block", description="What a denylist match does: block (input refused, output stopped) or redact.")
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
+    rate_limit_tpm: int = Field(
+        0, ge=0, description="Tokens per minute per API key, input plus output (0: unlimited): a chat completion or "
+        "Realtime response reserves its prompt plus max_tokens and gives back what it did not generate.")
     max_sessions: int = Field(
         256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) this replica holds at once; past "
         "it, 503 with Retry-After, so that a router tries another replica."

@@ -1,4 +1,5 @@
-"""Requests per minute per caller, as a token bucket, with OpenAI's x-ratelimit-* headers."""
+"""Requests per minute per caller, as a token bucket, with OpenAI's x-ratelimit-* headers; the buckets of
+tokens per minute (token_quota.py) live here too."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class RateLimiter:
         if self.shared is not None:
             taken, tokens = await self.shared.take_tokens(f"requests:{caller}", capacity, rate)
         else:
-            taken, tokens = self._take(caller, capacity, rate)
+            taken, tokens = self._take(caller, capacity, rate, 1.0)
         if not taken:
             wait = (1.0 - tokens) / rate
             error = ApiError(
@@ -64,14 +65,21 @@ class RateLimiter:
             "x-ratelimit-reset-requests": f"{reset:.3f}s",
         }
 
-    def _take(self, caller: str, capacity: float, rate: float) -> tuple[bool, float]:
+    async def take(self, bucket: str, capacity: float, rate: float, cost: float) -> tuple[bool, float]:
+        """Take `cost` from a bucket of `capacity` refilled at `rate` per second (a negative cost gives back):
+        whether it was taken, and what is left. In Redis with --redis-url, for every replica."""
+        if self.shared is not None:
+            return await self.shared.take_tokens(bucket, capacity, rate, cost)
+        return self._take(bucket, capacity, rate, cost)
+
+    def _take(self, caller: str, capacity: float, rate: float, cost: float) -> tuple[bool, float]:
         now = time.time()  # wall clock: buckets outlive the process
         bucket = self._buckets.setdefault(caller, _Bucket(tokens=capacity, updated=now))
         bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
         bucket.updated = now
-        if bucket.tokens < 1.0:
+        if bucket.tokens < cost:
             return False, bucket.tokens
-        bucket.tokens -= 1.0
+        bucket.tokens = min(capacity, bucket.tokens - cost)
         if self.journal is not None:
             self.journal.bucket(caller, bucket.tokens, bucket.updated)
         return True, bucket.tokens

@@ -20,6 +20,7 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
 from gateway.safety.output import ContentFiltered, OutputGuard
 from gateway.safety.policy import SafetyPolicy
+from gateway.token_quota import TokenAccount
 from inference.llm.backend import (
     GenerationResult,
     GenerationStream,
@@ -54,6 +55,7 @@ class ResponseJob:
     speech_speed: float = 1.0  # the session's audio.output.speed
     tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the tools the reply may call (tool_calls.py)
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
+    tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
 
 
 def render_reply_prompt(
@@ -106,6 +108,7 @@ class ResponseRunner:
         self.stream: GenerationStream | None = None
         self._adopted: Preemption | None = None
         self.guard = OutputGuard(job.safety)  # text that may begin a match waits for the rest of it
+        self._deltas = 0
 
     async def run(self) -> GenerationResult:
         job = self.job
@@ -113,9 +116,22 @@ class ResponseRunner:
         try:
             prompt = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
             constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
+            reservation = await job.tokens.reserve(len(prompt.token_ids), job.sampling.max_tokens) if job.tokens else None
         except BaseException:
             self.cancel_generation()
             raise
+        if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
+            self.send([{"type": "rate_limits.updated", "rate_limits": [reservation.rate_limit()]}])
+        result: GenerationResult | None = None
+        try:
+            result = await self._generate(prompt, constraint)
+            return result
+        finally:
+            if reservation is not None:  # a cancelled reply is charged for the deltas it streamed
+                await reservation.settle(result.completion_tokens if result is not None else self._deltas)
+
+    async def _generate(self, prompt: RenderedPrompt, constraint: TokenConstraint | None) -> GenerationResult:
+        job = self.job
         preemption, job.preemption = job.preemption, None
         if (preemption is not None and constraint is None and preemption.prompt_ids == prompt.token_ids
                 and preemption.sampling == job.sampling):
@@ -166,6 +182,7 @@ class ResponseRunner:
                     group.create_task(self._speak(clauses))
                 async for delta in deltas:
                     job.marks.mark("first_token")
+                    self._deltas += 1
                     release(guard.feed(delta))
                 release(guard.flush())
                 if reply is not None and reply.held:

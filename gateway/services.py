@@ -25,6 +25,7 @@ from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
 from gateway.storage.durable_state import DurableState
 from gateway.stream_hub import StreamHub
+from gateway.token_quota import TokenAccount, TokenQuota
 
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
@@ -43,6 +44,7 @@ class Services:
     runtime: Runtime
     auth: Authenticator
     limiter: RateLimiter
+    quota: TokenQuota  # tokens per minute per key, in the limiter's buckets
     idempotency: IdempotencyStore
     # Live Realtime sessions (WebSocket and WebRTC) and the key that opened each: see open_session.
     sessions: dict[RealtimeSession, str] = field(default_factory=dict)
@@ -67,7 +69,8 @@ class Services:
             settings=settings,
             runtime=runtime or Runtime(settings),
             auth=Authenticator(list(settings.api_keys), max_secrets_per_key=settings.max_client_secrets_per_key),
-            limiter=RateLimiter(settings.rate_limit_rpm),
+            limiter=(limiter := RateLimiter(settings.rate_limit_rpm)),
+            quota=TokenQuota(settings.rate_limit_tpm, limiter),
             idempotency=IdempotencyStore(settings.idempotency_ttl_s),
         )
 
@@ -103,6 +106,7 @@ class Services:
         and the count. Returns the opening transport's hold on the session."""
         self.check_session_room(principal.key_id)
         self.sessions[session] = principal.key_id
+        session.tokens = TokenAccount(self.quota, principal.key_id)  # the quota its responses draw on
         try:
             await self.auth.spend(principal)
         except BaseException:

@@ -41,6 +41,7 @@ from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_
 from gateway.runtime import Runtime
 from gateway.safety.output import ContentFiltered
 from gateway.safety.screening import screen_item
+from gateway.token_quota import TokenAccount
 from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
 from inference.llm.backend import GenerationResult, SamplingParams
@@ -122,6 +123,7 @@ class RealtimeSession:
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
+        self.tokens: TokenAccount | None = None  # its key's token quota (Services.open_session)
         self._stored_items: list[Item] = []
 
     def start(self) -> None:
@@ -466,6 +468,7 @@ class RealtimeSession:
             speech_speed=self.config.audio.output.speed,
             tool_use=tool_use,
             safety=self.runtime.safety,
+            tokens=self.tokens,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
 

@@ -30,6 +30,7 @@ from gateway.safety.screening import screen_messages
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
 from gateway.titles import title_later
+from gateway.token_quota import Reservation
 from inference.llm.backend import (
     GenerationResult,
     GenerationStream,
@@ -150,9 +151,14 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         plan.messages = attached.prompt_messages(plan.messages)
     prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
+    reservation = await svc.quota.reserve(owner, len(prompt.token_ids), max_tokens)  # 429 past --rate-limit-tpm
+    if reservation is not None:
+        headers = {**headers, **reservation.headers()}
     try:
         stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
+        if reservation is not None:
+            await reservation.settle(0)
         raise backend_api_error(exc) from None
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
@@ -161,13 +167,15 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         guard = OutputGuard(svc.runtime.safety)
-        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard),
+        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
+                                                      reservation),
                                    runs_to_end=attached is not None)
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
     guard = OutputGuard(svc.runtime.safety)
+    parts: list[str] = []
+    result: GenerationResult | None = None
     try:
-        parts = []
         async for delta in stream:
             parts.append(guard.feed(delta))
             if guard.blocked is not None:
@@ -184,6 +192,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         raise
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
+        if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
+            await reservation.settle(result.completion_tokens if result is not None else len(parts))
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     reply = parse_reply(text, plan.tools) if plan.tools and guard.blocked is None else ParsedReply(text, [])
     finish = "tool_calls" if reply.calls else _finish_reason(result, guard)
@@ -274,7 +284,7 @@ def sse_data(payload: dict[str, Any]) -> bytes:
 
 async def _sse(
     stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
-    record: CompletionRecord, guard: OutputGuard,
+    record: CompletionRecord, guard: OutputGuard, reservation: Reservation | None,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -285,10 +295,13 @@ async def _sse(
     splitter = ReplySplitter() if plan.tools else None
     parsed: ParsedReply | None = None
     logged = False
+    result: GenerationResult | None = None
+    deltas = 0
     record.start()
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
+            deltas += 1
             safe = guard.feed(delta)
             record.delta(safe)
             text = splitter.feed(safe) if splitter is not None else safe
@@ -336,3 +349,5 @@ async def _sse(
         stream.cancel()
         if not logged:
             record.done("cancelled")
+        if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
+            await reservation.settle(result.completion_tokens if result is not None else deltas)

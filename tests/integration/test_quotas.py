@@ -1,0 +1,116 @@
+"""Tokens per minute per key (--rate-limit-tpm): OpenAI's x-ratelimit-*-tokens headers, the 429 and its headers,
+a reservation given back, Realtime rate_limits.updated events; in this process and in Redis."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.cluster import RedisServer
+from tests.gateway_process import GatewayProcess, start_gateway
+from tests.integration.conftest import MODEL
+from tests.integration.realtime_client import RealtimeClient
+
+TPM = 600
+KEYS = ("sk-quota-one", "sk-quota-two")
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def quota_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    folder = tmp_path_factory.mktemp(f"quota-{request.param}")
+    redis = None
+    extra: list[str] = []
+    if request.param == "redis":
+        if not shutil.which("redis-server"):
+            pytest.skip("needs redis-server")
+        redis = RedisServer(folder / "redis").start()
+        extra = ["--redis-url", redis.url]
+    process = start_gateway("--api-keys", ",".join(KEYS), "--rate-limit-tpm", str(TPM), "--no-load-voice-models",
+                            "--data-dir", str(folder / "data"), *extra, log_path=folder / "gateway.log")
+    yield process
+    process.stop()
+    if redis is not None:
+        redis.stop()
+
+
+def chat(process: GatewayProcess, key: str, max_tokens: int, text: str = "Say hi.") -> httpx.Response:
+    return httpx.post(f"{process.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                      json={"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+                            "messages": [{"role": "user", "content": text}]})
+
+
+def remaining(response: httpx.Response) -> int:
+    return int(response.headers["x-ratelimit-remaining-tokens"])
+
+
+def seconds(value: str) -> float:
+    assert value.endswith("s") and not value.endswith("ms")
+    return float(value[:-1])
+
+
+def test_headers_reserve_and_give_back(quota_gateway: GatewayProcess) -> None:
+    key = KEYS[0]
+    first = chat(quota_gateway, key, 60)
+    assert first.status_code == 200
+    usage = first.json()["usage"]
+    assert first.headers["x-ratelimit-limit-tokens"] == str(TPM)
+    # Reserved: the prompt plus max_tokens (a full bucket, refilled by at most the request's own time).
+    assert TPM - usage["prompt_tokens"] - 60 - 1 <= remaining(first) <= TPM - usage["prompt_tokens"] - 60 + 10
+    assert 0 < seconds(first.headers["x-ratelimit-reset-tokens"]) <= 60
+    started = time.monotonic()
+    second = chat(quota_gateway, key, 60)
+    # What the first did not generate came back: the second starts from the first's actual use.
+    refill = (time.monotonic() - started + 2) * TPM / 60
+    expected = remaining(first) + (60 - usage["completion_tokens"]) - second.json()["usage"]["prompt_tokens"] - 60
+    assert expected - 1 <= remaining(second) <= expected + refill
+
+
+def test_429_when_the_tokens_run_out_and_other_keys_go_on(quota_gateway: GatewayProcess) -> None:
+    key = KEYS[1]
+    too_large = chat(quota_gateway, key, TPM)
+    assert too_large.status_code == 429 and too_large.json()["error"]["type"] == "tokens"
+    assert "Request too large" in too_large.json()["error"]["message"]
+    refused = None
+    for _ in range(12):  # about 100 tokens reserved each, out of 600
+        answer = chat(quota_gateway, key, 80, "Count from one to fifty.")
+        if answer.status_code == 429:
+            refused = answer
+            break
+        assert answer.status_code == 200
+    assert refused is not None, "the quota never ran out"
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens"
+    assert refused.headers["x-ratelimit-limit-tokens"] == str(TPM)
+    left = remaining(refused)
+    assert 0 <= left < 100
+    wait = seconds(refused.headers["x-ratelimit-reset-tokens"])
+    assert 0 < wait <= 10 and int(refused.headers["retry-after"]) >= 1
+    assert chat(quota_gateway, KEYS[0], 8).status_code == 200  # another key's bucket is its own
+    time.sleep(wait + 0.5)
+    assert chat(quota_gateway, key, 80, "Count from one to fifty.").status_code == 200
+
+
+async def test_realtime_rate_limits_updated(quota_gateway: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{quota_gateway.ws_url}/v1/realtime?model={MODEL}",
+                                          headers={"authorization": f"Bearer {KEYS[0]}"})
+    await client.wait_for("session.created")
+    await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    updates: list[dict[str, Any]] = []
+    for _ in range(2):
+        done = await client.ask("Say hi.", max_output_tokens=40)
+        assert done["response"]["status"] in ("completed", "incomplete")
+        updates.append(client.of_type("rate_limits.updated")[-1])  # validated against the SDK's type
+    first, second = (update["rate_limits"][0] for update in updates)
+    assert first["name"] == "tokens" and first["limit"] == TPM and 0 <= first["remaining"] < TPM - 40
+    assert first["reset_seconds"] > 0
+    # Sent at the response's start: after response.created, before its text.
+    types = [event["type"] for event in client.events]
+    at = types.index("rate_limits.updated")
+    assert types.index("response.created") < at < types.index("response.output_text.delta")
+    assert second["remaining"] != first["remaining"]
+    await client.close()
