@@ -29,6 +29,7 @@ from inference.tts import TtsEngine
 from media.audio_files import decode_file
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import API_KEY
 from tests.integration.sdk_types import _extra_fields
 from tests.integration.speech import with_silence
 
@@ -298,3 +299,16 @@ def test_request_size_is_bounded(client: OpenAI) -> None:
         client.audio.transcriptions.create(model="whisper-1", file=("big.wav", big))
     assert caught.value.status_code == 413
     assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "request_too_large"
+
+
+def test_text_only_gateway_says_voice_unavailable(secured_gateway: GatewayProcess) -> None:
+    """Without the voice models (--no-load-voice-models): 503 voice_unavailable; without the key: 401."""
+    with OpenAI(base_url=f"{secured_gateway.url}/v1", api_key=API_KEY, max_retries=0) as sdk:
+        for call in (lambda: sdk.audio.speech.create(model="tts-1", voice="alloy", input="Hi."),
+                     lambda: sdk.audio.transcriptions.create(model="whisper-1", file=("a.wav", b"RIFF"))):
+            with pytest.raises(openai.InternalServerError) as caught:
+                call()
+            assert caught.value.status_code == 503 and caught.value.body["code"] == "voice_unavailable"  # type: ignore[index]
+    with OpenAI(base_url=f"{secured_gateway.url}/v1", api_key="sk-wrong", max_retries=0) as sdk, \
+            pytest.raises(openai.AuthenticationError):
+        sdk.audio.speech.create(model="tts-1", voice="alloy", input="Hi.")
