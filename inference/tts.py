@@ -152,6 +152,10 @@ class TtsEngine:
     def sample_rate_of(self, voice: str | None) -> int:
         return self._pick(voice, first_clause=False).piper.config.sample_rate  # type: ignore[no-any-return]
 
+    def language_of(self, voice: str | None) -> str:
+        """The voice's espeak-ng language, which its phonemes are made for ("en-us")."""
+        return self._pick(voice, first_clause=False).piper.config.espeak_voice  # type: ignore[no-any-return]
+
     def _pick(self, voice: str | None, *, first_clause: bool) -> _Voice:
         if voice is None or voice == self.voice_name:
             return self._first_clause_voice if first_clause else self._voice

