@@ -192,15 +192,21 @@ async def _speak(tts: TtsEngine, clauses: list[str], voice: str, speed: float, e
             resampled = np.concatenate([resampled, resampler.flush()])
         return encoder.write(resampled) + (encoder.close() if last else b"")
 
-    for clause in clauses:
-        async for pcm in tts.synthesize(clause, speed=speed, voice=voice, priority="background"):
-            samples += len(pcm)
-            if data := await asyncio.to_thread(encode, pcm, False):
-                yield data
-    if data := await asyncio.to_thread(encode, np.zeros(0, dtype=np.int16), True):
-        yield data
-    log_event("audio.speech", voice=voice, format=encoder.format, clauses=len(clauses),
-              audio_s=round(samples / tts.sample_rate_of(voice), 3), duration_ms=round((time.perf_counter() - started) * 1000, 1))
+    status = "client_left"  # unless it gets to the end
+    try:
+        for clause in clauses:
+            async with contextlib.aclosing(tts.synthesize(clause, speed=speed, voice=voice, priority="background")) as pcms:
+                async for pcm in pcms:
+                    samples += len(pcm)
+                    if data := await asyncio.to_thread(encode, pcm, False):
+                        yield data
+        if data := await asyncio.to_thread(encode, np.zeros(0, dtype=np.int16), True):
+            yield data
+        status = "completed"
+    finally:
+        log_event("audio.speech", voice=voice, format=encoder.format, clauses=len(clauses), status=status,
+                  audio_s=round(samples / tts.sample_rate_of(voice), 3),
+                  duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
 
 @router.get("/v1/audio/voices", responses=error_responses(401, 429))

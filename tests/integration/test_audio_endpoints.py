@@ -10,6 +10,7 @@ import re
 import time
 import wave
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -117,6 +118,25 @@ def test_speech_streams_clause_by_clause(client: OpenAI) -> None:
     audio_s = len(b"".join(chunks)) / 2 / 24000
     assert first_at is not None and audio_s > 15
     assert first_at < total / 4, (first_at, total)
+
+
+def test_a_client_that_leaves_stops_the_synthesis(client: OpenAI, gateway: GatewayProcess) -> None:
+    """4000 characters are minutes of speech, 15-20 s of Piper on this CPU: a client that reads the first bytes
+    and leaves stops the synthesis at the next hop (the log's audio.speech record says so, with the audio made)."""
+    long_text = " ".join(SENTENCES * 40)[:4000]
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=long_text,
+                                                            response_format="pcm") as response:
+        next(response.iter_bytes(4096))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        records = [json.loads(line) for line in Path(gateway.log_path).read_text(errors="replace").splitlines()
+                   if '"audio.speech"' in line]
+        left = [record for record in records if record.get("status") == "client_left"]
+        if left:
+            break
+        time.sleep(0.2)
+    assert left, "no audio.speech record with status client_left"
+    assert left[-1]["audio_s"] < 30 and left[-1]["duration_ms"] < 5000, left[-1]  # of minutes of text
 
 
 def test_speech_speed(client: OpenAI) -> None:
