@@ -139,18 +139,23 @@ async def _stream_transcript(transcription: LongTranscription, started: float) -
     """transcript.text.delta per segment as its window is decoded, then transcript.text.done. A client that
     leaves stops the transcription before its next window."""
     segments: list[Segment] = []
-    async with contextlib.aclosing(transcription.segments) as stream:
-        async for segment in stream:
-            delta = segment.text if segments else segment.text.lstrip()
-            segments.append(segment)
-            yield proto.sse({"type": "transcript.text.delta", "delta": delta})
-    yield proto.sse({"type": "transcript.text.done", "text": proto.transcript_text(segments)})
-    _log_transcription(transcription, segments, started, stream=True)
+    status = "client_left"  # unless it gets to the end
+    try:
+        async with contextlib.aclosing(transcription.segments) as stream:
+            async for segment in stream:
+                delta = segment.text if segments else segment.text.lstrip()
+                segments.append(segment)
+                yield proto.sse({"type": "transcript.text.delta", "delta": delta})
+        yield proto.sse({"type": "transcript.text.done", "text": proto.transcript_text(segments)})
+        status = "completed"
+    finally:
+        _log_transcription(transcription, segments, started, stream=True, status=status)
 
 
-def _log_transcription(transcription: LongTranscription, segments: list[Segment], started: float, *, stream: bool) -> None:
+def _log_transcription(transcription: LongTranscription, segments: list[Segment], started: float, *, stream: bool,
+                       status: str = "completed") -> None:
     log_event("audio.transcription", audio_s=round(transcription.duration, 3), segments=len(segments), stream=stream,
-              duration_ms=round((time.perf_counter() - started) * 1000, 1),
+              status=status, duration_ms=round((time.perf_counter() - started) * 1000, 1),
               content={"transcript": proto.transcript_text(segments)})
 
 

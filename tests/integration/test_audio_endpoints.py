@@ -127,14 +127,7 @@ def test_a_client_that_leaves_stops_the_synthesis(client: OpenAI, gateway: Gatew
     with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=long_text,
                                                             response_format="pcm") as response:
         next(response.iter_bytes(4096))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        records = [json.loads(line) for line in Path(gateway.log_path).read_text(errors="replace").splitlines()
-                   if '"audio.speech"' in line]
-        left = [record for record in records if record.get("status") == "client_left"]
-        if left:
-            break
-        time.sleep(0.2)
+    left = log_records(gateway, "audio.speech", status="client_left")
     assert left, "no audio.speech record with status client_left"
     assert left[-1]["audio_s"] < 30 and left[-1]["duration_ms"] < 5000, left[-1]  # of minutes of text
 
@@ -254,13 +247,30 @@ LONG_TEXT = [
 ]
 
 
-def test_long_file_in_windows(client: OpenAI, tts: TtsEngine) -> None:
-    """Over a minute of speech: Whisper's 30 s windows, one after another, with timestamps past the first one."""
+@pytest.fixture(scope="module")
+def long_wav(tts: TtsEngine) -> bytes:
     parts = [with_silence(resample(tts.synthesize_blocking(line), tts.sample_rate, 16000), 16000, 0.4, 0.9)
              for line in LONG_TEXT]
     audio = np.concatenate(parts)
     assert audio.shape[0] / 16000 > 60
-    verbose = client.audio.transcriptions.create(model="whisper-1", file=("long.wav", wav_bytes(audio, 16000)),
+    return wav_bytes(audio, 16000)
+
+
+def log_records(gateway: GatewayProcess, event: str, **fields: Any) -> list[dict[str, Any]]:
+    """The gateway's log records of `event` with these field values, waiting up to 10 s for one."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = Path(gateway.log_path).read_text(errors="replace").splitlines()
+        records = [json.loads(line) for line in lines if f'"{event}"' in line]
+        found = [record for record in records if all(record.get(k) == v for k, v in fields.items())]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_long_file_in_windows(client: OpenAI, long_wav: bytes) -> None:
+    """Over a minute of speech: Whisper's 30 s windows, one after another, with timestamps past the first one."""
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=("long.wav", long_wav),
                                                  response_format="verbose_json")
     assert verbose.duration > 60
     assert verbose.segments and max(segment.end for segment in verbose.segments) > 55
@@ -268,6 +278,15 @@ def test_long_file_in_windows(client: OpenAI, tts: TtsEngine) -> None:
     heard, said = norm(verbose.text), norm(" ".join(LONG_TEXT))
     matched = sum(block.size for block in difflib.SequenceMatcher(a=said, b=heard, autojunk=False).get_matching_blocks())
     assert matched >= 0.95 * len(said) and len(heard) <= 1.05 * len(said), verbose.text  # tiny.en: a word or two may differ
+
+
+def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayProcess, long_wav: bytes) -> None:
+    with httpx.stream("POST", f"{gateway.url}/v1/audio/transcriptions", files={"file": ("long.wav", long_wav)},
+                      data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    assert json.loads(first[6:])["type"] == "transcript.text.delta"
+    left = log_records(gateway, "audio.transcription", stream=True, status="client_left")
+    assert left and left[-1]["segments"] < len(LONG_TEXT), left  # the later windows were never decoded
 
 
 # -- bad input -----------------------------------------------------------------------------------------
