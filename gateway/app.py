@@ -36,6 +36,7 @@ from gateway.transports import (
     completions_http,
     conversation_stream,
     conversations_http,
+    memories_http,
     realtime_ws,
     webrtc,
 )
@@ -179,6 +180,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)
+    app.include_router(memories_http.router)
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
     app.include_router(audio_http.router)

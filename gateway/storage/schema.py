@@ -96,3 +96,25 @@ class RateLimitRow(Base):
     owner: Mapped[str] = mapped_column(String(64), primary_key=True)
     tokens: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class MemoryRow(Base):
+    """A fact a key's user asked to be remembered (gateway/memory.py)."""
+
+    __tablename__ = "memories"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, default=epoch)
+
+    __table_args__ = (Index("ix_memories_owner_id", "owner", "id"),)
+
+
+class MemorySettingRow(Base):
+    """A key that turned memory on (no row: off)."""
+
+    __tablename__ = "memory_settings"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    enabled_at: Mapped[float] = mapped_column(Float, default=epoch)

@@ -21,6 +21,7 @@ from gateway.event_log import log_event
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
+from gateway.memory import MemoryStore, Recall, recall
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
 from gateway.protocol.errors import ApiError
@@ -146,6 +147,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     # The policy on the request's user and tool messages (a stored history was screened when it came).
     plan.messages = screen_messages(svc.runtime.safety, plan.messages)
     request_messages = plan.messages[:len(chat.messages)]
+    remembered = await recall(MemoryStore(svc.store.engine), owner, request_messages)  # None unless the key opted in
+    if remembered is not None and remembered.instructions:
+        plan.messages.append(ChatMessage("system", remembered.instructions))
     attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
     if attached is not None:
         plan.messages = attached.prompt_messages(plan.messages)
@@ -168,7 +172,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         guard = OutputGuard(svc.runtime.safety)
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
-                                                      reservation),
+                                                      reservation, remembered),
                                    runs_to_end=attached is not None)
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
@@ -199,6 +203,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     finish = "tool_calls" if reply.calls else _finish_reason(result, guard)
     calls = [_call_object(call) for call in reply.calls] or None
     body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
+    if remembered is not None:
+        body["metadata"] = remembered.metadata()
     record.delta(text)
     record.done("completed", result, finish, text, reply=reply)
     await record.stored()
@@ -284,7 +290,7 @@ def sse_data(payload: dict[str, Any]) -> bytes:
 
 async def _sse(
     stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
-    record: CompletionRecord, guard: OutputGuard, reservation: Reservation | None,
+    record: CompletionRecord, guard: OutputGuard, reservation: Reservation | None, remembered: Recall | None,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -299,7 +305,10 @@ async def _sse(
     deltas = 0
     record.start()
     try:
-        yield chunk(delta={"role": "assistant", "content": ""})
+        first = chunk_object(cid, model, created, fingerprint, delta={"role": "assistant", "content": ""})
+        if remembered is not None:  # not in the chunk's type: an extra field, as the completion's metadata
+            first["metadata"] = remembered.metadata()
+        yield sse_data(first)
         async for delta in stream:
             deltas += 1
             safe = guard.feed(delta)

@@ -1,0 +1,139 @@
+"""Memory, opt-in per API key: facts the user asks the assistant to remember, kept in the database and put into
+the context of later conversations when they bear on what is asked.
+
+Off by default: a key turns it on (POST /v1/memories/settings); while it is off nothing is stored or read. A user
+message that asks to remember something ("Remember that my dog is called Rex.") stores that fact, as the
+policy left it (personal data redacted). Each answer lists the memories it was given and the one it saved
+(memories_used, memories_saved). GET / DELETE /v1/memories show and erase them (transports/memories_http.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from gateway.protocol.errors import ApiError
+from gateway.storage.schema import MemoryRow, MemorySettingRow, epoch, new_id
+from inference.llm.chat import ChatMessage
+
+MAX_MEMORIES = 200  # per key; past it the oldest is forgotten
+MAX_MEMORY_CHARS = 1000
+RELEVANT = 3  # most memories one answer is given
+_REMEMBER = re.compile(
+    r"^\s*(?:please\s+)?(?:remember|don'?t\s+forget|do\s+not\s+forget|note)(?:\s+that)?\s*[:,]?\s+(?P<fact>\S.*?)"
+    r"\s*[.!]?\s*$", re.IGNORECASE | re.DOTALL)
+_WORD = re.compile(r"[^\W_]{3,}")
+_STOP = frozenset("the and are was were what who whom whose which when where why how you your yours for with that this "
+                  "these those have has had not but can could would should will from about into than then them they "
+                  "their there here its it's our ours his her hers him she was does did done please tell know remember "
+                  "like just also any all some one".split())
+
+
+def fact_to_remember(text: str) -> str | None:
+    """The fact a message asks to be remembered ("Remember that X." -> "X"), or None."""
+    match = _REMEMBER.match(text)
+    if match is None:
+        return None
+    fact = match.group("fact").strip()
+    return fact[:MAX_MEMORY_CHARS] if fact else None
+
+
+def _words(text: str) -> set[str]:
+    return {word for word in (w.lower() for w in _WORD.findall(text)) if word not in _STOP}
+
+
+def relevant(memories: Sequence[MemoryRow], text: str, limit: int = RELEVANT) -> list[MemoryRow]:
+    """The memories that share the most words with `text` (none that share none), newest first among equals."""
+    words = _words(text)
+    scored = [(len(words & _words(memory.content)), memory.id, memory) for memory in memories]
+    ranked = sorted((entry for entry in scored if entry[0] > 0), key=lambda entry: (entry[0], entry[1]), reverse=True)
+    return [memory for _, _, memory in ranked[:limit]]
+
+
+def memory_not_found(memory_id: str) -> ApiError:
+    return ApiError("memory_not_found", f"No memory '{memory_id}'.", "memory_id", status=404)
+
+
+class MemoryStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._session = async_sessionmaker(engine, expire_on_commit=False)
+
+    async def enabled(self, owner: str) -> bool:
+        async with self._session() as session:
+            return await session.get(MemorySettingRow, owner) is not None
+
+    async def set_enabled(self, owner: str, enabled: bool) -> None:
+        async with self._session.begin() as session:
+            row = await session.get(MemorySettingRow, owner)
+            if enabled and row is None:
+                session.add(MemorySettingRow(owner=owner, enabled_at=epoch()))
+            elif not enabled and row is not None:
+                await session.delete(row)
+
+    async def add(self, owner: str, content: str) -> MemoryRow:
+        row = MemoryRow(id=new_id("mem"), owner=owner, content=content[:MAX_MEMORY_CHARS], created_at=epoch())
+        async with self._session.begin() as session:
+            session.add(row)
+            count = await session.scalar(select(func.count()).select_from(MemoryRow).where(MemoryRow.owner == owner))
+            if count is not None and count >= MAX_MEMORIES:  # the new one is not flushed yet: forget the oldest
+                oldest = select(MemoryRow.id).where(MemoryRow.owner == owner).order_by(MemoryRow.id)
+                doomed = list(await session.scalars(oldest.limit(count + 1 - MAX_MEMORIES)))
+                await session.execute(delete(MemoryRow).where(MemoryRow.id.in_(doomed)))
+        return row
+
+    async def list(self, owner: str) -> list[MemoryRow]:
+        """Newest first."""
+        async with self._session() as session:
+            query = select(MemoryRow).where(MemoryRow.owner == owner).order_by(MemoryRow.id.desc())
+            return list(await session.scalars(query))
+
+    async def delete(self, owner: str, memory_id: str) -> None:
+        async with self._session.begin() as session:
+            row = await session.get(MemoryRow, memory_id)
+            if row is None or row.owner != owner:
+                raise memory_not_found(memory_id)
+            await session.delete(row)
+
+    async def delete_all(self, owner: str) -> int:
+        async with self._session.begin() as session:
+            result = await session.execute(delete(MemoryRow).where(MemoryRow.owner == owner))
+            return int(getattr(result, "rowcount", 0) or 0)
+
+
+@dataclass
+class Recall:
+    """What memory did for one answer: the memories it was given, and the one its question saved."""
+
+    used: list[MemoryRow] = field(default_factory=list)
+    saved: list[MemoryRow] = field(default_factory=list)
+
+    @property
+    def instructions(self) -> str | None:
+        if not self.used:
+            return None
+        facts = "\n".join(f"- {memory.content}" for memory in self.used)
+        # Worded for small models: told "You remember ...", SmolLM2-135M took "my dog" for its own and denied having one.
+        return f"Facts the user asked you to remember (in the user's words, 'my' means the user's):\n{facts}"
+
+    def metadata(self) -> dict[str, str]:
+        """Strings to strings, as OpenAI's metadata: ids, comma-separated."""
+        return {"memories_used": ",".join(m.id for m in self.used), "memories_saved": ",".join(m.id for m in self.saved)}
+
+
+async def recall(store: MemoryStore | None, owner: str, messages: Sequence[ChatMessage]) -> Recall | None:
+    """None unless the key turned memory on. Otherwise the last user message (already through the safety policy)
+    is saved when it asks to be remembered, and the memories that bear on it are picked."""
+    if store is None or not await store.enabled(owner):
+        return None
+    question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+    result = Recall()
+    fact = fact_to_remember(question)
+    if fact is not None:
+        result.saved.append(await store.add(owner, fact))
+    saved = {m.id for m in result.saved}
+    result.used = relevant([m for m in await store.list(owner) if m.id not in saved], question)
+    return result

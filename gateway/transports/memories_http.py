@@ -1,0 +1,82 @@
+"""/v1/memories: what memory (gateway/memory.py) keeps for the calling API key, its switch, and its erasure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gateway.http_bodies import read_json_object
+from gateway.memory import MemoryStore
+from gateway.openapi import error_responses, json_body
+from gateway.protocol.validation import api_error_from_validation
+from gateway.services import Services
+from gateway.storage.schema import MemoryRow
+
+router = APIRouter()
+
+
+class MemorySettings(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    enabled: bool
+
+
+def memory_object(row: MemoryRow) -> dict[str, Any]:
+    return {"id": row.id, "object": "memory", "content": row.content, "created_at": int(row.created_at)}
+
+
+def _store(svc: Services) -> MemoryStore:
+    return MemoryStore(svc.store.engine)
+
+
+@router.get("/v1/memories", responses=error_responses(401, 429))
+async def list_memories(request: Request) -> JSONResponse:
+    """Every memory of the key, newest first, and whether memory is on."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    store = _store(svc)
+    rows = await store.list(principal.key_id)
+    return JSONResponse({"object": "list", "enabled": await store.enabled(principal.key_id),
+                         "data": [memory_object(row) for row in rows]}, headers=headers)
+
+
+@router.delete("/v1/memories", responses=error_responses(401, 429))
+async def delete_memories(request: Request) -> JSONResponse:
+    """Erase every memory of the key (memory stays on or off as it was)."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    deleted = await _store(svc).delete_all(principal.key_id)
+    return JSONResponse({"object": "memory.deleted", "deleted": deleted}, headers=headers)
+
+
+@router.delete("/v1/memories/{memory_id}", responses=error_responses(401, 404, 429))
+async def delete_memory(request: Request, memory_id: str) -> JSONResponse:
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    await _store(svc).delete(principal.key_id, memory_id)
+    return JSONResponse({"id": memory_id, "object": "memory.deleted", "deleted": True}, headers=headers)
+
+
+@router.get("/v1/memories/settings", responses=error_responses(401, 429))
+async def get_settings(request: Request) -> JSONResponse:
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    enabled = await _store(svc).enabled(principal.key_id)
+    return JSONResponse({"object": "memory.settings", "enabled": enabled}, headers=headers)
+
+
+@router.post("/v1/memories/settings", openapi_extra=json_body(MemorySettings),
+             responses=error_responses(400, 401, 413, 429))
+async def set_settings(request: Request) -> JSONResponse:
+    """{"enabled": true} turns memory on for the key; false turns it off (what it keeps stays until deleted)."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    _, payload = await read_json_object(request)
+    try:
+        body = MemorySettings.model_validate(payload)
+    except ValidationError as exc:
+        raise api_error_from_validation(exc) from None
+    await _store(svc).set_enabled(principal.key_id, body.enabled)
+    return JSONResponse({"object": "memory.settings", "enabled": body.enabled}, headers=headers)
