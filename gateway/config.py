@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.safety.detectors import load_denylist
+from gateway.safety.hooks import load_classifier
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
@@ -205,6 +206,14 @@ class Settings(BaseSettings):
         "expression; `#` comments.")
     safety_denylist_action: Literal["block", "redact"] = Field(
         "block", description="What a denylist match does: block (input refused, output stopped) or redact.")
+    safety_classifier: str | None = Field(
+        None, description="A classifier beside the rules: a Python entry point (package.module:function, called with "
+        "the text, returning a bool or {flagged, categories}) or the URL of an HTTP moderation endpoint in OpenAI's "
+        "/v1/moderations shape. It runs beside the generation and a flagged verdict stops the reply.")
+    safety_classifier_api_key: str | None = Field(None, description="Bearer key sent to --safety-classifier's URL.")
+    safety_classifier_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="How long a reply's end waits for the classifier's last verdicts; a late or "
+        "failed one lets the reply through (the rules still hold).")
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
     rate_limit_tpm: int = Field(
         0, ge=0, description="Tokens per minute per API key, input plus output (0: unlimited): a chat completion or "
@@ -291,6 +300,13 @@ class Settings(BaseSettings):
     def _denylist(cls, value: Path | None) -> Path | None:
         if value is not None:
             load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
+        return value
+
+    @field_validator("safety_classifier")
+    @classmethod
+    def _classifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_classifier(value, None, 1.0)  # ValueError: neither a URL nor a loadable entry point
         return value
 
     @field_validator("llm_backend")

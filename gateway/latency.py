@@ -22,6 +22,7 @@ class TurnMarks:
     first_clause: float | None = None  # the first clause was complete and handed to TTS
     first_audio: float | None = None  # first answer audio handed to the transport
     last_audio: float | None = None
+    classifier_done: float | None = None  # the safety classifier's last verdict on the turn (gateway/safety/hooks.py)
     done: float | None = None
 
     def mark(self, stage: str, *, latest: bool = False) -> None:
@@ -48,6 +49,7 @@ class TurnMarks:
             ("llm_first_clause", self.first_token, self.first_clause),
             ("tts_first_audio", self.first_clause, self.first_audio),
             ("voice_to_voice", self.speech_stopped, self.first_audio),
+            ("safety_classifier", self.response_created, self.classifier_done),
         )
         for name, start, end in pairs:
             if start is not None and end is not None:

@@ -22,6 +22,9 @@ ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", ["t
 RESPONSES = Counter("gateway_realtime_responses_total", "Realtime responses by final status", ["status"], registry=REGISTRY)
 SAFETY_FINDINGS = Counter("gateway_safety_findings_total", "Matches of the safety policy (gateway/safety/)",
                           ["stage", "rule", "action"], registry=REGISTRY)
+SAFETY_CLASSIFIER_FAILURES = Counter("gateway_safety_classifier_failures_total",
+                                     "Safety classifier verdicts missing (error, timeout): the reply went out",
+                                     ["kind"], registry=REGISTRY)
 STAGE_SECONDS = Histogram(
     "gateway_turn_stage_seconds",
     "Per-turn latency of each stage (asr, llm_first_token, tts_first_audio, voice_to_voice)",

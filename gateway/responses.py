@@ -18,6 +18,7 @@ from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
+from gateway.safety.hooks import Classifier, ClassifierWatch
 from gateway.safety.output import ContentFiltered, OutputGuard
 from gateway.safety.policy import SafetyPolicy
 from gateway.token_quota import TokenAccount
@@ -56,6 +57,8 @@ class ResponseJob:
     tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the tools the reply may call (tool_calls.py)
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
     tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
+    classifier: Classifier | None = None  # beside the rules (safety/hooks.py)
+    classifier_timeout_s: float = 2.0
 
 
 def render_reply_prompt(
@@ -107,7 +110,9 @@ class ResponseRunner:
         self.add_calls = add_calls
         self.stream: GenerationStream | None = None
         self._adopted: Preemption | None = None
-        self.guard = OutputGuard(job.safety)  # text that may begin a match waits for the rest of it
+        # Text that may begin a match waits for the rest of it; the classifier runs beside the generation.
+        self.guard = OutputGuard(job.safety, ClassifierWatch.maybe(job.classifier, stop=self.cancel_generation,
+                                                                   timeout_s=job.classifier_timeout_s, marks=job.marks))
         self._deltas = 0
 
     async def run(self) -> GenerationResult:
@@ -123,10 +128,12 @@ class ResponseRunner:
         if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
             self.send([{"type": "rate_limits.updated", "rate_limits": [reservation.rate_limit()]}])
         result: GenerationResult | None = None
+        self.guard.start(next((m.content for m in reversed(job.messages) if m.role == "user"), ""))
         try:
             result = await self._generate(prompt, constraint)
             return result
         finally:
+            await self.guard.close()
             if reservation is not None:  # a cancelled reply is charged for the deltas it streamed
                 await reservation.settle(result.completion_tokens if result is not None else self._deltas)
 
@@ -185,6 +192,8 @@ class ResponseRunner:
                     self._deltas += 1
                     release(guard.feed(delta))
                 release(guard.flush())
+                await guard.finish()  # the classifier's last verdicts
+                release("")
                 if reply is not None and reply.held:
                     parsed = parse_reply(reply.held, tools)
                     if parsed.calls:

@@ -15,6 +15,7 @@ from gateway.config import Settings
 from gateway.heap import HeapTrimmer
 from gateway.model_names import ModelNames, openai_transcription_names
 from gateway.protocol.session_config import SpeechOptions
+from gateway.safety.hooks import Classifier, load_classifier
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.rules import build_policy
 from gateway.voices import VoiceCatalog
@@ -59,12 +60,16 @@ class Runtime:
     model_names: ModelNames = field(init=False)  # what requests may call the LLM
     voices: VoiceCatalog = field(init=False)  # the installed voices' names, known before they load
     safety: SafetyPolicy = field(init=False)  # the rules on input and output (gateway/safety/)
+    classifier: Classifier | None = field(init=False)  # --safety-classifier, beside the rules (safety/hooks.py)
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
         self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # names checked by Settings
         self.safety = build_policy(settings)  # DenylistError (a ValueError): a file it cannot use
+        self.classifier = (load_classifier(settings.safety_classifier, settings.safety_classifier_api_key,
+                                           settings.safety_classifier_timeout_s)
+                           if settings.safety and settings.safety_classifier else None)
 
     @property
     def speech_options(self) -> SpeechOptions:

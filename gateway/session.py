@@ -469,6 +469,8 @@ class RealtimeSession:
             tool_use=tool_use,
             safety=self.runtime.safety,
             tokens=self.tokens,
+            classifier=self.runtime.classifier,
+            classifier_timeout_s=self.settings.safety_classifier_timeout_s,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
 

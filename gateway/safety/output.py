@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from gateway import metrics
+from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.policy import Finding, SafetyPolicy
+
+CLASSIFIER = Finding("classifier", "block", 0, 0)  # what `blocked` says when the classifier flagged the turn
 
 
 class ContentFiltered(Exception):
@@ -16,40 +19,68 @@ class ContentFiltered(Exception):
 
 
 class OutputGuard:
-    """`feed()` each delta, send what it returns, and stop the generation once `blocked` is set; `flush()` at
-    the end. With an empty policy it passes the deltas through untouched, holding nothing back."""
+    """`feed()` each delta, send what it returns, and stop the generation once `blocked` is set; `flush()` and
+    `await finish()` at the end, `await close()` always. With an empty policy and no classifier it passes the
+    deltas through untouched, holding nothing back. The classifier (`watch`) stops the generation itself."""
 
-    def __init__(self, policy: SafetyPolicy) -> None:
+    def __init__(self, policy: SafetyPolicy, watch: ClassifierWatch | None = None) -> None:
         self._filter = policy.stream() if policy else None
+        self._watch = watch
+        self._sent: list[str] = []
         self._counted = 0
 
     @property
     def blocked(self) -> Finding | None:
-        return self._filter.blocked if self._filter is not None else None
+        if self._filter is not None and self._filter.blocked is not None:
+            return self._filter.blocked
+        return CLASSIFIER if self._watch is not None and self._watch.flagged is not None else None
 
     @property
-    def text(self) -> str | None:
-        """What was let through so far (None without a policy: then it is the model's text)."""
-        return "".join(self._filter.released) if self._filter is not None else None
+    def text(self) -> str:
+        """What was let through so far."""
+        return "".join(self._sent)
+
+    def start(self, question: str) -> None:
+        """The user's message this reply answers: classified at once, beside the generation."""
+        if self._watch is not None:
+            self._watch.check(question)
 
     def feed(self, delta: str) -> str:
-        if self._filter is None:
-            return delta
-        released = self._filter.feed(delta)
-        self._count()
-        return released
+        if self.blocked is not None:
+            return ""
+        released = delta
+        if self._filter is not None:
+            released = self._filter.feed(delta)
+            self._count()
+        return self._send(released)
 
     def flush(self) -> str:
-        if self._filter is None:
+        if self._filter is None or self.blocked is not None:
             return ""
         released = self._filter.flush()
         self._count()
-        return released
+        return self._send(released)
+
+    async def finish(self) -> None:
+        """The reply is complete: the classifier's last verdicts (within its timeout); check `blocked` after."""
+        if self._watch is not None and self.blocked is None:
+            await self._watch.finish(self.text)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
 
     def check(self) -> None:
-        """Raise ContentFiltered once a block rule matched."""
+        """Raise ContentFiltered once a block rule matched or the classifier flagged the turn."""
         if (blocked := self.blocked) is not None:
             raise ContentFiltered(blocked)
+
+    def _send(self, released: str) -> str:
+        if released:
+            self._sent.append(released)
+            if self._watch is not None:
+                self._watch.output(self.text)
+        return released
 
     def _count(self) -> None:
         assert self._filter is not None

@@ -26,7 +26,8 @@ from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
-from gateway.safety.output import OutputGuard
+from gateway.safety.hooks import ClassifierWatch
+from gateway.safety.output import CLASSIFIER, OutputGuard
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
@@ -168,15 +169,17 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
                               attached, request_messages, engine=engine)
+    # The rules on the reply as it streams, and the classifier beside it (on the question at once).
+    guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
+        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
+    guard.start(next((m.content for m in reversed(request_messages) if m.role == "user"), ""))
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        guard = OutputGuard(svc.runtime.safety)
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
                                                       reservation, remembered),
                                    runs_to_end=attached is not None)
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
-    guard = OutputGuard(svc.runtime.safety)
     parts: list[str] = []
     result: GenerationResult | None = None
     try:
@@ -186,7 +189,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
                 stream.cancel()  # stopped at once; the engine ends it at its next step
                 break
         parts.append(guard.flush())
-        text = "".join(parts)
+        await guard.finish()
+        # A reply the classifier flagged is withheld whole (a rule's match keeps the text before it).
+        text = "" if guard.blocked is CLASSIFIER else "".join(parts)
         result = await stream.result()
     except BACKEND_ERRORS as exc:
         record.done("failed")
@@ -196,6 +201,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         raise
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
+        await guard.close()
         if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
             await reservation.settle(result.completion_tokens if result is not None else len(parts))
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
@@ -324,6 +330,7 @@ async def _sse(
             text = splitter.feed(tail) if splitter is not None else tail
             if text:
                 yield chunk(delta={"content": text})
+        await guard.finish()  # the classifier's last verdicts (its first tokens never waited for it)
         result = await stream.result()
         finish = _finish_reason(result, guard)
         if splitter is not None and guard.blocked is None:
@@ -337,7 +344,7 @@ async def _sse(
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
         yield chunk(delta={}, finish_reason=finish)
-        record.done("completed", result, finish, guard.text if guard.text is not None else result.text, reply=parsed)
+        record.done("completed", result, finish, guard.text, reply=parsed)
         logged = True
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
@@ -356,6 +363,7 @@ async def _sse(
     finally:
         # Runs when the client disconnects too (the generator is closed): free the engine slot.
         stream.cancel()
+        await guard.close()
         if not logged:
             record.done("cancelled")
         if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)

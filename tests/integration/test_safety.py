@@ -4,8 +4,11 @@ tool results), output stopped mid-stream (chat, Realtime text and voice), and lo
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +221,85 @@ async def test_logs_hold_no_personal_data(which: str, request: pytest.FixtureReq
     if which.startswith("debug"):
         assert "[email]" in process.log_path.read_text(errors="replace")  # the content was logged, redacted
     assert personal_data(process.log_path) == []
+
+
+class Moderation(http.server.BaseHTTPRequestHandler):
+    """OpenAI's /v1/moderations shape, slowly: flags any text with "dragon" in it after DELAY_S."""
+
+    DELAY_S = 0.6
+    inputs: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        Moderation.inputs.append(body["input"])
+        time.sleep(self.DELAY_S)
+        flagged = "dragon" in body["input"].lower()
+        answer = json.dumps({"id": "modr-1", "model": "test", "results": [
+            {"flagged": flagged, "categories": {"violence": flagged}, "category_scores": {"violence": 0.9 * flagged}}]})
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def moderated_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Moderation)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/moderations"
+    process = start_gateway("--safety-classifier", url, "--no-load-voice-models",
+                            log_path=tmp_path_factory.mktemp("moderated") / "gateway.log")
+    warm = httpx.post(f"{process.url}/v1/chat/completions", timeout=60,  # a fresh engine's first steps are slow
+                      json={"model": MODEL, "max_tokens": 4, "messages": ask("Hello!")})
+    assert warm.status_code == 200
+    yield process
+    process.stop()
+    server.shutdown()
+    thread.join()
+
+
+def test_a_slow_classifier_runs_beside_and_stops_the_reply(moderated_gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{moderated_gateway.url}/v1", api_key="unused", max_retries=0)
+    Moderation.inputs.clear()
+    started = time.monotonic()
+    first_text = None
+    chunks = []
+    for chunk in client.chat.completions.create(model=MODEL, messages=ask("Tell me a long story about a dragon."),
+                                                temperature=0, max_tokens=400, stream=True,
+                                                stream_options={"include_usage": True}):
+        chunks.append(chunk)
+        if first_text is None and chunk.choices and chunk.choices[0].delta.content:
+            first_text = time.monotonic() - started
+    assert first_text is not None and first_text < Moderation.DELAY_S  # the first token never waited for it
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == ["content_filter"]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens < 400  # stopped once the verdict came
+    assert Moderation.inputs[0] == "Tell me a long story about a dragon."
+
+
+def test_an_unflagged_reply_completes_after_its_last_verdict(moderated_gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{moderated_gateway.url}/v1", api_key="unused", max_retries=0)
+    Moderation.inputs.clear()
+    completion = client.chat.completions.create(model=MODEL, messages=ask(QUESTION), temperature=0, max_tokens=20)
+    content = completion.choices[0].message.content or ""
+    assert completion.choices[0].finish_reason in ("stop", "length") and "Paris" in content
+    assert Moderation.inputs == [QUESTION, content]  # the question at once, the whole reply at its end
+
+
+async def test_realtime_reply_stopped_by_the_classifier(moderated_gateway: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{moderated_gateway.ws_url}/v1/realtime?model={MODEL}")
+    await client.wait_for("session.created")
+    await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    done = await client.ask("Tell me a long story about a dragon.", max_output_tokens=400)
+    await client.close()
+    response = done["response"]
+    assert response["status"] == "incomplete" and response["status_details"]["reason"] == "content_filter"
+    assert response["usage"]["output_tokens"] < 400
+    marks = json.loads(response["metadata"]["gateway_latency"])
+    assert marks["classifier_done_ms"] >= Moderation.DELAY_S * 1000 > marks["first_token_ms"]
