@@ -194,6 +194,7 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await loader
     await svc.hub.close()  # the resume windows' timers; their sessions are closed with the others
+    await svc.limits.close()  # the sessions' duration and idle watchdogs
     await svc.streams.close()
     svc.prewarmer.close()
     await asyncio.gather(*(session.close() for session in list(svc.sessions)), return_exceptions=True)

@@ -228,6 +228,12 @@ class Settings(BaseSettings):
         description="Most sessions one API key (with its client secrets) has open at once; past it, 429. Lower it "
         "when several keys share the gateway, so that one cannot take every session.",
     )
+    max_session_duration_s: float = Field(
+        3600, gt=0, description="Longest a Realtime session lasts (OpenAI's is 60 minutes): then an error event "
+        "session_expired and the close. Its session object's expires_at says when.")
+    session_idle_timeout_s: float = Field(
+        900, ge=0, description="A Realtime session with no client event and no response for this long gets an error "
+        "event session_idle_timeout and is closed (0: never).")
     max_client_secrets_per_key: int = Field(
         128, ge=1, description="Most client secrets one API key has minted and not yet used (nor seen expire); past it, 429."
     )

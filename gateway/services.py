@@ -21,6 +21,7 @@ from gateway.realtime_store import hand_off_conversation
 from gateway.redis_state import REPLICA_TTL_S, RedisState
 from gateway.runtime import Runtime
 from gateway.session_hub import SessionHub
+from gateway.session_limits import SessionLimits
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
 from gateway.storage.durable_state import DurableState
@@ -58,10 +59,13 @@ class Services:
     prewarmer: Prewarmer = field(default_factory=Prewarmer)  # drafts prefilled while the user types
     shared: RedisState | None = None  # --redis-url: what replicas share (opened with the storage)
     draining: bool = False  # SIGTERM: no new sessions; see drain()
+    limits: SessionLimits = field(init=False)  # each session's duration and idle bounds
 
     def __post_init__(self) -> None:
         self.hub = SessionHub(self.settings.resume_window_s, self.end_session)
         self.streams = StreamHub(self.settings.resume_window_s)
+        self.limits = SessionLimits(self.settings.max_session_duration_s, self.settings.session_idle_timeout_s,
+                                    self.end_session)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:
@@ -112,6 +116,7 @@ class Services:
         except BaseException:
             self.sessions.pop(session, None)
             raise
+        self.limits.watch(session)
         return self.hub.add(session, principal.key_id)
 
     async def open_storage(self) -> None:
@@ -201,6 +206,7 @@ class Services:
         """The session is over: uncounted, unresumable, closed, and its WebRTC call (if any) hung up."""
         self.sessions.pop(session, None)
         self.hub.remove(session)
+        await self.limits.forget(session)
         await session.close()
         for call in list(self.calls.values()):
             if call.session is session:

@@ -110,7 +110,7 @@ class RealtimeSession:
             instructions=settings.default_instructions,
             output_modalities=[default_modality],
             max_output_tokens=settings.default_max_tokens,
-            expires_at=int(time.time()) + 3600,
+            expires_at=int(time.time() + settings.max_session_duration_s),
         )
         speech = runtime.speech_options
         config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
@@ -118,6 +118,8 @@ class RealtimeSession:
         self.config = apply_session_update(config, initial_config, speech=speech) if initial_config else config
         self._started = False
         self._started_at = time.monotonic()
+        self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
+        self.last_activity = self._started_at  # the last client event or response end: --session-idle-timeout-s
         self._responses = 0
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
@@ -207,6 +209,7 @@ class RealtimeSession:
             self.send_error(error)
             return
         metrics.CLIENT_EVENTS.labels(event.type).inc()
+        self.last_activity = time.monotonic()
         try:
             await self._dispatch(event)
         except ApiError as error:
@@ -530,6 +533,7 @@ class RealtimeSession:
         if self.active is not active:
             return
         self.active = None
+        self.last_activity = time.monotonic()
         active.marks.mark("done")
         usage = None
         if result is not None:

@@ -1,8 +1,10 @@
 """Tokens per minute per key (--rate-limit-tpm): OpenAI's x-ratelimit-*-tokens headers, the 429 and its headers,
-a reservation given back, Realtime rate_limits.updated events; in this process and in Redis."""
+a reservation given back, Realtime rate_limits.updated events; in this process and in Redis. And a Realtime
+session's bounds in time: its longest duration and its idle timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Iterator
@@ -10,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 
 from gateway.cluster import RedisServer
 from tests.gateway_process import GatewayProcess, start_gateway
@@ -114,3 +117,45 @@ async def test_realtime_rate_limits_updated(quota_gateway: GatewayProcess) -> No
     assert types.index("response.created") < at < types.index("response.output_text.delta")
     assert second["remaining"] != first["remaining"]
     await client.close()
+
+
+@pytest.fixture(scope="module")
+def short_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    folder = tmp_path_factory.mktemp("short-sessions")
+    process = start_gateway("--max-session-duration-s", "4", "--session-idle-timeout-s", "2", "--no-load-voice-models",
+                            log_path=folder / "gateway.log")
+    yield process
+    process.stop()
+
+
+async def test_an_idle_session_ends(short_sessions: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{short_sessions.ws_url}/v1/realtime?model={MODEL}")
+    created = await client.wait_for("session.created")
+    assert created["session"]["expires_at"] - time.time() <= 5
+    error = await client.wait_for("error", timeout=10)
+    assert error["error"]["code"] == "session_idle_timeout"
+    assert 1.5 <= error["_received_at"] - created["_received_at"] <= 5
+    with pytest.raises(websockets.ConnectionClosedOK):
+        await client.recv(timeout=5)
+
+
+async def test_a_session_ends_at_its_longest_duration_however_busy(short_sessions: GatewayProcess) -> None:
+    client = await RealtimeClient.connect(f"{short_sessions.ws_url}/v1/realtime?model={MODEL}")
+    created = await client.wait_for("session.created")
+
+    async def keep_busy() -> None:
+        while True:
+            await client.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}})
+            await asyncio.sleep(0.5)
+
+    busy = asyncio.create_task(keep_busy())
+    try:
+        error = await client.wait_for("error", timeout=10)
+    finally:
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+    assert error["error"]["code"] == "session_expired"
+    assert 3.5 <= error["_received_at"] - created["_received_at"] <= 7
+    with pytest.raises(websockets.ConnectionClosedOK):
+        while True:
+            await client.recv(timeout=5)
