@@ -4,7 +4,8 @@ the context of later conversations when they bear on what is asked.
 Off by default: a key turns it on (POST /v1/memories/settings); while it is off nothing is stored or read. A user
 message that asks to remember something ("Remember that my dog is called Rex.") stores that fact, as the
 policy left it (personal data redacted). Each answer lists the memories it was given and the one it saved
-(memories_used, memories_saved). GET / DELETE /v1/memories show and erase them (transports/memories_http.py).
+(memories_used, memories_saved): a chat completion's metadata, a Realtime response's. GET / DELETE /v1/memories
+show and erase them (transports/memories_http.py).
 """
 
 from __future__ import annotations
@@ -137,3 +138,14 @@ async def recall(store: MemoryStore | None, owner: str, messages: Sequence[ChatM
     saved = {m.id for m in result.saved}
     result.used = relevant([m for m in await store.list(owner) if m.id not in saved], question)
     return result
+
+
+@dataclass
+class MemoryAccount:
+    """One key's memory, as a Realtime session draws on it (recalled for each response, as for a chat)."""
+
+    store: MemoryStore
+    owner: str
+
+    async def recall(self, messages: Sequence[ChatMessage]) -> Recall | None:
+        return await recall(self.store, self.owner, messages)

@@ -15,6 +15,7 @@ from gateway import metrics
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
+from gateway.memory import MemoryAccount
 from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
@@ -58,6 +59,7 @@ class ResponseJob:
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
     tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
     classifier: Classifier | None = None  # beside the rules (safety/hooks.py)
+    memory: MemoryAccount | None = None  # the key's memory (gateway/memory.py)
     classifier_timeout_s: float = 2.0
 
 
@@ -119,6 +121,7 @@ class ResponseRunner:
         job = self.job
         lm = self.engine.lm
         try:
+            await self._recall()
             prompt = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
             constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
             reservation = await job.tokens.reserve(len(prompt.token_ids), job.sampling.max_tokens) if job.tokens else None
@@ -136,6 +139,16 @@ class ResponseRunner:
             await self.guard.close()
             if reservation is not None:  # a cancelled reply is charged for the deltas it streamed
                 await reservation.settle(result.completion_tokens if result is not None else self._deltas)
+
+    async def _recall(self) -> None:
+        """With the key's memory on: the memories that bear on the question join the instructions, and the
+        response's metadata lists them (and the fact the question asked to remember)."""
+        remembered = await self.job.memory.recall(self.job.messages) if self.job.memory is not None else None
+        if remembered is None:
+            return
+        if remembered.instructions:
+            self.job.messages = [*self.job.messages, ChatMessage("system", remembered.instructions)]
+        self.events.metadata = {**(self.events.metadata or {}), **remembered.metadata()}
 
     async def _generate(self, prompt: RenderedPrompt, constraint: TokenConstraint | None) -> GenerationResult:
         job = self.job

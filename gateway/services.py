@@ -14,6 +14,7 @@ from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
 from gateway.conversation import new_id
 from gateway.idempotency import IdempotencyStore
+from gateway.memory import MemoryAccount, MemoryStore
 from gateway.prewarm import Prewarmer
 from gateway.protocol.errors import ApiError
 from gateway.ratelimit import RateLimiter
@@ -111,6 +112,8 @@ class Services:
         self.check_session_room(principal.key_id)
         self.sessions[session] = principal.key_id
         session.tokens = TokenAccount(self.quota, principal.key_id)  # the quota its responses draw on
+        if self.conversations is not None:  # its key's memory, when the key turned it on (gateway/memory.py)
+            session.memory = MemoryAccount(MemoryStore(self.conversations.engine), principal.key_id)
         try:
             await self.auth.spend(principal)
         except BaseException:

@@ -23,6 +23,7 @@ from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.event_log import log_event
 from gateway.latency import TurnMarks, now
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
+from gateway.memory import MemoryAccount
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
@@ -126,6 +127,7 @@ class RealtimeSession:
         self.voice: VoicePipeline | None = None
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
         self.tokens: TokenAccount | None = None  # its key's token quota (Services.open_session)
+        self.memory: MemoryAccount | None = None  # its key's memory, if the key turned it on (Services.open_session)
         self._stored_items: list[Item] = []
 
     def start(self) -> None:
@@ -472,6 +474,7 @@ class RealtimeSession:
             tool_use=tool_use,
             safety=self.runtime.safety,
             tokens=self.tokens,
+            memory=self.memory,
             classifier=self.runtime.classifier,
             classifier_timeout_s=self.settings.safety_classifier_timeout_s,
         )

@@ -13,6 +13,7 @@ import pytest
 
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
+from tests.integration.realtime_client import RealtimeClient
 
 KEYS = ("sk-memory-one", "sk-memory-two")
 REMEMBER = "Remember that my dog is called Rex."
@@ -99,3 +100,22 @@ def test_memory(memory_gateway: GatewayProcess) -> None:
 def test_bad_settings_are_refused_by_name(memory_gateway: GatewayProcess, body: dict[str, Any], param: str) -> None:
     refused = call(memory_gateway, KEYS[0], "POST", "/v1/memories/settings", body)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+
+
+async def test_realtime_sessions_recall_and_save(memory_gateway: GatewayProcess) -> None:
+    key = KEYS[1]
+    assert call(memory_gateway, key, "POST", "/v1/memories/settings", {"enabled": True}).status_code == 200
+    cat = chat(memory_gateway, key, "Remember that my cat is called Tom.")["metadata"]["memories_saved"]
+    client = await RealtimeClient.connect(f"{memory_gateway.ws_url}/v1/realtime?model={MODEL}",
+                                          headers={"authorization": f"Bearer {key}"})
+    await client.wait_for("session.created")
+    await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    done = await client.ask("What is my cat called?", max_output_tokens=16)  # events checked against the SDK's types
+    assert done["response"]["metadata"]["memories_used"] == cat
+    assert "Tom" in done["response"]["output"][0]["content"][0]["text"]
+    saved = await client.ask("Remember that my car is red.", max_output_tokens=4)
+    await client.close()
+    car = saved["response"]["metadata"]["memories_saved"]
+    assert car and [m["content"] for m in memories(memory_gateway, key)["data"]] == ["my car is red", "my cat is called Tom"]
+    assert call(memory_gateway, key, "DELETE", "/v1/memories").json()["deleted"] == 2
+    assert call(memory_gateway, key, "POST", "/v1/memories/settings", {"enabled": False}).status_code == 200
