@@ -22,6 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gateway.conversation import Conversation, Item
+from gateway.safety.policy import SafetyPolicy
 from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow, MessageRow
 from gateway.titles import title_later
@@ -90,8 +91,9 @@ def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
 
 class ConversationRecorder:
     def __init__(self, store: ConversationStore, conversation: ConversationRow, loaded: list[tuple[Item, str]],
-                 model: str, engine: LLMBackend | None) -> None:
+                 model: str, engine: LLMBackend | None, safety: SafetyPolicy | None = None) -> None:
         self.store = store
+        self._safety = safety or SafetyPolicy([])  # on the title the model writes
         self.conversation_id = conversation.id
         self.owner = conversation.owner
         self._engine = engine
@@ -148,7 +150,7 @@ class ConversationRecorder:
         question = next((item.text() for item in conversation.items if item.role == "user" and item.text()), None)
         if question:
             self._title_wanted = False
-            title_later(self.store, self._engine, self.owner, self.conversation_id, question)
+            title_later(self.store, self._engine, self.owner, self.conversation_id, question, self._safety)
 
     def _append(self, item: dict[str, Any], status: MessageStatus) -> None:
         message = stored_message(item, status)
@@ -213,7 +215,8 @@ async def attach_stored_conversation(session: RealtimeSession, store: Conversati
     """Before the session starts: continue `conversation_id` (404 for another key's, as for a wrong id)."""
     conversation = await store.get(owner, conversation_id)
     loaded = items_from_rows(await store.branch(conversation))
-    recorder = ConversationRecorder(store, conversation, loaded, session.config.model, session.runtime.engine)
+    recorder = ConversationRecorder(store, conversation, loaded, session.config.model, session.runtime.engine,
+                                    session.runtime.safety)
     try:
         session.attach_stored(conversation.id, [item for item, _ in loaded], recorder)
     except BaseException:

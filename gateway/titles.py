@@ -8,6 +8,7 @@ import logging
 import re
 
 from gateway.llm_errors import BACKEND_ERRORS
+from gateway.safety.policy import SafetyPolicy
 from gateway.storage.conversations import ConversationStore
 from inference.llm.backend import LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
@@ -27,25 +28,31 @@ def clean_title(text: str) -> str | None:
     return line[:MAX_TITLE_CHARS] or None
 
 
-async def generate_title(engine: LLMBackend, question: str) -> str | None:
+async def generate_title(engine: LLMBackend, question: str, policy: SafetyPolicy) -> str | None:
+    """The title, through the safety policy as any output of the model: redacted, or none when a rule blocks it."""
     messages = [ChatMessage("system", TITLE_INSTRUCTIONS), ChatMessage("user", question[:2000])]
     prompt = await asyncio.to_thread(render_prompt, engine.lm.tokenizer, messages,
                                      context_window=engine.lm.context_window, reserve_tokens=16)
     stream = engine.submit(prompt.token_ids, SamplingParams(temperature=0.0, max_tokens=16), background=True,
                            messages=prompt.messages)
     try:
-        return clean_title((await stream.result()).text)
+        title = clean_title((await stream.result()).text)
     finally:
         stream.cancel()
+    screened = policy.screen(title) if title is not None and policy else None
+    if screened is None:
+        return title
+    return None if screened.blocked is not None else clean_title(screened.text)
 
 
-def title_later(store: ConversationStore, engine: LLMBackend, owner: str, conversation_id: str, question: str) -> None:
+def title_later(store: ConversationStore, engine: LLMBackend, owner: str, conversation_id: str, question: str,
+                policy: SafetyPolicy) -> None:
     """After a conversation's first exchange (chat completions, Realtime): its title, written in the
     background by a task the store owns (it awaits it when it closes)."""
 
     async def run() -> None:
         try:
-            title = await generate_title(engine, question)
+            title = await generate_title(engine, question, policy)
         except (*BACKEND_ERRORS, ContextOverflow) as exc:
             log.info("no title for %s: %s", conversation_id, exc)
             return

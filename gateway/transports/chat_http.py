@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,6 +28,7 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import CLASSIFIER, OutputGuard
+from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
@@ -168,7 +169,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
-                              attached, request_messages, engine=engine)
+                              attached, request_messages, engine=engine, safety=svc.runtime.safety)
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
     guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
         svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
@@ -230,6 +231,7 @@ class CompletionRecord:
     attached: AttachedChat | None
     request_messages: list[ChatMessage]
     engine: LLMBackend | None = None  # for the title after a conversation's first exchange
+    safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on that title
     writer: MessageWriter | None = None
 
     def start(self) -> None:
@@ -268,7 +270,8 @@ class CompletionRecord:
         attached = self.attached
         if (attached is not None and status == "completed" and attached.conversation.title is None
                 and not attached.history and question and self.engine is not None):
-            title_later(attached.store, self.engine, attached.conversation.owner, attached.conversation.id, question)
+            title_later(attached.store, self.engine, attached.conversation.owner, attached.conversation.id, question,
+                        self.safety)
         log_event("chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
                   stream=self.stream, status=status, finish_reason=finish_reason,
                   conversation_id=self.attached.conversation.id if self.attached else None, message_id=self.writer.reply.id if self.writer else None,

@@ -27,6 +27,9 @@ from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
+from gateway.safety.hooks import ClassifierWatch
+from gateway.safety.output import OutputGuard
+from gateway.safety.screening import screen_text
 from gateway.services import Services
 from gateway.storage.conversations import MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow
@@ -120,7 +123,8 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     body: PostMessage = await _body(request, PostMessage)
     svc.require_model(body.model)
     engine = _engine(svc)
-    turn = await _resolve(svc, principal.key_id, conversation_id, body.content,
+    content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
+    turn = await _resolve(svc, principal.key_id, conversation_id, content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     max_tokens = body.max_tokens or svc.settings.default_max_tokens
     prompt = await asyncio.to_thread(_prompt, engine, turn.messages, max_tokens)
@@ -135,7 +139,7 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
                            [turn.new_user] if turn.new_user is not None else [], reply)
     stream_id = completion_id().replace("chatcmpl-", "strm_")
-    title_for = body.content if turn.conversation.title is None and turn.new_user is not None else None
+    title_for = content if turn.conversation.title is None and turn.new_user is not None else None
     events = _events(svc, principal.key_id, stream_id, turn, stream, writer, prepared, title_for)
     buffer = svc.streams.start(stream_id, principal.key_id, events, runs_to_end=True)
     return sse_response(svc.streams.read(buffer), headers)
@@ -149,6 +153,10 @@ def _data(payload: Any, event: str | None = None) -> bytes:
 async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: GenerationStream,
                   writer: MessageWriter, prepared_tokens: int, title_for: str | None) -> AsyncIterator[bytes]:
     conversation_id = turn.conversation.id
+    # The rules on the reply as it streams, and the classifier beside it (on the question at once).
+    guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
+        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
+    guard.start(next((m.content for m in reversed(turn.messages) if m.role == "user"), ""))
     try:
         yield _data("v1", "delta_encoding")
         yield _data({"type": "resume_conversation_token", "token": stream_id, "conversation_id": conversation_id})
@@ -160,17 +168,26 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                     "delta")
         first = True
         async for delta in stream:
-            writer.append(delta)
-            yield _data({"p": TEXT_PATH, "o": "append", "v": delta} if first else {"v": delta}, "delta")
-            first = False
+            if safe := guard.feed(delta):
+                writer.append(safe)
+                yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
+                first = False
+            if guard.blocked is not None:
+                stream.cancel()  # stopped at once; the engine ends it at its next step
+                break
+        if tail := guard.flush():
+            writer.append(tail)
+            yield _data({"p": TEXT_PATH, "o": "append", "v": tail} if first else {"v": tail}, "delta")
+        await guard.finish()  # the classifier's last verdicts
         result = await stream.result()
-        status: MessageStatus = "incomplete" if result.finish_reason == "length" else "completed"
+        finish_reason = "content_filter" if guard.blocked is not None else result.finish_reason
+        status: MessageStatus = "incomplete" if finish_reason in ("length", "content_filter") else "completed"
         usage = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
                  "output_tokens": result.completion_tokens}
         latency = {"ttft_ms": None if result.first_token_at is None else
                    round((result.first_token_at - result.submitted_at) * 1000, 1)}
         writer.finish(status, latency=latency, **usage)
-        metadata = {"finish_reason": result.finish_reason, "usage": usage, **latency,
+        metadata = {"finish_reason": finish_reason, "usage": usage, **latency,
                     "prewarmed": prepared_tokens > 0 and result.cached_prompt_tokens >= prepared_tokens}
         yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": status},
                                                   {"p": "/message/metadata", "o": "append", "v": metadata}]}, "delta")
@@ -189,6 +206,7 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                     "delta")
     finally:
         stream.cancel()  # no-op when finished
+        await guard.close()
         # Only now: the reply's KV extends the prepared prefix, which an earlier unpin would have dropped.
         svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
 
@@ -201,7 +219,7 @@ def stream_engine(svc: Services) -> LLMBackend:
 async def _title(svc: Services, owner: str, conversation_id: str, question: str) -> str | None:
     engine = stream_engine(svc)
     try:
-        title = await generate_title(engine, question)
+        title = await generate_title(engine, question, svc.runtime.safety)
     except (*BACKEND_ERRORS, ContextOverflow) as exc:
         log.info("no title for %s: %s", conversation_id, exc)
         return None
@@ -218,7 +236,8 @@ async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: PrepareMessage = await _body(request, PrepareMessage)
     engine = _engine(svc)
-    turn = await _resolve(svc, principal.key_id, conversation_id, body.content,
+    draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
+    turn = await _resolve(svc, principal.key_id, conversation_id, draft,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     prompt = await asyncio.to_thread(_prompt, engine, turn.messages, svc.settings.default_max_tokens)
     svc.prewarmer.prepare(engine, principal.key_id, conversation_id, prompt.token_ids)

@@ -303,3 +303,25 @@ async def test_realtime_reply_stopped_by_the_classifier(moderated_gateway: Gatew
     assert response["usage"]["output_tokens"] < 400
     marks = json.loads(response["metadata"]["gateway_latency"])
     assert marks["classifier_done_ms"] >= Moderation.DELAY_S * 1000 > marks["first_token_ms"]
+
+
+def test_streaming_conversation_api(safe_gateway: GatewayProcess) -> None:
+    """POST /v1/conversations/{id}/messages: refused, redacted, and a reply stopped mid-stream."""
+    base = safe_gateway.url
+    conversation = httpx.post(f"{base}/v1/conversations", json={}).json()["id"]
+    refused = httpx.post(f"{base}/v1/conversations/{conversation}/messages",
+                         json={"model": MODEL, "content": "The secret project, please."})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "content_policy_violation"
+    prepared = httpx.post(f"{base}/v1/conversations/{conversation}/prepare", json={"content": "The secret project"})
+    assert prepared.status_code == 400  # nor is a refused draft prefilled
+    stream = httpx.post(f"{base}/v1/conversations/{conversation}/messages", timeout=120,
+                        json={"model": MODEL, "content": f"Mail {EMAIL}: {QUESTION}", "temperature": 0, "max_tokens": 40})
+    events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
+    text = "".join(e["v"] for e in events if isinstance(e.get("v"), str))
+    final = next(e for e in events if e.get("o") == "patch")["v"]
+    assert final[0]["v"] == "incomplete" and final[1]["v"]["finish_reason"] == "content_filter"
+    assert "Paris" not in text
+    stored = json.dumps(httpx.get(f"{base}/v1/conversations/{conversation}").json())
+    assert f"Mail [email]: {QUESTION}" in stored, stored
+    assert EMAIL not in stored, stored
+    assert "Paris" not in stored, stored
