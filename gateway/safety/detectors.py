@@ -63,14 +63,21 @@ def iban_valid(text: str) -> bool:
 
 
 def phone_valid(text: str) -> bool:
-    """9 to 15 digits (E.164), written as a phone number: with a leading +, or in groups. A bare run of
-    digits, or one with a single dot (a decimal), is a number, not a phone."""
+    """9 to 15 digits (E.164), written as a phone number: with a leading +, or in groups. Not a phone: a bare run
+    of digits, one with a single dot (a decimal), dots beside other separators (a date and a time), or groups
+    that count up or down by one (counting "10 11 12 13 14", a list of years)."""
     digits = _digits(text)
     if not 9 <= len(digits) <= 15:
         return False
     if text.startswith("+"):
         return True
     separators = [ch for ch in text if not ch.isdigit() and ch not in "()"]
+    if "." in separators and len(set(separators)) > 1:
+        return False
+    groups = [int(group) for group in regex.findall(r"\d+", text)]
+    steps = {later - earlier for earlier, later in zip(groups, groups[1:], strict=False)}
+    if len(groups) > 2 and steps in ({1}, {-1}):
+        return False
     return len(separators) > 1 or separators == [" "] or separators == ["-"]
 
 

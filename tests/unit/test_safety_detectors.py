@@ -44,6 +44,8 @@ def test_email(text: str, expected: list[str]) -> None:
     ("pi is 3.14159265358 and 1234567890 people", []),
     ("on 2026-11-25 at 12:30, order 12345", []),
     ("id msg_0193f2a01234abcd and uuid 0190a1b2-1234-5678-9012-3456789abcde", []),
+    ("counting 10 11 12 13 14 15, years 2019 2020 2021 2022, back 20 19 18 17 16", []),
+    ("on 12.05.2024 10.30 sharp", []),
 ])
 def test_phone(text: str, expected: list[str]) -> None:
     assert found(PHONE, text) == expected
