@@ -24,6 +24,10 @@ from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.speech import encode_chunks, with_silence
+from tests.integration.test_webrtc_call import RATE as RTC_RATE
+from tests.integration.test_webrtc_call import call as webrtc_call
+from tests.integration.test_webrtc_call import loud
+from tests.peers import PacedClipTrack
 
 QUESTION = "What is the capital of France?"
 EMAIL = "jane.roe@example.org"
@@ -325,3 +329,31 @@ def test_streaming_conversation_api(safe_gateway: GatewayProcess) -> None:
     assert f"Mail [email]: {QUESTION}" in stored, stored
     assert EMAIL not in stored, stored
     assert "Paris" not in stored, stored
+
+
+async def test_voice_reply_over_webrtc_is_stopped_and_its_audio_cleared(
+    safe_gateway: GatewayProcess, tts: TtsEngine, question_pcm: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The denied word stops the spoken answer: the audio not yet played is cleared, as in a barge-in."""
+    monkeypatch.setattr("aioice.ice.get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
+    silence = np.zeros(RTC_RATE * 20, np.int16)
+    caller = await webrtc_call(safe_gateway, PacedClipTrack(silence), {"temperature": 0})
+    try:
+        await caller.wait_for("session.created")
+        caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Describe France in three sentences."}]}})  # Paris comes late
+        caller.send({"type": "response.create", "response": {"max_output_tokens": 200}})
+        done = await caller.wait_for("response.done", timeout=90)
+        response = done["response"]
+        assert response["status"] == "incomplete" and response["status_details"]["reason"] == "content_filter"
+        assert "Paris" not in response["output"][0]["content"][0]["transcript"]
+        cleared = await caller.wait_for("output_audio_buffer.cleared", timeout=5)
+        assert cleared["response_id"] == response["id"]
+        assert any(loud(pcm) for at, pcm in caller.received if at <= cleared["_at"])  # its start was being heard
+        await asyncio.sleep(1.0)
+        # Nothing more of the answer was heard (0.3 s: frames in flight and in the caller's receive buffer).
+        assert not any(loud(pcm) for at, pcm in caller.received if at > cleared["_at"] + 0.3)
+    finally:
+        async with httpx.AsyncClient(base_url=safe_gateway.url) as http:
+            await http.post(f"{caller.call_url}/hangup")
+        await caller.pc.close()
