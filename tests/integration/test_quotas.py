@@ -116,6 +116,12 @@ async def test_realtime_rate_limits_updated(quota_gateway: GatewayProcess) -> No
     at = types.index("rate_limits.updated")
     assert types.index("response.created") < at < types.index("response.output_text.delta")
     assert second["remaining"] != first["remaining"]
+    # A response the bucket can never cover fails, and says why; the session goes on.
+    refused = await client.ask("Say hi.", max_output_tokens=TPM)
+    assert refused["response"]["status"] == "failed"
+    assert refused["response"]["status_details"]["error"]["code"] == "rate_limit_exceeded"
+    assert client.of_type("error")[-1]["error"]["code"] == "rate_limit_exceeded"
+    assert (await client.ask("Say hi.", max_output_tokens=8))["response"]["status"] in ("completed", "incomplete")
     await client.close()
 
 
