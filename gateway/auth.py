@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gateway.storage.schema import ClientSecretRow
 
 EPHEMERAL_PREFIX = "ek_"
+MINTED_SESSION_ID = "id"  # kept in a secret's stored session configuration, taken out at look-up
 # Browsers cannot set headers on a WebSocket; OpenAI's clients pass the key as a subprotocol.
 WS_KEY_SUBPROTOCOL = "openai-insecure-api-key."
 
@@ -28,6 +29,7 @@ class Principal:
 
     key_id: str
     ephemeral_session: dict[str, Any] | None = None
+    ephemeral_session_id: str | None = None  # the session id minted with the secret
     secret: str | None = None  # the client secret it came with, spent when its session opens (`spend`)
 
 
@@ -118,7 +120,10 @@ class Authenticator:
             secret = self._secrets.get(secret_digest(token))
         if secret is None:
             raise _unauthorized("The client secret is unknown, expired or already used.")
-        return Principal(key_id=secret.owner, ephemeral_session=secret.session, secret=token)
+        session = dict(secret.session)
+        # The id announced when the secret was minted is the session's, not a field a client may set.
+        session_id = session.pop(MINTED_SESSION_ID, None)
+        return Principal(key_id=secret.owner, ephemeral_session=session, secret=token, ephemeral_session_id=session_id)
 
     def _forget_expired(self) -> None:
         now = time.time()

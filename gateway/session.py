@@ -83,13 +83,14 @@ class RealtimeSession:
         speech_factory: SpeechFactory | None,
         initial_config: dict[str, Any] | None = None,
         request_id: str | None = None,
+        session_id: str | None = None,  # the id its client secret announced when it was minted
     ) -> None:
         self.runtime = runtime
         self.request_id = request_id  # the handshake's (or call offer's) X-Request-ID, for the log
         self.settings = settings
         self.transport = transport
         self.speech_factory = speech_factory
-        self.id = new_id("sess")
+        self.id = session_id or new_id("sess")
         self.outbox = Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
         # Reconnecting with it (and the last sequence number received) resumes this session: SessionHub.
         # Names the replica, so that a resume reaching another one is relayed here (transports/realtime_ws.py).

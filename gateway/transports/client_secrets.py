@@ -8,6 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.auth import MINTED_SESSION_ID
+from gateway.conversation import new_id
 from gateway.http_bodies import read_json_object
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.session_config import SessionConfig, apply_session_update
@@ -53,9 +55,8 @@ async def mint_client_secret(request: Request) -> JSONResponse:
     speech = svc.runtime.speech_options
     session = apply_session_update(speech.apply_defaults(SessionConfig(model=svc.settings.model_name)), session_update,
                                    speech=speech, param="session")
-    value, expires_at = await svc.auth.mint(principal, session_update, ttl)
-    return JSONResponse(
-        {"value": value, "expires_at": int(expires_at),
-         "session": {field: item for field, item in session.to_wire().items() if field not in ("id", "expires_at")}},
-        headers=headers,
-    )
+    session_id = new_id("sess")  # the id the session will have: OpenAI's response names it
+    value, expires_at = await svc.auth.mint(principal, {**session_update, MINTED_SESSION_ID: session_id}, ttl)
+    wire = {field: item for field, item in session.to_wire().items() if field != "expires_at"}
+    return JSONResponse({"value": value, "expires_at": int(expires_at), "session": {**wire, "id": session_id}},
+                        headers=headers)

@@ -70,6 +70,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
                 speech_factory=WebSocketSpeech.create,
                 initial_config=with_intent(principal.ephemeral_session, websocket.query_params.get("intent")),
                 request_id=request_id,
+                session_id=principal.ephemeral_session_id,
             )
             if (stored := websocket.query_params.get("conversation")) is not None:
                 await attach_stored_conversation(session, svc.store, principal.key_id, stored)

@@ -290,7 +290,7 @@ async def create_call(
     playout = PlayoutBuffer(PLAYOUT_RATE, FRAME_SAMPLES)
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None,
-        request_id=getattr(request.state, "request_id", None),
+        request_id=getattr(request.state, "request_id", None), session_id=principal.ephemeral_session_id,
     )
     session.playout = playout
     if conversation is not None:

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import openai
 import pytest
+from openai.types.realtime import ClientSecretCreateResponse
 
 from inference.llm import cpu_kernels
 from tests.gateway_process import GatewayProcess
@@ -58,6 +59,7 @@ async def test_client_secret_opens_exactly_one_session_with_its_configuration(se
     secret = minted.json()
     assert secret["value"].startswith("ek_") and secret["expires_at"] > 0
     assert secret["session"]["instructions"] == "Speak like a pirate."
+    ClientSecretCreateResponse.model_validate(secret, strict=False)  # the SDK's type: session.id included
     # Browsers pass the key as a WebSocket subprotocol; a bearer header works too.
     client = await RealtimeClient.connect(
         f"{secured_gateway.ws_url}/v1/realtime", headers={"authorization": f"Bearer {secret['value']}"}
@@ -65,6 +67,7 @@ async def test_client_secret_opens_exactly_one_session_with_its_configuration(se
     created = await client.recv()
     assert created["type"] == "session.created"
     assert created["session"]["instructions"] == "Speak like a pirate."
+    assert created["session"]["id"] == secret["session"]["id"]  # the session the secret announced
     await client.close()
     reused = await RealtimeClient.connect(
         f"{secured_gateway.ws_url}/v1/realtime", headers={"authorization": f"Bearer {secret['value']}"}
