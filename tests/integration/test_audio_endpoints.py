@@ -26,6 +26,7 @@ from openai.types.audio import (
 )
 from pydantic import ValidationError
 
+from benchmarks.speech_endpoints import LONG
 from inference.tts import TtsEngine
 from media.audio_files import decode_file
 from media.resample import resample
@@ -233,24 +234,12 @@ def test_transcription_stream(client: OpenAI, gateway: GatewayProcess, spoken: t
                         TranscriptionTextDeltaEvent, event)
 
 
-LONG_TEXT = [
-    "The museum opens at nine in the morning.", "Our train was delayed by heavy snow.",
-    "She planted tomatoes and beans in the garden.", "The library has a new collection of maps.",
-    "Please turn off the lights when you leave.", "He repaired the old bicycle in the garage.",
-    "The children painted a picture of the ocean.", "We bought fresh bread at the bakery.",
-    "The meeting was moved to Thursday afternoon.", "A small boat sailed across the quiet lake.",
-    "My sister is learning to play the violin.", "The restaurant serves soup with warm rolls.",
-    "Bring an umbrella because it might rain.", "The doctor asked him to drink more water.",
-    "They walked along the river after dinner.", "The printer on the second floor is broken.",
-    "Winter evenings are long and very cold.", "The farmer sold apples at the market.",
-    "I forgot my keys on the kitchen table.", "The concert ended with a loud round of applause.",
-]
 
 
 @pytest.fixture(scope="module")
 def long_wav(tts: TtsEngine) -> bytes:
     parts = [with_silence(resample(tts.synthesize_blocking(line), tts.sample_rate, 16000), 16000, 0.4, 0.9)
-             for line in LONG_TEXT]
+             for line in LONG]
     audio = np.concatenate(parts)
     assert audio.shape[0] / 16000 > 60
     return wav_bytes(audio, 16000)
@@ -275,7 +264,7 @@ def test_long_file_in_windows(client: OpenAI, long_wav: bytes) -> None:
     assert verbose.duration > 60
     assert verbose.segments and max(segment.end for segment in verbose.segments) > 55
     assert sorted(segment.start for segment in verbose.segments) == [segment.start for segment in verbose.segments]
-    heard, said = norm(verbose.text), norm(" ".join(LONG_TEXT))
+    heard, said = norm(verbose.text), norm(" ".join(LONG))
     matched = sum(block.size for block in difflib.SequenceMatcher(a=said, b=heard, autojunk=False).get_matching_blocks())
     assert matched >= 0.95 * len(said) and len(heard) <= 1.05 * len(said), verbose.text  # tiny.en: a word or two may differ
 
@@ -286,7 +275,7 @@ def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayP
         first = next(line for line in response.iter_lines() if line.startswith("data: "))
     assert json.loads(first[6:])["type"] == "transcript.text.delta"
     left = log_records(gateway, "audio.transcription", stream=True, status="client_left")
-    assert left and left[-1]["segments"] < len(LONG_TEXT), left  # the later windows were never decoded
+    assert left and left[-1]["segments"] < len(LONG), left  # the later windows were never decoded
 
 
 # -- bad input -----------------------------------------------------------------------------------------

@@ -79,6 +79,14 @@ class RecordingRelay:
             await self.server.wait_closed()
 
 
+async def text_session(gateway: GatewayProcess) -> RealtimeClient:
+    session = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?model={MODEL}")
+    await session.recv()
+    await session.send(TEXT_ONLY)
+    await session.wait_for("session.updated")
+    return session
+
+
 def engine_stat(gateway: GatewayProcess, name: str) -> float:
     with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -167,10 +175,7 @@ async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
         assert metadata["usage"]["cached_tokens"] >= prepared.json()["prompt_tokens"] - 1
 
         # A Realtime session: its conversation id travels in the routing header of every request.
-        session = await RealtimeClient.connect(f"{front.ws_url}/v1/realtime?model={MODEL}")
-        await session.recv()
-        await session.send(TEXT_ONLY)
-        await session.wait_for("session.updated")
+        session = await text_session(front)
         done = await session.ask("What is the capital of France?")
         assert done["response"]["status"] == "completed"
         assert "Paris" in done["response"]["output"][0]["content"][0]["text"]
@@ -202,10 +207,7 @@ async def test_a_session_survives_its_worker_being_killed_and_restarted(tmp_path
     front = start_front(worker.port, tmp_path)
     session: RealtimeClient | None = None
     try:
-        session = await RealtimeClient.connect(f"{front.ws_url}/v1/realtime?model={MODEL}")
-        await session.recv()
-        await session.send(TEXT_ONLY)
-        await session.wait_for("session.updated")
+        session = await text_session(front)
         assert (await session.ask("What is the capital of France?"))["response"]["status"] == "completed"
 
         worker.process.kill()  # type: ignore[union-attr]
@@ -253,10 +255,7 @@ async def test_the_chat_flavour_runs_on_a_server_that_takes_no_token_ids(tmp_pat
                 model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=12)
             assert reply.choices[0].message.content and reply.usage is not None and reply.usage.completion_tokens > 0
 
-            session = await RealtimeClient.connect(f"{front.ws_url}/v1/realtime?model={MODEL}")
-            await session.recv()
-            await session.send(TEXT_ONLY)
-            await session.wait_for("session.updated")
+            session = await text_session(front)
             done = await session.ask("What is the capital of France?")
             assert done["response"]["status"] == "completed"
             assert done["response"]["output"][0]["content"][0]["text"].strip()
