@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from openai import AsyncOpenAI
-from openai.types.realtime import RealtimeTranscriptionSessionCreateRequest
+from openai.types.realtime import ClientSecretCreateResponse, RealtimeTranscriptionSessionCreateRequest
 
 from inference.tts import TtsEngine
 from media.resample import resample
@@ -95,15 +95,17 @@ async def test_client_secret_for_a_transcription_session(gateway: GatewayProcess
                                                                                  "silence_duration_ms": 500}}}})
     await client.close()
     raw = secret.model_dump(exclude_unset=True)
+    ClientSecretCreateResponse.model_validate(raw, strict=False)  # the SDK's type, session.id included
     assert raw["session"].pop("object") == "realtime.transcription_session"
-    # The session it will open, as session.created will show it (its id is made when it opens, as for realtime ones).
+    session_id = raw["session"].pop("id")  # the id the session it opens will have
+    # The session it will open, as session.created will show it.
     RealtimeTranscriptionSessionCreateRequest.model_validate(raw["session"])
     assert raw["session"]["type"] == "transcription" and set(raw["session"]) == {"type", "audio", "include"}
     realtime = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime",
                                             headers={"authorization": f"Bearer {secret.value}"})
     try:
         created = await realtime.wait_for("session.created")
-        assert created["session"]["type"] == "transcription"
+        assert created["session"]["type"] == "transcription" and created["session"]["id"] == session_id
         assert created["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 500
         for payload in encode_chunks(question_24k, 24000, "audio/pcm"):
             await realtime.send({"type": "input_audio_buffer.append", "audio": payload})
