@@ -25,7 +25,52 @@ _PATTERNS = [
 ]
 
 
-class RedactKeys(logging.Filter):
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class RecordRedactor(logging.Filter):
+    """Applies `redact` to everything a log record prints: its whole message (not the template: a
+    placeholder may sit where a key would be, `?api_key=%s`, and an argument prints as its str() or
+    repr()), its exception and stack text, and its event fields to any depth."""
+
+    def redact(self, text: str) -> str:
+        raise NotImplementedError
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken logging call: the handler reports its msg and args, redacted one by one
+            record.msg = self.redact(str(record.msg))
+            record.args = tuple(self._value(arg) for arg in record.args) if isinstance(record.args, tuple) else ()
+        else:
+            clean = self.redact(message)
+            if clean != message:
+                record.msg, record.args = clean, ()
+        for name, value in list(vars(record).items()):
+            if name not in _RECORD_ATTRS:
+                setattr(record, name, self._value(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+            record.exc_info = None  # formatters (the JSON one too) would format it anew, unredacted
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+    def _value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, bytes):
+            return self.redact(value.decode("latin-1")).encode("latin-1")
+        if isinstance(value, dict):
+            return {key: self._value(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._value(item) for item in value)
+        return value
+
+
+class RedactKeys(RecordRedactor):
     def __init__(self, api_keys: Sequence[str] = ()) -> None:
         super().__init__()
         # Literal keys, longest first; a very short one would blank out ordinary words instead.
@@ -37,31 +82,3 @@ class RedactKeys(logging.Filter):
         for pattern, replacement in _PATTERNS:
             text = pattern.sub(replacement, text)
         return text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        # The whole message, not the template: a placeholder may sit where a key would be
-        # (`?api_key=%s`), and an argument prints as whatever its str() or repr() holds.
-        try:
-            message = record.getMessage()
-        except Exception:  # a broken logging call: the handler reports its msg and args as they are
-            record.msg = self.redact(str(record.msg))
-            record.args = tuple(self._redact_arg(arg) for arg in record.args) if isinstance(record.args, tuple) else ()
-        else:
-            clean = self.redact(message)
-            if clean != message:
-                record.msg, record.args = clean, ()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.redact(logging.Formatter().formatException(record.exc_info))
-        if record.exc_text:
-            # Formatters print exc_text as it is, and the JSON one formats exc_info anew when it is set.
-            record.exc_info = None
-        if record.stack_info:
-            record.stack_info = self.redact(record.stack_info)
-        return True
-
-    def _redact_arg(self, arg: Any) -> Any:
-        if isinstance(arg, str):
-            return self.redact(arg)
-        if isinstance(arg, bytes):
-            return self.redact(arg.decode("latin-1")).encode("latin-1")
-        return arg
