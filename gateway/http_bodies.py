@@ -7,14 +7,16 @@ it, before the endpoint reads more. An endpoint may hold a smaller limit of its 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http_errors import error_response
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
+from gateway.protocol.validation import api_error_from_validation
 
 
 def too_large(limit: int) -> ApiError:
@@ -84,3 +86,15 @@ async def read_json_object(request: Request, *, empty: dict[str, Any] | None = N
     if not isinstance(payload, dict):
         raise ApiError("invalid_request", "The request body must be a JSON object.")
     return body, payload
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+async def read_model(request: Request, model: type[ModelT]) -> ModelT:
+    """The body as `model`: bad JSON or a field that does not validate is a 400 naming it."""
+    _, payload = await read_json_object(request)
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise api_error_from_validation(exc) from None

@@ -16,11 +16,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from gateway import metrics
 from gateway.event_log import log_event
-from gateway.http_bodies import read_json_object
+from gateway.http_bodies import read_model
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import usage_object
@@ -32,7 +31,6 @@ from gateway.protocol.completions import (
     text_completion_id,
 )
 from gateway.protocol.errors import ApiError
-from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from gateway.transports.chat_http import sse_data, sse_response
 from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend
@@ -46,11 +44,7 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
-    _, payload = await read_json_object(request)
-    try:
-        body = CompletionRequest.model_validate(payload)
-    except ValidationError as exc:
-        raise api_error_from_validation(exc) from None
+    body = await read_model(request, CompletionRequest)
     svc.require_model(body.model)
     svc.require_ready()
     engine = svc.runtime.engine

@@ -18,15 +18,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.chat_history import chat_message
-from gateway.http_bodies import read_json_object
+from gateway.http_bodies import read_model
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
-from gateway.protocol.validation import api_error_from_validation
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import OutputGuard
 from gateway.safety.screening import screen_text
@@ -98,14 +97,6 @@ def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int) ->
         raise ApiError("context_length_exceeded", str(exc), "content") from None
 
 
-async def _body(request: Request, model: type[BaseModel]) -> Any:
-    _, payload = await read_json_object(request)
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        raise api_error_from_validation(exc) from None
-
-
 def _engine(svc: Services) -> LLMBackend:
     svc.require_ready()
     assert svc.runtime.engine is not None
@@ -120,7 +111,7 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
         return resume_stream(svc, last_event_id, principal.key_id, headers)
-    body: PostMessage = await _body(request, PostMessage)
+    body: PostMessage = await read_model(request, PostMessage)
     svc.require_model(body.model)
     engine = _engine(svc)
     content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
@@ -234,7 +225,7 @@ async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
-    body: PrepareMessage = await _body(request, PrepareMessage)
+    body: PrepareMessage = await read_model(request, PrepareMessage)
     engine = _engine(svc)
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
     turn = await _resolve(svc, principal.key_id, conversation_id, draft,

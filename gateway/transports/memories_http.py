@@ -6,12 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from gateway.http_bodies import read_json_object
+from gateway.http_bodies import read_model
 from gateway.memory import MemoryStore
 from gateway.openapi import error_responses, json_body
-from gateway.protocol.validation import api_error_from_validation
 from gateway.services import Services
 from gateway.storage.schema import MemoryRow
 
@@ -73,10 +72,6 @@ async def set_settings(request: Request) -> JSONResponse:
     """{"enabled": true} turns memory on for the key; false turns it off (what it keeps stays until deleted)."""
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
-    _, payload = await read_json_object(request)
-    try:
-        body = MemorySettings.model_validate(payload)
-    except ValidationError as exc:
-        raise api_error_from_validation(exc) from None
+    body = await read_model(request, MemorySettings)
     await _store(svc).set_enabled(principal.key_id, body.enabled)
     return JSONResponse({"object": "memory.settings", "enabled": body.enabled}, headers=headers)
