@@ -470,7 +470,7 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
         conversation = http.post("/v1/conversations", json={"title": "survivor"}).json()["id"]
         done = ask(http, conversation, "Say hello.")
         streamed: list[str] = []
-        body = {"model": MODEL, "max_tokens": 400, "stream": True, "conversation": conversation,
+        body = {"model": MODEL, "max_tokens": 400, "temperature": 0, "stream": True, "conversation": conversation,
                 "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]}
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
             for line in response.iter_lines():
