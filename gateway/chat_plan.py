@@ -6,6 +6,9 @@ output must follow, and which tools its reply may call.
 - "required" or a named function: the output is constrained to one block of valid calls.
 - `response_format` json_object / json_schema: the content is constrained to JSON (that schema's).
   With "auto" tools as well, the output is either a call block or that JSON.
+- `builtin`: the gateway's own tools (memory's `remember`), described and callable beside the client's
+  unless tool_choice is "none" or names one of the client's; tool_choice may name one. The reply is parsed
+  for the client's tools only: the gateway runs its own (memory_tool.py).
 """
 
 from __future__ import annotations
@@ -24,32 +27,36 @@ from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_c
 class ChatPlan:
     messages: list[ChatMessage]
     grammar: str | None = None  # llguidance Lark (constraints.py); None: unconstrained
-    tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for
+    tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for: the client's tools
     template_tools: list[dict[str, Any]] | None = None  # for a chat template that renders tools
+    builtin_offered: bool = False  # the model may call a built-in tool
 
 
-def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list") -> ChatPlan:
-    """`tool_format`: the model's (PromptModel.tool_format)."""
-    return _plan(chat, tool_format)
+def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list", *,
+              messages: list[ChatMessage] | None = None, builtin: list[ToolSpec] | None = None) -> ChatPlan:
+    """`tool_format`: the model's (PromptModel.tool_format); `messages`: the prompt before the tools' and the
+    format's instructions (by default the request's own)."""
+    if messages is None:
+        messages = [message.to_chat() for message in chat.messages]
+    return _plan(chat, tool_format, list(messages), builtin or [])
 
 
-def _plan(chat: ChatCompletionRequest, fmt: ToolFormat) -> ChatPlan:
-    messages = [message.to_chat() for message in chat.messages]
-    tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
-    choice = chat.tool_choice or ("auto" if tools else "none")
+def _plan(chat: ChatCompletionRequest, fmt: ToolFormat, messages: list[ChatMessage], builtin: list[ToolSpec]) -> ChatPlan:
+    client_tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
+    choice = chat.tool_choice or ("auto" if client_tools or builtin else "none")
     if isinstance(choice, NamedToolChoice):
-        use = plan_tool_use(tools, choice="function", name=choice.function.name, parallel=chat.parallel_tool_calls,
-                            fmt=fmt)
+        use = plan_tool_use(client_tools, choice="function", name=choice.function.name,
+                            parallel=chat.parallel_tool_calls, fmt=fmt, builtin=builtin)
     else:
-        use = plan_tool_use(tools, choice=choice, parallel=chat.parallel_tool_calls, fmt=fmt)
+        use = plan_tool_use(client_tools, choice=choice, parallel=chat.parallel_tool_calls, fmt=fmt, builtin=builtin)
     instructions = [use.instructions] if use.instructions else []
     schema = None
-    fmt = chat.response_format
-    if fmt is not None and fmt.type == "json_object":
+    response_format = chat.response_format
+    if response_format is not None and response_format.type == "json_object":
         schema = {"type": "object"}
         instructions.append("Reply with a JSON object.")
-    elif fmt is not None and fmt.json_schema is not None:
-        schema = fmt.json_schema.schema_
+    elif response_format is not None and response_format.json_schema is not None:
+        schema = response_format.json_schema.schema_
         instructions.append(f"Reply with JSON that matches this schema: {json.dumps(schema, ensure_ascii=False)}")
     grammar = None
     if use.forced_block is not None:
@@ -60,4 +67,6 @@ def _plan(chat: ChatCompletionRequest, fmt: ToolFormat) -> ChatPlan:
         grammar = json_schema_grammar(schema)
     if instructions:  # merged after the client's own instructions into the one system message
         messages.append(ChatMessage("system", "\n\n".join(instructions)))
-    return ChatPlan(messages=messages, grammar=grammar, tools=use.tools, template_tools=use.template_tools)
+    offered = use.tools[len(client_tools):]  # the built-in tools offered, after the client's
+    return ChatPlan(messages=messages, grammar=grammar, tools=use.tools[:len(client_tools)],
+                    template_tools=use.template_tools, builtin_offered=bool(offered))

@@ -22,6 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gateway.conversation import Conversation, Item
+from gateway.memory import MEMORY_METADATA
 from gateway.safety.policy import SafetyPolicy
 from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow, MessageRow
@@ -66,13 +67,15 @@ def items_from_rows(rows: list[MessageRow]) -> list[tuple[Item, str]]:
 
 
 def _response_values(response: dict[str, Any]) -> dict[str, Any]:
-    """The token counts and latency marks response.done carries, as a stored message's columns."""
+    """The token counts, latency marks and memories response.done carries, as a stored message's columns."""
     usage = response.get("usage") or {}
     values: dict[str, Any] = {"input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
                               "cached_tokens": (usage.get("input_token_details") or {}).get("cached_tokens")}
-    marks = (response.get("metadata") or {}).get("gateway_latency")
-    if marks:
+    metadata = response.get("metadata") or {}
+    if marks := metadata.get("gateway_latency"):
         values["latency"] = json.loads(marks)
+    if memories := {key: value for key, value in metadata.items() if key in MEMORY_METADATA}:
+        values["message_metadata"] = memories
     return values
 
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -15,7 +15,8 @@ from gateway import metrics
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
-from gateway.memory import MemoryAccount
+from gateway.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
+from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.preemption import Preemption
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
@@ -32,7 +33,7 @@ from inference.llm.backend import (
 )
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolUse, parse_reply
+from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolSpec, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 
@@ -55,7 +56,10 @@ class ResponseJob:
     marks: TurnMarks = field(default_factory=TurnMarks)
     preemption: Preemption | None = None
     speech_speed: float = 1.0  # the session's audio.output.speed
-    tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the tools the reply may call (tool_calls.py)
+    tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the client's tools the reply may call
+    # The reply's tools with these built-in ones offered too (memory's `remember`); None: the client's only.
+    plan_tools: Callable[[list[ToolSpec]], ToolUse] | None = None
+    names_memory_tool: bool = False  # tool_choice names `remember`: refused unless the key's memory is on
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
     tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
     classifier: Classifier | None = None  # beside the rules (safety/hooks.py)
@@ -75,6 +79,11 @@ def render_reply_prompt(
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc)) from None
     return prompt
+
+
+def with_tools(messages: list[ChatMessage], tool_use: ToolUse) -> list[ChatMessage]:
+    """The prompt's messages and what the system message says of the tools."""
+    return [*messages, ChatMessage("system", tool_use.instructions)] if tool_use.instructions else messages
 
 
 def reply_constraint(lm: PromptModel, tool_use: ToolUse) -> TokenConstraint | None:
@@ -110,8 +119,9 @@ class ResponseRunner:
         self.speech = speech
         self.open_message = open_message
         self.add_calls = add_calls
-        self.stream: GenerationStream | None = None
+        self.stream: ReplyStream | None = None
         self._adopted: Preemption | None = None
+        self._memory: Recall | None = None  # set when the model is offered the memory tool
         # Text that may begin a match waits for the rest of it; the classifier runs beside the generation.
         self.guard = OutputGuard(job.safety, ClassifierWatch.maybe(job.classifier, stop=self.cancel_generation,
                                                                    timeout_s=job.classifier_timeout_s, marks=job.marks))
@@ -121,9 +131,15 @@ class ResponseRunner:
         job = self.job
         lm = self.engine.lm
         try:
-            await self._recall()
-            prompt = await asyncio.to_thread(render_reply_prompt, lm, job.messages, job.sampling, job.tool_use)
-            constraint = await asyncio.to_thread(reply_constraint, lm, job.tool_use)
+            remembered = await self._recall()
+            if remembered is None and job.names_memory_tool:
+                raise memory_off()
+            offered = job.plan_tools([REMEMBER_TOOL]) if remembered is not None and job.plan_tools else job.tool_use
+            if len(offered.tools) > len(job.tool_use.tools):  # the model may save memories itself
+                self._memory = remembered
+            prompt = await asyncio.to_thread(render_reply_prompt, lm, with_tools(job.messages, offered), job.sampling,
+                                             offered)
+            constraint = await asyncio.to_thread(reply_constraint, lm, offered)
             reservation = await job.tokens.reserve(len(prompt.token_ids), job.sampling.max_tokens) if job.tokens else None
         except BaseException:
             self.cancel_generation()
@@ -138,17 +154,32 @@ class ResponseRunner:
         finally:
             await self.guard.close()
             if reservation is not None:  # a cancelled reply is charged for the deltas it streamed
-                await reservation.settle(result.completion_tokens if result is not None else self._deltas)
+                await reservation.settle(result, self._deltas)
 
-    async def _recall(self) -> None:
+    async def _recall(self) -> Recall | None:
         """With the key's memory on: the memories that bear on the question join the instructions, and the
-        response's metadata lists them (and the fact the question asked to remember)."""
+        response's metadata lists them (and what the reply saved: see _generate)."""
         remembered = await self.job.memory.recall(self.job.messages) if self.job.memory is not None else None
         if remembered is None:
-            return
+            return None
         if remembered.instructions:
             self.job.messages = [*self.job.messages, ChatMessage("system", remembered.instructions)]
         self.events.metadata = {**(self.events.metadata or {}), **remembered.metadata()}
+        return remembered
+
+    async def _after_save(self, added: list[ChatMessage], left: int) -> GenerationStream:
+        """The reply's second round, after the model saved memories: the client's tools only."""
+        job, lm = self.job, self.engine.lm
+        tools = job.plan_tools([]) if job.plan_tools else job.tool_use
+        sampling = replace(job.sampling, max_tokens=left)
+        prompt = await asyncio.to_thread(render_reply_prompt, lm, with_tools([*job.messages, *added], tools), sampling,
+                                         tools)
+        constraint = await asyncio.to_thread(reply_constraint, lm, tools)
+        try:
+            return self.engine.submit(prompt.token_ids, sampling, conversation_id=job.conversation_key,
+                                      constraint=constraint, messages=prompt.messages)
+        except BACKEND_ERRORS as exc:
+            raise backend_api_error(exc) from None
 
     async def _generate(self, prompt: RenderedPrompt, constraint: TokenConstraint | None) -> GenerationResult:
         job = self.job
@@ -169,6 +200,10 @@ class ResponseRunner:
                 job.marks.mark("generation_started")
             except BACKEND_ERRORS as exc:
                 raise backend_api_error(exc) from None
+            if self._memory is not None:
+                self.stream = MemoryToolStream(self.stream, self._memory, job.safety, self._after_save,
+                                               client_tools=job.tool_use.tools, tool_format=self.engine.lm.tool_format,
+                                               max_tokens=job.sampling.max_tokens)
         # An adopted preemption's run_ahead reads the stream; its text is replayed from there.
         deltas = self._adopted.replay() if self._adopted is not None else self.stream
         tools = job.tool_use.tools
@@ -221,6 +256,9 @@ class ResponseRunner:
             raise backend_api_error(failed.exceptions[0]) from None
         except* ContentFiltered as filtered:  # the speech task is cancelled with it: nothing more is said
             raise filtered.exceptions[0] from None
+        finally:
+            if self._memory is not None:  # what the model saved
+                self.events.metadata = {**(self.events.metadata or {}), **self._memory.metadata()}
         return await self.stream.result()
 
     def release_held(self) -> None:

@@ -27,6 +27,7 @@ from gateway.memory import MemoryAccount
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
+from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents, ResponseStatus, Usage
@@ -356,7 +357,9 @@ class RealtimeSession:
 
     # -- responses ------------------------------------------------------------------------------
 
-    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat) -> ToolUse:
+    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat, builtin: list[ToolSpec] | None = None) -> ToolUse:
+        """The reply's tools: the client's, and the built-in ones (memory's `remember`) when given. A choice that
+        names a built-in tool not given plans as "auto" (the response refuses it: see ResponseRunner)."""
         tools = params.tools if params.tools is not None else self.config.tools
         choice = params.tool_choice or self.config.tool_choice
         try:
@@ -365,8 +368,16 @@ class RealtimeSession:
             raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
         specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
         if isinstance(choice, ToolChoiceFunction):
-            return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt)
-        return plan_tool_use(specs, choice=choice, fmt=fmt)
+            if choice.name in {tool.name for tool in [*specs, *(builtin or [])]}:
+                return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt, builtin=builtin)
+            choice = "auto"
+        return plan_tool_use(specs, choice=choice, fmt=fmt, builtin=builtin)
+
+    def _names_memory_tool(self, params: ev.ResponseParams) -> bool:
+        tools = params.tools if params.tools is not None else self.config.tools
+        choice = params.tool_choice or self.config.tool_choice
+        return (isinstance(choice, ToolChoiceFunction) and choice.name == MEMORY_TOOL_NAME
+                and all(tool.name != MEMORY_TOOL_NAME for tool in tools))
 
     def _reply_sampling(self, params: ev.ResponseParams, context_window: int) -> SamplingParams:
         max_tokens = params.max_output_tokens or self.config.max_output_tokens
@@ -445,9 +456,7 @@ class RealtimeSession:
                 context.add(item)
         if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
-        messages = context.chat_messages(instructions)
-        if tool_use.instructions:
-            messages.append(ChatMessage("system", tool_use.instructions))
+        messages = context.chat_messages(instructions)  # the runner adds what the tools need
         marks = self.pending_marks or TurnMarks()
         self.pending_marks = None
         marks.mark("response_created")
@@ -473,6 +482,8 @@ class RealtimeSession:
             preemption=preemption,
             speech_speed=self.config.audio.output.speed,
             tool_use=tool_use,
+            plan_tools=lambda builtin: self._tool_use(params, engine.lm.tool_format, builtin),
+            names_memory_tool=self._names_memory_tool(params),
             safety=self.runtime.safety,
             tokens=self.tokens,
             memory=self.memory,

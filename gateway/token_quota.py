@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gateway.protocol.errors import ApiError
 from gateway.ratelimit import RateLimiter
+from inference.llm.backend import GenerationResult
 
 
 @dataclass
@@ -33,12 +34,15 @@ class Reservation:
         return {"name": "tokens", "limit": self.quota.tokens_per_minute, "remaining": max(0, math.floor(self.remaining)),
                 "reset_seconds": round(self.quota.reset_s(self.remaining), 3)}
 
-    async def settle(self, output_tokens: int) -> None:
-        """The request ended having generated `output_tokens`: the rest of its reservation goes back."""
+    async def settle(self, result: GenerationResult | None, streamed: int = 0) -> None:
+        """The request ended: what its reservation did not use goes back. `result`: its generation's (its prompt
+        may have grown, with a second round after a memory was saved); None when it has none (failed, or
+        cancelled), and then `streamed` deltas count as its output."""
         if self.settled:
             return
         self.settled = True
-        unused = self.reserved - self.prompt_tokens - max(0, output_tokens)
+        prompt, output = (result.prompt_tokens, result.completion_tokens) if result is not None else (0, streamed)
+        unused = self.reserved - max(self.prompt_tokens, prompt) - max(0, output)
         if unused > 0:
             _, self.remaining = await self.quota.take(self.caller, -unused)
 

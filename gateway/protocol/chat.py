@@ -145,6 +145,9 @@ class SamplingRequest(BaseModel):
         )
 
 
+MEMORY_TOOL_NAME = "remember"  # the gateway's built-in memory tool (gateway/memory.py), which tool_choice may name
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[MessageParam] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -160,9 +163,11 @@ class ChatCompletionRequest(SamplingRequest):
     @classmethod
     def _tool_choice_names_a_tool(cls, choice: object, info: ValidationInfo) -> object:
         tools = info.data.get("tools") or []
-        if choice not in (None, "none", "auto") and not tools:
+        builtin = isinstance(choice, NamedToolChoice) and choice.function.name == MEMORY_TOOL_NAME
+        if choice not in (None, "none", "auto") and not tools and not builtin:
             raise ValueError("tool_choice needs 'tools'")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+        if (isinstance(choice, NamedToolChoice) and not builtin
+                and choice.function.name not in {t.function.name for t in tools}):
             raise ValueError(f"tool_choice names '{choice.function.name}', which is not in 'tools'")
         return choice
 
@@ -185,9 +190,9 @@ def usage_object(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 def completion_object(
     cid: str, model: str, text: str | None, finish_reason: str, usage: dict[str, Any], fingerprint: str,
-    *, tool_calls: list[dict[str, Any]] | None = None,
+    *, tool_calls: list[dict[str, Any]] | None = None, refusal: str | None = None,
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": refusal}
     if tool_calls:
         message["tool_calls"] = tool_calls
     return {

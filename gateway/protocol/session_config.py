@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import Temperature, api_error_from_validation
 
@@ -213,8 +214,10 @@ ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
 
 
 def check_tool_choice(tools: list[FunctionTool], choice: ToolChoice) -> None:
-    """Raises ValueError when the choice names a function that is not among the tools."""
-    if isinstance(choice, ToolChoiceFunction) and choice.name not in {tool.name for tool in tools}:
+    """Raises ValueError when the choice names a function that is not among the tools (or the built-in memory
+    tool, which the response refuses when the key's memory is off)."""
+    if (isinstance(choice, ToolChoiceFunction) and choice.name != MEMORY_TOOL_NAME
+            and choice.name not in {tool.name for tool in tools}):
         raise ValueError(f"tool_choice names '{choice.name}', which is not among the tools")
     if choice == "required" and not tools:
         raise ValueError("tool_choice 'required' needs tools")

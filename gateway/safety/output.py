@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Protocol
+
 from gateway import metrics
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.policy import Finding, SafetyPolicy
@@ -14,8 +17,13 @@ class ContentFiltered(Exception):
     (chat: finish_reason "content_filter")."""
 
     def __init__(self, finding: Finding) -> None:
-        super().__init__(f"the reply was stopped by the content policy (rule: {finding.rule})")
+        super().__init__(refusal(finding))
         self.finding = finding
+
+
+def refusal(finding: Finding) -> str:
+    """What a stopped reply says of itself (chat: the message's `refusal`)."""
+    return f"The reply was stopped by the content policy (rule: {finding.rule})."
 
 
 class OutputGuard:
@@ -88,3 +96,23 @@ class OutputGuard:
         for finding in findings[self._counted:]:
             metrics.SAFETY_FINDINGS.labels("output", finding.rule, finding.action).inc()
         self._counted = len(findings)
+
+
+class DeltaStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    def cancel(self) -> None: ...
+
+
+async def guarded(stream: DeltaStream, guard: OutputGuard) -> AsyncIterator[str]:
+    """The reply's text as the guard lets it through: the generation stops at once when a block rule matches;
+    at the end the held tail follows and the classifier's last verdicts are awaited (check `guard.blocked`)."""
+    async for delta in stream:
+        if safe := guard.feed(delta):
+            yield safe
+        if guard.blocked is not None:
+            stream.cancel()  # the engine ends it at its next step
+            break
+    if tail := guard.flush():
+        yield tail
+    await guard.finish()

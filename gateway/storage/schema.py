@@ -55,6 +55,9 @@ class MessageRow(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # ms marks, as response.done's gateway_latency
+    # Strings to strings, as OpenAI's metadata: the memories a reply used and saved (gateway/memory.py). The
+    # attribute is not `metadata`, which the declarative base keeps for the tables.
+    message_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float, default=epoch)
     updated_at: Mapped[float] = mapped_column(Float, default=epoch)

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,13 +21,21 @@ from gateway.event_log import log_event
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
-from gateway.memory import MemoryStore, Recall, recall
+from gateway.memory import REMEMBER_TOOL, MemoryStore, Recall, memory_off, recall
+from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.openapi import error_responses, json_body
-from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
+from gateway.protocol.chat import (
+    ChatCompletionRequest,
+    NamedToolChoice,
+    chunk_object,
+    completion_id,
+    completion_object,
+    usage_object,
+)
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.safety.hooks import ClassifierWatch
-from gateway.safety.output import CLASSIFIER, OutputGuard
+from gateway.safety.output import CLASSIFIER, OutputGuard, refusal
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
@@ -42,7 +50,7 @@ from inference.llm.backend import (
 )
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.tool_calls import ParsedReply, ReplySplitter, ToolCall, parse_reply
+from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -145,31 +153,46 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     engine = svc.runtime.engine
     assert engine is not None
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
-    plan = plan_chat(chat, engine.lm.tool_format)
     # The policy on the request's user and tool messages (a stored history was screened when it came).
-    plan.messages = screen_messages(svc.runtime.safety, plan.messages)
-    request_messages = plan.messages[:len(chat.messages)]
+    request_messages = screen_messages(svc.runtime.safety, [message.to_chat() for message in chat.messages])
     remembered = await recall(MemoryStore(svc.store.engine), owner, request_messages)  # None unless the key opted in
+    if remembered is None and _names_memory_tool(chat):
+        raise memory_off()
+    base = list(request_messages)
     if remembered is not None and remembered.instructions:
-        plan.messages.append(ChatMessage("system", remembered.instructions))
+        base.append(ChatMessage("system", remembered.instructions))
     attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
     if attached is not None:
-        plan.messages = attached.prompt_messages(plan.messages)
+        base = attached.prompt_messages(base)
+    plan = plan_chat(chat, engine.lm.tool_format, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
     prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
     reservation = await svc.quota.reserve(owner, len(prompt.token_ids), max_tokens)  # 429 past --rate-limit-tpm
     if reservation is not None:
         headers = {**headers, **reservation.headers()}
+    stream: ReplyStream
     try:
         stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
         if reservation is not None:
-            await reservation.settle(0)
+            await reservation.settle(None)
         raise backend_api_error(exc) from None
+    if remembered is not None and plan.builtin_offered:
+        after_save = chat.model_copy(update={"tool_choice": None}) if _names_memory_tool(chat) else chat
+
+        async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
+            """The reply after the model saved memories: the same request, without the memory tool."""
+            second = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
+            prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, second, left)
+            return engine.submit(prompt.token_ids, replace(sampling, max_tokens=left), constraint=constraint,
+                                 messages=prompt.messages)
+
+        stream = MemoryToolStream(stream, remembered, svc.runtime.safety, follow_up, client_tools=plan.tools,
+                                  tool_format=engine.lm.tool_format, max_tokens=max_tokens)
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
-                              attached, request_messages, engine=engine, safety=svc.runtime.safety)
+                              attached, request_messages, engine=engine, safety=svc.runtime.safety, memory=remembered)
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
     guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
         svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
@@ -204,12 +227,15 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         stream.cancel()  # no-op when finished; frees the slot if the client went away
         await guard.close()
         if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
-            await reservation.settle(result.completion_tokens if result is not None else len(parts))
+            await reservation.settle(result, len(parts))
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     reply = parse_reply(text, plan.tools) if plan.tools and guard.blocked is None else ParsedReply(text, [])
     finish = "tool_calls" if reply.calls else _finish_reason(result, guard)
-    calls = [_call_object(call) for call in reply.calls] or None
-    body = completion_object(cid, chat.model, reply.content, finish, usage, fingerprint, tool_calls=calls)
+    calls = [call.openai() for call in reply.calls] or None
+    content, refused = reply.content, refusal(guard.blocked) if guard.blocked is not None else None
+    if refused is not None and plan.grammar is not None and not plan.tools:
+        content = None  # a JSON reply cut short is not JSON: the refusal says why, as OpenAI's structured outputs
+    body = completion_object(cid, chat.model, content, finish, usage, fingerprint, tool_calls=calls, refusal=refused)
     if remembered is not None:
         body["metadata"] = remembered.metadata()
     record.delta(text)
@@ -232,6 +258,7 @@ class CompletionRecord:
     request_messages: list[ChatMessage]
     engine: LLMBackend | None = None  # for the title after a conversation's first exchange
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on that title
+    memory: Recall | None = None  # what the key's memory did for it, stored with the reply
     writer: MessageWriter | None = None
 
     def start(self) -> None:
@@ -262,10 +289,10 @@ class CompletionRecord:
         if self.writer is not None:
             stored = {"completed": "incomplete" if finish_reason in ("length", "content_filter") else "completed",
                       "cancelled": "cancelled"}.get(status, "incomplete")
-            calls = [_call_object(call) for call in reply.calls] if reply is not None and reply.calls else None
+            calls = [call.openai() for call in reply.calls] if reply is not None and reply.calls else None
             self.writer.finish(stored, text=reply.content if reply is not None and calls else None, tool_calls=calls,
                                latency=timings or None, error="the generation failed" if status == "failed" else None,
-                               **tokens)
+                               message_metadata=self.memory.metadata() if self.memory is not None else None, **tokens)
         question = next((m.content for m in reversed(self.plan.messages) if m.role == "user"), None)
         attached = self.attached
         if (attached is not None and status == "completed" and attached.conversation.title is None
@@ -278,6 +305,13 @@ class CompletionRecord:
                   **tokens, **timings, content={"last_user_message": question, "output_text": text})
 
 
+def _names_memory_tool(chat: ChatCompletionRequest) -> bool:
+    """tool_choice names the built-in memory tool (and no tool of the client's has that name)."""
+    choice = chat.tool_choice
+    return (isinstance(choice, NamedToolChoice) and choice.function.name == REMEMBER_TOOL.name
+            and all(tool.function.name != REMEMBER_TOOL.name for tool in chat.tools or []))
+
+
 def _finish_reason(result: GenerationResult, guard: OutputGuard) -> str:
     if guard.blocked is not None:
         return "content_filter"
@@ -288,17 +322,12 @@ def _ms(start: float, end: float | None) -> float | None:
     return None if end is None else round((end - start) * 1000, 1)
 
 
-def _call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-    return obj if index is None else {"index": index, **obj}
-
-
 def sse_data(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
 
 
 async def _sse(
-    stream: GenerationStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
+    stream: ReplyStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
     record: CompletionRecord, guard: OutputGuard, reservation: Reservation | None, remembered: Recall | None,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
@@ -314,10 +343,7 @@ async def _sse(
     deltas = 0
     record.start()
     try:
-        first = chunk_object(cid, model, created, fingerprint, delta={"role": "assistant", "content": ""})
-        if remembered is not None:  # not in the chunk's type: an extra field, as the completion's metadata
-            first["metadata"] = remembered.metadata()
-        yield sse_data(first)
+        yield chunk(delta={"role": "assistant", "content": ""})
         async for delta in stream:
             deltas += 1
             safe = guard.feed(delta)
@@ -343,10 +369,15 @@ async def _sse(
                 if reply.content:  # text the model wrote after its calls
                     yield chunk(delta={"content": reply.content})
                 for index, call in enumerate(reply.calls):
-                    yield chunk(delta={"tool_calls": [_call_object(call, index)]})
+                    yield chunk(delta={"tool_calls": [call.openai(index)]})
             elif splitter.held:
                 yield chunk(delta={"content": splitter.held})
-        yield chunk(delta={}, finish_reason=finish)
+        if guard.blocked is not None:
+            yield chunk(delta={"refusal": refusal(guard.blocked)})
+        last = chunk_object(cid, model, created, fingerprint, delta={}, finish_reason=finish)
+        if remembered is not None:  # not in the chunk's type: an extra field, as the completion's metadata
+            last["metadata"] = remembered.metadata()  # on the last chunk: the reply may have saved one
+        yield sse_data(last)
         record.done("completed", result, finish, guard.text, reply=parsed)
         logged = True
         if include_usage:
@@ -370,4 +401,4 @@ async def _sse(
         if not logged:
             record.done("cancelled")
         if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
-            await reservation.settle(result.completion_tokens if result is not None else deltas)
+            await reservation.settle(result, deltas)

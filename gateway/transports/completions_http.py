@@ -31,9 +31,14 @@ from gateway.protocol.completions import (
     text_completion_id,
 )
 from gateway.protocol.errors import ApiError
+from gateway.safety.hooks import ClassifierWatch
+from gateway.safety.output import CLASSIFIER, OutputGuard, guarded
+from gateway.safety.policy import SafetyPolicy
+from gateway.safety.screening import screen_text
 from gateway.services import Services
+from gateway.token_quota import Reservation
 from gateway.transports.chat_http import sse_data, sse_response
-from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend
+from inference.llm.backend import GenerationResult, GenerationStream, PromptModel
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -49,44 +54,75 @@ async def completions(request: Request) -> Response:
     svc.require_ready()
     engine = svc.runtime.engine
     assert engine is not None
-    prompt_ids = await _prompt_ids(engine, body.prompt)
+    policy = svc.runtime.safety
+    prompt_ids, prompt_text = await asyncio.to_thread(_screened_prompt, engine.lm, policy, body.prompt)
     room = engine.lm.context_window - len(prompt_ids)
     if room < 1:
         raise ApiError("context_length_exceeded", f"The prompt has {len(prompt_ids)} tokens; the model's context "
                        f"window is {engine.lm.context_window}.", "prompt")
     max_tokens = min(body.max_tokens or DEFAULT_MAX_TOKENS, room)
+    reservation = await svc.quota.reserve(principal.key_id, len(prompt_ids), max_tokens)  # 429 past --rate-limit-tpm
+    if reservation is not None:
+        headers = {**headers, **reservation.headers()}
     try:
         stream = engine.submit(prompt_ids, body.sampling(max_tokens, svc.settings.repetition_penalty,
                                                          ignore_eos=body.ignore_eos))
-    except ValueError as exc:  # a token id past the vocabulary
-        raise ApiError("invalid_value", str(exc), "prompt") from None
-    except BACKEND_ERRORS as exc:
+    except (ValueError, *BACKEND_ERRORS) as exc:
+        if reservation is not None:
+            await reservation.settle(None)
+        if isinstance(exc, ValueError):  # a token id past the vocabulary
+            raise ApiError("invalid_value", str(exc), "prompt") from None
         raise backend_api_error(exc) from None
+    # The rules on the output as it streams, and the classifier beside it (on the prompt at once).
+    guard = OutputGuard(policy, ClassifierWatch.maybe(svc.runtime.classifier, stop=stream.cancel,
+                                                      timeout_s=svc.settings.safety_classifier_timeout_s))
+    guard.start(prompt_text)
     cid = text_completion_id()
     request_id = getattr(request.state, "request_id", None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_sse(stream, cid, body.model, include_usage, request_id), headers)
+        return sse_response(_sse(stream, guard, reservation, cid, body.model, include_usage, request_id), headers)
+    result: GenerationResult | None = None
+    parts: list[str] = []
     try:
-        text = "".join([delta async for delta in stream])
+        parts = [text async for text in guarded(stream, guard)]
         result = await stream.result()
     except BACKEND_ERRORS as exc:
         raise backend_api_error(exc) from None
     finally:
         stream.cancel()  # no-op when finished; frees the slot if the client went away
+        await guard.close()
+        if reservation is not None:
+            await reservation.settle(result, len(parts))
     _record(request_id, cid, body.model, False, result)
-    return JSONResponse(text_completion(cid, body.model, None, [completion_choice(text, _finish(result))],
+    # A reply the classifier flagged is withheld whole (a rule's match keeps the text before it).
+    text = "" if guard.blocked is CLASSIFIER else "".join(parts)
+    return JSONResponse(text_completion(cid, body.model, None, [completion_choice(text, _finish(result, guard))],
                                         _usage(result)), headers=headers)
 
 
-async def _prompt_ids(engine: LLMBackend, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, list):
-        return prompt
-    tokenizer = engine.lm.tokenizer
-    return await asyncio.to_thread(lambda: list(tokenizer(prompt)["input_ids"]))
+def _screened_prompt(lm: PromptModel, policy: SafetyPolicy, prompt: str | list[int]) -> tuple[list[int], str]:
+    """The prompt's token ids after the input policy, and its text (blocking: run it in a thread). A token-id
+    prompt is read as its text; when the policy redacts that, the redacted text is tokenized again."""
+    tokenizer = lm.tokenizer
+    if isinstance(prompt, str):
+        text = screen_text(policy, prompt, what="prompt", param="prompt")
+        return list(tokenizer(text)["input_ids"]), text
+    if not policy:
+        return prompt, ""
+    try:
+        text = tokenizer.decode(prompt)
+    except (OverflowError, TypeError, ValueError):
+        raise ApiError("invalid_value", "The prompt holds a token id past the model's vocabulary.", "prompt") from None
+    screened = screen_text(policy, text, what="prompt", param="prompt")
+    if screened == text:
+        return prompt, text
+    return list(tokenizer(screened, add_special_tokens=False)["input_ids"]), screened
 
 
-def _finish(result: GenerationResult) -> str:
+def _finish(result: GenerationResult, guard: OutputGuard) -> str:
+    if guard.blocked is not None:
+        return "content_filter"
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -106,15 +142,18 @@ def _record(request_id: str | None, cid: str, model: str, stream: bool, result: 
               **tokens)
 
 
-async def _sse(stream: GenerationStream, cid: str, model: str, include_usage: bool,
-               request_id: str | None) -> AsyncIterator[bytes]:
+async def _sse(stream: GenerationStream, guard: OutputGuard, reservation: Reservation | None, cid: str, model: str,
+               include_usage: bool, request_id: str | None) -> AsyncIterator[bytes]:
     created = int(time.time())
     status = "cancelled"
+    result: GenerationResult | None = None
+    deltas = 0
     try:
-        async for delta in stream:
-            yield sse_data(text_completion(cid, model, created, [completion_choice(delta, None)]))
+        async for text in guarded(stream, guard):
+            deltas += 1
+            yield sse_data(text_completion(cid, model, created, [completion_choice(text, None)]))
         result = await stream.result()
-        yield sse_data(text_completion(cid, model, created, [completion_choice("", _finish(result))]))
+        yield sse_data(text_completion(cid, model, created, [completion_choice("", _finish(result, guard))]))
         if include_usage:
             yield sse_data(text_completion(cid, model, created, [], _usage(result)))
         status = "completed"
@@ -126,5 +165,8 @@ async def _sse(stream: GenerationStream, cid: str, model: str, include_usage: bo
     finally:
         # Runs when the client disconnects too (the generator is closed): the engine stops the request.
         stream.cancel()
+        await guard.close()
+        if reservation is not None:
+            await reservation.settle(result, deltas)
         if status != "completed":
             _record(request_id, cid, model, True, None, status)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,9 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.chat_history import chat_message
 from gateway.http_bodies import read_model
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
+from gateway.memory import REMEMBER_TOOL, MemoryStore, Recall, recall
+from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
+from gateway.responses import with_tools
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import OutputGuard
 from gateway.safety.screening import screen_text
@@ -34,9 +37,11 @@ from gateway.storage.conversations import MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow
 from gateway.storage.writer import MessageWriter
 from gateway.titles import generate_title
+from gateway.token_quota import Reservation
 from gateway.transports.chat_http import resume_stream, sse_response
-from inference.llm.backend import GenerationStream, LLMBackend, SamplingParams
+from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
+from inference.llm.tool_calls import ToolUse, plan_tool_use
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -88,11 +93,35 @@ async def _resolve(svc: Services, owner: str, conversation_id: str, content: str
     return Turn(conversation, parent, [*history, ChatMessage("user", content)], user)
 
 
-def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int) -> RenderedPrompt:
+@dataclass
+class MemoryPrompt:
+    """A turn's prompt with the key's memory: the memories that bear on it, and the `remember` tool offered."""
+
+    messages: list[ChatMessage]  # before the tool's instructions
+    recall: Recall | None = None
+    tools: ToolUse | None = None
+
+    @classmethod
+    async def build(cls, svc: Services, owner: str, turn: Turn, *, save: bool) -> MemoryPrompt:
+        remembered = await recall(MemoryStore(svc.store.engine), owner, turn.messages, save=save)
+        if remembered is None:  # memory off
+            return cls(turn.messages)
+        extra = [ChatMessage("system", remembered.instructions)] if remembered.instructions else []
+        tools = plan_tool_use([], choice="auto", fmt=_engine(svc).lm.tool_format, builtin=[REMEMBER_TOOL])
+        return cls([*turn.messages, *extra], remembered, tools)
+
+    @property
+    def prompt_messages(self) -> list[ChatMessage]:
+        return with_tools(self.messages, self.tools) if self.tools is not None else self.messages
+
+
+def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int,
+            tools: ToolUse | None = None) -> RenderedPrompt:
     """Blocking (the tokenizer): run it in a thread."""
     try:
         return render_prompt(engine.lm.tokenizer, messages, context_window=engine.lm.context_window,
-                             reserve_tokens=max_tokens, tool_format=engine.lm.tool_format)
+                             reserve_tokens=max_tokens, tool_format=engine.lm.tool_format,
+                             tools=tools.template_tools if tools is not None else None)
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc), "content") from None
 
@@ -118,20 +147,37 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     turn = await _resolve(svc, principal.key_id, conversation_id, content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     max_tokens = body.max_tokens or svc.settings.default_max_tokens
-    prompt = await asyncio.to_thread(_prompt, engine, turn.messages, max_tokens)
+    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=content is not None)
+    prompt = await asyncio.to_thread(_prompt, engine, memory.prompt_messages, max_tokens, memory.tools)
     prepared = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prompt.token_ids)
     sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
                               repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
+    reservation = await svc.quota.reserve(principal.key_id, len(prompt.token_ids), max_tokens)  # --rate-limit-tpm
+    if reservation is not None:
+        headers = {**headers, **reservation.headers()}
+    stream: ReplyStream
     try:
         stream = engine.submit(prompt.token_ids, sampling, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
+        if reservation is not None:
+            await reservation.settle(None)
         raise backend_api_error(exc) from None
+    if memory.recall is not None:
+
+        async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
+            """The reply after the model saved memories, without the tool."""
+            second = await asyncio.to_thread(_prompt, engine, [*memory.messages, *added], left)
+            return engine.submit(second.token_ids, replace(sampling, max_tokens=left), messages=second.messages)
+
+        stream = MemoryToolStream(stream, memory.recall, svc.runtime.safety, follow_up, client_tools=[],
+                                  tool_format=engine.lm.tool_format, max_tokens=max_tokens)
     reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
     writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
                            [turn.new_user] if turn.new_user is not None else [], reply)
     stream_id = completion_id().replace("chatcmpl-", "strm_")
     title_for = content if turn.conversation.title is None and turn.new_user is not None else None
-    events = _events(svc, principal.key_id, stream_id, turn, stream, writer, prepared, title_for)
+    events = _events(svc, principal.key_id, stream_id, turn, stream, writer, prepared, title_for, memory.recall,
+                     reservation)
     buffer = svc.streams.start(stream_id, principal.key_id, events, runs_to_end=True)
     return sse_response(svc.streams.read(buffer), headers)
 
@@ -141,9 +187,12 @@ def _data(payload: Any, event: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: GenerationStream,
-                  writer: MessageWriter, prepared_tokens: int, title_for: str | None) -> AsyncIterator[bytes]:
+async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: ReplyStream,
+                  writer: MessageWriter, prepared_tokens: int, title_for: str | None, remembered: Recall | None,
+                  reservation: Reservation | None) -> AsyncIterator[bytes]:
     conversation_id = turn.conversation.id
+    result: GenerationResult | None = None
+    deltas = 0
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
     guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
         svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
@@ -159,6 +208,7 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                     "delta")
         first = True
         async for delta in stream:
+            deltas += 1
             if safe := guard.feed(delta):
                 writer.append(safe)
                 yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
@@ -177,8 +227,9 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                  "output_tokens": result.completion_tokens}
         latency = {"ttft_ms": None if result.first_token_at is None else
                    round((result.first_token_at - result.submitted_at) * 1000, 1)}
-        writer.finish(status, latency=latency, **usage)
-        metadata = {"finish_reason": finish_reason, "usage": usage, **latency,
+        memories = remembered.metadata() if remembered is not None else None
+        writer.finish(status, latency=latency, message_metadata=memories, **usage)
+        metadata = {"finish_reason": finish_reason, "usage": usage, **latency, **(memories or {}),
                     "prewarmed": prepared_tokens > 0 and result.cached_prompt_tokens >= prepared_tokens}
         yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": status},
                                                   {"p": "/message/metadata", "o": "append", "v": metadata}]}, "delta")
@@ -198,6 +249,8 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
     finally:
         stream.cancel()  # no-op when finished
         await guard.close()
+        if reservation is not None:  # what it did not generate goes back
+            await reservation.settle(result, deltas)
         # Only now: the reply's KV extends the prepared prefix, which an earlier unpin would have dropped.
         svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
 
@@ -230,7 +283,9 @@ async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
     turn = await _resolve(svc, principal.key_id, conversation_id, draft,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
-    prompt = await asyncio.to_thread(_prompt, engine, turn.messages, svc.settings.default_max_tokens)
+    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=False)  # as the message will see it
+    prompt = await asyncio.to_thread(_prompt, engine, memory.prompt_messages, svc.settings.default_max_tokens,
+                                     memory.tools)
     svc.prewarmer.prepare(engine, principal.key_id, conversation_id, prompt.token_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
                          "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=headers)

@@ -50,7 +50,7 @@ def message_object(row: MessageRow) -> dict[str, Any]:
     return {"id": row.id, "object": "conversation.message", "conversation_id": row.conversation_id,
             "parent_id": row.parent_id, "role": row.role, "content": row.content, "tool_calls": row.tool_calls,
             "tool_call_id": row.tool_call_id, "status": row.status, "model": row.model, "usage": usage,
-            "latency": row.latency, "error": row.error, "created_at": int(row.created_at),
+            "latency": row.latency, "metadata": row.message_metadata, "error": row.error, "created_at": int(row.created_at),
             "updated_at": int(row.updated_at)}
 
 

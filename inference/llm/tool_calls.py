@@ -61,6 +61,11 @@ class ToolCall:
     def new(cls, name: str, arguments: dict[str, Any]) -> ToolCall:
         return cls("call_" + secrets.token_hex(12), name, json.dumps(arguments, ensure_ascii=False))
 
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """OpenAI's `tool_calls` entry (with `index` in a streamed chunk)."""
+        obj: dict[str, Any] = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return obj if index is None else {"index": index, **obj}
+
 
 def openai_tool(tool: ToolSpec) -> dict[str, Any]:
     """As chat templates take tools: OpenAI's chat `tools` entry."""
@@ -132,8 +137,13 @@ class ToolUse:
 
 
 def plan_tool_use(tools: list[ToolSpec], *, choice: str, name: str | None = None, parallel: bool = True,
-                  fmt: ToolFormat = "list") -> ToolUse:
-    """`choice`: "auto", "none", "required", or "function" (then `name` is the one to call)."""
+                  fmt: ToolFormat = "list", builtin: list[ToolSpec] | None = None) -> ToolUse:
+    """`choice`: "auto", "none", "required", or "function" (then `name` is the one to call, the client's or a
+    built-in one). `builtin`: the server's own tools, offered beside the client's `tools` unless the choice is
+    "none" or names one of the client's (a client's tool of the same name wins)."""
+    client_names = {tool.name for tool in tools}
+    if builtin and choice != "none" and not (choice == "function" and name in client_names):
+        tools = tools + [tool for tool in builtin if tool.name not in client_names]
     if choice == "none" or not tools:
         return ToolUse([])
     forced = name if choice == "function" else ("required" if choice == "required" else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
 import re
 import threading
 import time
@@ -17,7 +18,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from transformers import AutoTokenizer
 
+from gateway.config import default_cache_dir
+from inference.llm.loader import gguf_cache_folder
+from inference.models import embedded_llm
 from inference.tts import TtsEngine
 from media.resample import resample
 from tests.gateway_process import GatewayProcess, start_gateway
@@ -110,8 +115,21 @@ def test_output_is_stopped_mid_reply(client: openai.OpenAI) -> None:
     choice = completion.choices[0]
     assert choice.finish_reason == "content_filter"
     assert "Paris" not in (choice.message.content or "") and "capital" in (choice.message.content or "")
+    assert choice.message.refusal == "The reply was stopped by the content policy (rule: denylist)."
     # Stopped at once: the engine generated no more than a step past the match, far from the 40 allowed.
     assert completion.usage is not None and completion.usage.completion_tokens < 20
+
+
+def test_a_json_reply_that_is_stopped_is_a_refusal(client: openai.OpenAI) -> None:
+    """Cut short, the JSON would not parse: the content is null and the refusal says why (structured outputs)."""
+    completion = client.chat.completions.create(
+        model=MODEL, messages=ask(f"{QUESTION} Answer in JSON with the key city."), temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": {
+            "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lyon"]}},
+            "required": ["city"]}}})
+    choice = completion.choices[0]
+    assert choice.finish_reason == "content_filter" and choice.message.content is None
+    assert choice.message.refusal is not None and "denylist" in choice.message.refusal
 
 
 def test_streamed_output_is_stopped_mid_reply(client: openai.OpenAI) -> None:
@@ -120,8 +138,38 @@ def test_streamed_output_is_stopped_mid_reply(client: openai.OpenAI) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert reasons == ["content_filter"] and "Paris" not in text and "capital" in text
+    refusals = [c.choices[0].delta.refusal for c in chunks if c.choices and c.choices[0].delta.refusal]
+    assert refusals == ["The reply was stopped by the content policy (rule: denylist)."]
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens < 20
+
+
+def test_text_completions_are_screened_both_ways(client: openai.OpenAI) -> None:
+    """/v1/completions: a blocked prompt is refused, a redacted one is what the model reads (as text and as token
+    ids), and the output is stopped mid-stream."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="All about the secret project:", max_tokens=4)
+    assert isinstance(refused.value.body, dict) and refused.value.body["code"] == "content_policy_violation"
+    assert refused.value.body["param"] == "prompt"
+
+    def read(prompt: str | list[int]) -> int:
+        completion = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+        assert completion.usage is not None
+        return completion.usage.prompt_tokens
+
+    labelled = read("Write to [email] today.")
+    assert read(f"Write to {EMAIL} today.") == labelled != read("Write to me today.")
+    # The folder the gateway converted the embedded model into (it has started, so the folder is there).
+    folder = gguf_cache_folder(embedded_llm(), Path(os.environ.get("GATEWAY_CACHE_DIR") or default_cache_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert read(tokenizer(f"Write to {EMAIL} today.")["input_ids"]) == labelled
+
+    prompt = "Question: What is the capital of France?\nAnswer: The capital of France is"
+    stopped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
+    assert stopped.choices[0].finish_reason == "content_filter" and "Paris" not in stopped.choices[0].text
+    streamed = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stream=True))
+    assert [c.choices[0].finish_reason for c in streamed if c.choices[0].finish_reason] == ["content_filter"]
+    assert "Paris" not in "".join(c.choices[0].text for c in streamed)
 
 
 async def test_realtime_blocked_item_and_redacted_item(realtime: RealtimeClient) -> None:
