@@ -98,6 +98,32 @@ def test_429_when_the_tokens_run_out_and_other_keys_go_on(quota_gateway: Gateway
     assert chat(quota_gateway, key, 80, "Count from one to fifty.").status_code == 200
 
 
+def test_completions_and_conversation_messages_draw_on_the_same_tokens(quota_gateway: GatewayProcess) -> None:
+    key = KEYS[0]
+    headers = {"authorization": f"Bearer {key}"}
+    url = quota_gateway.url
+
+    def completion(max_tokens: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/completions", headers=headers, timeout=120,
+                          json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens})
+
+    assert completion(TPM).status_code == 429 and "Request too large" in completion(TPM).json()["error"]["message"]
+    before = remaining(chat(quota_gateway, key, 1))
+    answer = completion(50)
+    assert answer.status_code == 200 and answer.headers["x-ratelimit-limit-tokens"] == str(TPM)
+    # Reserved: its prompt plus max_tokens, from what the chat left (refilled by at most a few seconds meanwhile).
+    assert remaining(answer) <= before - answer.json()["usage"]["prompt_tokens"] - 50 + 30
+
+    conversation = httpx.post(f"{url}/v1/conversations", headers=headers, json={}).json()["id"]
+    message_url = f"{url}/v1/conversations/{conversation}/messages"
+    too_large = httpx.post(message_url, headers=headers, timeout=120, json={"model": MODEL, "content": "Hi.",
+                                                                            "max_tokens": TPM})
+    assert too_large.status_code == 429 and too_large.json()["error"]["type"] == "tokens"
+    streamed = httpx.post(message_url, headers=headers, timeout=120, json={"model": MODEL, "content": "Hi.",
+                                                                           "max_tokens": 8})
+    assert streamed.status_code == 200 and 0 <= remaining(streamed) < TPM - 8
+
+
 async def test_realtime_rate_limits_updated(quota_gateway: GatewayProcess) -> None:
     client = await RealtimeClient.connect(f"{quota_gateway.ws_url}/v1/realtime?model={MODEL}",
                                           headers={"authorization": f"Bearer {KEYS[0]}"})
