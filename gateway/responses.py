@@ -137,6 +137,8 @@ class ResponseRunner:
             offered = job.plan_tools([REMEMBER_TOOL]) if remembered is not None and job.plan_tools else job.tool_use
             if len(offered.tools) > len(job.tool_use.tools):  # the model may save memories itself
                 self._memory = remembered
+            if job.tool_use.forced_block is not None:  # the client's forced call: JSON, which labels must keep
+                self.guard.expect_json()
             prompt = await asyncio.to_thread(render_reply_prompt, lm, with_tools(job.messages, offered), job.sampling,
                                              offered)
             constraint = await asyncio.to_thread(reply_constraint, lm, offered)

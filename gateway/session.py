@@ -357,9 +357,13 @@ class RealtimeSession:
 
     # -- responses ------------------------------------------------------------------------------
 
-    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat, builtin: list[ToolSpec] | None = None) -> ToolUse:
-        """The reply's tools: the client's, and the built-in ones (memory's `remember`) when given. A choice that
-        names a built-in tool not given plans as "auto" (the response refuses it: see ResponseRunner)."""
+    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat) -> ToolUse:
+        """The reply's tools: the client's (the response's own, or the session's)."""
+        return self._tools_planner(params, fmt)([])
+
+    def _tools_planner(self, params: ev.ResponseParams, fmt: ToolFormat) -> Callable[[list[ToolSpec]], ToolUse]:
+        """Plans the reply's tools, as they are now, with the built-in ones given (memory's `remember`). A choice
+        that names a built-in tool not given plans as "auto" (the response refuses it: see ResponseRunner)."""
         tools = params.tools if params.tools is not None else self.config.tools
         choice = params.tool_choice or self.config.tool_choice
         try:
@@ -367,11 +371,15 @@ class RealtimeSession:
         except ValueError as exc:
             raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
         specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
-        if isinstance(choice, ToolChoiceFunction):
-            if choice.name in {tool.name for tool in [*specs, *(builtin or [])]}:
-                return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt, builtin=builtin)
-            choice = "auto"
-        return plan_tool_use(specs, choice=choice, fmt=fmt, builtin=builtin)
+
+        def plan(builtin: list[ToolSpec]) -> ToolUse:
+            if isinstance(choice, ToolChoiceFunction):
+                if choice.name in {tool.name for tool in [*specs, *builtin]}:
+                    return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt, builtin=builtin)
+                return plan_tool_use(specs, choice="auto", fmt=fmt, builtin=builtin)
+            return plan_tool_use(specs, choice=choice, fmt=fmt, builtin=builtin)
+
+        return plan
 
     def _names_memory_tool(self, params: ev.ResponseParams) -> bool:
         tools = params.tools if params.tools is not None else self.config.tools
@@ -441,7 +449,8 @@ class RealtimeSession:
         if audio and not self._can_speak():
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
-        tool_use = self._tool_use(params, engine.lm.tool_format)
+        plan_tools = self._tools_planner(params, engine.lm.tool_format)  # the tools as they are now
+        tool_use = plan_tools([])
         if params.conversation not in ("auto", "none", self.conversation.id):
             raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
                            f"session's '{self.conversation.id}'.", "response.conversation")
@@ -482,7 +491,7 @@ class RealtimeSession:
             preemption=preemption,
             speech_speed=self.config.audio.output.speed,
             tool_use=tool_use,
-            plan_tools=lambda builtin: self._tool_use(params, engine.lm.tool_format, builtin),
+            plan_tools=plan_tools,
             names_memory_tool=self._names_memory_tool(params),
             safety=self.runtime.safety,
             tokens=self.tokens,

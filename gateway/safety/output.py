@@ -31,8 +31,9 @@ class OutputGuard:
     `await finish()` at the end, `await close()` always. With an empty policy and no classifier it passes the
     deltas through untouched, holding nothing back. The classifier (`watch`) stops the generation itself."""
 
-    def __init__(self, policy: SafetyPolicy, watch: ClassifierWatch | None = None) -> None:
-        self._filter = policy.stream() if policy else None
+    def __init__(self, policy: SafetyPolicy, watch: ClassifierWatch | None = None, *, json_output: bool = False) -> None:
+        """`json_output`: the reply is constrained to JSON (a response_format, a forced call), which its labels keep."""
+        self._filter = policy.stream(json_output=json_output) if policy else None
         self._watch = watch
         self._sent: list[str] = []
         self._counted = 0
@@ -47,6 +48,11 @@ class OutputGuard:
     def text(self) -> str:
         """What was let through so far."""
         return "".join(self._sent)
+
+    def expect_json(self) -> None:
+        """Before the first delta: the reply turned out to be constrained to JSON."""
+        if self._filter is not None:
+            self._filter = self._filter.policy.stream(json_output=True)
 
     def start(self, question: str) -> None:
         """The user's message this reply answers: classified at once, beside the generation."""

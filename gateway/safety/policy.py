@@ -7,7 +7,8 @@ by its label (`[email]`) and the rest goes on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,11 +57,14 @@ def _resolve(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-def _apply(text: str, findings: Sequence[Finding], rules: dict[str, Rule], offset: int = 0) -> str:
+def _apply(text: str, findings: Sequence[Finding], rules: dict[str, Rule], offset: int = 0,
+           quoted: Collection[Finding] = ()) -> str:
+    """`text` with each finding replaced by its rule's label (a JSON string for those `quoted`)."""
     parts, at = [], offset
     for finding in findings:
         parts.append(text[at:finding.start])
-        parts.append(rules[finding.rule].detector.label)
+        label = rules[finding.rule].detector.label
+        parts.append(json.dumps(label) if finding in quoted else label)
         at = finding.end
     parts.append(text[at:])
     return "".join(parts)
@@ -82,8 +86,38 @@ class SafetyPolicy:
         redacted = [f for f in findings if f.action == "redact"]
         return Screened(_apply(text, redacted, self._by_name), blocked + redacted)
 
-    def stream(self) -> StreamFilter:
-        return StreamFilter(self)
+    def stream(self, *, json_output: bool = False) -> StreamFilter:
+        return StreamFilter(self, json_output=json_output)
+
+
+class JsonStrings:
+    """Where a JSON text's strings are, as it streams: a label that replaces a match outside a string (a card
+    number written as a JSON number) must be a string itself, or the JSON breaks."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.escaped = False
+
+    def scan(self, text: str) -> list[bool]:
+        """Whether each character of `text`, which follows what was advanced over, lies inside a string."""
+        return self._walk(text)[0]
+
+    def advance(self, text: str) -> None:
+        _, self.inside, self.escaped = self._walk(text)
+
+    def _walk(self, text: str) -> tuple[list[bool], bool, bool]:
+        inside, escaped, marks = self.inside, self.escaped, []
+        for char in text:
+            marks.append(inside and not (char == '"' and not escaped))
+            if not inside:
+                inside = char == '"'
+            elif escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                inside = False
+        return marks, inside, escaped
 
 
 class StreamFilter:
@@ -95,8 +129,9 @@ class StreamFilter:
     rule's match stops the stream: `blocked` is set, the text before the match is released, and nothing after.
     """
 
-    def __init__(self, policy: SafetyPolicy) -> None:
+    def __init__(self, policy: SafetyPolicy, *, json_output: bool = False) -> None:
         self.policy = policy
+        self._json = JsonStrings() if json_output else None  # the reply is JSON (constrained): labels keep it so
         self._held = ""
         self._before = ""
         self.blocked: Finding | None = None
@@ -138,7 +173,12 @@ class StreamFilter:
             self.blocked = block
             hold_from = block.start
             findings = [f for f in findings if f.end <= block.start]
-        released = _apply(text[:hold_from], findings, self.policy._by_name, start)
+        quoted: list[Finding] = []
+        if self._json is not None:
+            inside = self._json.scan(text[start:hold_from])
+            quoted = [f for f in findings if not inside[f.start - start]]
+            self._json.advance(text[start:hold_from])
+        released = _apply(text[:hold_from], findings, self.policy._by_name, start, quoted)
         self.findings += findings + ([block] if block is not None else [])
         self._held = "" if block is not None else text[hold_from:]
         self._before = text[max(0, hold_from - CONTEXT_CHARS):hold_from]

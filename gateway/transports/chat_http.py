@@ -35,7 +35,7 @@ from gateway.protocol.chat import (
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.safety.hooks import ClassifierWatch
-from gateway.safety.output import CLASSIFIER, OutputGuard, refusal
+from gateway.safety.output import CLASSIFIER, OutputGuard, guarded, refusal
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
@@ -195,7 +195,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
                               attached, request_messages, engine=engine, safety=svc.runtime.safety, memory=remembered)
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
     guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
-        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
+        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s),
+        json_output=_json_reply(chat, plan))
     guard.start(next((m.content for m in reversed(request_messages) if m.role == "user"), ""))
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
@@ -207,13 +208,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     parts: list[str] = []
     result: GenerationResult | None = None
     try:
-        async for delta in stream:
-            parts.append(guard.feed(delta))
-            if guard.blocked is not None:
-                stream.cancel()  # stopped at once; the engine ends it at its next step
-                break
-        parts.append(guard.flush())
-        await guard.finish()
+        async for text in guarded(stream, guard):  # appended as it comes: a cancel is charged for what came
+            parts.append(text)
         # A reply the classifier flagged is withheld whole (a rule's match keeps the text before it).
         text = "" if guard.blocked is CLASSIFIER else "".join(parts)
         result = await stream.result()
@@ -305,6 +301,12 @@ class CompletionRecord:
                   **tokens, **timings, content={"last_user_message": question, "output_text": text})
 
 
+def _json_reply(chat: ChatCompletionRequest, plan: ChatPlan) -> bool:
+    """What the client reads is constrained to JSON (a forced memory call is not the client's to read)."""
+    json_format = chat.response_format is not None and chat.response_format.type != "text"
+    return json_format or (plan.grammar is not None and not _names_memory_tool(chat))
+
+
 def _names_memory_tool(chat: ChatCompletionRequest) -> bool:
     """tool_choice names the built-in memory tool (and no tool of the client's has that name)."""
     choice = chat.tool_choice
@@ -344,22 +346,11 @@ async def _sse(
     record.start()
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
-        async for delta in stream:
+        async for safe in guarded(stream, guard):  # the classifier's first tokens never wait for it
             deltas += 1
-            safe = guard.feed(delta)
             record.delta(safe)
-            text = splitter.feed(safe) if splitter is not None else safe
-            if text:
+            if text := splitter.feed(safe) if splitter is not None else safe:
                 yield chunk(delta={"content": text})
-            if guard.blocked is not None:
-                stream.cancel()  # stopped at once; the engine ends it at its next step
-                break
-        if (tail := guard.flush()):
-            record.delta(tail)
-            text = splitter.feed(tail) if splitter is not None else tail
-            if text:
-                yield chunk(delta={"content": text})
-        await guard.finish()  # the classifier's last verdicts (its first tokens never waited for it)
         result = await stream.result()
         finish = _finish_reason(result, guard)
         if splitter is not None and guard.blocked is None:
@@ -384,11 +375,11 @@ async def _sse(
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         await record.stored()
         yield b"data: [DONE]\n\n"
-    except BACKEND_ERRORS as exc:  # headers are gone: the error travels in the stream, as OpenAI does
-        log.warning("chat stream %s failed: %s", cid, exc)
+    except (ApiError, *BACKEND_ERRORS) as exc:  # headers are gone: the error travels in the stream, as OpenAI does
+        log.warning("chat stream %s failed: %s", cid, exc)  # (an ApiError: a memory round's prompt did not fit)
         record.done("failed")
         logged = True
-        yield sse_data({"error": backend_api_error(exc).body()})
+        yield sse_data({"error": (exc if isinstance(exc, ApiError) else backend_api_error(exc)).body()})
     except Exception as exc:
         log.exception("chat stream %s failed", cid)
         record.done("failed")

@@ -85,7 +85,8 @@ async def completions(request: Request) -> Response:
     result: GenerationResult | None = None
     parts: list[str] = []
     try:
-        parts = [text async for text in guarded(stream, guard)]
+        async for text in guarded(stream, guard):  # appended as it comes: a cancel is charged for what came
+            parts.append(text)
         result = await stream.result()
     except BACKEND_ERRORS as exc:
         raise backend_api_error(exc) from None

@@ -30,7 +30,7 @@ from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
 from gateway.responses import with_tools
 from gateway.safety.hooks import ClassifierWatch
-from gateway.safety.output import OutputGuard
+from gateway.safety.output import OutputGuard, guarded
 from gateway.safety.screening import screen_text
 from gateway.services import Services
 from gateway.storage.conversations import MessageStatus, NewMessage
@@ -207,19 +207,11 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                                                 "input_message_id": turn.new_user.id if turn.new_user else None}},
                     "delta")
         first = True
-        async for delta in stream:
+        async for safe in guarded(stream, guard):
             deltas += 1
-            if safe := guard.feed(delta):
-                writer.append(safe)
-                yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
-                first = False
-            if guard.blocked is not None:
-                stream.cancel()  # stopped at once; the engine ends it at its next step
-                break
-        if tail := guard.flush():
-            writer.append(tail)
-            yield _data({"p": TEXT_PATH, "o": "append", "v": tail} if first else {"v": tail}, "delta")
-        await guard.finish()  # the classifier's last verdicts
+            writer.append(safe)
+            yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
+            first = False
         result = await stream.result()
         finish_reason = "content_filter" if guard.blocked is not None else result.finish_reason
         status: MessageStatus = "incomplete" if finish_reason in ("length", "content_filter") else "completed"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gateway.safety.detectors import PII_DETECTORS, denylist_detector
@@ -73,3 +75,18 @@ def test_empty_policy_passes_everything() -> None:
     empty = SafetyPolicy([])
     assert not empty
     assert empty.screen("jo@example.com").text == "jo@example.com"
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 100])
+def test_labels_keep_a_json_reply_json(size: int) -> None:
+    """In a reply constrained to JSON, a label inside a string stays as it is, and one that replaces a number
+    (a card written as digits) is a string itself; escaped quotes do not end a string."""
+    reply = ('{"note": "he said \\"card 4111 1111 1111 1111\\" and mail jo@example.com", "card": 4111111111111111, '
+             '"n": 3}')
+    stream = POLICY.stream(json_output=True)
+    pieces = [stream.feed(reply[i:i + size]) for i in range(0, len(reply), size)]
+    out = "".join(pieces) + stream.flush()
+    assert json.loads(out) == {"note": 'he said "card [payment_card]" and mail [email]', "card": "[payment_card]",
+                               "n": 3}
+    plain = POLICY.stream()
+    assert plain.feed(reply) + plain.flush() == out.replace('"[payment_card]", "n"', '[payment_card], "n"')
