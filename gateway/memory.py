@@ -191,5 +191,5 @@ class MemoryAccount:
     store: MemoryStore
     owner: str
 
-    async def recall(self, messages: Sequence[ChatMessage]) -> Recall | None:
-        return await recall(self.store, self.owner, messages)
+    async def recall(self, messages: Sequence[ChatMessage], *, save: bool = True) -> Recall | None:
+        return await recall(self.store, self.owner, messages, save=save)

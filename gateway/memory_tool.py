@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Protocol
 
 from gateway.memory import REMEMBER_TOOL, Recall
 from gateway.safety.policy import SafetyPolicy
@@ -20,14 +21,25 @@ from inference.llm.backend import GenerationResult, GenerationStream
 from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ReplySplitter, ToolFormat, ToolSpec, parse_reply, write_calls
 
+
+class Generation(Protocol):
+    """What a reply is read from: the engine's stream, or an adopted preemption's (preemption.AdoptedStream)."""
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    async def result(self) -> GenerationResult: ...
+
+    def cancel(self) -> None: ...
+
+
 # The second round: the messages to add to the first round's (its calls and their results), and its max_tokens.
 FollowUp = Callable[[list[ChatMessage], int], Awaitable[GenerationStream]]
 
 
 class MemoryToolStream:
-    def __init__(self, first: GenerationStream, recall: Recall, policy: SafetyPolicy, follow_up: FollowUp, *,
+    def __init__(self, first: Generation, recall: Recall, policy: SafetyPolicy, follow_up: FollowUp, *,
                  client_tools: list[ToolSpec], tool_format: ToolFormat, max_tokens: int) -> None:
-        self._rounds = [first]
+        self._rounds: list[Generation] = [first]
         self._recall = recall
         self._policy = policy
         self._follow_up = follow_up
@@ -99,4 +111,4 @@ class MemoryToolStream:
         self._rounds[-1].cancel()
 
 
-ReplyStream = GenerationStream | MemoryToolStream  # what the transports read a reply from
+ReplyStream = Generation | MemoryToolStream  # what the transports read a reply from

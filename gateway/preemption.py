@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gateway import metrics
-from inference.llm.backend import GenerationStream, SamplingParams
+from inference.llm.backend import GenerationResult, GenerationStream, SamplingParams
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 
@@ -89,3 +89,19 @@ class Preemption:
         """The audio made ahead for `clause`, when it is the first clause and was spoken ahead."""
         await self._first_clause_done.wait()
         return self.first_clause_audio if clause == self.first_clause else None
+
+
+class AdoptedStream:
+    """An adopted preemption, read as the response reads a generation: its text replayed from the first delta."""
+
+    def __init__(self, preemption: Preemption) -> None:
+        self.preemption = preemption
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self.preemption.replay()
+
+    async def result(self) -> GenerationResult:
+        return await self.preemption.stream.result()
+
+    def cancel(self) -> None:
+        self.preemption.stream.cancel()

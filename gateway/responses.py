@@ -16,8 +16,8 @@ from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
-from gateway.memory_tool import MemoryToolStream, ReplyStream
-from gateway.preemption import Preemption
+from gateway.memory_tool import Generation, MemoryToolStream, ReplyStream
+from gateway.preemption import AdoptedStream, Preemption
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
 from gateway.safety.hooks import Classifier, ClassifierWatch
@@ -189,7 +189,7 @@ class ResponseRunner:
         if (preemption is not None and constraint is None and preemption.prompt_ids == prompt.token_ids
                 and preemption.sampling == job.sampling):
             self._adopted = preemption
-            self.stream = preemption.stream
+            first: Generation = AdoptedStream(preemption)  # run_ahead reads the stream; its text is replayed
             job.marks.generation_started = preemption.started_at
             metrics.PREEMPTIONS.labels("adopted").inc()
         else:
@@ -197,17 +197,17 @@ class ResponseRunner:
                 log.debug("preempted reply dropped: the response's prompt or sampling differs")
                 preemption.cancel()
             try:
-                self.stream = self.engine.submit(prompt.token_ids, job.sampling, conversation_id=job.conversation_key,
-                                                 constraint=constraint, messages=prompt.messages)
+                first = self.engine.submit(prompt.token_ids, job.sampling, conversation_id=job.conversation_key,
+                                           constraint=constraint, messages=prompt.messages)
                 job.marks.mark("generation_started")
             except BACKEND_ERRORS as exc:
                 raise backend_api_error(exc) from None
-            if self._memory is not None:
-                self.stream = MemoryToolStream(self.stream, self._memory, job.safety, self._after_save,
-                                               client_tools=job.tool_use.tools, tool_format=self.engine.lm.tool_format,
-                                               max_tokens=job.sampling.max_tokens)
-        # An adopted preemption's run_ahead reads the stream; its text is replayed from there.
-        deltas = self._adopted.replay() if self._adopted is not None else self.stream
+        self.stream = first
+        if self._memory is not None:
+            self.stream = MemoryToolStream(first, self._memory, job.safety, self._after_save,
+                                           client_tools=job.tool_use.tools, tool_format=self.engine.lm.tool_format,
+                                           max_tokens=job.sampling.max_tokens)
+        deltas = self.stream
         tools = job.tool_use.tools
         # With tools, text that may begin a call block waits until it is known (tool_calls.py).
         reply = ReplySplitter() if tools else None

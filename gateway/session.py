@@ -23,7 +23,7 @@ from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.event_log import log_event
 from gateway.latency import TurnMarks, now
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
-from gateway.memory import MemoryAccount
+from gateway.memory import REMEMBER_TOOL, MemoryAccount
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
@@ -39,7 +39,7 @@ from gateway.protocol.session_config import (
     check_tool_choice,
 )
 from gateway.realtime_store import ConversationRecorder
-from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
+from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt, with_tools
 from gateway.runtime import Runtime
 from gateway.safety.output import ContentFiltered
 from gateway.safety.screening import screen_item
@@ -419,8 +419,9 @@ class RealtimeSession:
         history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
         messages = [*history, ChatMessage("user", words)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
+        extra, tools = await self.memory_messages(messages, engine.lm.tool_format)
         try:
-            prompt = await asyncio.to_thread(render_reply_prompt, engine.lm, messages, sampling)
+            prompt = await asyncio.to_thread(render_reply_prompt, engine.lm, [*messages, *extra], sampling, tools)
             if self.active is not None:
                 return None
             stream = engine.submit(prompt.token_ids, sampling, conversation_id=self.conversation.id,
@@ -428,6 +429,17 @@ class RealtimeSession:
         except (ApiError, *BACKEND_ERRORS):
             return None  # the response itself will meet (and report) the same condition
         return Preemption(prompt_ids=prompt.token_ids, sampling=sampling, stream=stream, started_at=now())
+
+    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]:
+        """What a default response to `messages` adds with the key's memory on, so that a reply or prefill made
+        ahead has its prompt: the memories that bear on the last user message (nothing is saved from it, it may
+        be a draft) and the memory tool, as system messages, and the tool's use."""
+        remembered = await self.memory.recall(messages, save=False) if self.memory is not None else None
+        if remembered is None:
+            return [], ToolUse([])
+        tools = self._tools_planner(ev.ResponseParams(), fmt)([REMEMBER_TOOL])
+        facts = [ChatMessage("system", remembered.instructions)] if remembered.instructions else []
+        return [*facts, *with_tools([], tools)], tools
 
     def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
         """Start a response now (synchronously), or raise if one is already running.

@@ -17,6 +17,7 @@ from inference.asr import AsrEngine
 from inference.tts import TtsEngine
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.speech import decode_deltas, encode_chunks, transcribe, with_silence
 
@@ -129,6 +130,28 @@ async def test_reply_is_generated_while_the_vad_waits_out_the_silence(
     # Nothing about the reply was sent before the turn was committed.
     types = [event["type"] for event in client.events]
     assert types.index("input_audio_buffer.committed") < types.index("response.created")
+
+
+async def test_with_memory_on_the_reply_made_ahead_is_still_taken_over(
+    gateway: GatewayProcess, client: RealtimeClient, tts: TtsEngine, question_pcm: np.ndarray
+) -> None:
+    """Memory puts memories and the memory tool into the reply's prompt: the reply made ahead has them too."""
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        assert (await http.post("/v1/memories/settings", json={"enabled": True})).status_code == 200
+        try:
+            told = await http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "Remember that the capital of France is my favourite city."}]})
+            fact = told.json()["metadata"]["memories_saved"]
+            await text_turn_settings(client, silence_ms=1500)
+            speech = with_silence(resample(question_pcm, tts.sample_rate, 24000), 24000, 0.5, 2.5)
+            await stream_audio(client, encode_chunks(speech, 24000, "audio/pcm"))
+            done = await client.wait_for("response.done", timeout=60)
+        finally:
+            await http.post("/v1/memories/settings", json={"enabled": False})
+            await http.delete("/v1/memories")
+    latency = json.loads(done["response"]["metadata"]["gateway_latency"])
+    assert latency["generation_started_ms"] < 0 <= latency["transcript_final_ms"], latency
+    assert fact and done["response"]["metadata"]["memories_used"] == fact
 
 
 async def test_speech_that_resumes_cancels_the_preempted_reply(
