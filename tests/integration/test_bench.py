@@ -351,7 +351,8 @@ def test_duration_without_turns_takes_turns_until_it_ends(tmp_path: Path) -> Non
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["config"]["turns"] is None and report["turns"] > 2 * 3 and report["duration_s"] >= 2, report
     with (tmp_path / "a" / "turns.csv").open() as f:
-        assert max(float(row["started_at"]) for row in csv.DictReader(f)) < 2
+        # No turn starts once the 2 s are up (a start just before them is written rounded to the ms: 2.0).
+        assert max(float(row["started_at"]) for row in csv.DictReader(f)) <= 2
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert report["turns"] == 4 and report["duration_s"] < 30  # the turns ran out first
 
