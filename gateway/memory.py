@@ -161,6 +161,11 @@ class Recall:
         # Worded for small models: told "You remember ...", SmolLM2-135M took "my dog" for its own and denied having one.
         return f"Facts the user asked you to remember (in the user's words, 'my' means the user's):\n{facts}"
 
+    def messages(self) -> list[ChatMessage]:
+        """The instructions as the prompt's last system message: after the tools' instructions, which are the same
+        for every request and so stay in the prefix cache, while the facts change with the question."""
+        return [ChatMessage("system", self.instructions)] if self.instructions else []
+
     def metadata(self) -> dict[str, str]:
         """Strings to strings, as OpenAI's metadata: ids, comma-separated."""
         used, saved = MEMORY_METADATA

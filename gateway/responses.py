@@ -122,6 +122,7 @@ class ResponseRunner:
         self.stream: ReplyStream | None = None
         self._adopted: Preemption | None = None
         self._memory: Recall | None = None  # set when the model is offered the memory tool
+        self._facts: list[ChatMessage] = []  # the memories that bear on the question
         # Text that may begin a match waits for the rest of it; the classifier runs beside the generation.
         self.guard = OutputGuard(job.safety, ClassifierWatch.maybe(job.classifier, stop=self.cancel_generation,
                                                                    timeout_s=job.classifier_timeout_s, marks=job.marks))
@@ -139,8 +140,8 @@ class ResponseRunner:
                 self._memory = remembered
             if job.tool_use.forced_block is not None:  # the client's forced call: JSON, which labels must keep
                 self.guard.expect_json()
-            prompt = await asyncio.to_thread(render_reply_prompt, lm, with_tools(job.messages, offered), job.sampling,
-                                             offered)
+            prompt = await asyncio.to_thread(render_reply_prompt, lm, [*with_tools(job.messages, offered), *self._facts],
+                                             job.sampling, offered)
             constraint = await asyncio.to_thread(reply_constraint, lm, offered)
             reservation = await job.tokens.reserve(len(prompt.token_ids), job.sampling.max_tokens) if job.tokens else None
         except BaseException:
@@ -164,8 +165,7 @@ class ResponseRunner:
         remembered = await self.job.memory.recall(self.job.messages) if self.job.memory is not None else None
         if remembered is None:
             return None
-        if remembered.instructions:
-            self.job.messages = [*self.job.messages, ChatMessage("system", remembered.instructions)]
+        self._facts = remembered.messages()  # the prompt's last: see Recall.messages
         self.events.metadata = {**(self.events.metadata or {}), **remembered.metadata()}
         return remembered
 
@@ -174,8 +174,8 @@ class ResponseRunner:
         job, lm = self.job, self.engine.lm
         tools = job.plan_tools([]) if job.plan_tools else job.tool_use
         sampling = replace(job.sampling, max_tokens=left)
-        prompt = await asyncio.to_thread(render_reply_prompt, lm, with_tools([*job.messages, *added], tools), sampling,
-                                         tools)
+        messages = [*with_tools([*job.messages, *added], tools), *self._facts]
+        prompt = await asyncio.to_thread(render_reply_prompt, lm, messages, sampling, tools)
         constraint = await asyncio.to_thread(reply_constraint, lm, tools)
         try:
             return self.engine.submit(prompt.token_ids, sampling, conversation_id=job.conversation_key,

@@ -438,8 +438,7 @@ class RealtimeSession:
         if remembered is None:
             return [], ToolUse([])
         tools = self._tools_planner(ev.ResponseParams(), fmt)([REMEMBER_TOOL])
-        facts = [ChatMessage("system", remembered.instructions)] if remembered.instructions else []
-        return [*facts, *with_tools([], tools)], tools
+        return [*with_tools([], tools), *remembered.messages()], tools
 
     def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
         """Start a response now (synchronously), or raise if one is already running.

@@ -158,13 +158,11 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     remembered = await recall(MemoryStore(svc.store.engine), owner, request_messages)  # None unless the key opted in
     if remembered is None and _names_memory_tool(chat):
         raise memory_off()
-    base = list(request_messages)
-    if remembered is not None and remembered.instructions:
-        base.append(ChatMessage("system", remembered.instructions))
     attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
-    if attached is not None:
-        base = attached.prompt_messages(base)
+    base = attached.prompt_messages(request_messages) if attached is not None else list(request_messages)
+    facts = remembered.messages() if remembered is not None else []
     plan = plan_chat(chat, engine.lm.tool_format, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
+    plan.messages += facts
     prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
     reservation = await svc.quota.reserve(owner, len(prompt.token_ids), max_tokens)  # 429 past --rate-limit-tpm
@@ -183,6 +181,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
             """The reply after the model saved memories: the same request, without the memory tool."""
             second = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
+            second.messages += facts
             prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, second, left)
             return engine.submit(prompt.token_ids, replace(sampling, max_tokens=left), constraint=constraint,
                                  messages=prompt.messages)

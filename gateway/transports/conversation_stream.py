@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -97,22 +97,22 @@ async def _resolve(svc: Services, owner: str, conversation_id: str, content: str
 class MemoryPrompt:
     """A turn's prompt with the key's memory: the memories that bear on it, and the `remember` tool offered."""
 
-    messages: list[ChatMessage]  # before the tool's instructions
+    messages: list[ChatMessage]  # the turn's
     recall: Recall | None = None
     tools: ToolUse | None = None
+    facts: list[ChatMessage] = field(default_factory=list)  # the prompt's last: see Recall.messages
 
     @classmethod
     async def build(cls, svc: Services, owner: str, turn: Turn, *, save: bool) -> MemoryPrompt:
         remembered = await recall(MemoryStore(svc.store.engine), owner, turn.messages, save=save)
         if remembered is None:  # memory off
             return cls(turn.messages)
-        extra = [ChatMessage("system", remembered.instructions)] if remembered.instructions else []
         tools = plan_tool_use([], choice="auto", fmt=_engine(svc).lm.tool_format, builtin=[REMEMBER_TOOL])
-        return cls([*turn.messages, *extra], remembered, tools)
+        return cls(turn.messages, remembered, tools, remembered.messages())
 
     @property
     def prompt_messages(self) -> list[ChatMessage]:
-        return with_tools(self.messages, self.tools) if self.tools is not None else self.messages
+        return [*with_tools(self.messages, self.tools), *self.facts] if self.tools is not None else self.messages
 
 
 def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int,
@@ -166,7 +166,7 @@ async def post_message(request: Request, conversation_id: str) -> Response:
 
         async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
             """The reply after the model saved memories, without the tool."""
-            second = await asyncio.to_thread(_prompt, engine, [*memory.messages, *added], left)
+            second = await asyncio.to_thread(_prompt, engine, [*memory.messages, *added, *memory.facts], left)
             return engine.submit(second.token_ids, replace(sampling, max_tokens=left), messages=second.messages)
 
         stream = MemoryToolStream(stream, memory.recall, svc.runtime.safety, follow_up, client_tools=[],
