@@ -114,10 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cancels", type=int, default=10)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="remote-hop-") as tmp:
-        with GatewayProcess(Path(tmp) / "worker.log", args=["--no-load-voice-models"]) as worker:
+        # Both without the safety policy: the hop alone is measured (a worker would otherwise hold text a second time).
+        with GatewayProcess(Path(tmp) / "worker.log", args=["--no-load-voice-models", "--no-safety"]) as worker:
             worker.wait_ready(240)
-            with GatewayProcess(Path(tmp) / "front.log",
-                                args=["--no-load-voice-models", "--llm-backend", f"{worker.url}/v1"]) as front:
+            with GatewayProcess(Path(tmp) / "front.log", args=["--no-load-voice-models", "--no-safety", "--llm-backend",
+                                                               f"{worker.url}/v1"]) as front:
                 front.wait_ready(240)
                 result = asyncio.run(measure(worker, front, args.trials, args.cancels))
     print(json.dumps({"cpu": cpu_model(), "trials": args.trials, "cancels": args.cancels, **result}, indent=2))
