@@ -20,7 +20,7 @@ from typing import Any
 from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_schema_grammar, json_value
-from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_call_block
+from inference.llm.tool_calls import ToolFormat, ToolSpec, ToolUse, plan_tool_use, tool_call_block
 
 
 @dataclass
@@ -30,6 +30,12 @@ class ChatPlan:
     tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for: the client's tools
     template_tools: list[dict[str, Any]] | None = None  # for a chat template that renders tools
     builtin_offered: bool = False  # the model may call a built-in tool
+
+
+def with_tools(messages: list[ChatMessage], tool_use: ToolUse) -> list[ChatMessage]:
+    """The prompt's messages and what the system message says of the tools (a Realtime reply's, a conversation
+    message's: a chat completion's plan adds them itself)."""
+    return [*messages, ChatMessage("system", tool_use.instructions)] if tool_use.instructions else messages
 
 
 def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list", *,

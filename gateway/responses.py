@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from gateway import metrics
+from gateway.chat_plan import with_tools
 from gateway.conversation import SpokenSegment
 from gateway.latency import TurnMarks
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
@@ -57,8 +58,8 @@ class ResponseJob:
     preemption: Preemption | None = None
     speech_speed: float = 1.0  # the session's audio.output.speed
     tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the client's tools the reply may call
-    # The reply's tools with these built-in ones offered too (memory's `remember`); None: the client's only.
-    plan_tools: Callable[[list[ToolSpec]], ToolUse] | None = None
+    # The reply's tools with these built-in ones offered too (memory's `remember`): `tool_use` plus those.
+    plan_tools: Callable[[list[ToolSpec]], ToolUse] = lambda builtin: ToolUse([])
     names_memory_tool: bool = False  # tool_choice names `remember`: refused unless the key's memory is on
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
     tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
@@ -79,11 +80,6 @@ def render_reply_prompt(
     except ContextOverflow as exc:
         raise ApiError("context_length_exceeded", str(exc)) from None
     return prompt
-
-
-def with_tools(messages: list[ChatMessage], tool_use: ToolUse) -> list[ChatMessage]:
-    """The prompt's messages and what the system message says of the tools."""
-    return [*messages, ChatMessage("system", tool_use.instructions)] if tool_use.instructions else messages
 
 
 def reply_constraint(lm: PromptModel, tool_use: ToolUse) -> TokenConstraint | None:
@@ -135,7 +131,7 @@ class ResponseRunner:
             remembered = await self._recall()
             if remembered is None and job.names_memory_tool:
                 raise memory_off()
-            offered = job.plan_tools([REMEMBER_TOOL]) if remembered is not None and job.plan_tools else job.tool_use
+            offered = job.plan_tools([REMEMBER_TOOL]) if remembered is not None else job.tool_use
             if len(offered.tools) > len(job.tool_use.tools):  # the model may save memories itself
                 self._memory = remembered
             if job.tool_use.forced_block is not None:  # the client's forced call: JSON, which labels must keep
@@ -172,7 +168,7 @@ class ResponseRunner:
     async def _after_save(self, added: list[ChatMessage], left: int) -> GenerationStream:
         """The reply's second round, after the model saved memories: the client's tools only."""
         job, lm = self.job, self.engine.lm
-        tools = job.plan_tools([]) if job.plan_tools else job.tool_use
+        tools = job.tool_use
         sampling = replace(job.sampling, max_tokens=left)
         messages = [*with_tools([*job.messages, *added], tools), *self._facts]
         prompt = await asyncio.to_thread(render_reply_prompt, lm, messages, sampling, tools)

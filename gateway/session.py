@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway import metrics
+from gateway.chat_plan import with_tools
 from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.event_log import log_event
@@ -39,7 +40,7 @@ from gateway.protocol.session_config import (
     check_tool_choice,
 )
 from gateway.realtime_store import ConversationRecorder
-from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt, with_tools
+from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.safety.output import ContentFiltered
 from gateway.safety.screening import screen_item

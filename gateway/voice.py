@@ -404,7 +404,8 @@ class VoicePipeline:
             transcript = await self._final_transcript(audio, ready)
         except Exception as exc:  # the model failed: the item stays without words, the session goes on
             log.exception("session %s: transcribing item %s failed", session.id, item_id)
-            self._transcription_failed(item, previous, str(exc) or type(exc).__name__)
+            reason = f"Transcribing the audio failed: {str(exc) or type(exc).__name__}"
+            self._transcription_failed(item, previous, ApiError("transcription_failed", reason, type="server_error"))
             if preemption is not None:
                 self._discard(preemption)
             return
@@ -413,7 +414,7 @@ class VoicePipeline:
             text = screen_text(session.runtime.safety, text, what="transcript", param=None)
         except ApiError as refused:
             session.send_error(refused)
-            self._transcription_failed(item, previous, refused.message, code=refused.code)
+            self._transcription_failed(item, previous, refused)
             if preemption is not None:
                 self._discard(preemption)
             return
@@ -451,17 +452,15 @@ class VoicePipeline:
                 return transcript
         return await self._transcribe(audio, final=True)
 
-    def _transcription_failed(self, item: Item, previous: str | None, reason: str,
-                              code: str = "transcription_failed") -> None:
+    def _transcription_failed(self, item: Item, previous: str | None, error: ApiError) -> None:
+        """The turn's item stays without words (`error` says why: the model failed, or the policy refused them)."""
         session = self.session
         item.content[0]["transcript"] = ""
         item.status = "incomplete"
         if session.config.audio.input.transcription is not None:
             session.send({
                 "type": "conversation.item.input_audio_transcription.failed", "item_id": item.id, "content_index": 0,
-                "error": {"type": "server_error" if code == "transcription_failed" else "invalid_request_error",
-                          "code": code, "param": None,
-                          "message": f"Transcribing the audio failed: {reason}" if code == "transcription_failed" else reason},
+                "error": error.body(),
             })
         session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
         session.turns.transcript_final(has_text=False)  # back to listening

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.chat_history import chat_message
+from gateway.chat_plan import with_tools
 from gateway.http_bodies import read_model
 from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryStore, Recall, recall
@@ -28,7 +29,6 @@ from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
-from gateway.responses import with_tools
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import OutputGuard, guarded
 from gateway.safety.screening import screen_text

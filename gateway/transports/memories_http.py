@@ -26,52 +26,47 @@ def memory_object(row: MemoryRow) -> dict[str, Any]:
     return {"id": row.id, "object": "memory", "content": row.content, "created_at": int(row.created_at)}
 
 
-def _store(svc: Services) -> MemoryStore:
-    return MemoryStore(svc.store.engine)
+async def _caller(request: Request) -> tuple[MemoryStore, str, dict[str, str]]:
+    """The memory store, the calling key's id, and the headers its answer carries (rate limits)."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    return MemoryStore(svc.store.engine), principal.key_id, headers
 
 
 @router.get("/v1/memories", responses=error_responses(401, 429))
 async def list_memories(request: Request) -> JSONResponse:
     """Every memory of the key, newest first, and whether memory is on."""
-    svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    store = _store(svc)
-    rows = await store.list(principal.key_id)
-    return JSONResponse({"object": "list", "enabled": await store.enabled(principal.key_id),
+    store, owner, headers = await _caller(request)
+    rows = await store.list(owner)
+    return JSONResponse({"object": "list", "enabled": await store.enabled(owner),
                          "data": [memory_object(row) for row in rows]}, headers=headers)
 
 
 @router.delete("/v1/memories", responses=error_responses(401, 429))
 async def delete_memories(request: Request) -> JSONResponse:
     """Erase every memory of the key (memory stays on or off as it was)."""
-    svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    deleted = await _store(svc).delete_all(principal.key_id)
-    return JSONResponse({"object": "memory.deleted", "deleted": deleted}, headers=headers)
+    store, owner, headers = await _caller(request)
+    return JSONResponse({"object": "memory.deleted", "deleted": await store.delete_all(owner)}, headers=headers)
 
 
 @router.delete("/v1/memories/{memory_id}", responses=error_responses(401, 404, 429))
 async def delete_memory(request: Request, memory_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    await _store(svc).delete(principal.key_id, memory_id)
+    store, owner, headers = await _caller(request)
+    await store.delete(owner, memory_id)
     return JSONResponse({"id": memory_id, "object": "memory.deleted", "deleted": True}, headers=headers)
 
 
 @router.get("/v1/memories/settings", responses=error_responses(401, 429))
 async def get_settings(request: Request) -> JSONResponse:
-    svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    enabled = await _store(svc).enabled(principal.key_id)
-    return JSONResponse({"object": "memory.settings", "enabled": enabled}, headers=headers)
+    store, owner, headers = await _caller(request)
+    return JSONResponse({"object": "memory.settings", "enabled": await store.enabled(owner)}, headers=headers)
 
 
 @router.post("/v1/memories/settings", openapi_extra=json_body(MemorySettings),
              responses=error_responses(400, 401, 413, 429))
 async def set_settings(request: Request) -> JSONResponse:
     """{"enabled": true} turns memory on for the key; false turns it off (what it keeps stays until deleted)."""
-    svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    store, owner, headers = await _caller(request)
     body = await read_model(request, MemorySettings)
-    await _store(svc).set_enabled(principal.key_id, body.enabled)
+    await store.set_enabled(owner, body.enabled)
     return JSONResponse({"object": "memory.settings", "enabled": body.enabled}, headers=headers)
