@@ -23,12 +23,27 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str = Field(min_length=1)
+    arguments: str  # JSON text, as the model wrote it (OpenAI's shape: a string, not an object)
+
+
+class ToolCallParam(BaseModel):
+    """An assistant message's call, as a completion returned it (a streamed delta's `index` is ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class MessageParam(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
@@ -47,7 +62,8 @@ class MessageParam(BaseModel):
         return self
 
     def to_chat(self) -> ChatMessage:
-        return ChatMessage(self.role, self.text(), tuple(self.tool_calls or ()), self.tool_call_id)
+        calls = tuple(call.model_dump() for call in self.tool_calls or ())
+        return ChatMessage(self.role, self.text(), calls, self.tool_call_id)
 
 
 class FunctionDefinition(BaseModel):

@@ -39,7 +39,7 @@ def _template_messages(messages: Sequence[ChatMessage], tool_format: ToolFormat 
     """
     instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
     rendered: list[dict[str, Any]] = []
-    called = {call.get("id"): call.get("function", call).get("name") for m in messages for call in m.tool_calls}
+    called = {call.get("id"): call.get("function", call).get("name") for m in messages for call in _calls(m)}
     if instructions:
         rendered.append({"role": "system", "content": "\n\n".join(instructions)})
     for message in messages:
@@ -48,11 +48,18 @@ def _template_messages(messages: Sequence[ChatMessage], tool_format: ToolFormat 
         if message.role == "tool":
             name = called.get(message.tool_call_id) or "the function"
             rendered.append({"role": "user", "content": f"{name} returned: {message.content}"})
-        elif message.role == "assistant" and message.tool_calls:
-            rendered.append({"role": "assistant", "content": write_calls(message.content, message.tool_calls, tool_format)})
+        elif message.role == "assistant" and (calls := _calls(message)):
+            rendered.append({"role": "assistant", "content": write_calls(message.content, calls, tool_format)})
         else:
             rendered.append({"role": message.role, "content": message.content})
     return rendered
+
+
+def _calls(message: ChatMessage) -> tuple[dict[str, Any], ...]:
+    """The message's calls that have OpenAI's shape. The API validates them; a history stored before it
+    did may hold others, which are left out rather than failing every later prompt of the conversation."""
+    return tuple(call for call in message.tool_calls
+                 if isinstance(call, dict) and isinstance(call.get("function", call), dict))
 
 
 def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:

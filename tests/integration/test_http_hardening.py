@@ -74,6 +74,25 @@ def body(**fields: Any) -> str:
     return json.dumps({**CHAT, **fields})
 
 
+def called(calls: Any) -> list[dict[str, Any]]:
+    """A history in which the assistant called `calls`, then the user asks on."""
+    return [{"role": "user", "content": "Look it up."}, {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "user", "content": "And?"}]
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+MALFORMED_CALLS = [  # an assistant message's tool_calls (each was a 500, or reached the model as garbage)
+    ("[{function: 5}]", [{"function": 5}], "missing_required_parameter", "[0].id"),
+    ("function 5", [{**CALL, "function": 5}], "invalid_type", "[0].function"),
+    ("function null", [{**CALL, "function": None}], "invalid_type", "[0].function"),
+    ("type custom", [{**CALL, "type": "custom"}], "invalid_value", "[0].type"),
+    ("id 7", [{**CALL, "id": 7}], "invalid_type", "[0].id"),
+    ("no function name", [{**CALL, "function": {"arguments": "{}"}}], "missing_required_parameter", "[0].function.name"),
+    ("name 5", [{**CALL, "function": {"name": 5, "arguments": "{}"}}], "invalid_type", "[0].function.name"),
+    ("arguments an object", [{**CALL, "function": {"name": "lookup", "arguments": {}}}], "invalid_type",
+     "[0].function.arguments"),
+    ("second call broken", [CALL, {**CALL, "function": [1]}], "invalid_type", "[1].function"),
+]
 NESTED = "[" * 1000 + "]" * 1000
 DIGITS = "9" * 5000
 MALFORMED_CHAT = [
@@ -101,6 +120,8 @@ MALFORMED_CHAT = [
     ("include_usage 1", body(stream=True, stream_options={"include_usage": 1}), "invalid_type",
      "stream_options.include_usage"),
     ("not UTF-8", body(model="@").replace("@", "\udcff"), "invalid_json", None),
+    *((f"tool_calls {case}", body(messages=called(calls)), code, f"messages[1].tool_calls{param}")
+      for case, calls, code, param in MALFORMED_CALLS),
 ]
 MALFORMED_SECRETS = [
     ("deep nesting", '{"session": {"tools": ' + NESTED + "}}", "invalid_json", None),
@@ -147,6 +168,26 @@ def test_malformed_bodies_get_400_and_the_connection_goes_on(
         assert status == 200 and connection.sock is first_socket
     finally:
         connection.close()
+
+
+def test_a_tool_call_history_is_validated_in_every_chat_api(gateway: GatewayProcess) -> None:
+    """A conversation's chat request takes the same messages: a malformed call is refused before anything is
+    stored, and a well-formed call history is answered, with and without a conversation."""
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        for case, calls, code, param in MALFORMED_CALLS:
+            refused = http.post("/v1/chat/completions", json={**CHAT, "messages": called(calls),
+                                                              "conversation": conversation})
+            assert refused.status_code == 400, (case, refused.text)
+            assert refused.json()["error"] == {**refused.json()["error"], "type": "invalid_request_error", "code": code,
+                                               "param": f"messages[1].tool_calls{param}"}, case
+        assert http.get(f"/v1/conversations/{conversation}").json()["messages"] == []
+        for extra in ({}, {"conversation": conversation}):
+            answered = http.post("/v1/chat/completions", json={**CHAT, "messages": called([CALL]), **extra})
+            assert answered.status_code == 200, answered.text
+        stored = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        assert [message["role"] for message in stored] == ["user", "assistant", "user", "assistant"]
+        assert stored[1]["tool_calls"] == [CALL]
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(gateway: GatewayProcess) -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from inference.llm.chat import ChatMessage, _template_messages
 from inference.llm.tool_calls import ReplySplitter, ToolSpec, parse_reply, write_calls
 
 TOOLS = [ToolSpec("get_weather", "Weather", {"type": "object"}), ToolSpec("get_time")]
@@ -47,3 +48,14 @@ def test_history_calls_are_written_as_the_model_writes_them() -> None:
     text = write_calls(None, calls)
     assert parse_reply(text, TOOLS).calls[0].arguments == '{"city": "Rome"}'
     assert write_calls("Checking.", calls).startswith("Checking.\n<tool_call>")
+
+
+def test_a_stored_history_with_malformed_calls_still_renders() -> None:
+    """Histories stored before the API validated tool_calls may hold any JSON there: such calls are left out
+    of the prompt (it was an AttributeError, and every later turn of the conversation failed)."""
+    good = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    history = [ChatMessage("user", "Time?"), ChatMessage("assistant", "", ({"function": 5}, "x", good)),  # type: ignore[arg-type]
+               ChatMessage("tool", "noon", tool_call_id="call_1"), ChatMessage("user", "Thanks.")]
+    rendered = _template_messages(history)
+    assert rendered[1] == {"role": "assistant", "content": write_calls("", (good,))}
+    assert rendered[2] == {"role": "user", "content": "get_time returned: noon"}
