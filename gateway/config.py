@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+import phonenumbers
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gateway.safety.detectors import load_denylist
+from gateway.safety.detectors import DEFAULT_PHONE_REGION, load_denylist
 from gateway.safety.hooks import load_classifier
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -201,6 +202,9 @@ class Settings(BaseSettings):
     safety_pii: Literal["redact", "block", "off"] = Field(
         "redact", description="Personal data (e-mail, phone, payment card with a Luhn check, IBAN): redact it (the "
         "model sees [email] ...), block the message (input) or stop the reply (output), or let it through.")
+    safety_phone_region: str = Field(
+        DEFAULT_PHONE_REGION, description="The country (ISO 3166 code, such as US, GB, FR) whose phone numbers are "
+        "found when written without a country code; a number with a + is found whatever this says.")
     safety_denylist: Path | None = Field(
         None, description="A file of denied phrases, one a line (whole words, any case), or `re:` and a regular "
         "expression; `#` comments.")
@@ -307,6 +311,13 @@ class Settings(BaseSettings):
         if value is not None:
             load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
         return value
+
+    @field_validator("safety_phone_region")
+    @classmethod
+    def _phone_region(cls, value: str) -> str:
+        if value.upper() not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError("must be a country's ISO 3166 code that phonenumbers knows, such as US, GB or FR")
+        return value.upper()
 
     @field_validator("safety_classifier")
     @classmethod

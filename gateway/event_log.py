@@ -3,8 +3,8 @@
 Events carry ids (request, session, response, conversation), the model, token counts, latency marks and
 a status, and never the user's content: prompts, transcripts and answers reach the log only when
 --log-content is on (for debugging). Every record, the gateway's, uvicorn's and the libraries', goes
-through the root logger's one handler, where keys (log_redaction.py) and personal data
-(safety/log_filter.py) are redacted.
+through the root logger's one handler, where the libraries' payloads become their sizes, and keys
+(log_redaction.py) and personal data (safety/log_filter.py) are redacted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from gateway.log_redaction import RedactKeys
-from gateway.safety.log_filter import RedactPersonalData
+from gateway.safety.detectors import DEFAULT_PHONE_REGION
+from gateway.safety.log_filter import LibraryPayloads, RedactPersonalData
 
 EVENTS = logging.getLogger("gateway.events")
 # uvicorn adds `color_message`, its message with terminal colours: not for a log file.
@@ -64,15 +65,17 @@ def _route_transformers_logs() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def configure(*, level: str, log_format: str, log_content: bool, redact: RedactKeys) -> dict[str, Any]:
+def configure(*, level: str, log_format: str, log_content: bool, redact: RedactKeys,
+              phone_region: str = DEFAULT_PHONE_REGION) -> dict[str, Any]:
     """Install the one handler on the root logger; returns uvicorn's log configuration, whose loggers
     hand their records to it (uvicorn's access log is off: the http.request event replaces it)."""
     global _log_content
     _log_content = log_content
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format))
+    handler.addFilter(LibraryPayloads())  # WebSocket frames and SQL parameters: their sizes, not what users said
     handler.addFilter(redact)
-    handler.addFilter(RedactPersonalData())  # e-mail, phone, card, IBAN: at every level, --log-content too
+    handler.addFilter(RedactPersonalData(phone_region))  # e-mail, phone, card, IBAN: at every level, --log-content too
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

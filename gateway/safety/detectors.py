@@ -1,36 +1,48 @@
 """What the safety policy looks for: personal data (e-mail, phone, payment card, IBAN) and a denylist.
 
-Each detector is one `regex` pattern (the `regex` module, for partial matches: see stream_filter.py) and an
-optional check of the matched text (Luhn for cards, ISO 7064 mod 97 for IBANs, a digit count for phones), so
-that the pattern finds candidates and the check rejects look-alikes (an order number, a date, a decimal).
+Each detector is one `regex` pattern (the `regex` module, for partial matches: see policy.StreamFilter) that
+finds candidates, and optionally a check of a candidate (Luhn for cards, ISO 7064 mod 97 for IBANs) that rejects
+look-alikes, or a locator of the matches inside it: phone numbers are whatever the `phonenumbers` library (Google's
+libphonenumber metadata) finds in a run of digits and separators, so that prices, IPs, dates, times, order numbers
+and sequences are left alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import phonenumbers
 import regex
 
 # The longest text any one match may span, and so the most a streamed reply is held back for it.
 MAX_MATCH_CHARS = 256
+# Where a number written without a country code (`(415) 555-0132`) is read as dialled; a `+` number is found
+# whatever this says (--safety-phone-region).
+DEFAULT_PHONE_REGION = "US"
+
+Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
 class Detector:
     name: str  # also the redaction label: "[email]"
-    pattern: regex.Pattern[str]
-    check: Callable[[str], bool] | None = None
+    pattern: regex.Pattern[str]  # the candidates; a partial one holds a stream back
+    check: Callable[[str], bool] | None = None  # a candidate is a match when it passes
+    locate: Callable[[str], Iterable[Span]] | None = None  # instead: the matches inside a candidate
 
-    def valid(self, text: str) -> bool:
-        return self.check is None or self.check(text)
+    def spans(self, candidate: str) -> Iterable[Span]:
+        """The matches in one candidate, at its own offsets."""
+        if self.locate is not None:
+            return self.locate(candidate)
+        return [(0, len(candidate))] if self.check is None or self.check(candidate) else []
 
-    def find(self, text: str) -> Iterator[tuple[int, int]]:
+    def find(self, text: str) -> Iterator[Span]:
         """The spans of `text` this detector reports (complete text: nothing more follows)."""
         for match in self.pattern.finditer(text):
-            if self.valid(match.group()):
-                yield match.span()
+            for start, end in self.spans(match.group()):
+                yield match.start() + start, match.start() + end
 
     @property
     def label(self) -> str:
@@ -62,36 +74,39 @@ def iban_valid(text: str) -> bool:
     return int("".join(str(int(ch, 36)) for ch in moved)) % 97 == 1
 
 
-def phone_valid(text: str) -> bool:
-    """9 to 15 digits (E.164), written as a phone number: with a leading +, or in groups. Not a phone: a bare run
-    of digits, one with a single dot (a decimal), dots beside other separators (a date and a time), or groups
-    that count up or down by one (counting "10 11 12 13 14", a list of years)."""
-    digits = _digits(text)
-    if not 9 <= len(digits) <= 15:
-        return False
-    if text.startswith("+"):
-        return True
-    separators = [ch for ch in text if not ch.isdigit() and ch not in "()"]
-    if "." in separators and len(set(separators)) > 1:
-        return False
-    groups = [int(group) for group in regex.findall(r"\d+", text)]
-    steps = {later - earlier for earlier, later in zip(groups, groups[1:], strict=False)}
-    if len(groups) > 2 and steps in ({1}, {-1}):
-        return False
-    return len(separators) > 1 or separators == [" "] or separators == ["-"]
-
-
 EMAIL = Detector("email", regex.compile(
     r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})"
     r"(?:\.[A-Za-z0-9-]{1,63}){0,6}\.[A-Za-z]{2,24}(?![\w-])"))
-# Not inside a word, nor a dash-joined run such as a UUID ("...-1234-5678-9012-...").
-PHONE = Detector("phone", regex.compile(
-    r"(?<![\w+-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,5}(?:[ .-]\d{2,5}){1,4}(?![\w-])"
-    r"|(?<![\w+-])\+\d{8,15}(?![\w-])"), phone_valid)
 PAYMENT_CARD = Detector("payment_card", regex.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), luhn_valid)
 IBAN = Detector("iban", regex.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])"), iban_valid)
 
-PII_DETECTORS: tuple[Detector, ...] = (EMAIL, PAYMENT_CARD, IBAN, PHONE)
+# A run of digits and the separators phone numbers are written with; libphonenumber finds the numbers in it.
+# Not inside a word or a dash-, dot- or slash-joined run (a UUID, a version, a path). It may end in a separator,
+# so that a stream holds "+1 " back for the digits that may follow.
+_PHONE_CANDIDATE = regex.compile(r"(?<![\w+.,/-])\+?\(?\d[\d().\-/ \t]{0,250}(?!\w)")
+
+
+def phone_detector(region: str = DEFAULT_PHONE_REGION) -> Detector:
+    """Numbers libphonenumber deems valid and grouped as that country writes them (STRICT_GROUPING: not "20 19 18
+    17 16", which is a valid number grouped as no one dials it), never the digits after a decimal point."""
+    def locate(candidate: str) -> Iterator[Span]:
+        for match in phonenumbers.PhoneNumberMatcher(candidate, region, leniency=phonenumbers.Leniency.STRICT_GROUPING):
+            if not _inside_a_decimal(candidate, match.start, match.end):
+                yield match.start, match.end
+
+    return Detector("phone", _PHONE_CANDIDATE, locate=locate)
+
+
+def _inside_a_decimal(text: str, start: int, end: int) -> bool:
+    """The digits after the point of 3.14159265358 (libphonenumber reads 14159265358), or before one."""
+    before = text[max(0, start - 2):start]
+    after = text[end:end + 2]
+    return (len(before) == 2 and before[1] in ".," and before[0].isdigit()) or (
+        len(after) == 2 and after[0] in ".," and after[1].isdigit())
+
+
+def pii_detectors(phone_region: str = DEFAULT_PHONE_REGION) -> tuple[Detector, ...]:
+    return EMAIL, PAYMENT_CARD, IBAN, phone_detector(phone_region)
 
 
 class DenylistError(ValueError):

@@ -195,7 +195,7 @@ class StreamFilter:
                 if len(text) - match.start() <= MAX_MATCH_CHARS:
                     hold_from = min(hold_from, match.start())
                 continue
-            if detector.valid(match.group()):
-                found.append(Finding(detector.name, rule.action, match.start(), match.end()))
+            found += [Finding(detector.name, rule.action, match.start() + begin, match.start() + end)
+                      for begin, end in detector.spans(match.group())]
         return hold_from
 

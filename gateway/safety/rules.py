@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import Settings
-from gateway.safety.detectors import PII_DETECTORS, load_denylist
+from gateway.safety.detectors import load_denylist, pii_detectors
 from gateway.safety.policy import Rule, SafetyPolicy
 
 
@@ -17,5 +17,5 @@ def build_policy(settings: Settings) -> SafetyPolicy:
         if denylist is not None:
             rules.append(Rule(denylist, settings.safety_denylist_action))
     if settings.safety_pii != "off":
-        rules += [Rule(detector, settings.safety_pii) for detector in PII_DETECTORS]
+        rules += [Rule(detector, settings.safety_pii) for detector in pii_detectors(settings.safety_phone_region)]
     return SafetyPolicy(rules)

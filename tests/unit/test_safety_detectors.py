@@ -10,14 +10,16 @@ from gateway.safety.detectors import (
     EMAIL,
     IBAN,
     PAYMENT_CARD,
-    PHONE,
     DenylistError,
     Detector,
     denylist_detector,
     iban_valid,
     load_denylist,
     luhn_valid,
+    phone_detector,
 )
+
+PHONE = phone_detector()  # the default region, US
 
 
 def found(detector: Detector, text: str) -> list[str]:
@@ -35,20 +37,57 @@ def test_email(text: str, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("call (555) 123-4567 now", ["(555) 123-4567"]),
-    ("or 555-123-4567.", ["555-123-4567"]),
-    ("London +44 20 7946 0958", ["+44 20 7946 0958"]),
-    ("E.164 +14155552671 too", ["+14155552671"]),
-    ("Paris 01 42 68 53 00", ["01 42 68 53 00"]),
+    ("call (415) 555-0132 now", ["(415) 555-0132"]),
+    ("or 415-555-0132.", ["415-555-0132"]),
+    ("dotted 415.555.0132, spaced 1 800 555 0199", ["415.555.0132", "1 800 555 0199"]),
+    ("US +1 415 555 0132 and +1 (415) 555-0132", ["+1 415 555 0132", "+1 (415) 555-0132"]),
+    ("London +44 20 7946 0958 or +44 (0) 20 7946 0958", ["+44 20 7946 0958", "+44 (0) 20 7946 0958"]),
+    ("E.164 +14155552671 too, tel:+1-212-555-0100", ["+14155552671", "+1-212-555-0100"]),
+    ("Paris +33 1 42 68 53 00, Berlin +49 30 901820", ["+33 1 42 68 53 00", "+49 30 901820"]),
+    ("two: 415 555 0132 / 212 555 0100, (415) 555-0132 - 212-555-0100", [
+        "415 555 0132", "212 555 0100", "(415) 555-0132", "212-555-0100"]),
     # Numbers, dates, decimals, times, ids: not phones.
     ("pi is 3.14159265358 and 1234567890 people", []),
     ("on 2026-11-25 at 12:30, order 12345", []),
     ("id msg_0193f2a01234abcd and uuid 0190a1b2-1234-5678-9012-3456789abcde", []),
     ("counting 10 11 12 13 14 15, years 2019 2020 2021 2022, back 20 19 18 17 16", []),
     ("on 12.05.2024 10.30 sharp", []),
+    # Numbers that are not phones in the US (the default region) can be in another.
+    ("Paris 01 42 68 53 00", []),
 ])
 def test_phone(text: str, expected: list[str]) -> None:
     assert found(PHONE, text) == expected
+
+
+def test_phone_region() -> None:
+    assert found(phone_detector("FR"), "Paris 01 42 68 53 00 or +1 415 555 0132") == ["01 42 68 53 00",
+                                                                                      "+1 415 555 0132"]
+    assert found(phone_detector("GB"), "London 020 7946 0958") == ["020 7946 0958"]
+
+
+# Ordinary text full of numbers (issue 28's reports among them): no rule may take any of it for personal data.
+ORDINARY = """\
+It costs $1,234,567.89, or 123 456 789 dollars, or € 1 299,00; a coffee is 3.50 and a flat 250 000 EUR.
+The server is 192.168.100.200 (or 10.0.0.1:8080, or fe80::1), behind 203.0.113.45/24.
+Versions: v2.14.3, Python 3.11.7, macOS 10.15.7, build 2024.01.15.1030, release 1.0.0-rc.2.
+Dates and times: 2024-01-15 10:30, 15/01/2024, 01.15.2024 at 10:30:45.123, 2024-01-15T10:30:00Z, 12.05.2024 10.30.
+Order #2024-0012-3344, invoice INV-2024-00123, ticket 88213, part 123-45-6789, account 00012345, ZIP 94103-1234.
+Sequences: 2 4 6 8 10 12 14 16 18; 100 200 300 400 500; 1, 2, 3, 5, 8, 13, 21, 34, 55, 89; 10 11 12 13 14 15.
+The world has 8 100 000 000 people; the Sun is 149 600 000 km away; light goes 299 792 458 m/s.
+Measurements: 3.5 mm, 6 ft 2 in, 12 x 24 x 36 cm, 1 500 000 km, 37.7749, -122.4194, 98.6 F, 1013 hPa.
+ISBN 978-3-16-148410-0; the score was 21-14, then 3-2-1; room 1204, flight BA 2490 at 18:45 from gate 32.
+pi is 3.14159265358979, e is 2.718281828459045, and 2^32 is 4 294 967 296.
+"""
+
+
+def test_ordinary_numbers_are_not_personal_data() -> None:
+    from gateway.safety.detectors import pii_detectors
+
+    for detector in pii_detectors():
+        assert found(detector, ORDINARY) == [], detector.name
+    for line in ORDINARY.splitlines():  # each line alone, as a short message would come
+        for detector in pii_detectors():
+            assert found(detector, line) == [], (detector.name, line)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from gateway.safety.detectors import PII_DETECTORS, denylist_detector
+from gateway.safety.detectors import denylist_detector, pii_detectors
 from gateway.safety.policy import Rule, SafetyPolicy
 
 DENY = denylist_detector(["forbidden word"])
 assert DENY is not None
-POLICY = SafetyPolicy([Rule(DENY, "block"), *(Rule(d, "redact") for d in PII_DETECTORS)])
+POLICY = SafetyPolicy([Rule(DENY, "block"), *(Rule(d, "redact") for d in pii_detectors())])
 
 
 def run(parts: list[str]) -> tuple[list[str], str | None]:
@@ -90,3 +90,20 @@ def test_labels_keep_a_json_reply_json(size: int) -> None:
                                "n": 3}
     plain = POLICY.stream()
     assert plain.feed(reply) + plain.flush() == out.replace('"[payment_card]", "n"', '[payment_card], "n"')
+
+
+@pytest.mark.parametrize("split", range(1, 16))
+def test_phone_split_across_two_tokens(split: int) -> None:
+    text = "Call +1 415 555 0132 now"
+    cut = len("Call ") + split
+    out, _ = run([text[:cut], text[cut:]])
+    assert "".join(out) == "Call [phone] now"
+    assert not any("415" in part or "0132" in part for part in out)
+
+
+@pytest.mark.parametrize("size", [1, 4, 50])
+def test_ordinary_numbers_stream_through_unchanged(size: int) -> None:
+    from tests.unit.test_safety_detectors import ORDINARY
+
+    out, blocked = run([ORDINARY[i:i + size] for i in range(0, len(ORDINARY), size)])
+    assert "".join(out) == ORDINARY and blocked is None
