@@ -5,15 +5,21 @@ Every event carries `id: <stream id>/<n>`. A stream whose reader drops keeps gen
 resume window when it is a plain completion (then it is cancelled, as nobody came back for it), and to
 its end when its reply is being stored in a conversation (the reply is saved, as in ChatGPT). A finished
 stream stays readable for the window, within a bound on the bytes all finished streams keep.
+
+A stream is bound to the request that started it (its path and canonical JSON body): a resume with
+another request is refused (422), never answered with another request's reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.protocol.errors import ApiError
 
@@ -25,6 +31,7 @@ FINISHED_BYTES = 64 * 1024 * 1024
 class StreamBuffer:
     id: str
     owner: str
+    request: str  # request_fingerprint() of the request that started it
     runs_to_end: bool  # a stored reply: generating to its end even with nobody reading
     events: list[bytes] = field(default_factory=list)
     done: bool = False
@@ -50,6 +57,12 @@ class StreamBuffer:
         self.changed = asyncio.Event()
 
 
+def request_fingerprint(path: str, payload: Any) -> str:
+    """What makes two requests the same one: the path and the JSON body, whatever its key order or spacing."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{path}\n{canonical}".encode()).hexdigest()
+
+
 class StreamHub:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -57,16 +70,19 @@ class StreamHub:
         self._finished: OrderedDict[str, StreamBuffer] = OrderedDict()
         self._finished_bytes = 0
 
-    def start(self, stream_id: str, owner: str, source: AsyncIterator[bytes], *, runs_to_end: bool) -> StreamBuffer:
-        """Produces `source` (SSE events, each ending in a blank line) into a new buffer, in a task of its own."""
-        buffer = StreamBuffer(stream_id, owner, runs_to_end)
+    def start(self, stream_id: str, owner: str, source: AsyncIterator[bytes], *, request: str,
+              runs_to_end: bool) -> StreamBuffer:
+        """Produces `source` (SSE events, each ending in a blank line) into a new buffer, in a task of its own;
+        `request` is the fingerprint of the request it answers."""
+        buffer = StreamBuffer(stream_id, owner, request, runs_to_end)
         self._streams[stream_id] = buffer
         buffer.producer = asyncio.create_task(self._produce(buffer, source), name=f"sse {stream_id}")
         return buffer
 
-    def get(self, last_event_id: str, owner: str) -> tuple[StreamBuffer, int]:
+    def get(self, last_event_id: str, owner: str, request: str) -> tuple[StreamBuffer, int]:
         """The stream a `Last-Event-ID` names, and the number of the last event its client received;
-        404 for an unknown, expired or another key's stream, as for a wrong id."""
+        404 for an unknown, expired or another key's stream, as for a wrong id; 422 when `request` (a
+        fingerprint) is not the request the stream answers."""
         stream_id, _, number = last_event_id.strip().rpartition("/")
         if not number.isdigit():
             raise ApiError("invalid_value", "Last-Event-ID must be an event id this server sent ('<stream>/<n>').",
@@ -75,6 +91,9 @@ class StreamHub:
         if buffer is None or buffer.owner != owner:
             raise ApiError("stream_not_found", "No stream to resume with this Last-Event-ID: it ended more than the "
                            "resume window ago, or it belongs to another key.", "Last-Event-ID", status=404)
+        if buffer.request != request:
+            raise ApiError("last_event_id_reused", "This Last-Event-ID belongs to a stream of a different request: "
+                           "resume with the request that started it.", "Last-Event-ID", status=422)
         if int(number) > len(buffer.events):
             raise ApiError("invalid_value", f"Event {number} of this stream was never sent.", "Last-Event-ID")
         return buffer, int(number)

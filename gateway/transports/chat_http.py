@@ -40,6 +40,7 @@ from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
 from gateway.storage.writer import MessageWriter
+from gateway.stream_hub import request_fingerprint
 from gateway.titles import title_later
 from gateway.token_quota import Reservation
 from inference.llm.backend import (
@@ -90,7 +91,7 @@ async def chat_completions(request: Request) -> Response:
     principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
-        return resume_stream(svc, last_event_id, principal.key_id, headers)
+        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
     body, payload = await read_json_object(request)
     try:
         chat = ChatCompletionRequest.model_validate(payload)
@@ -127,9 +128,16 @@ def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> Strea
     return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
 
-def resume_stream(svc: Services, last_event_id: str, owner: str, headers: dict[str, str]) -> StreamingResponse:
+async def stream_request(request: Request) -> str:
+    """The fingerprint a stream is bound to: a resume must send the request that started it."""
+    _, payload = await read_json_object(request)  # the body is read once; this reads it again from memory
+    return request_fingerprint(request.url.path, payload)
+
+
+async def resume_stream(svc: Services, request: Request, last_event_id: str, owner: str,
+                        headers: dict[str, str]) -> StreamingResponse:
     """The events of a running or recently finished stream after `Last-Event-ID`, then the live ones."""
-    buffer, after = svc.streams.get(last_event_id, owner)
+    buffer, after = svc.streams.get(last_event_id, owner, await stream_request(request))
     return sse_response(svc.streams.read(buffer, after), headers)
 
 
@@ -201,7 +209,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
                                                       reservation, remembered),
-                                   runs_to_end=attached is not None)
+                                   request=await stream_request(request), runs_to_end=attached is not None)
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
     parts: list[str] = []

@@ -38,7 +38,7 @@ from gateway.storage.schema import ConversationRow
 from gateway.storage.writer import MessageWriter
 from gateway.titles import generate_title
 from gateway.token_quota import Reservation
-from gateway.transports.chat_http import resume_stream, sse_response
+from gateway.transports.chat_http import resume_stream, sse_response, stream_request
 from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.tool_calls import ToolUse, plan_tool_use
@@ -139,7 +139,7 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
-        return resume_stream(svc, last_event_id, principal.key_id, headers)
+        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
     body: PostMessage = await read_model(request, PostMessage)
     svc.require_model(body.model)
     engine = _engine(svc)
@@ -178,7 +178,8 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     title_for = content if turn.conversation.title is None and turn.new_user is not None else None
     events = _events(svc, principal.key_id, stream_id, turn, stream, writer, prepared, title_for, memory.recall,
                      reservation)
-    buffer = svc.streams.start(stream_id, principal.key_id, events, runs_to_end=True)
+    buffer = svc.streams.start(stream_id, principal.key_id, events, request=await stream_request(request),
+                               runs_to_end=True)
     return sse_response(svc.streams.read(buffer), headers)
 
 

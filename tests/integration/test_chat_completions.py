@@ -176,6 +176,32 @@ async def test_a_dropped_stream_resumes_with_last_event_id(gateway: GatewayProce
             assert (refused.status_code, refused.json()["error"]["code"]) == (status, code)
 
 
+async def test_a_last_event_id_resumes_only_the_request_that_started_its_stream(gateway: GatewayProcess,
+                                                                                client: openai.OpenAI) -> None:
+    """Another prompt sent with a stream's Last-Event-ID is refused (422, as a reused Idempotency-Key with
+    another body), not answered with that stream's reply; the same request, spaced or ordered otherwise, resumes."""
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 40, "temperature": 0, "stream": True}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            before = await _sse_events(response, limit=3)
+        last_event_id = before[-1][0]
+        other = [{"role": "user", "content": "Name a colour."}]
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            client.chat.completions.create(model=MODEL, messages=other, max_tokens=40, temperature=0, stream=True,
+                                           extra_headers={"Last-Event-ID": last_event_id})
+        assert refused.value.body == {"message": refused.value.body["message"], "type": "invalid_request_error",
+                                      "param": "Last-Event-ID", "code": "last_event_id_reused"}
+        for changed in ({**body, "max_tokens": 41}, {**body, "stream": False}, {key: body[key] for key in body if key != "temperature"}):
+            answer = await http.post("/v1/chat/completions", json=changed, headers={"last-event-id": last_event_id})
+            assert answer.status_code == 422 and answer.json()["error"]["code"] == "last_event_id_reused", answer.text
+        reordered = json.dumps(dict(reversed(list(body.items()))), indent=1)
+        async with http.stream("POST", "/v1/chat/completions", content=reordered,
+                               headers={"last-event-id": last_event_id, "content-type": "application/json"}) as response:
+            assert response.status_code == 200
+            after = await _sse_events(response)
+    assert after[-1][1] == "[DONE]" and "Paris" in _content(before + after)
+
+
 def test_openai_model_names_reach_the_served_model(client: openai.OpenAI, gateway: GatewayProcess) -> None:
     """An app written for OpenAI changes only its base URL: OpenAI's chat and realtime names are aliases
     (--answer-to-openai-model-names, on by default); other names stay 404 model_not_found."""

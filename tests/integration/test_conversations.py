@@ -243,6 +243,8 @@ def test_a_stored_reply_runs_on_when_its_client_leaves_and_resumes(stored: tuple
         time.sleep(0.3)
         last = before[-1]["id"]
         assert_error(other.post(url, json=body, headers={"last-event-id": last}), 404, "stream_not_found")
+        assert_error(http.post(url, json={**body, "content": "Tell me about a dog."}, headers={"last-event-id": last}),
+                     422, "last_event_id_reused")
         with http.stream("POST", url, json=body, headers={"last-event-id": last}) as response:
             after = sse_events(response)
         events = before + after
