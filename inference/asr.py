@@ -47,13 +47,16 @@ MAX_PROMPT_TOKENS = 223  # Whisper gives a prompt at most half of its 448-token 
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # Whisper's long-form decoding (and faster-whisper's default)
 
 
+def repeats_a_sentence(text: str) -> bool:
+    """The same sentence twice back to back: what a decoder loop writes."""
+    sentences = [part.strip().lower() for part in re.split(r"[.?!]+", text) if part.strip()]
+    return any(a == b for a, b in zip(sentences, sentences[1:]))
+
+
 def looks_degenerate(text: str, tokens: int, budget: int) -> bool:
     """A decode that used its whole token budget, repeats a sentence back to back, or compresses like
     a repetition loop. (A user who really repeats a sentence only costs a decode over 30 s.)"""
-    if tokens >= budget:
-        return True
-    sentences = [part.strip().lower() for part in re.split(r"[.?!]+", text) if part.strip()]
-    if any(a == b for a, b in zip(sentences, sentences[1:])):
+    if tokens >= budget or repeats_a_sentence(text):
         return True
     data = text.encode()
     return len(data) > 24 and len(data) / len(zlib.compress(data)) > LOOP_COMPRESSION_RATIO
@@ -132,6 +135,8 @@ class AsrEngine:
         load_seconds: float,
         window_s: float = DEFAULT_WINDOW_S,
         threads: int = 1,
+        device: Literal["cpu", "cuda"] = "cpu",
+        compute_type: str = "int8",
     ) -> None:
         if not 1.0 <= window_s <= FULL_WINDOW_S:
             raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
@@ -141,6 +146,8 @@ class AsrEngine:
         self.load_seconds = load_seconds
         self.window_s = window_s
         self.threads = threads  # CTranslate2's threads: the cores a transcription keeps busy
+        self.device = device
+        self.compute_type = compute_type  # CTranslate2's: int8 on a CPU, float16 on CUDA
         self.windowed_calls = 0
         self.full_window_retries = 0
         self._tokenizer: Any = None
@@ -168,15 +175,16 @@ class AsrEngine:
         warmup: bool = True,
     ) -> AsrEngine:
         """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
-        from faster_whisper import WhisperModel
+        from inference.whisper_fallback import KeepingWhisperModel
 
         started = time.perf_counter()
         compute_type = "float16" if device == "cuda" else "int8"
-        model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
+        model = KeepingWhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
         if language is None and not model.model.is_multilingual:
             language = "en"
         engine = cls(
-            model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads
+            model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads,
+            device=device, compute_type=compute_type,
         )
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
@@ -259,7 +267,9 @@ class AsrEngine:
         faster-whisper's long-form transcription, conditioned on the previous window's text; each hop of
         the worker decodes one 30 s window. `language` None: the model's own (detected if multilingual).
         `temperature` 0, as in OpenAI's API, falls back to higher temperatures where a window's output looks
-        like a loop or unlikely (Whisper's own thresholds); another value samples at that temperature only."""
+        like a loop or unlikely (Whisper's own thresholds); another value samples at that temperature only.
+        A window that fails at every temperature keeps its greedy decode where that one is likely and ends
+        by itself (inference/whisper_fallback.py): speech is not dropped for sounding repetitive."""
         model: Any = self._model
         temperatures = FALLBACK_TEMPERATURES if temperature == 0.0 else (temperature,)
 

@@ -7,6 +7,8 @@ import difflib
 import io
 import json
 import re
+import shutil
+import subprocess
 import time
 import wave
 from collections.abc import Iterator
@@ -267,6 +269,37 @@ def test_long_file_in_windows(client: OpenAI, long_wav: bytes) -> None:
     heard, said = norm(verbose.text), norm(" ".join(LONG))
     matched = sum(block.size for block in difflib.SequenceMatcher(a=said, b=heard, autojunk=False).get_matching_blocks())
     assert matched >= 0.95 * len(said) and len(heard) <= 1.05 * len(said), verbose.text  # tiny.en: a word or two may differ
+
+
+REPEATED = [f"Sentence number {i}. The weather today is sunny with a light breeze from the west, and the forecast "
+            "says rain tomorrow afternoon." for i in range(1, 7)]
+
+
+@pytest.fixture(scope="module", params=["piper", "espeak-ng"])
+def repetitive_wav(request: pytest.FixtureRequest, tts: TtsEngine, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """Six sentences that differ only in their number, about 40 s: their first window compresses like a loop."""
+    if request.param == "piper":
+        return wav_bytes(resample(tts.synthesize_blocking(" ".join(REPEATED)), tts.sample_rate, 16000), 16000)
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        pytest.skip("espeak-ng is not installed (.ci/run installs it)")
+    path = tmp_path_factory.mktemp("espeak") / "long.wav"
+    subprocess.run([espeak, "-w", str(path), "\n".join(REPEATED)], check=True, timeout=60)
+    return path.read_bytes()
+
+
+def test_repetitive_speech_keeps_its_first_window(client: OpenAI, repetitive_wav: bytes) -> None:
+    """Issue 28: the first 30 s failed every temperature's compression-ratio threshold and came back as nothing
+    (espeak-ng) or as one word (Piper). Its greedy decode, which heard the speech, is kept instead."""
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=("long.wav", repetitive_wav),
+                                                 response_format="verbose_json")
+    assert verbose.segments, verbose.text
+    first = verbose.segments[0]
+    assert first.start < 1.0 and re.search(r"\bnumber (1|one)\b", " ".join(norm(first.text.replace("No.", "number")))), \
+        [(s.start, s.text) for s in verbose.segments]
+    ends = [0.0] + [segment.end for segment in verbose.segments]
+    assert all(segment.start - end < 2.0 for segment, end in zip(verbose.segments, ends)), "a gap in the transcript"
+    assert len(norm(verbose.text)) >= 0.8 * len(norm(" ".join(REPEATED))), verbose.text
 
 
 def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayProcess, long_wav: bytes) -> None:
