@@ -48,6 +48,10 @@ class StreamBuffer:
         self.size += len(event)
         self._wake()
 
+    def read_now(self) -> bool:
+        """Whether a client is reading it at this moment."""
+        return self.readers > 0
+
     def finish(self) -> None:
         self.done = True
         self._wake()

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -210,6 +210,7 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
                                                       reservation, remembered),
                                    request=await stream_request(request), runs_to_end=attached is not None)
+        record.read_now = buffer.read_now
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
     parts: list[str] = []
@@ -263,6 +264,9 @@ class CompletionRecord:
     safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on that title
     memory: Recall | None = None  # what the key's memory did for it, stored with the reply
     writer: MessageWriter | None = None
+    # A stream's: whether a client reads it now. It logs `client_left` when none does as it ends (done or
+    # cancelled at the resume window's end); what is stored follows the generation either way.
+    read_now: Callable[[], bool] | None = None
 
     def start(self) -> None:
         """The reply begins: store the request's messages and the reply to come. (Called by a stream when
@@ -302,8 +306,9 @@ class CompletionRecord:
                 and not attached.history and question and self.engine is not None):
             title_later(attached.store, self.engine, attached.conversation.owner, attached.conversation.id, question,
                         self.safety)
+        left = status != "failed" and self.read_now is not None and not self.read_now()
         log_event("chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
-                  stream=self.stream, status=status, finish_reason=finish_reason,
+                  stream=self.stream, status="client_left" if left else status, finish_reason=finish_reason,
                   conversation_id=self.attached.conversation.id if self.attached else None, message_id=self.writer.reply.id if self.writer else None,
                   **tokens, **timings, content={"last_user_message": question, "output_text": text})
 

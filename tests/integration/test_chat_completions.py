@@ -109,7 +109,8 @@ async def test_a_stream_its_client_left_is_cancelled_after_the_resume_window(gat
     body = {"model": MODEL, "messages": [{"role": "user", "content": "List the numbers from 1 to 5000 separated by "
                                           "commas."}], "max_tokens": 2000, "temperature": 0, "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        async with http.stream("POST", "/v1/chat/completions", json=body,
+                               headers={"x-request-id": "req-left-for-good"}) as response:
             received = 0
             async for line in response.aiter_lines():
                 received += line.startswith("data:")
@@ -126,6 +127,34 @@ async def test_a_stream_its_client_left_is_cancelled_after_the_resume_window(gat
         assert time.monotonic() - left > RESUME_WINDOW_S - 0.5, "cancelled only when nobody came back"
         cancelled = [line for line in metrics.splitlines() if line.startswith("gateway_engine_requests_cancelled ")]
         assert float(cancelled[0].split()[1]) >= 1
+    assert (await completion_record(gateway, "req-left-for-good"))["status"] == "client_left"
+
+
+async def completion_record(gateway: GatewayProcess, request_id: str) -> dict:
+    """The chat.completion log record of a request, once it is written."""
+    for _ in range(100):
+        for line in gateway.log_path.read_text(errors="replace").splitlines():
+            if '"chat.completion"' in line and request_id in line:
+                record = json.loads(line)
+                if record.get("event") == "chat.completion" and record.get("request_id") == request_id:
+                    return record
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no chat.completion record for {request_id}")
+
+
+async def test_a_stream_its_client_left_is_logged_client_left_not_completed(gateway: GatewayProcess) -> None:
+    """It runs to its end within the resume window with nobody reading: client_left. Read to its end: completed."""
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 30, "temperature": 0, "stream": True}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body,
+                               headers={"x-request-id": "req-client-left"}) as response:
+            await _sse_events(response, limit=3)
+        async with http.stream("POST", "/v1/chat/completions", json=body,
+                               headers={"x-request-id": "req-read-to-the-end"}) as response:
+            assert (await _sse_events(response))[-1][1] == "[DONE]"
+    left = await completion_record(gateway, "req-client-left")
+    assert left["status"] == "client_left" and left["output_tokens"] >= 1, left
+    assert (await completion_record(gateway, "req-read-to-the-end"))["status"] == "completed"
 
 
 async def _sse_events(response: httpx.Response, limit: int | None = None) -> list[tuple[str, str]]:
