@@ -1,14 +1,17 @@
-"""Shared prefix KV cache: a token-granular radix tree keyed by token ids.
+"""Shared prefix KV cache: a token-granular radix tree keyed by token ids, over one token KV store.
 
-Each node holds the KV of the tokens on its edge (a tensor whose ``token_dim`` axis runs along those
-tokens). A lookup returns the longest common prefix between a token sequence and the tree, at token
-granularity (a match may end in the middle of an edge: only that part of the node's KV is used). The
-KV of a token depends only on the tokens before it, so any prefix of a cached sequence is exact: reuse
-stops exactly at the first differing token, which is how a truncated conversation rolls back.
+Each node holds the *indices* of its edge's tokens in a :class:`~.kv_manager.TokenKVStore` (one
+tensor for all cached KV), as SGLang's radix cache holds indices into its token pool: splitting an
+edge slices its index run, eviction hands indices back, and no node owns a tensor of its own. A
+lookup returns the longest common prefix between a token sequence and the tree, at token granularity
+(a match may end in the middle of an edge: only that part of the node is used). The KV of a token
+depends only on the tokens before it, so any prefix of a cached sequence is exact: reuse stops
+exactly at the first differing token, which is how a truncated conversation rolls back.
 
-Memory is bounded by ``max_bytes``: least-recently-used leaves are evicted first; pinned leaves
-(conversations that will come back) are evicted only when nothing else is left. Pins never affect
-correctness, only what stays cached.
+Memory is the store's capacity: when an insert finds too few free tokens, least-recently-used leaves
+are evicted first; pinned leaves (conversations that will come back) only when nothing else is left.
+The leaves are tracked as the tree changes, so an eviction orders the current leaves and never walks
+the tree. Pins never affect correctness, only what stays cached.
 
 The cache is not thread-safe: the engine uses it from its scheduler thread only (``stats`` may be read
 from anywhere).
@@ -20,24 +23,27 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from .kv_manager import TokenKVStore
+
 KVSource = Callable[[int, int], torch.Tensor]
-"""``source(start, stop)`` returns the KV of tokens [start, stop) (it is copied by the cache)."""
+"""``source(start, stop)`` returns the KV of tokens [start, stop) (it is copied into the store)."""
 
 
 class RadixNode:
-    __slots__ = ("key", "kv", "children", "parent", "last_access", "pins", "nbytes", "__weakref__")
+    __slots__ = ("key", "indices", "children", "parent", "last_access", "pins", "__weakref__")
 
-    def __init__(self, key: tuple[int, ...], kv: torch.Tensor | None, parent: RadixNode | None) -> None:
+    def __init__(self, key: tuple[int, ...], indices: torch.Tensor | None, parent: RadixNode | None) -> None:
         self.key = key
-        self.kv = kv
+        self.indices = indices  # the edge's tokens in the store; None once evicted
         self.children: dict[int, RadixNode] = {}
         self.parent = parent
         self.last_access = 0
         self.pins = 0
-        self.nbytes = 0 if kv is None else kv.numel() * kv.element_size()
 
     def __len__(self) -> int:
         return len(self.key)
@@ -70,15 +76,20 @@ class CacheStats:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, *, token_dim: int = 3) -> None:
-        self.max_bytes = int(max_bytes)
-        self.token_dim = token_dim
+    def __init__(self, store: TokenKVStore) -> None:
+        self.store = store
+        self.bytes_per_token = store.bytes_per_token
+        self.max_bytes = store.capacity * self.bytes_per_token
         self.root = RadixNode((), None, None)
-        self.bytes_used = 0
         self.num_nodes = 0
         self.num_tokens = 0
         self.stats = CacheStats()
         self._clock = itertools.count(1)
+        self._leaves: set[RadixNode] = set()
+
+    @property
+    def bytes_used(self) -> int:
+        return self.num_tokens * self.bytes_per_token
 
     # -- lookup ---------------------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], *, max_length: int | None = None, record: bool = True) -> PrefixMatch:
@@ -99,13 +110,12 @@ class PrefixCache:
                 c += 1
             if c == 0:  # pragma: no cover - children are keyed by their first token
                 break
-            child.last_access = now
             result.parts.append((child, c))
             i += c
             if c < len(key):
                 break
             node = child
-        # Touch the ancestors too, so a path in use never looks older than its leaves.
+        # Touch the whole path, so a path in use never looks older than its leaves.
         for part, _ in result.parts:
             part.last_access = now
         result.length = i
@@ -118,28 +128,29 @@ class PrefixCache:
             self.stats.miss_tokens += len(tokens) - i
         return result
 
-    def gather(self, match: PrefixMatch) -> list[torch.Tensor]:
-        """The KV pieces of a match, in order (views: copy them before the cache changes)."""
-        out = []
+    def indices(self, match: PrefixMatch) -> torch.Tensor:
+        """The store indices of a match's tokens, in order (valid until the cache changes)."""
+        runs = []
         for node, n in match.parts:
-            kv = node.kv
-            out.append(kv if n == len(node.key) else kv.narrow(self.token_dim, 0, n))
-        return out
+            assert node.indices is not None
+            runs.append(node.indices[:n])
+        if not runs:
+            return torch.empty(0, dtype=torch.long, device=self.store.device)
+        return runs[0] if len(runs) == 1 else torch.cat(runs)
+
+    def read(self, match: PrefixMatch) -> torch.Tensor:
+        """A match's KV, gathered from the store in one copy."""
+        return self.store.read(self.indices(match))
 
     # -- insertion ------------------------------------------------------------------------------------
     def _split(self, node: RadixNode, c: int) -> RadixNode:
         """Split ``node``'s edge after ``c`` tokens; returns the new upper node. ``node`` keeps the tail,
         so pins and identities held on it still mean "the sequence ending where it ends"."""
         parent = node.parent
-        assert parent is not None and 0 < c < len(node.key)
-        td = self.token_dim
-        upper = RadixNode(node.key[:c], node.kv.narrow(td, 0, c).clone(), parent)
-        tail_kv = node.kv.narrow(td, c, len(node.key) - c).clone()
-        self.bytes_used -= node.nbytes
+        assert parent is not None and node.indices is not None and 0 < c < len(node.key)
+        upper = RadixNode(node.key[:c], node.indices[:c], parent)
         node.key = node.key[c:]
-        node.kv = tail_kv
-        node.nbytes = tail_kv.numel() * tail_kv.element_size()
-        self.bytes_used += node.nbytes + upper.nbytes
+        node.indices = node.indices[c:]
         upper.last_access = node.last_access
         parent.children[upper.key[0]] = upper
         upper.children[node.key[0]] = node
@@ -151,7 +162,7 @@ class PrefixCache:
         """Cache the KV of ``tokens`` (the part not cached yet is read from ``source`` and copied).
 
         Returns the node where the sequence ends (pinned once more if ``pin``), or None for an empty
-        sequence or when the budget cannot hold it.
+        sequence or when the store cannot hold the new part even after evicting everything else.
         """
         tokens = tuple(int(t) for t in tokens)
         if not tokens:
@@ -163,19 +174,9 @@ class PrefixCache:
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
-                kv = source(i, len(tokens)).clone().contiguous()
-                if kv.shape[self.token_dim] != len(tokens) - i:
-                    raise ValueError(
-                        f"KV source returned {kv.shape[self.token_dim]} tokens, expected {len(tokens) - i}"
-                    )
-                leaf = RadixNode(tokens[i:], kv, node)
-                leaf.last_access = now
-                node.children[tokens[i]] = leaf
-                self.bytes_used += leaf.nbytes
-                self.num_nodes += 1
-                self.num_tokens += len(leaf.key)
-                self.stats.inserted_tokens += len(leaf.key)
-                end_node = leaf
+                end_node = self._add_leaf(node, tokens, i, source, now)
+                if end_node is None:
+                    return None
                 break
             key = child.key
             n = min(len(key), len(tokens) - i)
@@ -197,11 +198,32 @@ class PrefixCache:
             return None
         if pin:
             end_node.pins += 1
-        self.evict_to_budget()
-        if end_node.parent is None and end_node is not self.root:
-            # Evicted at once (budget smaller than this sequence).
-            return None
         return end_node
+
+    def _add_leaf(self, parent: RadixNode, tokens: tuple[int, ...], i: int, source: KVSource,
+                  now: int) -> RadixNode | None:
+        n = len(tokens) - i
+        if n > self.store.capacity:
+            return None  # it could never fit: keep what is cached
+        if self.store.free_tokens < n:
+            self.evict((n - self.store.free_tokens) * self.bytes_per_token, protect=parent)
+        indices = self.store.allocate(n)
+        if indices is None:
+            return None
+        kv = source(i, len(tokens))
+        if kv.shape[self.store.token_dim] != n:
+            self.store.free(indices)
+            raise ValueError(f"KV source returned {kv.shape[self.store.token_dim]} tokens, expected {n}")
+        self.store.write(indices, kv)
+        leaf = RadixNode(tokens[i:], indices, parent)
+        leaf.last_access = now
+        parent.children[tokens[i]] = leaf
+        self._leaves.discard(parent)
+        self._leaves.add(leaf)
+        self.num_nodes += 1
+        self.num_tokens += n
+        self.stats.inserted_tokens += n
+        return leaf
 
     # -- pins -----------------------------------------------------------------------------------------
     def pin(self, node: RadixNode) -> None:
@@ -220,7 +242,7 @@ class PrefixCache:
         while (node is not None and node is not self.root and node.parent is not None and not node.children
                and node.pins == 0):
             parent = node.parent
-            freed += node.nbytes
+            freed += len(node.key) * self.bytes_per_token
             self._remove_leaf(node)
             node = parent
         return freed
@@ -234,52 +256,42 @@ class PrefixCache:
         return node is self.root
 
     # -- eviction -------------------------------------------------------------------------------------
-    def _leaves(self) -> list[RadixNode]:
-        out = []
-        stack = [self.root]
-        while stack:
-            n = stack.pop()
-            if n.children:
-                stack.extend(n.children.values())
-            elif n is not self.root:
-                out.append(n)
-        return out
-
     def _remove_leaf(self, leaf: RadixNode) -> None:
         parent = leaf.parent
-        assert parent is not None and not leaf.children
+        assert parent is not None and not leaf.children and leaf.indices is not None
         del parent.children[leaf.key[0]]
         leaf.parent = None
-        self.bytes_used -= leaf.nbytes
+        self._leaves.discard(leaf)
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
+        self.store.free(leaf.indices)
+        leaf.indices = None
         self.num_nodes -= 1
         self.num_tokens -= len(leaf.key)
         self.stats.evictions += 1
         self.stats.evicted_tokens += len(leaf.key)
         if leaf.pins:
             self.stats.pinned_evictions += 1
-        leaf.kv = None
 
-    def evict(self, nbytes: int) -> int:
-        """Evict LRU leaves (unpinned first) until ``nbytes`` are freed; returns the bytes freed."""
+    def evict(self, nbytes: int, *, protect: RadixNode | None = None) -> int:
+        """Evict LRU leaves (unpinned first) until ``nbytes`` are freed; returns the bytes freed.
+        ``protect`` (the node an insert attaches to) stays, and so its ancestors."""
         freed = 0
         for pinned_pass in (False, True):
             if freed >= nbytes:
                 break
-            heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if (leaf.pins > 0) == pinned_pass]
+            heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves
+                    if (leaf.pins > 0) == pinned_pass and leaf is not protect]
             heapq.heapify(heap)
             while heap and freed < nbytes:
                 _, _, leaf = heapq.heappop(heap)
                 parent = leaf.parent
-                freed += leaf.nbytes
+                freed += len(leaf.key) * self.bytes_per_token
                 self._remove_leaf(leaf)
-                if parent is not None and parent is not self.root and not parent.children:
-                    if (parent.pins > 0) == pinned_pass:
-                        heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                if (parent is not None and parent in self._leaves and parent is not protect
+                        and (parent.pins > 0) == pinned_pass):
+                    heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
-
-    def evict_to_budget(self) -> None:
-        if self.bytes_used > self.max_bytes:
-            self.evict(self.bytes_used - self.max_bytes)
 
     def clear(self) -> None:
         self.evict(self.bytes_used + 1)
@@ -299,4 +311,5 @@ class PrefixCache:
             "cache_budget_bytes": self.max_bytes,
             "cache_nodes": self.num_nodes,
             "cache_tokens": self.num_tokens,
+            "cache_evictable_leaves": len(self._leaves),
         }

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ from ..memory import return_freed_memory
 from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
 from .layer_stack import LayerStack, LayerWeights
 from .threads import one_intra_op_thread
+
+if TYPE_CHECKING:
+    from .kv_manager import KVLayout, KVPool
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 # RoPE variants whose cos/sin depend only on the position (not on the current sequence length).
@@ -87,122 +91,6 @@ def check_supported(model: nn.Module) -> None:
                 raise UnsupportedModel(f"layer {i}: per-head {name} (Qwen3/OLMo style) is not supported")
         if getattr(attn, "sliding_window", None):
             raise UnsupportedModel(f"layer {i}: sliding-window attention is not supported")
-
-
-class KVPool:
-    """The KV of every active request, one *slot* per request, in one tensor per engine:
-    ``[layers, 2, slots, kv_heads, capacity, head_dim]``.
-
-    One tensor lets a decoding step run attention for all decoding requests in one call per layer
-    (their slots are a contiguous range, padded to the longest, masked). Slots are kept compact
-    (``0..used-1``): freeing a slot moves the last slot's KV into it. Capacity (tokens per slot) grows
-    geometrically, for all slots at once; on CPU the memory of untouched positions is never committed.
-    """
-
-    def __init__(self, fwd: LeanForward, slots: int, *, max_capacity: int, capacity: int = 256) -> None:
-        self.fwd = fwd
-        self.slots = int(slots)
-        self.max_capacity = min(int(max_capacity), fwd.max_positions)
-        self.data: torch.Tensor | None = None
-        self._capacity = max(16, min(int(capacity), self.max_capacity))
-        self.lengths = [0] * self.slots
-        # Positions [0, clean) of a slot hold finite numbers (real KV, an old owner's KV, or zeros);
-        # attention over padded slots reads (masked) positions up to the longest slot.
-        self.clean = [0] * self.slots
-        self.owners: list[object | None] = [None] * self.slots
-        self.used = 0
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    def _alloc(self, capacity: int) -> torch.Tensor:
-        f = self.fwd
-        return torch.empty((f.num_layers, 2, self.slots, f.num_kv_heads, capacity, f.head_dim),
-                           dtype=f.kv_dtype, device=f.device)
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.data is None else self.data.numel() * self.data.element_size()
-
-    def ensure_capacity(self, needed: int) -> None:
-        if needed > self.max_capacity:
-            raise ValueError(f"sequence of {needed} tokens exceeds the context window ({self.max_capacity})")
-        if self.data is not None and needed <= self._capacity:
-            return
-        cap = self._capacity
-        while cap < needed:
-            cap *= 2
-        cap = min(cap, self.max_capacity)
-        new = self._alloc(cap)
-        longest = 0
-        if self.data is not None and self.used:
-            longest = max(self.lengths[: self.used])
-            if longest:
-                new[:, :, : self.used, :, :longest].copy_(self.data[:, :, : self.used, :, :longest])
-        self.clean = [min(c, longest) if i < self.used else 0 for i, c in enumerate(self.clean)]
-        self.data = new
-        self._capacity = cap
-
-    def sanitize(self, slot: int, upto: int) -> None:
-        """Make positions [0, upto) of ``slot`` finite (zeros beyond what was ever written)."""
-        c = self.clean[slot]
-        if c >= upto:
-            return
-        hi = min(self._capacity, max(upto, c + 64))
-        self.data[:, :, slot, :, c:hi].zero_()
-        self.clean[slot] = hi
-
-    def acquire(self, owner: object) -> int:
-        """A free slot for ``owner`` (which gets a ``slot`` attribute, updated if its slot moves)."""
-        if self.used >= self.slots:
-            raise RuntimeError("no free KV slot")
-        if self.data is None:
-            self.data = self._alloc(self._capacity)
-            self.clean = [0] * self.slots
-        slot = self.used
-        self.used += 1
-        self.lengths[slot] = 0
-        self.owners[slot] = owner
-        owner.slot = slot
-        return slot
-
-    def release(self, slot: int) -> None:
-        """Free ``slot``; the last slot's KV moves into it so the used slots stay ``0..used-1``."""
-        last = self.used - 1
-        if slot < 0 or slot > last:
-            raise ValueError(f"slot {slot} is not in use")
-        if slot != last:
-            n = self.lengths[last]
-            if n:
-                self.data[:, :, slot, :, :n].copy_(self.data[:, :, last, :, :n])
-            self.lengths[slot] = n
-            self.clean[slot] = max(self.clean[slot], n)
-            moved = self.owners[last]
-            self.owners[slot] = moved
-            moved.slot = slot
-        self.owners[last] = None
-        self.lengths[last] = 0
-        self.used = last
-        if self.used == 0:
-            self.data = None  # idle: give the memory back
-
-    def length(self, slot: int) -> int:
-        return self.lengths[slot]
-
-    def view(self, slot: int, start: int, stop: int) -> torch.Tensor:
-        """KV of tokens [start, stop) of ``slot``: ``[layers, 2, kv_heads, n, head_dim]`` (a view)."""
-        return self.data[:, :, slot, :, start:stop]
-
-    def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
-        """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``) to positions [start, start+n) of ``slot``."""
-        n = kv.shape[3]
-        self.ensure_capacity(start + n)
-        if start > self.lengths[slot]:
-            raise ValueError(f"write at {start} leaves a gap after {self.lengths[slot]} tokens")
-        self.data[:, :, slot, :, start : start + n].copy_(kv)
-        self.lengths[slot] = max(self.lengths[slot], start + n)
-        self.clean[slot] = max(self.clean[slot], start + n)
 
 
 @dataclass
@@ -627,7 +515,6 @@ class LeanForward:
         return_freed_memory()
         return freed
 
-    # -- KV -----------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, str]:
         """What each part of a step runs on, for /healthz, the log and the benchmarks' JSON, so that a
         slower path is never taken silently: the instruction sets this CPU runs the engine's kernels
@@ -651,12 +538,13 @@ class LeanForward:
     def kv_bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.kv_dtype).bits // 8
 
-    def new_pool(self, slots: int, max_capacity: int, capacity: int = 0) -> KVPool:
-        """A KV pool; initial capacity: 64 MiB per slot, clamped to 256..1024 tokens (it grows by doubling).
-        On CPU, positions never written are never committed to memory."""
-        if capacity <= 0:
-            capacity = max(256, min(1024, (64 << 20) // self.kv_bytes_per_token()))
-        return KVPool(self, slots, max_capacity=max_capacity, capacity=capacity)
+    @property
+    def kv_layout(self) -> KVLayout:
+        """What the KV of a token of this forward looks like (the KV manager allocates by it)."""
+        from .kv_manager import KVLayout
+
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, self.device,
+                        self.max_positions)
 
     # -- the step -------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -729,12 +617,13 @@ class LeanForward:
             q = qkv[:n_dec, :H].view(n_dec, KVH, G, D)
             if plan.dense:
                 o = sdpa(q, k, v, attn_mask=plan.dec_mask, scale=scale)
-                outs.append(o.view(n_dec, H * D))
+                outs.append(o.reshape(n_dec, H * D))
             else:
                 qf = q.new_zeros((plan.used, KVH, G, D))
                 qf[plan.slot_idx] = q
                 o = sdpa(qf, k, v, attn_mask=plan.dec_mask, scale=scale)
-                outs.append(o[plan.slot_idx].view(n_dec, H * D))
+                # reshape, not view: CUDA's float32/float64 sdpa returns a non-contiguous output.
+                outs.append(o[plan.slot_idx].reshape(n_dec, H * D))
         for c0, n, slot, start, end, mask in plan.chunks:
             layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
             k = layer[0, slot, :, :end].unsqueeze(0)
@@ -822,11 +711,7 @@ class LeanForward:
                 gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
                 x = self._residual_lin(x, gu, L.down, gate=L.act)
         for s in segments:
-            end = s.start + s.n
-            if end > pool.lengths[s.slot]:
-                pool.lengths[s.slot] = end
-            if end > pool.clean[s.slot]:
-                pool.clean[s.slot] = end
+            pool.commit(s.slot, s.start + s.n)
         if isinstance(logit_rows, torch.Tensor):
             rows = logit_rows
         else:
@@ -836,3 +721,42 @@ class LeanForward:
         hs = self._norm(x.index_select(0, rows), self.final_norm, self.final_eps)
         logits = self._lin_head(hs, self.head)
         return logits.float()
+
+    @torch.inference_mode()
+    def decode_static(self, kv: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
+                      write_slots: torch.Tensor, seq_lens: torch.Tensor, length: int) -> torch.Tensor:
+        """One decoding step of ``B`` rows over inputs of fixed shapes, so that it can be captured as a
+        CUDA graph and replayed (``model_runner.py``); on torch's kernels and sdpa only.
+
+        Row ``i`` is slot ``i``: it attends positions ``[0, length)`` of that slot, masked to its first
+        ``seq_lens[i]``, after its new key and value are stored at ``positions[i]`` of
+        ``write_slots[i]`` (a padding row writes the pool's scratch slot and reads one position).
+        Nothing reads a host value, and every shape depends only on ``(B, length)``. ``kv`` is the
+        pool's tensor; positions ``[0, length)`` of slots ``0..B-1`` must hold finite numbers. Returns
+        float32 logits ``[B, vocab]``; the caller records the slots' new lengths."""
+        if self._attention_lib is not None:
+            raise ValueError("decode_static runs on sdpa; this forward attends on the engine's kernels")
+        H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
+        B = token_ids.shape[0]
+        x = F.embedding(token_ids, self.embed)
+        if self._cast_embed:
+            x = x.to(self.dtype)
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        keep = torch.arange(length, device=self.device).unsqueeze(0) < seq_lens.unsqueeze(1)
+        mask = self._additive(keep).view(B, 1, 1, length)
+        for li, L in enumerate(self.layers):
+            qkv = self._norm_lin(x, L.ln1, L.eps1, L.qkv).view(B, H + 2 * KVH, D)
+            qk = qkv[:, : H + KVH]
+            rot = torch.roll(qk, D // 2, -1).mul_(sin)
+            qk.mul_(cos).add_(rot)
+            layer = kv[li]  # [2, slots + 1, KVH, cap, D]
+            layer[:, write_slots, :, positions] = qkv[:, H:].view(B, 2, KVH, D)
+            q = qkv[:, :H].view(B, KVH, G, D)
+            o = F.scaled_dot_product_attention(q, layer[0, :B, :, :length], layer[1, :B, :, :length],
+                                               attn_mask=mask, scale=self.scaling)
+            x = self._residual_lin(x, o.reshape(B, H * D), L.o)
+            gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
+            x = self._residual_lin(x, gu, L.down, gate=L.act)
+        hs = self._norm(x, self.final_norm, self.final_eps)
+        return self._lin_head(hs, self.head).float()

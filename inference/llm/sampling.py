@@ -183,7 +183,7 @@ def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSamp
     row; in the engine, torch's indexed ops, which copied the logits first, had taken 0.65 ms and torch
     row by row 1.4 ms)."""
     if logits.device.type != "cpu":
-        logits, rows = logits[rows].cpu(), list(range(len(rows)))
+        return _greedy_tokens_on_device(logits, rows, samplers)
     scores = logits.numpy()
     picked = scores if len(rows) == scores.shape[0] else scores[rows]
     suppressed: list[np.ndarray] = []
@@ -209,6 +209,38 @@ def _greedy_tokens(logits: torch.Tensor, rows: list[int], samplers: list[RowSamp
         values = picked[at]
         picked[at] = np.where(values < 0, values * factor, values / factor)
     return picked.argmax(axis=-1).tolist()
+
+
+def _greedy_tokens_on_device(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+    """:func:`_greedy_tokens` where the logits are (a GPU): the same penalties as one indexed operation
+    each over all rows on the device, their indices sent in one copy, then one copy of the picked ids
+    back to the host instead of the logits (32 rows of a 151936-token vocabulary are 19 MB a step)."""
+    dev = logits.device
+    picked = logits if len(rows) == logits.shape[0] else logits[rows]
+    cpu = torch.device("cpu")
+    sup_rows: list[int] = []
+    sup_ids: list[torch.Tensor] = []
+    pen_rows: list[int] = []
+    pen_ids: list[torch.Tensor] = []
+    factors: list[float] = []
+    for j, s in enumerate(samplers):
+        if s.suppress_ids:
+            sup_rows += [j] * len(s.suppress_ids)
+            sup_ids.append(torch.as_tensor(s.suppress_ids, dtype=torch.long))
+        if s.repetition_penalty != 1.0 and s.seen:
+            ids = s.seen_ids(cpu)
+            pen_rows += [j] * len(ids)
+            pen_ids.append(ids)
+            factors += [s.repetition_penalty] * len(ids)
+    if sup_ids:
+        at = torch.stack([torch.tensor(sup_rows), torch.cat(sup_ids)]).to(dev, non_blocking=True)
+        picked[at[0], at[1]] = float("-inf")
+    if pen_ids:
+        at = torch.stack([torch.tensor(pen_rows), torch.cat(pen_ids)]).to(dev, non_blocking=True)
+        factor = torch.tensor(factors, dtype=picked.dtype).to(dev, non_blocking=True)
+        values = picked[at[0], at[1]]
+        picked[at[0], at[1]] = torch.where(values < 0, values * factor, values / factor)
+    return picked.argmax(dim=-1).tolist()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

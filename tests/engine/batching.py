@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.llm.forward import LeanForward, Segment
+from inference.llm.kv_manager import KVPool
 
 PROMPT_LENGTHS = (37, 5, 90, 12)
 CHUNK = 16
@@ -31,15 +32,16 @@ class Workload:
                    [torch.randint(0, vocab, (steps,), generator=g) for _ in PROMPT_LENGTHS])
 
 
-class _Owner:
-    slot = -1
-
-
-def _pool(fwd: LeanForward, slots: int, longest: int):
-    pool = fwd.new_pool(slots, 2048, max(256, longest))
+def full_pool(fwd: LeanForward, slots: int, capacity: int = 256) -> KVPool:
+    """A KV pool whose ``slots`` slots are all taken (slot i for request i)."""
+    pool = KVPool(fwd.kv_layout, slots, max_capacity=2048, capacity=capacity)
     for _ in range(slots):
-        pool.acquire(_Owner())
+        pool.acquire()
     return pool
+
+
+def _pool(fwd: LeanForward, slots: int, longest: int) -> KVPool:
+    return full_pool(fwd, slots, max(256, longest))
 
 
 def run_solo(fwd: LeanForward, work: Workload, i: int) -> torch.Tensor:

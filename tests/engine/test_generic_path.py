@@ -19,21 +19,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.synthetic_lm import random_model
+from benchmarks.synthetic_lm import SHAPES, random_model
 from inference.llm import cpu_kernels
 from inference.llm.forward import LeanForward, UnsupportedModel
 from tests.engine.batching import Workload, reference_logits, run_batched, run_solo
 
 LAYERS = 4
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
-]
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+# The CPU runs the embedded model's shape; a GPU every shape the benchmark runs (4 of their layers).
+DEVICES = [pytest.param("cpu", "smollm2-135m", id="cpu")] + [
+    pytest.param("cuda", shape, marks=_CUDA, id=f"cuda-{shape}") for shape in SHAPES]
 # (weight format, model dtype, relative bound on |solo - batched| against the largest |logit|)
 ROUNDING_PATHS = [
     ("native", torch.float32, 2**-14),  # measured 1.2e-6 relative on this CPU
     ("native", torch.bfloat16, 2**-5),  # measured 2^-7 (one bfloat16 unit at the logits' scale)
+    pytest.param("native", torch.float16, 2**-5, marks=_CUDA),  # float16 GEMMs are a GPU's, not a CPU's
     ("int8", torch.float32, 2**-5),  # bfloat16 activations: measured 2^-7
     ("int4", torch.float32, 2**-5),  # torch's kernel, bfloat16 inputs and outputs: measured 2^-8
 ]
@@ -46,9 +46,9 @@ def _forward(model, weight_format: str, kernels: str, tmp_path) -> LeanForward:
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_float64_generic_path_is_exact_and_matches_transformers(device, tmp_path):
-    model = random_model(LAYERS, torch.float64, device)
+@pytest.mark.parametrize(("device", "shape"), DEVICES)
+def test_float64_generic_path_is_exact_and_matches_transformers(device, shape, tmp_path):
+    model = random_model(LAYERS, torch.float64, device, shape=shape)
     fwd = _forward(model, "native", "torch", tmp_path)
     assert fwd.describe()["attention"] == "sdpa"
     work = Workload.random(fwd.vocab_size)
@@ -64,10 +64,10 @@ def test_float64_generic_path_is_exact_and_matches_transformers(device, tmp_path
     assert (shifted[1][1:] - solo[1:]).abs().max().item() > 1e-3 * solo.abs().max().item()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("device", "shape"), DEVICES)
 @pytest.mark.parametrize(("weight_format", "dtype", "bound"), ROUNDING_PATHS)
-def test_generic_path_rounding_is_bounded(device, weight_format, dtype, bound, tmp_path):
-    model = random_model(LAYERS, dtype, device)
+def test_generic_path_rounding_is_bounded(device, shape, weight_format, dtype, bound, tmp_path):
+    model = random_model(LAYERS, dtype, device, shape=shape)
     fwd = _forward(model, weight_format, "torch", tmp_path)
     work = Workload.random(fwd.vocab_size)
     batched = run_batched(fwd, work)

@@ -19,7 +19,7 @@ from inference.llm.forward import LeanForward, UnsupportedModel
 from inference.llm.loader import gguf_cache_folder, load_lm
 from inference.llm.sampling import RowSampler
 from inference.models import embedded_llm
-from tests.engine.batching import Workload, agreeing_prefix, first_near_tie, run_batched, run_solo
+from tests.engine.batching import Workload, agreeing_prefix, first_near_tie, full_pool, run_batched, run_solo
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=20)
 QUESTIONS = [
@@ -381,7 +381,7 @@ async def test_bad_requests_do_not_stop_the_engine(lm, make_engine, chat_ids, co
 
     p = chat_ids(("user", QUESTIONS[0]))
     bad = eng.submit(p, SamplingParams(temperature=1.0, max_tokens=5))
-    eng._queue[-1].sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
+    eng.scheduler.waiting[-1].sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
     good = eng.submit(p, GREEDY)
     eng.start()
     with pytest.raises(RuntimeError, match="boom"):
@@ -502,10 +502,7 @@ def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(isa, lm):
     n = len(ids)
 
     def new_pool():
-        pool = fwd.new_pool(2, 256, 64)
-        for _ in range(2):
-            pool.acquire(type("Owner", (), {})())
-        return pool
+        return full_pool(fwd, 2, 64)
 
     whole = fwd.forward(new_pool(), ids, torch.arange(n), [Segment(0, 0, n)], [n - 1])
     pool = new_pool()
@@ -533,9 +530,7 @@ def test_int4_layers_run_in_one_call_as_in_the_loop(isa, lm, monkeypatch):
     n = len(ids)
 
     def two_steps() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        pool = fwd.new_pool(3, 256, 64)
-        for _ in range(3):
-            pool.acquire(type("Owner", (), {})())
+        pool = full_pool(fwd, 3, 64)
         first = fwd.forward(pool, torch.cat([ids, ids[:5]]), torch.cat([torch.arange(n), torch.arange(5)]),
                             [Segment(0, 0, n), Segment(1, 0, 5)], [n - 1, n + 4])
         # Two decoding rows, then a chunk of a third prompt.

@@ -1,10 +1,12 @@
-"""Radix prefix cache, without a model: KV tensors whose values are the token ids they stand for."""
+"""Radix prefix cache, without a model: KV tensors whose values are the token ids they stand for, held
+in a token store whose capacity is the budget."""
 
 from __future__ import annotations
 
 import torch
 
 from inference.llm.cache import PrefixCache
+from inference.llm.kv_manager import TokenKVStore
 
 BYTES_PER_TOKEN = 4 * 2  # float32, shape [1, 2, n]
 
@@ -21,12 +23,11 @@ def source(tokens):
 
 
 def gathered(cache, match):
-    pieces = cache.gather(match)
-    return torch.cat(pieces, dim=2) if pieces else torch.empty(1, 2, 0)
+    return cache.read(match)
 
 
 def make(budget=1 << 20):
-    return PrefixCache(budget, token_dim=2)
+    return PrefixCache(TokenKVStore((1, 2), 2, budget // BYTES_PER_TOKEN, torch.float32))
 
 
 def test_match_empty_and_miss():
@@ -103,10 +104,15 @@ def test_pinned_evicted_last():
     c.unpin(pinned)
     c.insert([13, 14, 15, 16, 17], source([13, 14, 15, 16, 17]))
     assert not c.is_cached(pinned) and c.stats.pinned_evictions == 0
+    # A sequence larger than the whole store is refused, and nothing is evicted for it.
+    cached = c.bytes_used
+    assert c.insert(list(range(20, 29)), source(list(range(20, 29))), pin=True) is None
+    assert c.bytes_used == cached and c.stats.pinned_evictions == 0
     # A budget smaller than the pins: pinned entries go too (memory is a hard bound).
-    p2 = c.insert([20, 21, 22, 23, 24, 25, 26, 27, 28], source(list(range(20, 29))), pin=True)
-    assert p2 is None and c.bytes_used <= 8 * BYTES_PER_TOKEN
-    assert c.stats.pinned_evictions == 1
+    pinned = c.insert([1, 2, 3], source([1, 2, 3]), pin=True)
+    assert c.insert([30, 31, 32, 33, 34, 35, 36], source(list(range(30, 37))), pin=True) is not None
+    assert not c.is_cached(pinned) and c.stats.pinned_evictions >= 1
+    assert c.bytes_used <= 8 * BYTES_PER_TOKEN
 
 
 def test_zero_budget_caches_nothing():
@@ -148,3 +154,30 @@ def test_release_keeps_a_node_another_pin_holds():
     node = c.insert([1, 2, 3], source([1, 2, 3]), pin=True)
     c.pin(node)  # two holders
     assert c.release(node) == 0 and c.match([1, 2, 3]).length == 3
+
+
+def test_nodes_hold_indices_into_one_store_and_a_split_copies_nothing():
+    c = make()
+    a = [1, 2, 3, 4, 5, 6]
+    na = c.insert(a, source(a))
+    data = c.store.data
+    before = na.indices.clone()
+    c.insert([1, 2, 3, 7], source([1, 2, 3, 7]))
+    upper = na.parent
+    assert torch.equal(torch.cat([upper.indices, na.indices]), before)  # the same store positions
+    assert c.store.data is data and c.store.free_tokens == c.store.capacity - 7
+
+
+def test_leaves_are_tracked_as_the_tree_changes():
+    c = make(budget=12 * BYTES_PER_TOKEN)
+    c.insert([1, 2, 3, 4], source([1, 2, 3, 4]))
+    c.insert([1, 2, 5, 6], source([1, 2, 5, 6]))  # split: [1,2] -> {[3,4], [5,6]}
+    assert {n.key for n in c._leaves} == {(3, 4), (5, 6)}
+    c.insert([9, 9], source([9, 9]))
+    c.evict(4 * BYTES_PER_TOKEN)  # the two oldest leaves: [3,4] then [5,6]; then [1,2] is a leaf
+    assert {n.key for n in c._leaves} == {(1, 2), (9, 9)}
+    assert c.snapshot()["cache_evictable_leaves"] == 2
+    # Evicted indices are handed out again, and the KV read back is the new sequence's.
+    c.insert([7, 7, 7, 7, 7, 7, 7, 7], source([7] * 8))
+    m = c.match([7] * 8)
+    assert m.length == 8 and torch.equal(gathered(c, m), kv_of([7] * 8))

@@ -14,6 +14,8 @@ from inference.llm.sampling import (
     IncrementalDetokenizer,
     RowSampler,
     StopChecker,
+    _greedy_tokens,
+    _greedy_tokens_on_device,
     sample_rows,
 )
 
@@ -99,6 +101,24 @@ def test_greedy_rows_penalized_in_place_equal_each_row_processed_alone():
         every = logits.clone()
         assert sample_rows(every, samplers) == want
         assert not torch.equal(every, logits)  # it did work in place
+
+
+def test_greedy_rows_on_the_device_path_pick_what_the_host_path_picks():
+    """The path a GPU takes (penalties as indexed torch operations on the logits' device, one copy of
+    the ids back), run here on CPU tensors: the tokens of the numpy path, for rows picked from a
+    larger batch and for all rows."""
+    torch.manual_seed(5)
+    for step in range(20):
+        samplers = [
+            sampler(temperature=0, repetition_penalty=1.3, prompt_ids=list(range(step, 300, 5))),
+            sampler(temperature=0, suppress_ids=[7, 9]),
+            sampler(temperature=0, repetition_penalty=0.7, prompt_ids=[1, 2, 3], suppress_ids=[4]),
+        ]
+        logits = torch.randn(4, 300) * 3
+        logits[1, 7] = 50.0
+        for rows in ([0, 1, 2], [0, 1, 3]):
+            want = _greedy_tokens(logits.clone(), rows, samplers)
+            assert _greedy_tokens_on_device(logits.clone(), rows, samplers) == want, (step, rows)
 
 
 def test_a_failing_row_gets_its_exception_and_the_others_their_tokens():

@@ -1,0 +1,206 @@
+"""Executes a step plan on the model (vLLM v1's ``gpu_model_runner.py`` seam).
+
+Two ways to run the rows of a plan:
+
+- **Eager**: one ragged forward over every row (``LeanForward.forward``). On a CPU this is the
+  engine's C kernels (or torch's), where per-call overhead is small next to the arithmetic.
+- **Static decode**: the decoding rows run through :meth:`LeanForward.decode_static` over
+  fixed-size input buffers, padded up to a *batch bucket* (1, 2, 4, 8, 16, 24, 32, ...) and a
+  *length bucket* (a power of two); prompt chunks still run eagerly beside them. On CUDA each
+  (batch, length) bucket is captured once as a CUDA graph over those buffers and replayed: one
+  launch a step instead of a few hundred, which is what bounds a small model's decoding on a GPU.
+  The same buffers, padding and slot mapping run without capture on a CPU (tests force it), so
+  everything but the capture itself is tested where there is no GPU.
+
+Row ``i`` of a static step is slot ``i`` of the pool (the KV manager keeps slots compact), so a step
+whose decoding slots are ``{0, 3}`` runs bucket 4; rows 1, 2 and 3-onwards padding. A padding row reads
+one position of its slot (finite: the pool is zero-filled on CUDA, sanitized on a CPU) and writes
+its key and value to the pool's scratch slot; its logits are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .forward import LeanForward
+from .kv_manager import KVManager
+from .scheduler import StepPlan
+
+log = logging.getLogger(__name__)
+
+MIN_LENGTH_BUCKET = 64
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then steps of 8 up to ``max_batch`` (always included): padding costs at most
+    half of a small batch and 7 rows of a large one, and 32 slots need 7 graphs per length."""
+    out = [b for b in (1, 2, 4) if b < max_batch]
+    b = 8
+    while b < max_batch:
+        out.append(b)
+        b += 8
+    out.append(max_batch)
+    return tuple(out)
+
+
+def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} rows exceed the largest bucket ({buckets[-1]})")
+
+
+def length_bucket(n: int, capacity: int) -> int:
+    """The smallest power of two >= ``n`` (at least MIN_LENGTH_BUCKET), at most the pool's capacity."""
+    b = MIN_LENGTH_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, capacity)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # the captured step's output buffer
+
+
+class ModelRunner:
+    def __init__(self, fwd: LeanForward, kv: KVManager, *, static_decode: bool | None = None,
+                 capture: bool | None = None) -> None:
+        """``static_decode``: run decoding rows over the static buffers (default: on CUDA, where the
+        forward attends on sdpa). ``capture``: capture them as CUDA graphs (default: on CUDA)."""
+        on_cuda = fwd.device.type == "cuda"
+        if static_decode is None:
+            static_decode = on_cuda and fwd.decode_attention == "sdpa"
+        if static_decode and fwd.decode_attention != "sdpa":
+            raise ValueError("static decoding runs on sdpa; this forward attends on the engine's kernels")
+        if capture is None:
+            capture = static_decode and on_cuda
+        if capture and not (on_cuda and static_decode):
+            raise ValueError("CUDA graphs need a CUDA device and static decoding")
+        if static_decode and not kv.pool.fixed and capture:
+            raise ValueError("CUDA graphs need a fixed KV pool (its address is captured)")
+        self.fwd = fwd
+        self.kv = kv
+        self.static_decode = static_decode
+        self.capture = capture
+        self.buckets = batch_buckets(kv.pool.slots)
+        n = self.buckets[-1]
+        dev = fwd.device
+        # The static input buffers: every graph reads their first B entries.
+        self._ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self._positions = torch.zeros(n, dtype=torch.long, device=dev)
+        self._write_slots = torch.zeros(n, dtype=torch.long, device=dev)
+        self._seq_lens = torch.ones(n, dtype=torch.long, device=dev)
+        # Host staging: one copy to the device a step (pinned memory lets it run asynchronously).
+        pin = on_cuda
+        self._host = torch.zeros((4, n), dtype=torch.long, pin_memory=pin)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
+        self._pool_generation = kv.pool.generation
+        self.graph_replays = 0
+        self.padded_rows = 0
+
+    def describe(self) -> dict[str, str]:
+        if not self.static_decode:
+            mode = "eager"
+        else:
+            mode = "cuda-graphs" if self.capture else "static"
+        return {"decode": mode, "batch_buckets": ",".join(map(str, self.buckets))}
+
+    def stats(self) -> dict[str, float]:
+        return {"cuda_graphs": len(self._graphs), "graph_replays": self.graph_replays,
+                "padded_rows": self.padded_rows}
+
+    # -- a step ----------------------------------------------------------------------------------------
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """The float32 logits of ``plan.logit_rows``, in that order. Nothing is committed to the
+        pool's lengths unless the whole step ran."""
+        pool = self.kv.pool
+        self.kv.reserve(plan.end)
+        dev = self.fwd.device
+        if not self.static_decode:
+            return self.fwd.forward(pool, torch.tensor(plan.token_ids, dtype=torch.long, device=dev),
+                                    torch.tensor(plan.positions, dtype=torch.long, device=dev),
+                                    plan.segments, plan.logit_rows)
+        n_dec = 0
+        while n_dec < len(plan.segments) and plan.segments[n_dec].n == 1:
+            n_dec += 1
+        pieces = []
+        wanted_dec = [r for r in plan.logit_rows if r < n_dec]
+        if n_dec:
+            dec = self._decode(plan, n_dec)
+            if wanted_dec:
+                pieces.append(dec.index_select(0, torch.tensor(wanted_dec, dtype=torch.long, device=dev)))
+        if n_dec < len(plan.segments):
+            local = [r - n_dec for r in plan.logit_rows if r >= n_dec]
+            pieces.append(self.fwd.forward(pool, torch.tensor(plan.token_ids[n_dec:], dtype=torch.long, device=dev),
+                                           torch.tensor(plan.positions[n_dec:], dtype=torch.long, device=dev),
+                                           plan.segments[n_dec:], local))
+        if not pieces:
+            return torch.empty((0, self.fwd.vocab_size), dtype=torch.float32, device=dev)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _decode(self, plan: StepPlan, n_dec: int) -> torch.Tensor:
+        """The single-token rows of ``plan`` on the static path: logits ``[n_dec, vocab]`` in their order."""
+        pool = self.kv.pool
+        segs = plan.segments[:n_dec]
+        slots = [s.slot for s in segs]
+        B = bucket_for(max(slots) + 1, self.buckets)
+        L = length_bucket(max(s.start for s in segs) + 1, pool.capacity)
+        host = self._host[:, :B]
+        host[0].zero_()
+        host[1].zero_()
+        host[2].fill_(pool.scratch_slot)
+        host[3].fill_(1)
+        for seg, tok in zip(segs, plan.token_ids[:n_dec]):
+            i = seg.slot
+            host[0, i] = tok
+            host[1, i] = seg.start
+            host[2, i] = i
+            host[3, i] = seg.start + 1
+        for buf, row in zip((self._ids, self._positions, self._write_slots, self._seq_lens), host):
+            buf[:B].copy_(row, non_blocking=True)
+        for slot in range(B):  # every position a row reads must be finite (a no-op on a zero-filled pool)
+            pool.sanitize(slot, L)
+        self.padded_rows += B - n_dec
+        assert pool.data is not None
+        if self.capture:
+            graph = self._graph_for(B, L)
+            graph.graph.replay()
+            self.graph_replays += 1
+            logits = graph.logits
+        else:
+            logits = self.fwd.decode_static(pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B],
+                                            self._seq_lens[:B], L)
+        for seg in segs:
+            pool.commit(seg.slot, seg.start + 1)
+        return logits.index_select(0, torch.tensor(slots, dtype=torch.long, device=logits.device))
+
+    def _graph_for(self, B: int, L: int) -> _Graph:
+        pool = self.kv.pool
+        if pool.generation != self._pool_generation:  # pragma: no cover - a fixed pool never moves
+            self._graphs.clear()
+            self._pool_generation = pool.generation
+        found = self._graphs.get((B, L))
+        if found is not None:
+            return found
+        assert pool.data is not None
+        args = (pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L)
+        # torch's recipe: warm up on a side stream (kernel selection, allocations), then capture. The
+        # warm-up computes this very step, so its KV writes are the ones the replay makes again.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.fwd.decode_static(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            logits = self.fwd.decode_static(*args)
+        captured = _Graph(graph, logits)
+        self._graphs[(B, L)] = captured
+        log.debug("captured the decode step for %d rows over %d positions", B, L)
+        return captured

@@ -1,0 +1,223 @@
+"""Which requests run, and what the next step computes (vLLM v1's ``core/sched`` seam).
+
+The scheduler owns the waiting queue and the running list. Each step it admits waiting requests
+into free KV slots (the KV manager loads their longest cached prefix) and returns a :class:`StepPlan`:
+the rows of the step, their positions and slots, the prompt chunks, and which rows sample. It runs
+nothing; the model runner executes the plan and the engine turns its logits into tokens.
+
+A queued request whose prompt shares at least ``SHARED_PREFIX_MIN_TOKENS`` tokens with a request still
+prefilling them waits, keeping its place, when that saves at least half of the other's remaining
+prefill: requests that arrive together with one system prompt compute it once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .forward import Segment
+from .kv_manager import KVManager
+from .request import Request, RequestStatus
+
+# A queued request waits for another's prefill of a shared prompt prefix when it would reuse at least
+# this many tokens of it (the chat template's default system prompt alone is about 30).
+SHARED_PREFIX_MIN_TOKENS = 16
+
+
+@dataclass
+class StepPlan:
+    """One step: ``segments[i]`` is ``requests[i]``'s new tokens (single-token segments first, by slot,
+    then prompt chunks); ``token_ids`` and ``positions`` list the rows in that order. ``logit_rows``
+    are the rows whose logits are needed, ``sampling[j]`` the request that samples from row
+    ``logit_rows[j]``; ``prefill_done`` the requests whose prompt's KV this step completes."""
+
+    requests: list[Request] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    sampling: list[Request] = field(default_factory=list)
+    prefill_done: list[Request] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(s.n for s, r in zip(self.segments, self.requests) if r.status is RequestStatus.PREFILLING)
+
+    @property
+    def end(self) -> int:
+        """The longest position any slot reaches in this step."""
+        return max(s.start + s.n for s in self.segments)
+
+
+@dataclass
+class Admitted:
+    """A request taken from the queue: running, already complete (a prefill whose KV was all
+    cached), or failed with ``error``."""
+
+    request: Request
+    complete: bool = False
+    error: Exception | None = None
+
+
+class Scheduler:
+    def __init__(self, kv: KVManager, *, max_batch_size: int, prefill_chunk_tokens: int,
+                 lock: threading.Lock) -> None:
+        self.kv = kv
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._lock = lock  # the engine's: submit() appends to ``waiting`` on the event loop
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests_waited_for_prefix = 0
+
+    # -- queue (callers hold the lock for ``waiting``) -------------------------------------------------
+    def drop_cancelled(self) -> list[Request]:
+        """Take every request whose cancel was asked out of the queue and the running list."""
+        with self._lock:
+            queued = [r for r in self.waiting if r.cancel_requested]
+            for r in queued:
+                self.waiting.remove(r)
+            running = [r for r in self.running if r.cancel_requested]
+            if running:
+                self.running = [r for r in self.running if not r.cancel_requested]
+        return queued + running
+
+    def remove_finished(self) -> None:
+        with self._lock:
+            self.running = [r for r in self.running if not r.finished]
+
+    def take_all(self) -> list[Request]:
+        with self._lock:
+            out = list(self.waiting) + list(self.running)
+            self.waiting.clear()
+            self.running = []
+        return out
+
+    # -- admission -------------------------------------------------------------------------------------
+    def admit(self) -> list[Admitted]:
+        admitted: list[Admitted] = []
+        while True:
+            with self._lock:
+                if len(self.running) >= self.max_batch_size:
+                    return admitted
+                queued = list(self.waiting)
+            # The oldest request that need not wait; the waiting ones keep their place. Judged outside
+            # the lock, which submit() takes on the event loop; only this thread removes from the queue.
+            req = next((r for r in queued if not r.background and not self._should_wait_for_shared_prefix(r)), None)
+            if req is None and not any(not r.background for r in queued):
+                # Background work (titles, pre-warms) only when no live request waits, one at a time:
+                # it may share a step with live replies but never takes a slot one of them wants.
+                busy = any(r.background for r in self.running)
+                req = None if busy else next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
+            if req is None:
+                return admitted
+            with self._lock:
+                self.waiting.remove(req)
+            admitted.append(self._start(req))
+
+    def _start(self, req: Request) -> Admitted:
+        req.admitted_at = time.monotonic()
+        try:
+            match = self.kv.match(req.prompt, max_length=req.prefix_limit)
+            handle = self.kv.allocate()
+            try:
+                self.kv.load_prefix(handle, match)
+            except BaseException:
+                self.kv.free(handle)
+                raise
+        except Exception as exc:
+            return Admitted(req, error=exc)
+        req.kv = handle
+        req.cached = match.length
+        req.status = RequestStatus.PREFILLING
+        if not req.generates and match.length == len(req.prompt):
+            return Admitted(req, complete=True)  # every token was cached already
+        with self._lock:
+            self.running.append(req)
+        return Admitted(req)
+
+    def _should_wait_for_shared_prefix(self, req: Request) -> bool:
+        if self.kv.cache.max_bytes <= 0:
+            return False
+        limit = req.prefix_limit
+        cached = -1
+        for other in self.running:
+            if other.status is not RequestStatus.PREFILLING or other.kv is None:
+                continue
+            shared = _shared_length(req.prompt, other.prompt, limit)
+            if shared < SHARED_PREFIX_MIN_TOKENS:
+                continue
+            if cached < 0:
+                cached = self.kv.match(req.prompt, max_length=limit, record=False).length
+            gain = shared - cached
+            still_to_compute = len(other.prompt) - self.kv.length(other.kv)
+            # Waiting costs at most the other's remaining prefill; worth it when it saves at least half.
+            if gain >= SHARED_PREFIX_MIN_TOKENS and 2 * gain >= still_to_compute:
+                if not req.waited_for_prefix:
+                    req.waited_for_prefix = True
+                    self.requests_waited_for_prefix += 1
+                return True
+        return False
+
+    # -- the step --------------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        """The next step: one token per decoding request, prompt chunks within the chunk budget."""
+        budget = self.prefill_chunk_tokens
+        parts: list[tuple[Request, int, int, list[int]]] = []
+        for req in self.running:
+            assert req.kv is not None
+            p = self.kv.length(req.kv)
+            if req.status is RequestStatus.DECODING:
+                parts.append((req, p, 1, [req.tokens[p]]))
+            elif budget > 0:
+                n = min(len(req.prompt) - p, budget)
+                budget -= n
+                parts.append((req, p, n, req.prompt[p : p + n]))
+        if not parts:
+            return None
+        # Single-token segments first, by slot (they share one batched attention call), then chunks.
+        singles = sorted((x for x in parts if x[2] == 1), key=lambda x: _slot(x[0]))
+        chunks = [x for x in parts if x[2] > 1]
+        plan = StepPlan()
+        r0 = 0
+        for req, p, n, toks in singles + chunks:
+            plan.segments.append(Segment(_slot(req), p, n))
+            plan.requests.append(req)
+            plan.token_ids.extend(toks)
+            plan.positions.extend(range(p, p + n))
+            if req.status is RequestStatus.DECODING:
+                plan.logit_rows.append(r0)
+                plan.sampling.append(req)
+            elif p + n == len(req.prompt):
+                plan.prefill_done.append(req)
+                if req.generates:
+                    plan.logit_rows.append(r0 + n - 1)
+                    plan.sampling.append(req)
+            r0 += n
+        return plan
+
+
+def _slot(req: Request) -> int:
+    assert req.kv is not None
+    return req.kv.slot
+
+
+def _shared_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``: compared a block at a time."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n:
+        j = min(n, i + 64)
+        if a[i:j] != b[i:j]:
+            while a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n

@@ -1,0 +1,212 @@
+"""The model runner's static decode path (the one CUDA graphs capture), on the CPU without capture and
+on CUDA with it: batch and length buckets, padding rows, the row-to-slot mapping, the scratch slot and
+the static buffers, against the eager ragged forward over the same steps. Random weights, so the same
+tests run on a GPU machine; float64 makes any difference a defect rather than rounding.
+
+Also: an attention output that is not contiguous (CUDA's float32/float64 sdpa returns one; the CPU's
+does not) must not break a step, so the CPU tests make sdpa return one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.synthetic_lm import SHAPES, random_loaded_lm, random_model
+from inference.llm.backend import SamplingParams
+from inference.llm.engine import EngineConfig, LLMEngine
+from inference.llm.forward import LeanForward, Segment
+from inference.llm.kv_manager import KVManager
+from inference.llm.model_runner import ModelRunner, batch_buckets, bucket_for, length_bucket
+from inference.llm.scheduler import StepPlan
+from tests.engine.batching import Workload, run_batched, run_solo
+
+LAYERS = 3
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_buckets():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(3) == (1, 2, 3)
+    assert batch_buckets(16) == (1, 2, 4, 8, 16)
+    assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)
+    assert batch_buckets(20) == (1, 2, 4, 8, 16, 20)
+    assert [bucket_for(n, batch_buckets(32)) for n in (1, 2, 3, 5, 9, 17, 25, 32)] == [1, 2, 4, 8, 16, 24, 32, 32]
+    with pytest.raises(ValueError):
+        bucket_for(33, batch_buckets(32))
+    assert [length_bucket(n, 4096) for n in (1, 64, 65, 700, 4096)] == [64, 64, 128, 1024, 4096]
+    assert length_bucket(3000, 2500) == 2500  # never past the pool's capacity
+
+
+def _steps(vocab: int, seed: int = 3) -> list[tuple[list[Segment], list[int], list[int], list[int]]]:
+    """A run of steps over 5 slots that gives the static path every case: slots decoding with a slot
+    between them still prefilling (a padding row inside the bucket), padding rows after the last
+    decoding slot, a one-token prompt chunk among the decoding rows, prompt chunks beside them, and
+    decoding rows whose lengths fall in different length buckets. (segments, ids, positions, logit rows)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = {0: 70, 1: 40, 2: 9, 3: 130, 4: 1}
+    steps = []
+    # Step 1: slots 0 and 2 prefill whole; slot 1 its first chunk of 16; slot 4 a one-token prompt.
+    segs = [Segment(4, 0, 1), Segment(0, 0, 70), Segment(1, 0, 16), Segment(2, 0, 9)]
+    steps.append(segs)
+    done = {0: 70, 1: 16, 2: 9, 4: 1}
+    for step in range(8):
+        segs = [Segment(s, done[s], 1) for s in (0, 2, 4)]  # slot 1 (prefilling) sits between them
+        if step == 2:
+            segs.append(Segment(3, 0, 64))  # slot 3 starts its prompt
+            done[3] = 64
+        elif step == 3:
+            segs.append(Segment(3, 64, 66))
+            done[3] = 130
+        elif step > 3:
+            segs.insert(3, Segment(3, done[3], 1))
+        if done[1] < prompts[1]:
+            m = min(12, prompts[1] - done[1])
+            segs.append(Segment(1, done[1], m))
+            done[1] += m
+        elif step > 5:
+            segs.insert(1, Segment(1, done[1], 1))
+        for s in segs:
+            if s.n == 1:
+                done[s.slot] = s.start + 1
+        steps.append(segs)
+    out = []
+    for segs in steps:
+        singles = sorted((s for s in segs if s.n == 1), key=lambda s: s.slot)
+        chunks = [s for s in segs if s.n > 1]
+        ordered = singles + chunks
+        ids = torch.randint(0, vocab, (sum(s.n for s in ordered),), generator=g).tolist()
+        positions = [p for s in ordered for p in range(s.start, s.start + s.n)]
+        rows, r = [], 0
+        for s in ordered:
+            rows.append(r + s.n - 1)
+            r += s.n
+        out.append((ordered, ids, positions, rows))
+    return out
+
+
+def _run(fwd: LeanForward, static: bool, steps) -> tuple[list[torch.Tensor], torch.Tensor, ModelRunner]:
+    kv = KVManager(fwd.kv_layout, 5, max_capacity=512, prefix_cache_bytes=0, fixed_pool=fwd.device.type == "cuda",
+                   capacity=256)
+    for _ in range(5):
+        kv.allocate()
+    runner = ModelRunner(fwd, kv, static_decode=static)
+    logits = [runner.execute(StepPlan(segments=segs, token_ids=ids, positions=pos, logit_rows=rows)).float().cpu()
+              for segs, ids, pos, rows in steps]
+    pool = kv.pool
+    assert pool.data is not None
+    written = torch.cat([pool.data[:, :, slot, :, : pool.lengths[slot]].flatten() for slot in range(5)])
+    return logits, written.float().cpu(), runner
+
+
+def _forward(device: str, dtype: torch.dtype, shape: str = "smollm2-135m") -> LeanForward:
+    model = random_model(LAYERS, dtype, device, shape=shape)
+    return LeanForward(model, 512, kernels="torch")
+
+
+def test_static_decode_is_the_eager_forward_in_float64():
+    fwd = _forward("cpu", torch.float64)
+    steps = _steps(fwd.vocab_size)
+    eager, eager_kv, _ = _run(fwd, False, steps)
+    static, static_kv, runner = _run(fwd, True, steps)
+    assert runner.describe()["decode"] == "static" and runner.padded_rows > 0
+    for e, s in zip(eager, static):
+        assert (e - s).abs().max().item() <= 1e-9 * e.abs().max().item()
+    # The KV of every slot is the same: padding rows wrote only the scratch slot.
+    assert (eager_kv - static_kv).abs().max().item() <= 1e-9 * eager_kv.abs().max().item()
+
+
+def test_static_decode_sees_a_wrong_slot_mapping(monkeypatch):
+    """The comparison above catches a defect: rows written to each other's slots."""
+    fwd = _forward("cpu", torch.float64)
+    steps = _steps(fwd.vocab_size)
+    eager, _, _ = _run(fwd, False, steps)
+    real = fwd.decode_static
+
+    def swapped(kv, ids, positions, write_slots, seq_lens, length):
+        return real(kv, ids, positions, write_slots.flip(0), seq_lens, length)
+
+    monkeypatch.setattr(fwd, "decode_static", swapped)
+    static, _, _ = _run(fwd, True, steps)
+    worst = max((e - s).abs().max().item() / e.abs().max().item() for e, s in zip(eager, static))
+    assert worst > 1e-3
+
+
+def _non_contiguous_sdpa(monkeypatch):
+    """sdpa as CUDA's float32/float64 kernels return it: the same values, non-contiguous strides."""
+    real = F.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+
+
+def test_a_non_contiguous_attention_output_does_not_break_a_step(monkeypatch):
+    fwd = _forward("cpu", torch.float64)
+    work = Workload.random(fwd.vocab_size, steps=4)
+    expected = run_batched(fwd, work)
+    steps = _steps(fwd.vocab_size)
+    static_expected, _, _ = _run(fwd, True, steps)
+    _non_contiguous_sdpa(monkeypatch)
+    # The batched run's decoding rows are not slots 0..used-1: the gathered sdpa path.
+    for got, want in zip(run_batched(fwd, work), expected):
+        assert torch.equal(got, want)
+    for got, want in zip(_run(fwd, True, steps)[0], static_expected):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.asyncio
+async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path):
+    """The engine with static decoding (what a GPU runs, here without capture) against the eager
+    engine: the same greedy tokens for requests that come and go at different times."""
+    lm = random_loaded_lm(tmp_path, layers=LAYERS, dtype=torch.float64, kernels="torch")
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=12, ignore_eos=True)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 3, 75, 12, 50)]
+    tokens = {}
+    for static in (False, True):
+        engine = LLMEngine(lm, EngineConfig(max_batch_size=4, prefill_chunk_tokens=32, static_decode=static,
+                                            prefix_cache_bytes=0))
+        engine.start()
+        try:
+            streams = [engine.submit(p, params) for p in prompts]
+            results = [await s.result() for s in streams]
+        finally:
+            engine.close()
+        tokens[static] = [r.token_ids for r in results]
+        if static:
+            assert engine.describe()["decode"] == "static" and engine.stats()["padded_rows"] > 0
+    assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [pytest.param(s, marks=_CUDA) for s in SHAPES])
+def test_cuda_graphs_replay_the_eager_step(shape, dtype):
+    """On a GPU: each bucket captured once and replayed gives the eager forward's logits (exactly in
+    float64; within a few units of the format elsewhere) and the same KV."""
+    fwd = _forward("cuda", dtype, shape)
+    steps = _steps(fwd.vocab_size)
+    eager, eager_kv, _ = _run(fwd, False, steps)
+    graphed, graphed_kv, runner = _run(fwd, True, steps)
+    assert runner.describe()["decode"] == "cuda-graphs" and runner.stats()["graph_replays"] >= len(steps) - 1
+    bound = 1e-9 if dtype == torch.float64 else 2**-14 if dtype == torch.float32 else 2**-5
+    for e, s in zip(eager, graphed):
+        assert (e - s).abs().max().item() <= bound * e.abs().max().item()
+    assert (eager_kv - graphed_kv).abs().max().item() <= bound * eager_kv.abs().max().item()
+    # A replay reads the buffers, not what was captured: the same step again gives the same logits.
+    again, _, _ = _run(fwd, True, steps)
+    assert all(torch.equal(a, b) for a, b in zip(graphed, again))
+
+
+@pytest.mark.parametrize("shape", [pytest.param(s, marks=_CUDA) for s in SHAPES])
+def test_cuda_float32_non_dense_decode_runs(shape):
+    """The crash seen on an H100: float32 decoding rows that are not slots 0..used-1."""
+    fwd = _forward("cuda", torch.float32, shape)
+    work = Workload.random(fwd.vocab_size, steps=4)
+    batched = run_batched(fwd, work)
+    for i in range(len(work.prompts)):
+        solo = run_solo(fwd, work, i)
+        assert (batched[i] - solo).abs().max().item() <= 2**-14 * solo.abs().max().item()
