@@ -155,6 +155,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "replica": settings.replica_id,
             "model": settings.model_name,
             "device": runtime.device,
+            "devices": runtime.devices,  # where each loaded model runs: {"llm": "cpu", "asr": "cpu/int8", "tts": "cpu"}
             "voice": runtime.voice_ready,
             "load_seconds": vars(runtime.load_times),
             # The server's wall clock, so a client (gateway bench) can put the latency marks of response.done

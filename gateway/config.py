@@ -57,7 +57,8 @@ class Settings(BaseSettings):
         "For debugging only: by default the log holds ids, counts, timings and status, never what was said.")
 
     # Models
-    device: Device = Field("auto", description="auto picks cuda when torch sees a GPU, else cpu.")
+    device: Device = Field("auto", description="Where the LLM runs: auto picks cuda when torch sees a GPU, else cpu "
+                           "(--asr-device and --tts-device place the voice models).")
     llm_model: Path | None = Field(
         None, description="LLM: a transformers folder or a .gguf file. Default: the embedded SmolLM2-135M-Instruct."
     )
@@ -104,6 +105,9 @@ class Settings(BaseSettings):
         description="Whisper input window for utterances that fit (30 = Whisper's own; shorter encodes faster, "
         "and a degenerate result is decoded again over 30 s).",
     )
+    asr_device: Device = Field(
+        "auto", description="Where faster-whisper runs: auto picks cuda (float16) when torch and CTranslate2 see a "
+        "GPU, else cpu (int8); cuda without one is refused at start.")
     tts_voice: Path | None = Field(
         None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
     )
@@ -121,6 +125,9 @@ class Settings(BaseSettings):
         description="onnxruntime threads for a reply's first clause, while the LLM engine waits (capped at the "
         "CPU count; at or below --tts-threads, the first clause is synthesized like the others).",
     )
+    tts_device: Device = Field(
+        "auto", description="Where Piper runs: auto picks cuda when onnxruntime has its CUDA provider (the "
+        "onnxruntime-gpu package installed instead of onnxruntime), else cpu; cuda without it is refused at start.")
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Where converted model weights are cached and the engine's C kernels are built."

@@ -19,7 +19,15 @@ from gateway.safety.hooks import Classifier, load_classifier
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.rules import build_policy
 from gateway.voices import VoiceCatalog
-from inference.models import ModelNotFound, ModelPaths, resolve_device, resolve_model_paths
+from inference.models import (
+    ModelNotFound,
+    ModelPaths,
+    asr_device,
+    load_on,
+    resolve_device,
+    resolve_model_paths,
+    tts_device,
+)
 
 if TYPE_CHECKING:
     from inference.asr import AsrEngine
@@ -86,6 +94,18 @@ class Runtime:
                              transcription_aliases=openai_transcription_names(), transcription_language=language)
 
     @property
+    def devices(self) -> dict[str, str]:
+        """Where each loaded model runs (/healthz, the start-up log): ASR with CTranslate2's compute type."""
+        found: dict[str, str] = {}
+        if self.engine is not None:
+            found["llm"] = "remote" if self.settings.llm_backend else self.device
+        if self.asr is not None:
+            found["asr"] = f"{self.asr.device}/{self.asr.compute_type}"
+        if self.tts is not None:
+            found["tts"] = self.tts.device
+        return found
+
+    @property
     def voice_ready(self) -> bool:
         return self.asr is not None and self.tts is not None
 
@@ -108,13 +128,13 @@ class Runtime:
             return
         self.load_times.total_s = time.monotonic() - started
         log.info(
-            "models ready in %.1f s (llm %.1f s%s, asr %.1f s, tts %.1f s) on %s",
+            "models ready in %.1f s (llm %.1f s%s, asr %.1f s, tts %.1f s) on %s",  # llm cpu, asr cpu/int8, ...
             self.load_times.total_s,
             self.load_times.llm_s,
             ", converted from GGUF" if self.load_times.llm_converted else "",
             self.load_times.asr_s,
             self.load_times.tts_s,
-            self.device,
+            ", ".join(f"{model} {device}" for model, device in self.devices.items()),
         )
         self.ready.set()
 
@@ -190,9 +210,9 @@ class Runtime:
         from media.vad import SileroVad
 
         assert self.paths is not None
-        self.asr = AsrEngine.load(
-            self.paths.asr, device=self.device, threads=self.settings.asr_threads, window_s=self.settings.asr_window_s
-        )
+        paths, settings = self.paths, self.settings
+        self.asr = load_on(settings.asr_device, asr_device(settings.asr_device), lambda device: AsrEngine.load(
+            paths.asr, device=device, threads=settings.asr_threads, window_s=settings.asr_window_s), "faster-whisper")
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
@@ -205,14 +225,16 @@ class Runtime:
         for path in self.settings.tts_voices:
             if not path.exists() or not path.with_name(path.name + ".json").exists():
                 raise ModelNotFound(f"TTS voice {path} (or its {path.name}.json) not found")
-        self.tts = TtsEngine.load(
-            self.paths.tts_model,
-            self.paths.tts_config,
-            threads=self.settings.tts_threads,
-            first_clause_threads=min(self.settings.tts_first_clause_threads, os.cpu_count() or 1),
+        paths, settings = self.paths, self.settings
+        self.tts = load_on(settings.tts_device, tts_device(settings.tts_device), lambda device: TtsEngine.load(
+            paths.tts_model,
+            paths.tts_config,
+            threads=settings.tts_threads,
+            first_clause_threads=min(settings.tts_first_clause_threads, os.cpu_count() or 1),
             voice_name=voices.default,
-            other_voices=list(zip(voices.installed[1:], self.settings.tts_voices)),
-        )
+            other_voices=list(zip(voices.installed[1:], settings.tts_voices)),
+            device=device,
+        ), "Piper")
         self.load_times.tts_s = self.tts.load_seconds
 
     def close(self) -> None:

