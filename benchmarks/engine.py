@@ -123,10 +123,10 @@ async def ttft(engine: LLMEngine, ids: list[int], max_tokens: int = 4, **kw) -> 
     return result.first_token_at - result.submitted_at, result
 
 
-async def bench_system_prompt(engine: LLMEngine, lm: LoadedLM, repeats: int) -> dict:
+async def bench_system_prompt(engine: LLMEngine, lm: LoadedLM, repeats: int, target_tokens: int = 600) -> dict:
     firsts, seconds, n_tokens = [], [], 0
     for r in range(repeats):
-        system = system_prompt(100 + r, 600, lm.tokenizer)
+        system = system_prompt(100 + r, target_tokens, lm.tokenizer)
         a = render(lm, [{"role": "system", "content": system}, {"role": "user", "content": "When do you open?"}])
         b = render(lm, [{"role": "system", "content": system}, {"role": "user", "content": "Can I return paint?"}])
         n_tokens = len(a)

@@ -64,6 +64,19 @@ log = logging.getLogger(__name__)
 
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
+# CUDA graphs captured when the engine starts: every batch bucket over contexts up to this length;
+# longer length buckets are captured when first needed.
+GRAPH_LENGTH_AT_START = 4096
+# The share of the GPU's free memory a fixed KV pool may take (the rest: activations, graphs, cache).
+FIXED_POOL_MEMORY_SHARE = 0.5
+
+
+def fixed_pool_tokens(fwd: LeanForward, slots: int, prefix_cache_bytes: int) -> int:
+    """Positions per slot of a pool allocated once on a GPU: the context window, or what
+    FIXED_POOL_MEMORY_SHARE of the free memory (less the prefix cache's budget) holds."""
+    free, _ = torch.cuda.mem_get_info(fwd.device)
+    budget = int(free * FIXED_POOL_MEMORY_SHARE) - max(0, prefix_cache_bytes)
+    return max(256, budget // ((slots + 1) * fwd.kv_bytes_per_token()))
 
 
 @dataclass(frozen=True)
@@ -91,9 +104,15 @@ class LLMEngine:
         on_cpu = self.fwd.device.type == "cpu"
         static = config.static_decode if config.static_decode is not None else (
             not on_cpu and self.fwd.decode_attention == "sdpa")
-        # A captured graph holds the pool's address: on CUDA the pool is allocated once, whole.
-        self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=lm.context_window,
-                            prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=static and not on_cpu)
+        # A captured graph holds the pool's address: on CUDA the pool is allocated once, whole, as long
+        # as the context window where memory allows, and the engine's window is what it holds.
+        fixed = static and not on_cpu
+        window = lm.context_window
+        if fixed:
+            window = min(window, fixed_pool_tokens(self.fwd, config.max_batch_size, config.prefix_cache_bytes))
+        self.context_window = window
+        self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
+                            prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,
                                     probe_weight=self.fwd.layers[0].gu[0] if self.fwd.weight_format == "native"
@@ -188,9 +207,9 @@ class LLMEngine:
         bad = [t for t in prompt if t < 0 or t >= self._vocab]
         if bad:
             raise ValueError(f"token ids out of the vocabulary (0..{self._vocab - 1}): {bad[:5]}")
-        if len(prompt) >= self.lm.context_window:
+        if len(prompt) >= self.context_window:
             raise ValueError(
-                f"prompt of {len(prompt)} tokens does not fit the context window of {self.lm.context_window} tokens"
+                f"prompt of {len(prompt)} tokens does not fit the context window of {self.context_window} tokens"
             )
         return prompt
 
@@ -224,7 +243,7 @@ class LLMEngine:
             raise ValueError("max_tokens must be >= 1")
         rid = f"gen-{next(self._ids)}"
         req = Request(rid, prompt, params, conversation_id, loop, background=background)
-        req.max_new = min(params.max_tokens, self.lm.context_window - len(prompt))
+        req.max_new = min(params.max_tokens, self.context_window - len(prompt))
         # Build the sampler now: invalid parameters fail here, on the caller's side.
         req.sampler = RowSampler(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
@@ -324,6 +343,11 @@ class LLMEngine:
         torch.set_grad_enabled(False)
         if self.fwd.device.type != "cpu":
             self.threads = ThreadPolicy(1, fixed=max(1, self.config.threads or torch.get_num_threads()))
+        if self.runner.capture:
+            # Before any request: a capture mid-reply would stall every stream of that step.
+            t0 = time.perf_counter()
+            graphs = self.runner.capture_all(GRAPH_LENGTH_AT_START)
+            log.info("captured %d CUDA graphs of the decode step in %.2f s", graphs, time.perf_counter() - t0)
         while True:
             with self._cond:
                 while (self._running and not self.scheduler.waiting and not self.scheduler.running

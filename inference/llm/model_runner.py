@@ -61,6 +61,14 @@ def length_bucket(n: int, capacity: int) -> int:
     return min(b, capacity)
 
 
+def length_buckets(upto: int, capacity: int) -> list[int]:
+    """Every length bucket a context of up to ``upto`` positions falls in."""
+    out = [length_bucket(1, capacity)]
+    while out[-1] < min(upto, capacity):
+        out.append(length_bucket(out[-1] + 1, capacity))
+    return out
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -114,6 +122,22 @@ class ModelRunner:
     def stats(self) -> dict[str, float]:
         return {"cuda_graphs": len(self._graphs), "graph_replays": self.graph_replays,
                 "padded_rows": self.padded_rows}
+
+    def capture_all(self, max_length: int) -> int:
+        """Capture every batch bucket over every length bucket up to ``max_length`` (before any request
+        runs: the warm-up before each capture computes rows whose writes go to the scratch slot).
+        Returns the graphs captured."""
+        if not self.capture:
+            return 0
+        pool = self.kv.pool
+        self._write_slots.fill_(pool.scratch_slot)
+        self._seq_lens.fill_(1)
+        self._ids.zero_()
+        self._positions.zero_()
+        for B in reversed(self.buckets):  # the largest first: the others reuse its memory pool
+            for L in length_buckets(max_length, pool.capacity):
+                self._graph_for(B, L)
+        return len(self._graphs)
 
     # -- a step ----------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> torch.Tensor:

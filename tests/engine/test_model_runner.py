@@ -18,7 +18,7 @@ from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.forward import LeanForward, Segment
 from inference.llm.kv_manager import KVManager
-from inference.llm.model_runner import ModelRunner, batch_buckets, bucket_for, length_bucket
+from inference.llm.model_runner import ModelRunner, batch_buckets, bucket_for, length_bucket, length_buckets
 from inference.llm.scheduler import StepPlan
 from tests.engine.batching import Workload, run_batched, run_solo
 
@@ -37,6 +37,9 @@ def test_buckets():
         bucket_for(33, batch_buckets(32))
     assert [length_bucket(n, 4096) for n in (1, 64, 65, 700, 4096)] == [64, 64, 128, 1024, 4096]
     assert length_bucket(3000, 2500) == 2500  # never past the pool's capacity
+    assert length_buckets(4096, 32768) == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert length_buckets(4096, 1000) == [64, 128, 256, 512, 1000]
+    assert length_buckets(100, 4096) == [64, 128]
 
 
 def _steps(vocab: int, seed: int = 3) -> list[tuple[list[Segment], list[int], list[int], list[int]]]:
