@@ -114,10 +114,9 @@ class ModelRunner:
 
     def describe(self) -> dict[str, str]:
         if not self.static_decode:
-            mode = "eager"
-        else:
-            mode = "cuda-graphs" if self.capture else "static"
-        return {"decode": mode, "batch_buckets": ",".join(map(str, self.buckets))}
+            return {"decode": "eager"}
+        return {"decode": "cuda-graphs" if self.capture else "static",
+                "batch_buckets": ",".join(map(str, self.buckets))}
 
     def stats(self) -> dict[str, float]:
         return {"cuda_graphs": len(self._graphs), "graph_replays": self.graph_replays,
