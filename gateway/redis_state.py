@@ -1,10 +1,12 @@
 """What several gateway replicas must share, in Redis (--redis-url): client secrets (single use across
-replicas), Idempotency-Key answers, rate-limit buckets and the replica directory (replica id -> URL, for
-forwarding a hangup or a resume to the replica that owns the call or session).
+replicas), Idempotency-Key answers, rate-limit buckets, each key's open sessions (--max-sessions-per-key)
+and the replica directory (replica id -> URL, for forwarding a hangup or a resume to the replica that owns
+the call or session).
 
 Every read-modify-write is one Lua script, so two replicas racing on the same key see one winner; the
 buckets use Redis' clock, not the replicas'. Keys expire by themselves (secrets at their expiry,
-idempotency records after their TTL, replica entries unless refreshed), so nothing needs a sweeper.
+idempotency records after their TTL, replica entries and session seats unless refreshed), so nothing needs
+a sweeper.
 """
 
 from __future__ import annotations
@@ -73,6 +75,30 @@ redis.call('PEXPIRE', KEYS[1], math.ceil((capacity / rate) * 1000) + 1000)
 return {taken, math.floor(tokens * 1000)}
 """
 
+# A key's open sessions: a sorted set of seat ids scored by expiry (ms, Redis' clock), pushed forward by the
+# replica that holds each; a crashed replica's seats lapse. KEYS: the set; ARGV: seat id, cap, ttl (ms).
+_TAKE_SEAT = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+# KEYS: the sets of the seats a replica holds; ARGV: their ids (one per key, in order), then ttl (ms). Only
+# seats already there are pushed forward (XX): a refresh that races a seat's take or give-back must not add it.
+_REFRESH_SEATS = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ttl = tonumber(ARGV[#ARGV])
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', ms + ttl, ARGV[i])
+  redis.call('PEXPIRE', key, ttl)
+end
+return #KEYS
+"""
+
 
 @dataclass(frozen=True)
 class SecretRecord:
@@ -89,6 +115,8 @@ class RedisState:
         self._begin = self.redis.register_script(_BEGIN)
         self._finish = self.redis.register_script(_FINISH)
         self._take_tokens = self.redis.register_script(_TAKE_TOKENS)
+        self._take_seat = self.redis.register_script(_TAKE_SEAT)
+        self._refresh_seats = self.redis.register_script(_REFRESH_SEATS)
 
     async def ping(self) -> None:
         await self.redis.ping()
@@ -136,6 +164,21 @@ class RedisState:
         taken, left = await self._take_tokens(keys=[f"{PREFIX}rate:{bucket}"], args=[capacity, per_second, cost])
         return bool(int(taken)), int(left) / 1000.0
 
+    # -- session seats (--max-sessions-per-key) -----------------------------------------------------------
+    async def take_seat(self, key_id: str, seat_id: str, cap: int, ttl_s: float) -> bool:
+        """A seat among the key's `cap`, held for `ttl_s` unless refreshed; False when all are taken."""
+        taken = await self._take_seat(keys=[_seats_key(key_id)], args=[seat_id, cap, max(1, int(ttl_s * 1000))])
+        return bool(int(taken))
+
+    async def refresh_seats(self, seats: list[tuple[str, str]], ttl_s: float) -> None:
+        """Each (key id, seat id) held for `ttl_s` more."""
+        if seats:
+            await self._refresh_seats(keys=[_seats_key(key_id) for key_id, _ in seats],
+                                      args=[*(seat_id for _, seat_id in seats), max(1, int(ttl_s * 1000))])
+
+    async def give_back_seat(self, key_id: str, seat_id: str) -> None:
+        await self.redis.zrem(_seats_key(key_id), seat_id)
+
     # -- replicas ----------------------------------------------------------------------------------------
     async def announce_replica(self, replica_id: str, url: str) -> None:
         await self.redis.set(f"{PREFIX}replica:{replica_id}", url, ex=REPLICA_TTL_S)
@@ -154,3 +197,7 @@ def _secret(value: str) -> SecretRecord:
 
 def _idempotency_key(owner: str, key_digest: str) -> str:
     return f"{PREFIX}idem:{owner}:{key_digest}"
+
+
+def _seats_key(key_id: str) -> str:
+    return f"{PREFIX}seats:{key_id}"

@@ -7,8 +7,9 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
@@ -23,6 +24,7 @@ from gateway.redis_state import REPLICA_TTL_S, RedisState
 from gateway.runtime import Runtime
 from gateway.session_hub import SessionHub
 from gateway.session_limits import SessionLimits
+from gateway.session_seats import Seat, SessionSeats
 from gateway.storage.conversations import ConversationStore
 from gateway.storage.database import open_database, sqlite_url
 from gateway.storage.durable_state import DurableState
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
     from gateway.session_hub import Attachment
     from gateway.transports.webrtc import Call
 
-# A session bound frees up when some session ends: there is no telling when, so a guess.
-SESSION_RETRY_S = 5.0
 CLOSE_SERVICE_RESTART = 1012  # WebSocket close code: the session goes on elsewhere (drain)
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ class Services:
     limiter: RateLimiter
     quota: TokenQuota  # tokens per minute per key, in the limiter's buckets
     idempotency: IdempotencyStore
-    # Live Realtime sessions (WebSocket and WebRTC) and the key that opened each: see open_session.
-    sessions: dict[RealtimeSession, str] = field(default_factory=dict)
+    # Live Realtime sessions (WebSocket and WebRTC) and the seat each holds (its key's): see open_session.
+    sessions: dict[RealtimeSession, Seat] = field(default_factory=dict)
     calls: dict[str, Call] = field(default_factory=dict)  # live WebRTC calls by id
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -61,12 +61,14 @@ class Services:
     shared: RedisState | None = None  # --redis-url: what replicas share (opened with the storage)
     draining: bool = False  # SIGTERM: no new sessions; see drain()
     limits: SessionLimits = field(init=False)  # each session's duration and idle bounds
+    seats: SessionSeats = field(init=False)  # --max-sessions, --max-sessions-per-key (in Redis when shared)
 
     def __post_init__(self) -> None:
         self.hub = SessionHub(self.settings.resume_window_s, self.end_session)
         self.streams = StreamHub(self.settings.resume_window_s)
         self.limits = SessionLimits(self.settings.max_session_duration_s, self.settings.session_idle_timeout_s,
                                     self.end_session)
+        self.seats = SessionSeats(self.settings.max_sessions, self.settings.max_sessions_per_key)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:
@@ -84,33 +86,19 @@ class Services:
         principal = await self.auth.authenticate(bearer_token(authorization), allow_ephemeral=allow_ephemeral)
         return principal, await self.limiter.check(principal.key_id)
 
-    def check_session_room(self, key_id: str) -> None:
-        """429 when the gateway (--max-sessions) or this key (--max-sessions-per-key) has no room for
-        another session."""
+    async def take_seat(self, key_id: str) -> Seat:
+        """Room for a new session of this key, before it is set up: 503 while draining or when the replica is
+        full (--max-sessions), 429 past --max-sessions-per-key. Given back by end_session once the session is
+        open (open_session), by the caller (seats.give_back) when its set-up fails first."""
         if self.draining:
             raise ApiError("replica_draining", "This replica is shutting down; open the session on another one.",
                            type="server_error", status=503, retry_after_s=1.0)
-        limit = self.settings.max_sessions
-        if len(self.sessions) >= limit:
-            # 503, not 429: this replica is full, not the caller over a limit; a router tries another replica.
-            raise ApiError("replica_full", f"This replica has its maximum of {limit} sessions open; retry later.",
-                           type="server_error", status=503, retry_after_s=SESSION_RETRY_S)
-        per_key = self.settings.max_sessions_per_key
-        if sum(1 for owner in self.sessions.values() if owner == key_id) >= per_key:
-            raise ApiError(
-                "too_many_sessions",
-                f"This key has its maximum of {per_key} sessions open; close one or retry later.",
-                type="rate_limit_error",
-                status=429,
-                retry_after_s=SESSION_RETRY_S,
-            )
+        return await self.seats.take(key_id)
 
-    async def open_session(self, session: RealtimeSession, principal: Principal) -> Attachment:
-        """Count a new session in and spend the client secret that opened it, all or nothing. The count
-        is taken before the spend awaits, so concurrent requests cannot pass a bound between the check
-        and the count. Returns the opening transport's hold on the session."""
-        self.check_session_room(principal.key_id)
-        self.sessions[session] = principal.key_id
+    async def open_session(self, session: RealtimeSession, principal: Principal, seat: Seat) -> Attachment:
+        """Count a new session in on its seat and spend the client secret that opened it, all or nothing (a
+        refused spend leaves the seat to the caller). Returns the opening transport's hold on the session."""
+        self.sessions[session] = seat
         session.tokens = TokenAccount(self.quota, principal.key_id)  # the quota its responses draw on
         if self.conversations is not None:  # its key's memory, when the key turned it on (gateway/memory.py)
             session.memory = MemoryAccount(MemoryStore(self.conversations.engine), principal.key_id)
@@ -131,7 +119,8 @@ class Services:
             # Secrets, idempotency answers and buckets live in Redis for every replica, not in this database.
             self.shared = RedisState(self.settings.redis_url)
             await self.shared.ping()
-            self.auth.shared = self.idempotency.shared = self.limiter.shared = self.shared
+            self.auth.shared = self.idempotency.shared = self.limiter.shared = self.seats.shared = self.shared
+            self._in_background(self.seats.keep_alive(), "session seats")
             return
         snapshot = await self.durable.load(self.settings.idempotency_ttl_s)
         self.auth.restore(snapshot.secrets)
@@ -149,8 +138,8 @@ class Services:
         deadline = time.monotonic() + timeout_s
         while any(session.active is not None for session in self.sessions) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        results = await asyncio.gather(*(self._hand_off(session, owner) for session, owner in list(self.sessions.items())),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self._hand_off(session, seat.key_id)
+                                         for session, seat in list(self.sessions.items())), return_exceptions=True)
         for failure in (result for result in results if isinstance(result, BaseException)):
             log.error("a session's hand-off failed", exc_info=failure)
 
@@ -179,12 +168,17 @@ class Services:
                     log.warning("announcing replica %s failed: %s", self.settings.replica_id, exc)
                 await asyncio.sleep(REPLICA_TTL_S / 3)
 
-        task = asyncio.create_task(refresh(), name="replica announcer")
+        self._in_background(refresh(), "replica announcer")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """A task in `background`: cancelled and awaited at shutdown."""
+        task = asyncio.create_task(work, name=name)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
     async def close_shared(self) -> None:
         if self.shared is not None:
+            await self.seats.give_back_all()
             with contextlib.suppress(Exception):  # Redis may be gone first; the entry then expires by itself
                 await self.shared.withdraw_replica(self.settings.replica_id)
             await self.shared.close()
@@ -207,8 +201,10 @@ class Services:
 
     async def end_session(self, session: RealtimeSession) -> None:
         """The session is over: uncounted, unresumable, closed, and its WebRTC call (if any) hung up."""
-        self.sessions.pop(session, None)
+        seat = self.sessions.pop(session, None)
         self.hub.remove(session)
+        if seat is not None:
+            await self.seats.give_back(seat)
         await self.limits.forget(session)
         await session.close()
         for call in list(self.calls.values()):

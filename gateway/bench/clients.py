@@ -144,10 +144,10 @@ class RealtimeTextClient:
         try:
             connection = await websockets.connect(target.realtime_url, additional_headers=target.headers,
                                                   max_size=None, open_timeout=timeout_s)
-        except websockets.InvalidStatus as exc:
+        except websockets.InvalidStatus as exc:  # a session bound is refused before the upgrade, with its code
             status = exc.response.status_code
             raise BenchError(f"{target.realtime_url}: the WebSocket handshake was refused ({status})",
-                             f"http_{status}") from None
+                             error_code(status, exc.response.body or b"")) from None
         except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
             raise BenchError(f"cannot open {target.realtime_url}: {exc}") from None
         client = cls(target, connection)

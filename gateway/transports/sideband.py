@@ -30,7 +30,8 @@ async def serve_sideband(websocket: WebSocket, svc: Services, principal: Princip
         await relay_websocket(websocket, owner, subprotocol)
         return
     # Another key's call is as unknown as a wrong id.
-    if call is None or svc.sessions.get(call.session) != principal.key_id:
+    seat = svc.sessions.get(call.session) if call is not None else None
+    if call is None or seat is None or seat.key_id != principal.key_id:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     session = call.session
     tap = session.outbox.tap()

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from gateway.auth import bearer_token
+from gateway.auth import Principal, bearer_token
 from gateway.config import Settings
 from gateway.forwarding import forward_post, replica_of
 from gateway.http_bodies import read_body
@@ -35,6 +35,7 @@ from gateway.realtime_store import attach_stored_conversation
 from gateway.services import Services
 from gateway.session import RealtimeSession
 from gateway.session_hub import Attachment, SessionHub
+from gateway.session_seats import Seat
 from gateway.speech_out import PlayoutSpeech
 from media.playout import PlayoutBuffer
 from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
@@ -278,7 +279,17 @@ async def create_call(
     svc.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
-    svc.check_session_room(principal.key_id)  # before any SDP work; checked again when counted
+    seat = await svc.take_seat(principal.key_id)  # 503 or 429 before any SDP work
+    try:
+        return await _set_up_call(svc, request, principal, headers, conversation, seat)
+    except BaseException:
+        await svc.seats.give_back(seat)  # the call was not set up: its seat is free again
+        raise
+
+
+async def _set_up_call(svc: Services, request: Request, principal: Principal, headers: dict[str, str],
+                       conversation: str | None, seat: Seat) -> Response:
+    """The offer read, the session and its peer connection set up on `seat`, and the SDP answer."""
     sdp, session_config = await _read_offer(request)
     _validate_offer(sdp)
     initial = principal.ephemeral_session or {}
@@ -322,7 +333,7 @@ async def create_call(
         await session.close()
         raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
     try:
-        await svc.open_session(session, principal)  # 503 or 429 past a session bound; spends a client secret
+        await svc.open_session(session, principal, seat)  # spends a client secret
     except ApiError:
         await pc.close()
         await session.close()
