@@ -236,8 +236,9 @@ class Settings(BaseSettings):
     max_sessions_per_key: int = Field(
         256,
         ge=1,
-        description="Most sessions one API key (with its client secrets) has open at once; past it, 429. Lower it "
-        "when several keys share the gateway, so that one cannot take every session.",
+        description="Most sessions one API key (with its client secrets) has open at once, on all replicas with "
+        "--redis-url; past it, 429. Lower it when several keys share the gateway, so that one cannot take every "
+        "session.",
     )
     max_session_duration_s: float = Field(
         3600, gt=0, description="Longest a Realtime session lasts (OpenAI's is 60 minutes): then an error event "
