@@ -49,7 +49,8 @@ class Gateway(BaseModel):
 
 def serve(settings: Settings) -> None:
     uvicorn_log_config = event_log.configure(level=settings.log_level, log_format=settings.log_format,
-                                             log_content=settings.log_content, redact=RedactKeys(settings.api_keys))
+                                             log_content=settings.log_content, redact=RedactKeys(settings.api_keys),
+                                             phone_region=settings.safety_phone_region)
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(
@@ -79,7 +80,10 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    DrainingServer(config, app.state.services, settings.drain_timeout_s).run()
+    try:
+        DrainingServer(config, app.state.services, settings.drain_timeout_s).run()
+    except KeyboardInterrupt:  # uvicorn raises SIGINT again once it has shut down (as uvicorn.run, one line)
+        log.info("stopped by SIGINT")
 
 
 class DrainingServer(uvicorn.Server):

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.gateway_process import GatewayProcess
+from inference.tts import TtsEngine
+from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import API_KEY, MODEL
 from tests.integration.realtime_client import RealtimeClient
+from tests.integration.test_safety import speak
 
 SECRET_PHRASE = "my parrot is called Bartholomew Quince"
 
@@ -97,3 +104,121 @@ async def test_content_logging_is_a_setting(secured_gateway: GatewayProcess) -> 
     assert lines, "no chat.completion line for the request"
     assert SECRET_PHRASE in lines[0] and "status=completed" in lines[0]
     assert API_KEY not in secured_gateway.log_path.read_text(errors="replace")
+
+
+# Personal data a session types and speaks. Their digits are unlike the log's own numbers (ports, sizes, times).
+EMAILS = ("jane.roe@example.org", "maximilian.oberhuber-zimmermann@physics.example-university.edu")
+PHONES = ("+1 415 555 0132", "+44 20 7946 0958")
+CARD = "4929 7977 9979 7973"
+IBAN = "DE80 7979 7979 7979 7979 79"
+# Ends in the long address: websockets logs a long frame's start and end, and the address's end slipped through.
+TYPED = f"Call {PHONES[0]} or {PHONES[1]}, my card is {CARD}, my IBAN is {IBAN}. Write to {EMAILS[0]} or {EMAILS[1]}"
+SPOKEN = f"My e-mail is {EMAILS[0]}, my phone number is {PHONES[0]} and my card number is {CARD}."
+
+
+def strings(value: Any) -> list[str]:
+    """A record's text: its string values at any depth (not its numbers: timings and counts the gateway measured)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() if key != "timestamp" for text in strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in strings(item)]
+    return []
+
+
+def personal_fragments(log_path: Path, process: GatewayProcess) -> list[str]:
+    """Any 8 characters of the addresses, and any run of digits with 4 digits of the numbers in a row, in the
+    log's text; its own numbers (ids, digests, addresses in memory, the ports, the pid, decimals and measures: a
+    transcript's milliseconds, a frame's bytes) taken out first."""
+    texts = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            texts += strings(json.loads(line))
+        except ValueError:  # not a record (nothing else should write there): all of it
+            texts.append(line)
+    text = "\n".join(texts)
+    pieces = {address[i:i + 8] for address in EMAILS for i in range(len(address) - 7)}
+    found = sorted(piece for piece in pieces if piece in text.lower())
+    assert process.process is not None
+    text = re.sub(r"\b0x[0-9a-f]+\b|\b[a-z]+_[0-9A-Za-z]{8,}\b|\b[0-9a-f-]{8,}\b", "", text)
+    text = re.sub(r"\b127\.0\.0\.1:\d+|\b\d+\.\d+\b|\b\d+ ?(?:ms|s|bytes|MiB|positions)\b", "", text)
+    text = text.replace(f"[{process.process.pid}]", "")
+    numbers = [re.sub(r"\D", "", number) for number in (*PHONES, CARD, IBAN)]
+    fours = {digits[i:i + 4] for digits in numbers for i in range(len(digits) - 3)}
+    return found + [run for run in re.findall(r"\d{4,}", text) if any(run[i:i + 4] in fours for i in range(len(run) - 3))]
+
+
+@pytest.fixture(scope="module")
+def debug_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Debug level, JSON: every library's records, WebSocket frames and SQL among them (its test stops it, to read
+    the whole log)."""
+    process = start_gateway("--log-level", "debug", "--log-format", "json",
+                            log_path=tmp_path_factory.mktemp("debug-log") / "gateway.log")
+    yield process
+    process.stop()
+
+
+async def test_a_debug_log_of_typed_and_spoken_personal_data_holds_no_fragment_of_it(
+    debug_gateway: GatewayProcess, tts: TtsEngine
+) -> None:
+    """E-mail addresses (a long one: websockets cuts a long frame short, and its end slipped past the e-mail
+    pattern), phone numbers, a card and an IBAN, typed into a chat completion (stored, plain and streamed) and a
+    Realtime conversation.item.create, and spoken into input_audio_buffer.append: no fragment reaches the log."""
+    try:
+        async with httpx.AsyncClient(base_url=debug_gateway.url, timeout=120) as http:
+            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            for stream in (False, True):
+                answer = await http.post("/v1/chat/completions", json={
+                    "model": MODEL, "max_tokens": 8, "stream": stream, "conversation": conversation,
+                    "messages": [{"role": "user", "content": TYPED}]})
+                assert answer.status_code == 200
+        client = await RealtimeClient.connect(f"{debug_gateway.ws_url}/v1/realtime?model={MODEL}")
+        await client.wait_for("session.created")
+        await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+        await client.ask(TYPED, max_output_tokens=8)
+        client.events.clear()
+        sender = asyncio.create_task(speak(client, tts, SPOKEN))
+        transcribed = await client.wait_for("conversation.item.input_audio_transcription.completed", timeout=90)
+        await client.wait_for("response.done", timeout=90)
+        await sender
+        await client.close()
+        assert re.search(r"\d{3}", transcribed["transcript"]), transcribed  # the numbers were heard as numbers
+    finally:
+        debug_gateway.stop()
+    assert personal_fragments(debug_gateway.log_path, debug_gateway) == []
+    log = debug_gateway.log_path.read_text(errors="replace")
+    assert "< TEXT" in log and "> TEXT" in log and "INSERT INTO" in log  # frames and SQL were logged: sizes only
+    assert "[email]" not in log  # no content at all without --log-content: not even redacted
+
+
+async def test_a_client_that_leaves_mid_body_is_one_quiet_line(gateway: GatewayProcess) -> None:
+    """Headers with a Content-Length and half the body, then the socket closes: one INFO line and the request's
+    record (499), no ERROR and no traceback."""
+    request_id = "req-leaves-mid-body"
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello " * 20}]}).encode()
+    with socket.create_connection((gateway.host, gateway.port)) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                    + f"X-Request-ID: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body[:len(body) // 2])
+        await asyncio.sleep(0.3)
+    request = await wait_for_record(gateway.log_path, event="http.request", request_id=request_id)
+    assert request["status"] == 499
+    log = records(gateway.log_path)
+    said = [r for r in log if "disconnected before its request body was read" in r["message"]]
+    assert len(said) == 1 and said[0]["level"] == "INFO"
+    assert "POST /v1/chat/completions" in said[0]["message"]
+    text = gateway.log_path.read_text(errors="replace")
+    assert "ClientDisconnect" not in text and "Exception in ASGI application" not in text
+
+
+def test_sigint_stops_the_gateway_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C: uvicorn's shutdown lines, then one line that says so; no KeyboardInterrupt traceback."""
+    process = start_gateway("--no-load-voice-models", log_path=tmp_path / "gateway.log")
+    assert process.process is not None
+    process.process.send_signal(signal.SIGINT)  # as Ctrl-C sends it
+    assert process.process.wait(timeout=30) == 0
+    text = process.log_path.read_text(errors="replace")
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    log = records(process.log_path)
+    assert [r["message"] for r in log[-2:]] == [f"Finished server process [{process.process.pid}]", "stopped by SIGINT"]

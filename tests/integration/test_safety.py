@@ -231,6 +231,47 @@ async def test_spoken_input_is_refused(realtime: RealtimeClient, tts: TtsEngine)
     assert not realtime.of_type("response.created")
 
 
+# Issue 28's reports: each was stored as [phone] (or partly), and refused in block mode.
+ORDINARY_NUMBERS = ["123 456 789 dollars", "192.168.100.200", "100 200 300 400 500", "Order #2024-0012-3344",
+                    "123-45-6789", "8 100 000 000", "2 4 6 8 10 12 14 16 18", "2024-01-15 10:30"]
+
+
+@pytest.fixture(scope="module")
+def blocking_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """--safety-pii block: personal data refuses the message."""
+    process = start_gateway("--safety-pii", "block", "--no-load-voice-models",
+                            log_path=tmp_path_factory.mktemp("pii-block") / "gateway.log")
+    yield process
+    process.stop()
+
+
+def user_texts(conversation: dict[str, Any]) -> list[str]:
+    return [part["text"] for message in conversation["messages"] if message["role"] == "user"
+            for part in message["content"]]
+
+
+@pytest.mark.parametrize("mode", ["redact", "block"])
+def test_ordinary_numbers_reach_the_model_and_the_store_unchanged(mode: str, request: pytest.FixtureRequest) -> None:
+    """Each sent as a chat user message with a conversation, then read back with GET /v1/conversations/{id}: the
+    same text (redact), and not refused (block); a phone number beside them is still found."""
+    process: GatewayProcess = request.getfixturevalue({"redact": "gateway", "block": "blocking_gateway"}[mode])
+    with httpx.Client(base_url=process.url, timeout=120) as http:
+        for text in [*ORDINARY_NUMBERS, "; ".join(ORDINARY_NUMBERS)]:
+            conversation = http.post("/v1/conversations", json={}).json()["id"]
+            answer = http.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": ask(text), "conversation": conversation})
+            assert answer.status_code == 200, (text, answer.text)
+            assert user_texts(http.get(f"/v1/conversations/{conversation}").json()) == [text]
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        phone = http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 1, "messages": ask("Call me at (415) 555-0132 after 10:30."),
+            "conversation": conversation})
+        if mode == "block":
+            assert phone.status_code == 400 and phone.json()["error"]["code"] == "content_policy_violation"
+        else:
+            assert user_texts(http.get(f"/v1/conversations/{conversation}").json()) == ["Call me at [phone] after 10:30."]
+
+
 def personal_data(log: Path) -> list[str]:
     text = log.read_text(errors="replace")
     digits = re.sub(r"\D", "", CARD)
