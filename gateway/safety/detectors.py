@@ -86,10 +86,15 @@ IBAN = Detector("iban", regex.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,
 _PHONE_CANDIDATE = regex.compile(r"(?<![\w+.,/-])\+?\(?\d[\d().\-/ \t]{0,250}(?!\w)")
 
 
+MIN_PHONE_DIGITS = 7  # the shortest numbers anywhere, with their country code (Niue's +683 4002)
+
+
 def phone_detector(region: str = DEFAULT_PHONE_REGION) -> Detector:
     """Numbers libphonenumber deems valid and grouped as that country writes them (STRICT_GROUPING: not "20 19 18
     17 16", which is a valid number grouped as no one dials it), never the digits after a decimal point."""
     def locate(candidate: str) -> Iterator[Span]:
+        if sum(ch.isdigit() for ch in candidate) < MIN_PHONE_DIGITS:  # most numbers in text: skip the matcher
+            return
         for match in phonenumbers.PhoneNumberMatcher(candidate, region, leniency=phonenumbers.Leniency.STRICT_GROUPING):
             if not _inside_a_decimal(candidate, match.start, match.end):
                 yield match.start, match.end
