@@ -17,6 +17,7 @@ from gateway.safety.detectors import (
     load_denylist,
     luhn_valid,
     phone_detector,
+    pii_detectors,
 )
 
 PHONE = phone_detector()  # the default region, US
@@ -82,8 +83,6 @@ pi is 3.14159265358979, e is 2.718281828459045, and 2^32 is 4 294 967 296.
 
 
 def test_ordinary_numbers_are_not_personal_data() -> None:
-    from gateway.safety.detectors import pii_detectors
-
     for detector in pii_detectors():
         assert found(detector, ORDINARY) == [], detector.name
     for line in ORDINARY.splitlines():  # each line alone, as a short message would come

@@ -8,6 +8,7 @@ import pytest
 
 from gateway.safety.detectors import denylist_detector, pii_detectors
 from gateway.safety.policy import Rule, SafetyPolicy
+from tests.unit.test_safety_detectors import ORDINARY
 
 DENY = denylist_detector(["forbidden word"])
 assert DENY is not None
@@ -103,7 +104,5 @@ def test_phone_split_across_two_tokens(split: int) -> None:
 
 @pytest.mark.parametrize("size", [1, 4, 50])
 def test_ordinary_numbers_stream_through_unchanged(size: int) -> None:
-    from tests.unit.test_safety_detectors import ORDINARY
-
     out, blocked = run([ORDINARY[i:i + size] for i in range(0, len(ORDINARY), size)])
     assert "".join(out) == ORDINARY and blocked is None
