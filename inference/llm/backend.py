@@ -107,7 +107,7 @@ class GenerationStream:
     :meth:`deliver` on the stream's loop and learns of a cancel through ``on_cancel``."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[[], None] | None = None) -> None:
+                 on_cancel: Callable[[], object] | None = None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -135,8 +135,9 @@ class GenerationStream:
     async def _iterate(self) -> AsyncIterator[str]:
         while True:
             if self._result.done() and self._queue.empty():
-                if self._result.exception() is not None:
-                    raise self._result.exception()
+                error = self._result.exception()
+                if error is not None:
+                    raise error
                 return
             item = await self._queue.get()
             if item is _END:

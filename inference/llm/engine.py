@@ -493,11 +493,11 @@ class LLMEngine:
                 out = self.runner.execute(alone)
                 if alone.logit_rows:
                     pieces.append(out)
-            except Exception as exc:
-                failed[id(req)] = (req, exc)
+            except Exception as error:
+                failed[id(req)] = (req, error)
             r0 += seg.n
-        for req, exc in failed.values():  # only now: freeing a slot moves another request's slot
-            self._fail(req, exc)
+        for culprit, reason in failed.values():  # only now: freeing a slot moves another request's slot
+            self._fail(culprit, reason)
         logits = torch.cat(pieces) if pieces else torch.empty((0, self._vocab), device=self.fwd.device)
         return logits, set(failed)
 

@@ -17,10 +17,11 @@ memory is duplicated.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +118,18 @@ class _SdpaPlan:
 
 
 class _Layer:
+    """One decoder layer's weights as the forward runs them (each linear as its format's tuple)."""
+
     __slots__ = ("ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "act")
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    eps1: float
+    eps2: float
+    qkv: tuple
+    o: tuple
+    gu: tuple
+    down: tuple
+    act: nn.Module
 
 
 def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -128,7 +140,7 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     prefill chunks. Each module's weight is re-pointed at a (transposed) view of the fused matrix, so
     the model keeps working unchanged and no weight memory is duplicated. Idempotent.
     """
-    marks = [getattr(m, "_lean_fused", None) for m in modules]
+    marks: list[Any] = [getattr(m, "_lean_fused", None) for m in modules]
     if all(mk is not None for mk in marks) and all(mk[0] is marks[0][0] for mk in marks):
         fused_t = marks[0][0]
         if fused_t.shape[1] == sum(m.out_features for m in modules):
@@ -146,9 +158,9 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     for m in modules:
         n = m.out_features
         m.weight = nn.Parameter(fused_t[:, offset : offset + n].t(), requires_grad=False)
-        if m.bias is not None:
+        if bias is not None and m.bias is not None:
             m.bias = nn.Parameter(bias[offset : offset + n], requires_grad=False)
-        m._lean_fused = (fused_t, bias)
+        setattr(m, "_lean_fused", (fused_t, bias))  # noqa: B010 - a mark on a torch module, not an attribute it declares
         offset += n
     return fused_t, bias
 
@@ -307,7 +319,7 @@ class LeanForward:
         cache = getattr(model, "_lean_forward", None)
         if not isinstance(cache, dict):
             cache = {}
-            model._lean_forward = cache
+            setattr(model, "_lean_forward", cache)  # noqa: B010 - one forward per model and format
         key = (weight_format, kernels)
         cached = cache.get(key)
         if isinstance(cached, cls) and cached.max_positions >= context_window:
@@ -337,20 +349,21 @@ class LeanForward:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
         self.model = model
         self.weight_format = weight_format
-        config = model.config
-        base = model.model
-        p = base.embed_tokens.weight
-        self.device = p.device
+        # transformers' modules, read by name (their types say Tensor | Module for any attribute).
+        config: Any = model.config
+        base: Any = model.model
+        p: torch.Tensor = base.embed_tokens.weight
+        self.device: torch.device = p.device
         # int8 runs everything in bfloat16; int4 only its matmuls (float32 elsewhere: with bfloat16
         # activations throughout, the 135M model's greedy answers changed within the first tokens).
-        self.dtype = torch.bfloat16 if weight_format == "int8" else p.dtype
+        self.dtype: torch.dtype = torch.bfloat16 if weight_format == "int8" else p.dtype
         attn0 = base.layers[0].self_attn
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(attn0, "head_dim", config.hidden_size // self.num_heads))
         self.groups = self.num_heads // self.num_kv_heads
         self.scaling = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
-        self.hidden = config.hidden_size
+        self.hidden = int(config.hidden_size)
         self.num_layers = len(base.layers)
         self.max_positions = max(int(context_window), int(getattr(config, "max_position_embeddings", 0) or 0))
         if self.max_positions <= 0:
@@ -360,7 +373,7 @@ class LeanForward:
         # lm_head as a transposed [hidden, vocab] matrix too: for 4-8 rows the NN GEMM took half the time
         # of F.linear's (18 vs 35 ms for 8 rows on one core). A tied input embedding follows it (a row
         # lookup in the transposed view is a strided gather: negligible next to a step).
-        head = model.lm_head
+        head: Any = model.lm_head
         if getattr(head, "_lean_fused", None) is None:
             tied = base.embed_tokens.weight is head.weight
             with torch.no_grad():
@@ -370,15 +383,15 @@ class LeanForward:
             if tied:
                 base.embed_tokens.weight = param
             head._lean_fused = (w_t, None)
-        self.lm_head_t = head._lean_fused[0]
-        self.lm_head_bias = getattr(head, "bias", None)
-        self.vocab_size = self.lm_head_t.shape[1]
-        self.embed = base.embed_tokens.weight
+        self.lm_head_t: torch.Tensor = head._lean_fused[0]
+        self.lm_head_bias: torch.Tensor | None = getattr(head, "bias", None)
+        self.vocab_size = int(self.lm_head_t.shape[1])
+        self.embed: torch.Tensor = base.embed_tokens.weight
         # int4 runs on the VNNI kernel where the engine's kernels run and every output count is a multiple
         # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
         # (benchmarks/int4_kernels.py).
         self.int4_kernel = ""
-        self._int4_lib = None
+        self._int4_lib: ctypes.CDLL | None = None
         # The build of the engine's C kernels this forward runs ("vnni" or "avx2"), or "torch" for
         # torch's own kernels: the fastest the CPU runs unless `kernels` names one.
         if self.device.type != "cpu" and kernels not in ("auto", "torch"):
@@ -451,7 +464,7 @@ class LeanForward:
         self._stack: LayerStack | None = None
         if self._int4_lib is not None and self._attention_lib is not None and self._silu_mlp:
             self._stack = LayerStack(
-                lib, [LayerWeights(qkv=L.qkv[1:], o=L.o[1:], gate_up=L.gu[1:], down=L.down[1:],
+                self._int4_lib, [LayerWeights(qkv=L.qkv[1:], o=L.o[1:], gate_up=L.gu[1:], down=L.down[1:],
                                    ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
                 sin_signed=self.sin_signed, scale=self.scaling)
@@ -501,7 +514,8 @@ class LeanForward:
             raise ValueError("a native forward of this model still multiplies its weights")
         freed = 0
         fused_seen: set[int] = set()
-        for layer in self.model.model.layers:
+        base: Any = self.model.model
+        for layer in base.layers:
             for m in layer.modules():
                 if not isinstance(m, nn.Linear):
                     continue
@@ -509,9 +523,9 @@ class LeanForward:
                 if fused is not None and id(fused[0]) not in fused_seen:
                     fused_seen.add(id(fused[0]))
                     freed += fused[0].numel() * fused[0].element_size()
-                m._lean_fused = None
+                setattr(m, "_lean_fused", None)  # noqa: B010
                 m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
-        self.model._lean_released = True
+        setattr(self.model, "_lean_released", True)  # noqa: B010
         return_freed_memory()
         return freed
 
@@ -663,6 +677,8 @@ class LeanForward:
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         T = token_ids.shape[0]
         data = pool.data
+        if data is None:
+            raise ValueError("the pool has no KV tensor (no slot was ever acquired)")
         n_dec = 0
         while n_dec < len(segments) and segments[n_dec].n == 1:
             n_dec += 1

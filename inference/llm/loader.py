@@ -206,7 +206,7 @@ def _convert_gguf(path: Path, target: Path) -> None:
     t2 = time.perf_counter()
     log.info("GGUF model parsed and de-quantized in %.2f s", t2 - t1)
     # save_pretrained refuses a model loaded from GGUF while it still carries the quantizer.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - transformers types it as a quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -343,7 +343,7 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     tokenizer = _load_tokenizer(folder)
     t1 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, attn_implementation="sdpa")
-    model.to(dev)
+    model.to(dev)  # type: ignore[arg-type]  # transformers' wrapper types ``to`` for modules only
     model.eval()
     model.requires_grad_(False)
     t2 = time.perf_counter()
