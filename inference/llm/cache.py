@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .kv_manager import TokenKVStore
+    from .kv_manager import TokenKVStore, TokenRun
 
 KVSource = Callable[[int, int], torch.Tensor]
 """``source(start, stop)`` returns the KV of tokens [start, stop) (it is copied into the store)."""
 
 
 class RadixNode:
-    __slots__ = ("key", "indices", "children", "parent", "last_access", "pins", "__weakref__")
+    __slots__ = ("key", "run", "children", "parent", "last_access", "pins", "__weakref__")
 
-    def __init__(self, key: tuple[int, ...], indices: torch.Tensor | None, parent: RadixNode | None) -> None:
+    def __init__(self, key: tuple[int, ...], run: TokenRun | None, parent: RadixNode | None) -> None:
         self.key = key
-        self.indices = indices  # the edge's tokens in the store; None once evicted
+        self.run = run  # the edge's tokens in the store; None once evicted
         self.children: dict[int, RadixNode] = {}
         self.parent = parent
         self.last_access = 0
@@ -128,29 +128,24 @@ class PrefixCache:
             self.stats.miss_tokens += len(tokens) - i
         return result
 
-    def indices(self, match: PrefixMatch) -> torch.Tensor:
-        """The store indices of a match's tokens, in order (valid until the cache changes)."""
-        runs = []
+    def read(self, match: PrefixMatch) -> list[torch.Tensor]:
+        """A match's KV, a piece per node in sequence order (views where a node's run is consecutive:
+        copy them before the cache changes)."""
+        pieces = []
         for node, n in match.parts:
-            assert node.indices is not None
-            runs.append(node.indices[:n])
-        if not runs:
-            return torch.empty(0, dtype=torch.long, device=self.store.device)
-        return runs[0] if len(runs) == 1 else torch.cat(runs)
-
-    def read(self, match: PrefixMatch) -> torch.Tensor:
-        """A match's KV, gathered from the store in one copy."""
-        return self.store.read(self.indices(match))
+            assert node.run is not None
+            pieces.append(self.store.read(node.run.head(n)))
+        return pieces
 
     # -- insertion ------------------------------------------------------------------------------------
     def _split(self, node: RadixNode, c: int) -> RadixNode:
         """Split ``node``'s edge after ``c`` tokens; returns the new upper node. ``node`` keeps the tail,
         so pins and identities held on it still mean "the sequence ending where it ends"."""
         parent = node.parent
-        assert parent is not None and node.indices is not None and 0 < c < len(node.key)
-        upper = RadixNode(node.key[:c], node.indices[:c], parent)
+        assert parent is not None and node.run is not None and 0 < c < len(node.key)
+        upper = RadixNode(node.key[:c], node.run.head(c), parent)
         node.key = node.key[c:]
-        node.indices = node.indices[c:]
+        node.run = node.run.tail(c)
         upper.last_access = node.last_access
         parent.children[upper.key[0]] = upper
         upper.children[node.key[0]] = node
@@ -207,15 +202,15 @@ class PrefixCache:
             return None  # it could never fit: keep what is cached
         if self.store.free_tokens < n:
             self.evict((n - self.store.free_tokens) * self.bytes_per_token, protect=parent)
-        indices = self.store.allocate(n)
-        if indices is None:
+        run = self.store.allocate(n)
+        if run is None:
             return None
         kv = source(i, len(tokens))
         if kv.shape[self.store.token_dim] != n:
-            self.store.free(indices)
+            self.store.free(run)
             raise ValueError(f"KV source returned {kv.shape[self.store.token_dim]} tokens, expected {n}")
-        self.store.write(indices, kv)
-        leaf = RadixNode(tokens[i:], indices, parent)
+        self.store.write(run, kv)
+        leaf = RadixNode(tokens[i:], run, parent)
         leaf.last_access = now
         parent.children[tokens[i]] = leaf
         self._leaves.discard(parent)
@@ -258,14 +253,14 @@ class PrefixCache:
     # -- eviction -------------------------------------------------------------------------------------
     def _remove_leaf(self, leaf: RadixNode) -> None:
         parent = leaf.parent
-        assert parent is not None and not leaf.children and leaf.indices is not None
+        assert parent is not None and not leaf.children and leaf.run is not None
         del parent.children[leaf.key[0]]
         leaf.parent = None
         self._leaves.discard(leaf)
         if parent is not self.root and not parent.children:
             self._leaves.add(parent)
-        self.store.free(leaf.indices)
-        leaf.indices = None
+        self.store.free(leaf.run)
+        leaf.run = None
         self.num_nodes -= 1
         self.num_tokens -= len(leaf.key)
         self.stats.evictions += 1

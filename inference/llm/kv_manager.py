@@ -208,7 +208,7 @@ class TokenKVStore:
     def free_tokens(self) -> int:
         return len(self._free)
 
-    def allocate(self, n: int) -> torch.Tensor | None:
+    def allocate(self, n: int) -> TokenRun | None:
         """``n`` indices, or None when fewer are free."""
         if n > len(self._free):
             return None
@@ -217,18 +217,42 @@ class TokenKVStore:
             shape.insert(self.token_dim, self.capacity)
             self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
         taken = [self._free.pop() for _ in range(n)]
-        return torch.tensor(taken, dtype=torch.long, device=self.device)
+        start = taken[0] if taken[-1] - taken[0] == n - 1 and taken == list(range(taken[0], taken[0] + n)) else -1
+        return TokenRun(torch.tensor(taken, dtype=torch.long, device=self.device), start)
 
-    def free(self, indices: torch.Tensor) -> None:
-        self._free.extend(reversed(indices.tolist()))
+    def free(self, run: TokenRun) -> None:
+        self._free.extend(reversed(run.indices.tolist()))
 
-    def write(self, indices: torch.Tensor, kv: torch.Tensor) -> None:
+    def write(self, run: TokenRun, kv: torch.Tensor) -> None:
         assert self.data is not None
-        self.data.index_copy_(self.token_dim, indices, kv.to(self.dtype))
+        if run.start >= 0:  # consecutive (the usual case): a plain copy, faster than index_copy_
+            self.data.narrow(self.token_dim, run.start, len(run)).copy_(kv)
+        else:
+            self.data.index_copy_(self.token_dim, run.indices, kv.to(self.dtype))
 
-    def read(self, indices: torch.Tensor) -> torch.Tensor:
+    def read(self, run: TokenRun) -> torch.Tensor:
+        """A run's KV: a view where it is consecutive (copy it before the store changes), else a gather."""
         assert self.data is not None
-        return self.data.index_select(self.token_dim, indices)
+        if run.start >= 0:
+            return self.data.narrow(self.token_dim, run.start, len(run))
+        return self.data.index_select(self.token_dim, run.indices)
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """Indices into a :class:`TokenKVStore`; ``start`` >= 0 when they are ``start, start + 1, ...``."""
+
+    indices: torch.Tensor
+    start: int = -1
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def head(self, n: int) -> TokenRun:
+        return TokenRun(self.indices[:n], self.start)
+
+    def tail(self, n: int) -> TokenRun:
+        return TokenRun(self.indices[n:], self.start + n if self.start >= 0 else -1)
 
 
 class SlotHandle:
@@ -296,9 +320,11 @@ class KVManager:
         return self.cache.match(tokens, max_length=max_length, record=record)
 
     def load_prefix(self, handle: SlotHandle, match: PrefixMatch) -> None:
-        """Copy a match's cached KV to the start of ``handle``'s slot (one gather)."""
-        if match.length:
-            self.pool.write(handle.slot, 0, self.cache.read(match))
+        """Copy a match's cached KV to the start of ``handle``'s slot, a node's run at a time."""
+        pos = 0
+        for piece in self.cache.read(match):
+            self.pool.write(handle.slot, pos, piece)
+            pos += piece.shape[3]
 
     def cache_prefix(self, handle: SlotHandle, tokens: Sequence[int], upto: int, *, pin: bool) -> RadixNode | None:
         """Put the KV of ``tokens[:upto]`` (what ``handle``'s slot holds) in the prefix cache."""

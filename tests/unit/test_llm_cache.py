@@ -23,7 +23,8 @@ def source(tokens):
 
 
 def gathered(cache, match):
-    return cache.read(match)
+    pieces = cache.read(match)
+    return torch.cat(pieces, dim=2) if pieces else torch.empty(1, 2, 0)
 
 
 def make(budget=1 << 20):
@@ -161,10 +162,12 @@ def test_nodes_hold_indices_into_one_store_and_a_split_copies_nothing():
     a = [1, 2, 3, 4, 5, 6]
     na = c.insert(a, source(a))
     data = c.store.data
-    before = na.indices.clone()
+    before = na.run.indices.clone()
+    assert na.run.start == 0  # a fresh store hands out consecutive indices: reads are views
     c.insert([1, 2, 3, 7], source([1, 2, 3, 7]))
     upper = na.parent
-    assert torch.equal(torch.cat([upper.indices, na.indices]), before)  # the same store positions
+    assert torch.equal(torch.cat([upper.run.indices, na.run.indices]), before)  # the same store positions
+    assert (upper.run.start, na.run.start) == (0, 3)
     assert c.store.data is data and c.store.free_tokens == c.store.capacity - 7
 
 
@@ -181,3 +184,18 @@ def test_leaves_are_tracked_as_the_tree_changes():
     c.insert([7, 7, 7, 7, 7, 7, 7, 7], source([7] * 8))
     m = c.match([7] * 8)
     assert m.length == 8 and torch.equal(gathered(c, m), kv_of([7] * 8))
+
+
+def test_scattered_indices_are_gathered():
+    """Indices freed out of order come back scattered: the reads and writes gather and scatter."""
+    c = make(budget=6 * BYTES_PER_TOKEN)
+    c.insert([1, 2], source([1, 2]))
+    c.insert([3, 4], source([3, 4]))
+    c.insert([5, 6], source([5, 6]))
+    c.match([3, 4])  # [1, 2] then [5, 6] are the oldest
+    c.insert([7, 8, 9, 10], source([7, 8, 9, 10]))  # evicts them: indices 0, 1 then 4, 5
+    node = c.match([7, 8, 9, 10]).parts[0][0]
+    assert node.run.start == -1 and node.run.indices.tolist() == [4, 5, 0, 1]
+    m = c.match([7, 8, 9, 10])
+    assert torch.equal(gathered(c, m), kv_of([7, 8, 9, 10]))
+    assert torch.equal(gathered(c, c.match([3, 4])), kv_of([3, 4]))
