@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 import httpx
 import websockets
@@ -37,8 +38,8 @@ def replica_of(identifier: str) -> str:
     return head if dot else ""
 
 
-def _headers(headers: dict[str, str] | object) -> dict[str, str]:
-    return {name: value for name, value in headers.items() if name.lower() not in _NOT_FORWARDED}  # type: ignore[attr-defined]
+def _headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name: value for name, value in headers.items() if name.lower() not in _NOT_FORWARDED}
 
 
 async def forward_post(owner_url: str, request: Request) -> Response:

@@ -57,9 +57,9 @@ class IdempotencyStore:
             if found is None:
                 return None
             answer = found.get("response")
-            entry = _Entry(found["fingerprint"], found["created"], None if answer is None else StoredResponse(
+            shared_entry = _Entry(found["fingerprint"], found["created"], None if answer is None else StoredResponse(
                 answer["status"], answer["media_type"], base64.b64decode(answer["body"]), answer["headers"]))
-            return self._replay(entry, fingerprint)
+            return self._replay(shared_entry, fingerprint)
         self._expire()
         entry = self._entries.get((caller, key))
         if entry is None:

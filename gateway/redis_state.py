@@ -136,7 +136,7 @@ class RedisState:
 
     async def get_secret(self, digest: str) -> SecretRecord | None:
         value = await self.redis.get(f"{PREFIX}secret:{digest}")
-        return _secret(value) if value else None
+        return _secret(_text(value)) if value else None
 
     async def take_secret(self, digest: str) -> SecretRecord | None:
         """The secret, removed in the same step: of two replicas taking it, one gets it."""
@@ -187,7 +187,8 @@ class RedisState:
         await self.redis.delete(f"{PREFIX}replica:{replica_id}")
 
     async def replica_url(self, replica_id: str) -> str | None:
-        return await self.redis.get(f"{PREFIX}replica:{replica_id}")
+        value = await self.redis.get(f"{PREFIX}replica:{replica_id}")
+        return None if value is None else _text(value)
 
 
 def _secret(value: str) -> SecretRecord:
@@ -201,3 +202,8 @@ def _idempotency_key(owner: str, key_digest: str) -> str:
 
 def _seats_key(key_id: str) -> str:
     return f"{PREFIX}seats:{key_id}"
+
+
+def _text(value: bytes | str) -> str:
+    """A Redis reply as text (the client decodes responses, but its types allow bytes)."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -26,7 +26,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +99,7 @@ class Segment:
 class LongTranscription:
     language: str
     duration: float  # seconds of audio
-    segments: AsyncIterator[Segment]  # decoded one window per worker hop as they are consumed
+    segments: AsyncGenerator[Segment, None]  # decoded one window per worker hop as they are consumed
 
 
 T = TypeVar("T")
@@ -284,7 +284,7 @@ class AsrEngine:
         segments, info = await self._in_background(start)
         return LongTranscription(info.language, float(info.duration), self._segments(segments))
 
-    async def _segments(self, segments: Iterator[Any]) -> AsyncIterator[Segment]:
+    async def _segments(self, segments: Iterator[Any]) -> AsyncGenerator[Segment, None]:
         def step() -> Any:
             with using_cores(self.threads):
                 return next(segments, None)

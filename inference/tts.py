@@ -20,7 +20,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,7 +242,7 @@ class TtsEngine:
         speed: float = 1.0,
         voice: str | None = None,
         priority: Priority = "live",
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         """int16 mono PCM at the voice's rate (sample_rate for the default voice), one Piper sentence per
         item; `speed` 2.0 speaks twice as fast. `voice`: an installed voice's name (None: the default).
         `priority`: "background" hops wait while any live hop is queued.

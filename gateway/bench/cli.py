@@ -76,7 +76,7 @@ class Bench(BaseModel):
             sys.exit(2)
 
     def _config(self) -> BenchConfig:
-        prompts = QUESTIONS
+        prompts: tuple[str, ...] = QUESTIONS
         if self.prompt_file is not None:
             try:
                 prompts = tuple(line.strip() for line in self.prompt_file.read_text().splitlines() if line.strip())

@@ -162,7 +162,8 @@ class RealtimeTextClient:
             raise BenchError("not a Realtime server: its first event was not a JSON object") from None
         if first.get("type") == "error":
             await connection.close()
-            error = first.get("error") if isinstance(first.get("error"), dict) else {}
+            raw = first.get("error")
+            error: dict[str, Any] = raw if isinstance(raw, dict) else {}
             raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
                              str(error.get("code") or "session_refused"))
         if first.get("type") != "session.created":

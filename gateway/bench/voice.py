@@ -338,7 +338,7 @@ class RealtimeVoiceClient(SpokenClient):
         except ValueError:
             self._inbox.put_nowait(ValueError("an event was not JSON"))
             return
-        code = connection.close_rcvd.code if connection.close_rcvd else "no close frame"
+        code = connection.close_code if connection.close_code is not None else "no close frame"
         self._inbox.put_nowait(BenchError(f"the server closed the session ({code})"))
 
     async def close(self) -> None:

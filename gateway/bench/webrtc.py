@@ -144,7 +144,8 @@ class RealtimeCallClient(SpokenClient):
             raise BenchError("not a Realtime call: its first event was not a JSON object") from None
         event = first[1] if first is not None else None
         if isinstance(event, dict) and event.get("type") == "error":
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            raw = event.get("error")
+            error: dict[str, Any] = raw if isinstance(raw, dict) else {}
             raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
                              str(error.get("code") or "session_refused"))
         if not isinstance(event, dict) or event.get("type") != "session.created":
@@ -177,6 +178,7 @@ class RealtimeCallClient(SpokenClient):
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            assert isinstance(frame, AudioFrame)  # an audio track's
             pcm = frame.to_ndarray().astype(np.float64)
             if pcm.size and float(np.sqrt(np.mean(pcm**2))) > LOUD_RMS:
                 self._inbox.put_nowait((time.perf_counter(), AudioIn(frame.samples / frame.sample_rate, None)))

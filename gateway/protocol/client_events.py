@@ -152,7 +152,7 @@ ClientEvent = Annotated[
     Field(discriminator="type"),
 ]
 
-CLIENT_EVENT_ADAPTER: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
+CLIENT_EVENT_ADAPTER: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)  # type: ignore[arg-type]  # an Annotated union
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
     get_args(model.model_fields["type"].annotation)[0] for model in get_args(get_args(ClientEvent)[0])
 )

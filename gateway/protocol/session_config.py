@@ -258,7 +258,7 @@ class SessionConfig(_Strict):
 
     @field_validator("prompt", "include", mode="before")
     @classmethod
-    def _unavailable(cls, value: object, info: ValidationInfo) -> object:
+    def _unavailable(cls, value: Any, info: ValidationInfo) -> Any:  # (``object`` is a field here)
         if value is not None:
             raise ValueError(f"{info.field_name} is not available on this server: send null or leave it out")
         return value
@@ -280,7 +280,9 @@ class SessionConfig(_Strict):
     @field_validator("max_output_tokens")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
-        return check_max_output_tokens(value)
+        checked = check_max_output_tokens(value)
+        assert checked is not None  # the field is never null
+        return checked
 
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities

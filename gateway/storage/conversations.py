@@ -4,6 +4,7 @@ blocks the event loop (the drivers are asyncio ones: aiosqlite's thread, asyncpg
 from __future__ import annotations
 
 import asyncio
+import builtins  # the store has a method named list
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -110,26 +111,26 @@ class ConversationStore:
         query = select(MessageRow).where(MessageRow.conversation_id == conversation_id)
         return await self._page(query, MessageRow.id, after, limit, order)
 
-    async def all_messages(self, conversation_id: str) -> list[MessageRow]:
+    async def all_messages(self, conversation_id: str) -> builtins.list[MessageRow]:
         async with self._session() as session:
             result = await session.scalars(select(MessageRow).where(MessageRow.conversation_id == conversation_id)
                                            .order_by(MessageRow.id))
             return list(result)
 
-    async def branch(self, conversation: ConversationRow, leaf_id: str | None = None) -> list[MessageRow]:
+    async def branch(self, conversation: ConversationRow, leaf_id: str | None = None) -> builtins.list[MessageRow]:
         """The messages from the root to `leaf_id` (default: the conversation's current leaf)."""
         leaf = leaf_id or conversation.current_leaf_id
         if leaf is None:
             return []
         by_id = {row.id: row for row in await self.all_messages(conversation.id)}
-        path: list[MessageRow] = []
+        path: builtins.list[MessageRow] = []
         cursor: str | None = leaf
         while cursor is not None and cursor in by_id:
             path.append(by_id[cursor])
             cursor = by_id[cursor].parent_id
         return path[::-1]
 
-    async def append(self, conversation_id: str, parent_id: str | None, messages: list[NewMessage]) -> None:
+    async def append(self, conversation_id: str, parent_id: str | None, messages: builtins.list[NewMessage]) -> None:
         """Add a chain of messages under `parent_id` and make its last one the current leaf."""
         now = epoch()
         async with self._session.begin() as session:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -55,7 +55,8 @@ async def completions(request: Request) -> Response:
     engine = svc.runtime.engine
     assert engine is not None
     policy = svc.runtime.safety
-    prompt_ids, prompt_text = await asyncio.to_thread(_screened_prompt, engine.lm, policy, body.prompt)
+    prompt = cast("str | list[int]", body.prompt)  # its validator leaves one prompt, text or ids
+    prompt_ids, prompt_text = await asyncio.to_thread(_screened_prompt, engine.lm, policy, prompt)
     room = engine.lm.context_window - len(prompt_ids)
     if room < 1:
         raise ApiError("context_length_exceeded", f"The prompt has {len(prompt_ids)} tokens; the model's context "
@@ -112,7 +113,7 @@ def _screened_prompt(lm: PromptModel, policy: SafetyPolicy, prompt: str | list[i
     if not policy:
         return prompt, ""
     try:
-        text = tokenizer.decode(prompt)
+        text = cast(str, tokenizer.decode(prompt))
     except (OverflowError, TypeError, ValueError):
         raise ApiError("invalid_value", "The prompt holds a token id past the model's vocabulary.", "prompt") from None
     screened = screen_text(policy, text, what="prompt", param="prompt")
@@ -137,7 +138,7 @@ def _record(request_id: str | None, cid: str, model: str, stream: bool, result: 
         metrics.COMPLETIONS_TTFT_SECONDS.observe(result.first_token_at - result.submitted_at)
     if result is not None and result.admitted_at is not None:
         metrics.QUEUE_WAIT_SECONDS.labels("completions").observe(result.admitted_at - result.submitted_at)
-    tokens = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
+    tokens: dict[str, Any] = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
               "output_tokens": result.completion_tokens, "finish_reason": result.finish_reason} if result else {}
     log_event("completion", request_id=request_id, completion_id=cid, model=model, stream=stream, status=status,
               **tokens)

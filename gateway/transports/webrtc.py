@@ -353,7 +353,7 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
 
 
 @router.post("/v1/realtime/calls/{call_id}/hangup", responses=error_responses(401, 404, 429))
-async def hang_up(call_id: str, request: Request) -> JSONResponse:
+async def hang_up(call_id: str, request: Request) -> Response:
     svc: Services = request.app.state.services
     call = svc.calls.get(call_id)
     if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:

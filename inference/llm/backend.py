@@ -170,7 +170,10 @@ class PromptModel(Protocol):
 
 
 class LLMBackend(Protocol):
-    lm: PromptModel
+    @property
+    def lm(self) -> PromptModel:
+        """The tokenizer and the facts a prompt is rendered with (read-only: backends hold richer models)."""
+        ...
 
     def start(self) -> None: ...
 
