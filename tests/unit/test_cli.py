@@ -30,3 +30,10 @@ def test_environment_variables_set_options(monkeypatch: pytest.MonkeyPatch) -> N
 def test_public_bind_without_a_key_is_refused() -> None:
     with pytest.raises(SystemExit, match="refusing to bind 0.0.0.0 with no API key"):
         serve(Settings(host="0.0.0.0"))
+
+
+def test_phone_region_is_a_known_country() -> None:
+    assert Settings(safety_phone_region="gb").safety_phone_region == "GB"
+    refused = subprocess.run([sys.executable, "-m", "gateway", "serve", "--safety-phone-region", "ZZ"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--safety-phone-region" in refused.stderr
