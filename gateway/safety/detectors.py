@@ -84,8 +84,6 @@ IBAN = Detector("iban", regex.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,
 # Not inside a word or a dash-, dot- or slash-joined run (a UUID, a version, a path). It may end in a separator,
 # so that a stream holds "+1 " back for the digits that may follow.
 _PHONE_CANDIDATE = regex.compile(r"(?<![\w+.,/-])\+?\(?\d[\d().\-/ \t]{0,250}(?!\w)")
-
-
 MIN_PHONE_DIGITS = 7  # the shortest numbers anywhere, with their country code (Niue's +683 4002)
 
 
