@@ -120,6 +120,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
     app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
+    app.state.calls = webrtc.CallRegistry(svc)
     # Innermost: an answer waits for the durable changes its request made (a spent secret, an idempotent answer).
     app.add_middleware(DurableAnswers)
     # The body limit sits inside the request ids, so that its 413s get an id and are counted too.

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,6 @@ from gateway.token_quota import TokenAccount, TokenQuota
 if TYPE_CHECKING:
     from gateway.session import RealtimeSession
     from gateway.session_hub import Attachment
-    from gateway.transports.webrtc import Call
 
 CLOSE_SERVICE_RESTART = 1012  # WebSocket close code: the session goes on elsewhere (drain)
 log = logging.getLogger(__name__)
@@ -50,7 +49,8 @@ class Services:
     idempotency: IdempotencyStore
     # Live Realtime sessions (WebSocket and WebRTC) and the seat each holds (its key's): see open_session.
     sessions: dict[RealtimeSession, Seat] = field(default_factory=dict)
-    calls: dict[str, Call] = field(default_factory=dict)  # live WebRTC calls by id
+    # Called with each session that ends (a WebRTC call hangs up with its session); must not block.
+    session_end_hooks: list[Callable[[RealtimeSession], None]] = field(default_factory=list)
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
     conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
@@ -200,16 +200,15 @@ class Services:
         return self.conversations
 
     async def end_session(self, session: RealtimeSession) -> None:
-        """The session is over: uncounted, unresumable, closed, and its WebRTC call (if any) hung up."""
+        """The session is over: uncounted, unresumable, closed, and its transport told (a WebRTC call hangs up)."""
         seat = self.sessions.pop(session, None)
         self.hub.remove(session)
         if seat is not None:
             await self.seats.give_back(seat)
         await self.limits.forget(session)
         await session.close()
-        for call in list(self.calls.values()):
-            if call.session is session:
-                call.ended.set()  # the call's supervisor closes the peer connection
+        for hook in self.session_end_hooks:
+            hook(session)
 
     def require_model(self, model: str, param: str = "model") -> None:
         if model not in self.runtime.model_names:

@@ -6,18 +6,14 @@ replica is relayed there (ids name their replica)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gateway.auth import Principal
 from gateway.forwarding import relay_websocket, replica_of
 from gateway.protocol.errors import ApiError
 from gateway.services import Services
-
-CLOSE_TRY_AGAIN = 1013
+from gateway.transports.channel import run_session
+from gateway.transports.websocket_channel import WebSocketChannel
 
 
 async def serve_sideband(websocket: WebSocket, svc: Services, principal: Principal, call_id: str,
@@ -25,7 +21,7 @@ async def serve_sideband(websocket: WebSocket, svc: Services, principal: Princip
     """Raises ApiError before it serves (the caller reports it); afterwards the connection is its own."""
     if principal.secret is not None:
         raise ApiError("invalid_api_key", "A sideband connection uses an API key, not a client secret.", status=401)
-    call = svc.calls.get(call_id)
+    call = websocket.app.state.calls.get(call_id)
     if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:
         await relay_websocket(websocket, owner, subprotocol)
         return
@@ -35,31 +31,7 @@ async def serve_sideband(websocket: WebSocket, svc: Services, principal: Princip
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     session = call.session
     tap = session.outbox.tap()
-
-    async def to_client() -> None:
-        while (wire := await tap.next()) is not None:
-            await websocket.send_text(wire)
-
-    async def from_client() -> None:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            if message.get("text") is None:
-                session.send_error(ApiError("invalid_event", "Events are JSON text frames; a binary frame was sent."))
-                continue
-            await session.receive(message["text"])
-
-    tasks = [asyncio.create_task(to_client(), name=f"sideband writer {call_id}"),
-             asyncio.create_task(from_client(), name=f"sideband reader {call_id}")]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    try:  # a watcher: its end is its own, the call goes on
+        await run_session(WebSocketChannel(websocket, "sideband"), session, tap, attachment=None, hub=None, end=None)
     finally:
         session.outbox.untap(tap)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if websocket.application_state == WebSocketState.CONNECTED:
-            code, reason = (CLOSE_TRY_AGAIN, "slow consumer: events were not read") if tap.overflowed else (1000, "")
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                await websocket.close(code, reason)

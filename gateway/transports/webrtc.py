@@ -28,7 +28,6 @@ from gateway.config import Settings
 from gateway.forwarding import forward_post, replica_of
 from gateway.http_bodies import read_body
 from gateway.openapi import error_responses, request_body
-from gateway.outbox import OutboxReader, ReplayUnavailable, SlowConsumer
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
 from gateway.realtime_store import attach_stored_conversation
@@ -37,6 +36,7 @@ from gateway.session import RealtimeSession
 from gateway.session_hub import Attachment, SessionHub
 from gateway.session_seats import Seat
 from gateway.speech_out import PlayoutSpeech
+from gateway.transports.channel import ChannelClosed, Outcome, attach, run_session
 from media.playout import PlayoutBuffer
 from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
 
@@ -47,6 +47,7 @@ EVENTS_CHANNEL = "oai-events"
 PLAYOUT_RATE = 48000
 FRAME_SAMPLES = PLAYOUT_RATE // 50  # 20 ms
 CONNECT_TIMEOUT_S = 30.0
+NO_CLOSE_FRAME = 1006
 MAX_SDP_BYTES = 64 * 1024
 
 
@@ -76,6 +77,60 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
     return servers
 
 
+class CallRegistry:
+    """The live calls of this replica by id (the app's ``state.calls``). A call hangs up when its
+    session ends, however it ended (the registry hooks the services' session end)."""
+
+    def __init__(self, services: Services) -> None:
+        self._calls: dict[str, Call] = {}
+        services.session_end_hooks.append(self._session_ended)
+
+    def add(self, call: Call) -> None:
+        self._calls[call.id] = call
+
+    def get(self, call_id: str) -> Call | None:
+        return self._calls.get(call_id)
+
+    def remove(self, call_id: str) -> None:
+        self._calls.pop(call_id, None)
+
+    def _session_ended(self, session: RealtimeSession) -> None:
+        for call in list(self._calls.values()):
+            if call.session is session:
+                call.end()  # its supervisor closes the peer connection
+
+
+class DataChannel:
+    """An `oai-events` data channel as a session :class:`~gateway.transports.channel.Channel`."""
+
+    kind = "datachannel"
+
+    def __init__(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+        # aiortc calls back on the loop: the messages, then None for the close.
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        channel.on("message", self._inbox.put_nowait)
+        channel.on("close", lambda: self._inbox.put_nowait(None))
+
+    async def receive(self) -> str | bytes:
+        message = await self._inbox.get()
+        if message is None:
+            self._inbox.put_nowait(None)  # closed for good
+            raise ChannelClosed(NO_CLOSE_FRAME)  # a data channel has no close code: resumable
+        return message
+
+    async def send(self, wire: str) -> None:
+        while self.channel.readyState == "connecting":
+            await asyncio.sleep(0.01)
+        if self.channel.readyState != "open":
+            raise ChannelClosed(NO_CLOSE_FRAME)
+        self.channel.send(wire)
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.channel.readyState in ("connecting", "open"):
+            self.channel.close()
+
+
 @dataclass
 class Call:
     id: str
@@ -88,9 +143,13 @@ class Call:
     secret_digest: str | None = None
     hub: SessionHub | None = None  # to park the session while its events channel is gone (resume)
     reader: InboundAudioReader | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # event readers and writers
+    tasks: list[asyncio.Task[Outcome]] = field(default_factory=list)  # its events channels' lifecycles
 
-    async def supervise(self, services: Services) -> None:
+    def end(self) -> None:
+        """Ends the call (its supervisor closes the session and the peer connection)."""
+        self.ended.set()
+
+    async def supervise(self, services: Services, calls: CallRegistry) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
         try:
             waits = [asyncio.ensure_future(event.wait()) for event in (self.connected, self.ended)]
@@ -102,7 +161,7 @@ class Call:
             if self.connected.is_set():
                 await self.ended.wait()
         finally:
-            services.calls.pop(self.id, None)
+            calls.remove(self.id)
             if self.reader is not None:
                 await self.reader.close()
             await services.end_session(self.session)
@@ -113,56 +172,24 @@ class Call:
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         """An `oai-events` channel carries the session's events. One opened again on the same call
-        resumes them: its protocol `last_sequence=<n>` replays the events after n first."""
+        resumes them: its protocol `last_sequence=<n>` replays the events after n first. Without its
+        events channel the call goes on (the audio still flows) for the resume window."""
         if channel.label != EVENTS_CHANNEL or self.ended.is_set():
             return
-        attachment = self.hub.reattach(self.session) if self.hub is not None else None
+        attachment = self.hub.reattach(self.session) if self.hub is not None else Attachment()
         try:
-            reader = self.session.outbox.attach(_last_sequence(channel.protocol))
-        except (ReplayUnavailable, ValueError) as exc:
+            reader = attach(self.session, _last_sequence(channel.protocol))
+        except (ApiError, ValueError) as exc:
             reader = self.session.outbox.attach()  # the call goes on; the client hears of the gap
-            self.session.send_error(ApiError("resume_gap", str(exc), "last_sequence"))
+            self.session.send_error(exc if isinstance(exc, ApiError) else ApiError("resume_gap", str(exc), "last_sequence"))
+        events = DataChannel(channel)
 
-        inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
-        channel.on("message", inbox.put_nowait)
-        channel.on("close", lambda: self._channel_closed(attachment))
-        self.tasks += [
-            asyncio.create_task(self._read_events(inbox), name=f"dc reader {self.id}"),
-            asyncio.create_task(self._write_events(channel, reader), name=f"dc writer {self.id}"),
-        ]
+        async def end() -> None:
+            self.end()
 
-    def _channel_closed(self, attachment: Attachment | None) -> None:
-        """Without its events channel the call may go on (the audio still flows) until the client opens
-        another one, for the resume window; with resume off, the call ends."""
-        if attachment is None or self.hub is None or not self.hub.park(self.session, attachment):
-            self.ended.set()
-
-    async def _read_events(self, inbox: asyncio.Queue[str | bytes]) -> None:
-        """One event at a time, in order, as over the WebSocket."""
-        while True:
-            message = await inbox.get()
-            if isinstance(message, bytes):  # events are JSON text messages
-                self.session.send_error(ApiError("invalid_event", "Events are JSON text messages; a binary one was sent."))
-                continue
-            try:
-                await self.session.receive(message)
-            except SlowConsumer:
-                self.ended.set()
-                return
-
-    async def _write_events(self, channel: RTCDataChannel, reader: OutboxReader) -> None:
-        try:
-            while channel.readyState == "connecting":
-                await asyncio.sleep(0.01)
-            while (wire := await reader.next()) is not None:
-                if channel.readyState != "open":
-                    return  # the channel's close handler decides: park the session or end the call
-                channel.send(wire)
-            if not reader.superseded:
-                self.ended.set()  # the session is over, or its client stopped reading
-        except Exception:
-            log.exception("call %s: sending its events failed", self.id)
-            self.ended.set()  # rather than a call that goes on mute
+        self.tasks.append(asyncio.create_task(
+            run_session(events, self.session, reader, attachment=attachment, hub=self.hub, end=end),
+            name=f"datachannel {self.id}"))
 
     def attach_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self.reader is not None:
@@ -340,8 +367,9 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
         raise
     call.hub = svc.hub
     session.start()
-    svc.calls[call.id] = call
-    task = asyncio.create_task(call.supervise(svc), name=f"call {call.id}")
+    calls: CallRegistry = request.app.state.calls
+    calls.add(call)
+    task = asyncio.create_task(call.supervise(svc, calls), name=f"call {call.id}")
     svc.background.add(task)
     task.add_done_callback(svc.background.discard)
     return Response(
@@ -355,7 +383,7 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
 @router.post("/v1/realtime/calls/{call_id}/hangup", responses=error_responses(401, 404, 429))
 async def hang_up(call_id: str, request: Request) -> Response:
     svc: Services = request.app.state.services
-    call = svc.calls.get(call_id)
+    call = request.app.state.calls.get(call_id)
     if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:
         return await forward_post(owner, request)  # the call lives on another replica: its owner answers
     token = bearer_token(request.headers.get("authorization"))

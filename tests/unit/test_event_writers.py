@@ -1,7 +1,7 @@
-"""The event writers' failure paths (WebSocket and WebRTC data channel), by fault injection at the socket: a send that fails for a
-reason other than the peer leaving closes the connection with 1011 and the session's outbox, so the
-session cannot stay open and mute (issue 14's writer that died on a lone surrogate and left the
-socket answering pings but silent)."""
+"""The event writer's failure paths over both channels (WebSocket and WebRTC data channel), by fault
+injection at the socket: a send that fails for a reason other than the peer leaving closes the
+connection with 1011 and the session's outbox, so the session cannot stay open and mute (issue 14's
+writer that died on a lone surrogate and left the socket answering pings but silent)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gateway.outbox import Outbox
-from gateway.transports.realtime_ws import CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN, _write_events
-from gateway.transports.webrtc import Call
+from gateway.session_hub import Attachment
+from gateway.transports.channel import CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN, _pump_out, run_session
+from gateway.transports.webrtc import Call, DataChannel
+from gateway.transports.websocket_channel import WebSocketChannel
 
 
 @dataclass
@@ -46,7 +48,7 @@ class SessionStub:
 
 async def _run_writer(socket: SocketWithFault, events: int, **outbox_args: int) -> SessionStub:
     session = SessionStub(outbox=Outbox(**outbox_args))
-    writer = asyncio.create_task(_write_events(socket, session, session.outbox.attach()))  # type: ignore[arg-type]
+    writer = asyncio.create_task(_pump_out(WebSocketChannel(socket), session, session.outbox.attach()))  # type: ignore[arg-type]
     for n in range(events):
         session.outbox.send({"type": "response.output_text.delta", "delta": f"d{n}"})
         await asyncio.sleep(0)
@@ -88,7 +90,7 @@ async def test_a_send_that_raced_the_close_is_not_a_server_error(caplog: pytest.
 async def test_a_client_that_stops_reading_is_closed_with_1013() -> None:
     socket = SocketWithFault(fail_at=0, error=RuntimeError("unused"))
     session = SessionStub(outbox=Outbox(max_pending_bytes=200))
-    writer = asyncio.create_task(_write_events(socket, session, session.outbox.attach()))  # type: ignore[arg-type]
+    writer = asyncio.create_task(_pump_out(WebSocketChannel(socket), session, session.outbox.attach()))  # type: ignore[arg-type]
     with pytest.raises(Exception, match="bytes of events unread"):
         for n in range(10):  # queued in one step of the loop: the writer cannot drain in between
             session.outbox.send({"type": "response.output_text.delta", "delta": "x" * 40 + str(n)})
@@ -98,23 +100,37 @@ async def test_a_client_that_stops_reading_is_closed_with_1013() -> None:
 
 @dataclass
 class ChannelWithFault:
-    """An open data channel whose send number `fail_at` raises."""
+    """An open data channel whose send number `fail_at` raises (aiortc's callbacks, its close fires "close")."""
 
     fail_at: int
     sent: list[str] = field(default_factory=list)
     readyState: str = "open"  # noqa: N815 (aiortc's name)
+    handlers: dict[str, list] = field(default_factory=dict)
+
+    def on(self, event: str, handler) -> None:
+        self.handlers.setdefault(event, []).append(handler)
 
     def send(self, data: str) -> None:
         if len(self.sent) + 1 == self.fail_at:
             raise ValueError("data channel broke")
         self.sent.append(data)
 
+    def close(self) -> None:
+        self.readyState = "closed"
+        for handler in self.handlers.get("close", []):
+            handler()
+
 
 async def test_a_data_channel_send_failure_ends_the_call(caplog: pytest.LogCaptureFixture) -> None:
     session = SessionStub()
     call = Call(id="rtc_test", pc=None, session=session, playout=None)  # type: ignore[arg-type]
     channel = ChannelWithFault(fail_at=2)
-    writer = asyncio.create_task(call._write_events(channel, session.outbox.attach()))  # type: ignore[arg-type]
+
+    async def end() -> None:
+        call.end()
+
+    writer = asyncio.create_task(run_session(DataChannel(channel), session, session.outbox.attach(),  # type: ignore[arg-type]
+                                             attachment=Attachment(), hub=None, end=end))
     for n in range(3):
         session.outbox.send({"type": "response.output_text.delta", "delta": f"d{n}"})
         await asyncio.sleep(0)
