@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gateway.protocol.errors import ApiError
 from inference.llm.backend import LLMBackend
+from inference.llm.routing import routed
 
 PREPARES_PER_KEY = 2
 PINNED_PER_KEY = 4  # in flight or finished; more than PREPARES_PER_KEY, so a finished one can always go
@@ -46,7 +47,8 @@ class Prewarmer:
         finished = [conversation for conversation, p in mine if p.prefill.done()]  # oldest first
         for oldest in finished[: max(0, len(mine) + 1 - PINNED_PER_KEY)]:
             self._drop(engine, owner, oldest)
-        prefill = engine.prefill(prompt_ids, conversation_id=self._pin_name(conversation_id), background=True)
+        with routed(conversation_id):  # pinned apart from the conversation, routed with it (to the same worker)
+            prefill = engine.prefill(prompt_ids, conversation_id=self._pin_name(conversation_id), background=True)
         prefill.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed pre-warm is only a miss
         prepared = _Prepared(prompt_ids, prefill)
         prepared.unpin = asyncio.get_running_loop().call_later(PIN_S, self._drop, engine, owner, conversation_id)

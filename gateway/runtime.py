@@ -19,6 +19,7 @@ from gateway.safety.hooks import Classifier, load_classifier
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.rules import build_policy
 from gateway.voices import VoiceCatalog
+from inference.llm.remote_probe import BackendMisconfigured
 from inference.models import (
     ModelNotFound,
     ModelPaths,
@@ -122,6 +123,10 @@ class Runtime:
             if self.settings.load_voice_models:
                 loads += [asyncio.to_thread(self._load_asr), asyncio.to_thread(self._load_tts)]
             await asyncio.gather(*loads)
+        except BackendMisconfigured as exc:  # one line says what to set
+            log.error("%s", exc)
+            self.load_error = str(exc)
+            return
         except Exception as exc:  # a failed load is reported by /healthz, not by a crash
             log.exception("model loading failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -185,6 +190,7 @@ class Runtime:
         eagerness' longest silence."""
         from inference.llm.loader import load_tokenizer_model
         from inference.llm.remote import RemoteBackend, RemoteConfig
+        from inference.llm.remote_probe import probe_backend
 
         settings = self.settings
         assert self.paths is not None and settings.llm_backend is not None
@@ -192,15 +198,17 @@ class Runtime:
         lm = load_tokenizer_model(self.paths.llm, cache_dir=settings.cache_dir,
                                   max_context_tokens=settings.max_context_tokens)
         self.load_times.llm_s = time.monotonic() - started
-        backend = RemoteBackend(lm, RemoteConfig(
+        config = RemoteConfig(
             url=settings.llm_backend, flavour=settings.llm_backend_flavour,
             model=settings.llm_backend_model or settings.model_name, api_key=settings.llm_backend_api_key,
             routing_header=settings.llm_routing_header, read_timeout_s=settings.llm_backend_timeout_s,
             retries=settings.llm_backend_retries, breaker_failures=settings.llm_backend_breaker_failures,
             breaker_cooldown_s=settings.llm_backend_breaker_cooldown_s, max_in_flight=settings.max_batch_size + settings.max_queued_requests,
-        ))
+        )
+        # BackendMisconfigured: the gateway never becomes ready (load_error), rather than fail every request.
+        backend = RemoteBackend(lm, probe_backend(config, lm.tokenizer.encode("Hi", add_special_tokens=False)[0]))
         log.info("the LLM runs on %s (%s flavour); prompts are rendered here with %s's tokenizer",
-                 settings.llm_backend, settings.llm_backend_flavour, self.paths.llm.name)
+                 settings.llm_backend, backend.config.flavour, self.paths.llm.name)
         metrics.ENGINE.stats = backend.stats
         self.engine = backend
 

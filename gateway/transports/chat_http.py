@@ -51,6 +51,7 @@ from inference.llm.backend import (
 )
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
 from inference.llm.constraints import GrammarError, TokenConstraint
+from inference.llm.routing import routed
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,8 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
         headers = {**headers, **reservation.headers()}
     stream: ReplyStream
     try:
-        stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
+        with routed(chat.conversation):
+            stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
         if reservation is not None:
             await reservation.settle(None)
@@ -191,8 +193,9 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
             second = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
             second.messages += facts
             prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, second, left)
-            return engine.submit(prompt.token_ids, replace(sampling, max_tokens=left), constraint=constraint,
-                                 messages=prompt.messages)
+            with routed(chat.conversation):
+                return engine.submit(prompt.token_ids, replace(sampling, max_tokens=left), constraint=constraint,
+                                     messages=prompt.messages)
 
         stream = MemoryToolStream(stream, remembered, svc.runtime.safety, follow_up, client_tools=plan.tools,
                                   tool_format=engine.lm.tool_format, max_tokens=max_tokens)

@@ -41,6 +41,7 @@ from gateway.token_quota import Reservation
 from gateway.transports.chat_http import resume_stream, sse_response, stream_request
 from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
+from inference.llm.routing import routed
 from inference.llm.tool_calls import ToolUse, plan_tool_use
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,8 @@ async def post_message(request: Request, conversation_id: str) -> Response:
         headers = {**headers, **reservation.headers()}
     stream: ReplyStream
     try:
-        stream = engine.submit(prompt.token_ids, sampling, messages=prompt.messages)
+        with routed(conversation_id):
+            stream = engine.submit(prompt.token_ids, sampling, messages=prompt.messages)
     except BACKEND_ERRORS as exc:
         if reservation is not None:
             await reservation.settle(None)
@@ -167,7 +169,8 @@ async def post_message(request: Request, conversation_id: str) -> Response:
         async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
             """The reply after the model saved memories, without the tool."""
             second = await asyncio.to_thread(_prompt, engine, [*memory.messages, *added, *memory.facts], left)
-            return engine.submit(second.token_ids, replace(sampling, max_tokens=left), messages=second.messages)
+            with routed(conversation_id):
+                return engine.submit(second.token_ids, replace(sampling, max_tokens=left), messages=second.messages)
 
         stream = MemoryToolStream(stream, memory.recall, svc.runtime.safety, follow_up, client_tools=[],
                                   tool_format=engine.lm.tool_format, max_tokens=max_tokens)
@@ -254,12 +257,7 @@ def stream_engine(svc: Services) -> LLMBackend:
 
 
 async def _title(svc: Services, owner: str, conversation_id: str, question: str) -> str | None:
-    engine = stream_engine(svc)
-    try:
-        title = await generate_title(engine, question, svc.runtime.safety)
-    except (*BACKEND_ERRORS, ContextOverflow) as exc:
-        log.info("no title for %s: %s", conversation_id, exc)
-        return None
+    title = await generate_title(stream_engine(svc), question, svc.runtime.safety, conversation_id)
     if title is not None:
         await svc.store.update(owner, conversation_id, title=title)
     return title

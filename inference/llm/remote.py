@@ -8,9 +8,10 @@ Two flavours:
 - ``chat``: ``POST /v1/chat/completions`` with the messages the ids were rendered from, for servers that
   take no token ids (llama.cpp's server, ``transformers serve``, a hosted API).
 
-Every request carries its conversation id in a routing header (``--llm-routing-header``), so a
-cache-aware router (SGLang's model gateway, vLLM's router) keeps a conversation on the worker that caches
-it. Cancelling a stream closes its connection: the server stops the request, and the conversation's next
+Every request of a conversation carries its id in a routing header (``--llm-routing-header``; routing.py
+says which), so a cache-aware router (SGLang's model gateway, vLLM's router) keeps a conversation on the
+worker that caches it. A server's error body never reaches a client (it may list the prompt): the log
+gets its redacted shape (:func:`redacted_body`), the client a message of the gateway's own. Cancelling a stream closes its connection: the server stops the request, and the conversation's next
 request never waits for it. A request that fails before anything was streamed is retried (a restarting
 server), one that breaks later is not (its text was seen); consecutive failures open a circuit breaker
 that refuses at once for a cool-down (``BackendUnavailable``: HTTP 503 or an ``error`` event), then lets one
@@ -24,6 +25,7 @@ import concurrent.futures
 import itertools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from .backend import (
     UnsupportedByBackend,
 )
 from .constraints import TokenConstraint
+from .routing import routing_key
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +175,7 @@ class RemoteBackend:
         rid = f"remote-{next(self._ids)}"
         # Cancelling closes the request's connection: the server stops it (any thread may cancel).
         stream = GenerationStream(rid, loop, on_cancel=lambda: loop.call_soon_threadsafe(task.cancel))
-        task = self._spawn(self._generate(stream, body, conversation_id, len(prompt_ids)), rid)
+        task = self._spawn(self._generate(stream, body, routing_key(conversation_id), len(prompt_ids)), rid)
         return stream
 
     def prefill(self, prompt_ids: Sequence[int], *, conversation_id: str, background: bool = False,
@@ -186,7 +189,7 @@ class RemoteBackend:
             return future
         body = self._body(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1), messages)
         self._counts["prefill_requests"] += 1
-        task = self._spawn(self._prefill(future, body, conversation_id), f"prefill-{next(self._ids)}")
+        task = self._spawn(self._prefill(future, body, routing_key(conversation_id)), f"prefill-{next(self._ids)}")
         future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
         return future
 
@@ -264,11 +267,11 @@ class RemoteBackend:
                 limits=httpx.Limits(max_connections=c.max_in_flight, max_keepalive_connections=32))
         return self._client
 
-    async def _events(self, body: dict[str, Any], conversation_id: str | None,
+    async def _events(self, body: dict[str, Any], route: str | None,
                       streamed: list[bool]) -> AsyncIterator[dict[str, Any]]:
         """The server's SSE chunks, retried while ``streamed[0]`` is false (nothing reached the caller)."""
         path = "/completions" if self.config.flavour == "token" else "/chat/completions"
-        headers = {self.config.routing_header: conversation_id} if conversation_id else {}
+        headers = {self.config.routing_header: route} if route else {}
         attempt = 0
         while True:
             try:
@@ -285,7 +288,8 @@ class RemoteBackend:
                             break
                         chunk = json.loads(data)
                         if "error" in chunk:
-                            raise BackendUnavailable(f"The LLM backend failed mid-stream: {_message(chunk)}")
+                            log.warning("the LLM backend failed mid-stream: %s", redacted_body(data.encode()))
+                            raise BackendUnavailable("The LLM backend failed mid-stream.")
                         finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                         yield chunk
                     else:
@@ -303,7 +307,7 @@ class RemoteBackend:
                 self._counts["retries"] += 1
                 await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
 
-    async def _generate(self, stream: GenerationStream, body: dict[str, Any], conversation_id: str | None,
+    async def _generate(self, stream: GenerationStream, body: dict[str, Any], route: str | None,
                         prompt_tokens: int) -> None:
         submitted = time.monotonic()
         first_token_at: float | None = None
@@ -312,7 +316,7 @@ class RemoteBackend:
         usage: dict[str, Any] = {}
         streamed = [False]
         try:
-            async for chunk in self._events(body, conversation_id, streamed):
+            async for chunk in self._events(body, route, streamed):
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or ():
                     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
@@ -341,10 +345,10 @@ class RemoteBackend:
             cached_prompt_tokens=int(details.get("cached_tokens") or 0), submitted_at=submitted,
             first_token_at=first_token_at, finished_at=time.monotonic()), None)
 
-    async def _prefill(self, future: asyncio.Future[int], body: dict[str, Any], conversation_id: str) -> None:
+    async def _prefill(self, future: asyncio.Future[int], body: dict[str, Any], route: str | None) -> None:
         usage: dict[str, Any] = {}
         try:
-            async for chunk in self._events(body, conversation_id, [False]):
+            async for chunk in self._events(body, route, [False]):
                 usage = chunk.get("usage") or usage
         except asyncio.CancelledError:
             if not future.done():
@@ -360,29 +364,58 @@ class RemoteBackend:
 
 
 def _raise_for_status(response: httpx.Response) -> None:
+    """The error for a server's answer other than 200; its body goes to the log, redacted, and to no client."""
     status = response.status_code
-    message = _message(_json_or_none(response)) or response.text[:200]
+    log.warning("the LLM backend answered %d to %s: %s", status, response.request.url.path,
+                redacted_body(response.content))
+    retry_after = _seconds(response.headers.get("retry-after"))
     if status == 429:
-        raise EngineOverloaded(float(response.headers.get("retry-after") or 1.0), f"the LLM backend is busy: {message}")
-    if status in RETRYABLE_STATUSES or status >= 500:
-        raise BackendUnavailable(f"The LLM backend answered {status}: {message}",
-                                 retry_after_s=float(response.headers.get("retry-after") or 1.0))
-    raise BackendRejected(status, message)
+        raise EngineOverloaded(retry_after, "the LLM backend is busy")
+    if status in RETRYABLE_STATUSES:  # restarting or overloaded: retried, and counted by the breaker
+        raise BackendUnavailable(f"The LLM backend answered {status}; retry shortly.", retry_after_s=retry_after)
+    # A 4xx or a 500: the server is up and refuses this request (llama.cpp's server answers token-id
+    # prompts with 500), which no retry mends.
+    raise BackendRejected(status, "its answer is in the gateway's log")
 
 
-def _json_or_none(response: httpx.Response) -> Any:
+def _seconds(retry_after: str | None) -> float:
     try:
-        return response.json()
+        return max(0.0, float(retry_after)) if retry_after else 1.0
+    except ValueError:  # an HTTP date
+        return 1.0
+
+
+_SAFE_KEYS = frozenset({"message", "msg", "detail", "type", "code", "param", "object"})
+# A message is kept up to where a server would quote or list what it refused (the prompt among it).
+_MESSAGE_END = re.compile(r"""[:{\[(<"`]|(?<![A-Za-z])'|'(?![A-Za-z])""")
+_NUMBERS = re.compile(r"\d+")
+
+
+def redacted_body(content: bytes) -> str:
+    """What the log may keep of a server's error body: the strings under an error's usual keys, each up to
+    its first colon, bracket or quote and without numbers, for a server may echo the prompt (llama.cpp's
+    server lists every token id, and a chat's messages, in its validation errors). The rest is left out."""
+    try:
+        body = json.loads(content)
     except ValueError:
-        return None
+        return f"{len(content)} bytes, not JSON"
+    kept: dict[str, None] = {}  # ordered and deduplicated
 
+    def walk(value: Any, key: str | None) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k))
+        elif isinstance(value, list):
+            if key == "loc":  # pydantic's path to the field, e.g. body.prompt.str
+                kept[f"loc={'.'.join(part for part in value if isinstance(part, str))[:60]}"] = None
+                return
+            for item in value[:3]:
+                walk(item, key)
+        elif isinstance(value, str) and key in _SAFE_KEYS:
+            kept[f"{key}={_NUMBERS.sub('#', _MESSAGE_END.split(value, maxsplit=1)[0]).strip()[:100]}"] = None
 
-def _message(body: Any) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message") or "")
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return body["error"]
-    return ""
+    walk(body, None)
+    return f"{len(content)} bytes: " + ("; ".join(kept) if kept else "no message")
 
 
 def _describe(exc: BaseException) -> str:

@@ -3,7 +3,10 @@ token-id prompts, through a recording TCP relay that stands in for a cache-aware
 
 What must hold: streaming through the front gateway (chat and Realtime), the worker's /v1/completions as
 OpenAI's SDK reads it, a cancel that stops the worker's request, the conversation id in the routing
-header, and a worker killed and restarted under a live Realtime session."""
+header of every request of a conversation whatever its API (issue 28), and a worker killed and restarted
+under a live Realtime session. Against a server that answers as llama.cpp's does (llama_like.py, issue 28):
+the gateway falls back to the chat flavour, refuses to start when the model is not served, and never
+passes a server's error body (which lists the prompt) to a client or to its log."""
 
 from __future__ import annotations
 
@@ -27,11 +30,15 @@ from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
+from tests.integration.llama_like import LlamaLikeServer
 from tests.integration.realtime_client import RealtimeClient
 
 WORKER_KEY = "sk-worker"
 ROUTING_HEADER = "x-conversation-id"
 TEXT_ONLY = {"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 40}}
+
+
+_HEAD = re.compile(rb"(?:GET|POST) (\S+) HTTP/1\.1\r\n(.*?\r\n)\r\n", re.S)
 
 
 class RecordingRelay:
@@ -40,6 +47,7 @@ class RecordingRelay:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.sent = bytearray()
+        self.requests: list[tuple[str, dict[str, str]]] = []  # each request's path and headers, as they came
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -55,11 +63,20 @@ class RecordingRelay:
             writer.close()
             return
 
+        connection = bytearray()
+        parsed = 0  # where the next request's head may start
+
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: bool) -> None:
+            nonlocal parsed
             try:
                 while data := await src.read(65536):
                     if record:
                         self.sent.extend(data)
+                        connection.extend(data)
+                        for head in _HEAD.finditer(connection, parsed):
+                            headers = re.findall(rb"(?m)^([\w-]+): *([^\r\n]*)\r$", head[2])
+                            self.requests.append((head[1].decode(), {k.decode().lower(): v.decode() for k, v in headers}))
+                            parsed = head.end()
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, asyncio.CancelledError):
@@ -144,12 +161,14 @@ def test_the_workers_completions_endpoint_speaks_openais_shape(worker: GatewayPr
 async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
     worker: GatewayProcess, relay: RecordingRelay, tmp_path
 ) -> None:
+    probed = engine_stat(worker, "requests_finished") + 1  # the front's probe at start: one 1-token request
     front = start_front(relay.port, tmp_path)
     try:
         assert front.health is not None and front.health["llm"]["backend"] == "remote"
         client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="unused")
+        while (before := engine_stat(worker, "requests_finished")) < probed:  # (its answer may come first)
+            await asyncio.sleep(0.02)
         # Chat Completions through the worker: the answer, and the worker counted the request.
-        before = engine_stat(worker, "requests_finished")
         reply = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0,
             max_tokens=20)
@@ -270,3 +289,124 @@ async def test_the_chat_flavour_runs_on_a_server_that_takes_no_token_ids(tmp_pat
             await session.close()
         finally:
             front.stop()
+
+
+async def test_every_request_of_a_conversation_carries_its_routing_key(
+    worker: GatewayProcess, relay: RecordingRelay, tmp_path
+) -> None:
+    """Issue 28: whichever API a conversation's request came through (the conversation API's prepare and
+    messages, a chat completion with `conversation`, Realtime), the worker's request carries the
+    conversation's id, so that a router hashing the header sends them all to the worker that caches it."""
+    front = start_front(relay.port, tmp_path)
+    seen: dict[str, list[str | None]] = {}
+
+    def keys_since(mark: int) -> list[str | None]:
+        return [headers.get(ROUTING_HEADER) for path, headers in relay.requests[mark:]]
+
+    try:
+        async with httpx.AsyncClient(base_url=front.url, timeout=120) as http:  # (the relay runs on this loop)
+            question = "Please tell me everything you know about the history of Rome."
+            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            mark, finished = len(relay.requests), engine_stat(worker, "requests_finished")
+            prepared = await http.post(f"/v1/conversations/{conversation}/prepare", json={"content": question})
+            assert prepared.status_code == 202
+            while len(relay.requests) == mark or engine_stat(worker, "requests_finished") == finished:
+                await asyncio.sleep(0.05)
+            seen["prepare"], mark = keys_since(mark), len(relay.requests)
+            async with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+                                   json={"model": MODEL, "content": question, "max_tokens": 4}) as sse:
+                events = [json.loads(line[6:]) async for line in sse.aiter_lines() if line.startswith("data: {")]
+            seen["messages"] = keys_since(mark)
+            # A remote backend takes no grammar: the title is the user's first words, and asks the worker nothing.
+            titled = [e for e in events if e.get("type") == "title_generation"]
+            assert titled and titled[0]["title"] == "Please tell me everything you know"
+            assert (await http.get(f"/v1/conversations/{conversation}")).json()["title"] == titled[0]["title"]
+
+            attached = (await http.post("/v1/conversations", json={})).json()["id"]
+            client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="unused")
+            mark = len(relay.requests)
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=4, extra_body={"conversation": attached})
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "And then?"}], max_tokens=4, stream=True,
+                extra_body={"conversation": attached})
+            assert [chunk async for chunk in stream]
+            seen["chat"] = keys_since(mark)
+
+        session = await text_session(front)
+        mark = len(relay.requests)
+        done = await session.ask("What is the capital of France?")
+        seen["realtime"] = keys_since(mark)
+        await session.close()
+    finally:
+        front.stop()
+    expected = {"prepare": conversation, "messages": conversation, "chat": attached,
+                "realtime": done["response"]["conversation_id"]}
+    for api, keys in seen.items():
+        assert keys and set(keys) == {expected[api]}, (api, keys)
+
+
+def test_a_backend_that_takes_no_token_ids_gets_the_chat_flavour_and_keeps_its_errors(
+    worker: GatewayProcess, tmp_path
+) -> None:
+    """Issue 28: llama.cpp's server refuses token-id prompts with a 500 whose body lists them. The gateway
+    finds out at start and takes the chat flavour; when the server fails, the client gets 502
+    `backend_error` in words of the gateway's own, and neither the body nor the user's words reach the log."""
+    secret = "my locker code is walrus tangerine"
+    with LlamaLikeServer(worker.url, WORKER_KEY, MODEL, served=["smol"]) as llama:
+        front = start_gateway("--no-load-voice-models", "--llm-backend", llama.url, "--llm-backend-model", "smol",
+                              log_path=tmp_path / "front.log")
+        try:
+            assert front.health is not None and front.health["llm"]["flavour"] == "chat"
+            client = openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0)
+            reply = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0,
+                max_tokens=12)
+            assert "Paris" in (reply.choices[0].message.content or "")
+
+            llama.failing = True
+            with pytest.raises(openai.APIStatusError) as failed:
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": secret}], max_tokens=5)
+            assert failed.value.status_code == 502 and failed.value.body["code"] == "backend_error"
+            assert failed.value.body["type"] == "server_error" and failed.value.body["message"]
+            streamed = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
+                "model": MODEL, "messages": [{"role": "user", "content": secret}], "max_tokens": 5, "stream": True})
+            for answer in (failed.value.response.text, streamed.text):
+                assert "backend_error" in answer
+                assert "walrus" not in answer and "validation" not in answer, answer
+        finally:
+            front.stop()
+    log = front.log_path.read_text()
+    assert [line for line in log.splitlines() if "takes no token-id prompts" in line], "the fallback was not logged"
+    assert "answered 500" in log  # the failure is logged, redacted
+    assert "walrus" not in log and "locker" not in log
+
+
+def test_a_token_flavoured_backends_error_body_lists_no_token_ids_in_the_log(worker: GatewayProcess, tmp_path) -> None:
+    """A server that takes token ids keeps the token flavour; when it fails, its body (the prompt's ids)
+    reaches neither the client nor the log."""
+    with LlamaLikeServer(worker.url, WORKER_KEY, MODEL, served=[MODEL], takes_token_ids=True) as llama:
+        front = start_gateway("--no-load-voice-models", "--llm-backend", llama.url, log_path=tmp_path / "front.log")
+        try:
+            assert front.health is not None and front.health["llm"]["flavour"] == "token"
+            llama.failing = True
+            answer = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
+                "model": MODEL, "messages": [{"role": "user", "content": "walrus tangerine"}], "max_tokens": 5})
+            assert answer.status_code == 502 and answer.json()["error"]["code"] == "backend_error"
+        finally:
+            front.stop()
+    (ids,) = {tuple(prompt) for prompt in llama.refused}  # the prompt, the user's words among it
+    log = front.log_path.read_text()
+    for listed in {", ".join(str(i) for i in ids[at:at + 4]) for at in range(len(ids) - 3)}:
+        assert listed not in answer.text and listed not in log
+    assert "walrus" not in log
+
+
+def test_a_backend_that_does_not_serve_the_model_stops_the_start_with_one_line(worker: GatewayProcess, tmp_path) -> None:
+    with LlamaLikeServer(worker.url, WORKER_KEY, MODEL, served=["another-model"]) as llama:
+        with pytest.raises(RuntimeError, match=r"does not serve the model 'smol' \(it serves: another-model\)"):
+            start_gateway("--no-load-voice-models", "--llm-backend", llama.url, "--llm-backend-model", "smol",
+                          log_path=tmp_path / "front.log")
+    log = (tmp_path / "front.log").read_text()
+    assert len([line for line in log.splitlines() if "--llm-backend-model" in line]) == 1
+    assert "model loading failed" not in log  # (that is the line of a load failure's traceback)
