@@ -406,7 +406,7 @@ def test_a_backend_that_does_not_serve_the_model_stops_the_start_with_one_line(w
     with LlamaLikeServer(worker.url, WORKER_KEY, MODEL, served=["another-model"]) as llama:
         with pytest.raises(RuntimeError, match=r"does not serve the model 'smol' \(it serves: another-model\)"):
             start_gateway("--no-load-voice-models", "--llm-backend", llama.url, "--llm-backend-model", "smol",
-                          log_path=tmp_path / "front.log")
+                          log_path=tmp_path / "front.log").stop()  # (stopped if it started after all)
     log = (tmp_path / "front.log").read_text()
     assert len([line for line in log.splitlines() if "--llm-backend-model" in line]) == 1
     assert "model loading failed" not in log  # (that is the line of a load failure's traceback)
