@@ -107,6 +107,7 @@ class ModelRunner:
         pin = on_cuda
         self._host = torch.zeros((4, n), dtype=torch.long, pin_memory=pin)
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._uncapturable: set[tuple[int, int]] = set()
         self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
         self._pool_generation = kv.pool.generation
         self.graph_replays = 0
@@ -191,8 +192,8 @@ class ModelRunner:
             pool.sanitize(slot, L)
         self.padded_rows += B - n_dec
         assert pool.data is not None
-        if self.capture:
-            graph = self._graph_for(B, L)
+        graph = self._graph_for(B, L) if self.capture else None
+        if graph is not None:
             graph.graph.replay()
             self.graph_replays += 1
             logits = graph.logits
@@ -203,14 +204,25 @@ class ModelRunner:
             pool.commit(seg.slot, seg.start + 1)
         return logits.index_select(0, torch.tensor(slots, dtype=torch.long, device=logits.device))
 
-    def _graph_for(self, B: int, L: int) -> _Graph:
+    def _graph_for(self, B: int, L: int) -> _Graph | None:
+        """The captured step for this bucket, captured now if it is not yet; None where its capture
+        failed (that bucket then runs the same step uncaptured: slower, never wrong)."""
         pool = self.kv.pool
         if pool.generation != self._pool_generation:  # pragma: no cover - a fixed pool never moves
             self._graphs.clear()
             self._pool_generation = pool.generation
         found = self._graphs.get((B, L))
-        if found is not None:
+        if found is not None or (B, L) in self._uncapturable:
             return found
+        try:
+            return self._capture(B, L)
+        except Exception:
+            log.exception("capturing the decode step for %d rows over %d positions failed; it runs uncaptured", B, L)
+            self._uncapturable.add((B, L))
+            return None
+
+    def _capture(self, B: int, L: int) -> _Graph:
+        pool = self.kv.pool
         assert pool.data is not None
         args = (pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L)
         # torch's recipe: warm up on a side stream (kernel selection, allocations), then capture. The
@@ -221,7 +233,8 @@ class ModelRunner:
             self.fwd.decode_static(*args)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
+        # thread_local: the ASR and TTS models may use the GPU from their own threads meanwhile.
+        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
             logits = self.fwd.decode_static(*args)
         captured = _Graph(graph, logits)
         self._graphs[(B, L)] = captured
