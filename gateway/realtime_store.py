@@ -19,18 +19,17 @@ import contextlib
 import json
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.conversation import Conversation, Item
 from gateway.memory import MEMORY_METADATA
+from gateway.protocol.session_config import SessionConfig
+from gateway.runtime import Runtime
 from gateway.safety.policy import SafetyPolicy
 from gateway.storage.conversations import ConversationStore, MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow, MessageRow
 from gateway.titles import title_later
 from inference.llm.backend import LLMBackend
-
-if TYPE_CHECKING:
-    from gateway.session import RealtimeSession
 
 log = logging.getLogger(__name__)
 FLUSH_S = 0.1  # how far a streamed reply's stored text may lag what was sent (as storage/writer.py's)
@@ -209,11 +208,26 @@ class ConversationRecorder:
         await asyncio.wait({self._task}, timeout=timeout_s)
 
 
+class StoredSession(Protocol):
+    """What storing a session needs of it (session.py's RealtimeSession)."""
+
+    runtime: Runtime
+    recorder: ConversationRecorder | None
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+    def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None: ...
+
+
 def _find(conversation: Conversation, item_id: str) -> Item | None:
     return next((item for item in conversation.items if item.id == item_id), None)
 
 
-async def attach_stored_conversation(session: RealtimeSession, store: ConversationStore, owner: str,
+async def attach_stored_conversation(session: StoredSession, store: ConversationStore, owner: str,
                                      conversation_id: str) -> None:
     """Before the session starts: continue `conversation_id` (404 for another key's, as for a wrong id)."""
     conversation = await store.get(owner, conversation_id)
@@ -227,7 +241,7 @@ async def attach_stored_conversation(session: RealtimeSession, store: Conversati
         raise
 
 
-async def hand_off_conversation(session: RealtimeSession, store: ConversationStore, owner: str) -> str:
+async def hand_off_conversation(session: StoredSession, store: ConversationStore, owner: str) -> str:
     """The stored conversation a session goes on from on another replica: its own when it is attached to
     one (its recorder has stored it), else a new one holding its items as they stand."""
     if session.recorder is not None:

@@ -104,9 +104,11 @@ class ResponseRunner:
         speech: SpeechStream | None,
         open_message: Callable[[], None],
         add_calls: Callable[[list[ToolCall]], None],
+        text_delta: Callable[[str], None],
     ) -> None:
         """`open_message`: puts the assistant message in the conversation (called before its first text, when
-        the session did not open it upfront); `add_calls`: puts the reply's function calls there."""
+        the session did not open it upfront); `add_calls`: puts the reply's function calls there; `text_delta`:
+        the reply's text as it is released (`send` takes the other events: the rate limits)."""
         self.engine = engine
         self.tts = tts
         self.job = job
@@ -115,6 +117,7 @@ class ResponseRunner:
         self.speech = speech
         self.open_message = open_message
         self.add_calls = add_calls
+        self.text_delta = text_delta
         self.stream: ReplyStream | None = None
         self._adopted: Preemption | None = None
         self._memory: Recall | None = None  # set when the model is offered the memory tool
@@ -213,7 +216,7 @@ class ResponseRunner:
         def say(text: str) -> None:
             if not self.events.opened:
                 self.open_message()
-            self.send(self.events.text_delta(text))
+            self.text_delta(text)
             if self.speech is not None:
                 for clause in splitter.push(text):
                     job.marks.mark("first_clause")
@@ -264,7 +267,7 @@ class ResponseRunner:
         reply, goes out as its last delta, so the item holds everything generated before the cancel."""
         if self.speech is None and not self.job.tool_use.tools and self.events.opened:
             if text := self.guard.flush():
-                self.send(self.events.text_delta(text))
+                self.text_delta(text)
 
     def cancel_generation(self) -> None:
         if self.stream is not None:

@@ -1,7 +1,10 @@
-"""One Realtime conversation: it owns its items, its response task and its voice pipeline.
+"""One Realtime conversation's driver: it feeds what happens to its realtime core and carries out the core's
+commands (the response task, the engine, the TTS, the playout, the outbox).
 
-Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive()` and drain
-`outbox`. Every state change and the events announcing it happen without an await in between.
+Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive()` and drain `outbox`.
+The turn and response state, and the events announcing its changes, come from `RealtimeCore`
+(realtime_core.py) in one step each; this module owns the tasks: the response's, and the stoppers that
+end a cancelled response after awaiting it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 import secrets
 import time
@@ -28,6 +30,7 @@ from gateway.memory import REMEMBER_TOOL, MemoryAccount
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
 from gateway.protocol import client_events as ev
+from gateway.protocol import server_events as se
 from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
@@ -39,13 +42,45 @@ from gateway.protocol.session_config import (
     apply_session_update,
     check_tool_choice,
 )
+from gateway.realtime_core import (
+    ActiveResponse,
+    CancelRequested,
+    ClearPlayout,
+    ConfigChanged,
+    CreateResponse,
+    DropTurn,
+    FunctionCallsMade,
+    Input,
+    ItemCreated,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    MessageOpened,
+    Output,
+    OutputClearRequested,
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    RealtimeCore,
+    ResponseEnded,
+    ResponseFiltered,
+    ResponseFinished,
+    ResponseRequested,
+    ResponseStarted,
+    Send,
+    SendError,
+    SessionStarted,
+    SetProducing,
+    StopResponse,
+    TextDelta,
+    Transcribe,
+)
 from gateway.realtime_store import ConversationRecorder
 from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
 from gateway.runtime import Runtime
 from gateway.safety.output import ContentFiltered
 from gateway.safety.screening import screen_item
 from gateway.token_quota import TokenAccount
-from gateway.turns import TurnMachine, TurnPolicy
 from gateway.voice import VoicePipeline
 from inference.llm.backend import GenerationResult, SamplingParams
 from inference.llm.chat import ChatMessage
@@ -67,12 +102,13 @@ SpeechFactory = Callable[["RealtimeSession", ResponseEvents, TurnMarks], SpeechS
 
 
 @dataclass
-class ActiveResponse:
+class RunningResponse:
+    """The driver's side of the core's response in progress: what runs it, and its latency marks."""
+
     events: ResponseEvents
     runner: ResponseRunner
     marks: TurnMarks
     task: asyncio.Task[None] | None = None
-    cancelling: bool = False
 
 
 class RealtimeSession:
@@ -98,15 +134,6 @@ class RealtimeSession:
         # Names the replica, so that a resume reaching another one is relayed here (transports/realtime_ws.py).
         self.resume_token = f"{settings.replica_id}.{secrets.token_urlsafe(24)}"
         self.close_frame: tuple[int, str] = (1000, "")  # how its WebSocket closes when the session ends
-        self.conversation = Conversation(max_items=settings.max_conversation_items,
-                                         max_bytes=settings.max_conversation_bytes)
-        self.active: ActiveResponse | None = None
-        self.pending_marks: TurnMarks | None = None  # set by the voice path for the next response
-        # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
-        self.playout: PlayoutBuffer | None = None
-        self._speaking_item: Item | None = None  # assistant item whose audio is still playing out
-        self._speaking_response_id: str | None = None
-        self.turns = TurnMachine()
         default_modality = "audio" if runtime.voice_ready and speech_factory is not None else "text"
         config = SessionConfig(
             id=self.id,
@@ -119,7 +146,18 @@ class RealtimeSession:
         speech = runtime.speech_options
         config.audio.input.turn_detection = TurnDetection(silence_duration_ms=settings.vad_silence_duration_ms)
         speech.apply_defaults(config)
-        self.config = apply_session_update(config, initial_config, speech=speech) if initial_config else config
+        if initial_config:
+            config = apply_session_update(config, initial_config, speech=speech)
+        self.core = RealtimeCore(
+            config, Conversation(max_items=settings.max_conversation_items, max_bytes=settings.max_conversation_bytes),
+            clock=now, echo_guard_ms=settings.echo_guard_ms,
+            can_speak=runtime.tts is not None and speech_factory is not None,
+        )
+        # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
+        self._playout: PlayoutBuffer | None = None
+        self._run: RunningResponse | None = None
+        self._stoppers: set[asyncio.Task[None]] = set()  # each ends a cancelled response once its task is done
+        self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
         self._started_at = time.monotonic()
         self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
@@ -131,7 +169,29 @@ class RealtimeSession:
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
         self.tokens: TokenAccount | None = None  # its key's token quota (Services.open_session)
         self.memory: MemoryAccount | None = None  # its key's memory, if the key turned it on (Services.open_session)
-        self._stored_items: list[Item] = []
+
+    # -- what the core holds ---------------------------------------------------------------------
+
+    @property
+    def config(self) -> SessionConfig:
+        return self.core.config
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.core.conversation
+
+    @property
+    def active(self) -> ActiveResponse | None:
+        return self.core.response
+
+    @property
+    def playout(self) -> PlayoutBuffer | None:
+        return self._playout
+
+    @playout.setter
+    def playout(self, playout: PlayoutBuffer | None) -> None:
+        self._playout = playout
+        self.core.has_playout = playout is not None
 
     def start(self) -> None:
         self._started = True
@@ -139,16 +199,7 @@ class RealtimeSession:
         self.runtime.heap.opened()
         if self.runtime.asr is not None:
             self.voice = VoicePipeline(self)
-        self.on_config_changed()
-        created: Event = {"type": "session.created", "session": self.config.to_wire()}
-        if self.settings.resume_window_s > 0:
-            created["resume_token"] = self.resume_token
-        self.send(created)
-        previous = None
-        for item in self._stored_items:
-            self.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
-            self.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
-            previous = item.id
+        self.feed(SessionStarted(self.resume_token if self.settings.resume_window_s > 0 else None))
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
                   model=self.config.model, conversation_id=self.conversation.id)
 
@@ -159,6 +210,7 @@ class RealtimeSession:
         if self._closed:
             return
         self._closed = True
+        self._fed.set()
         if self._started:  # what start() counted
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
@@ -166,8 +218,13 @@ class RealtimeSession:
                       transport=self.transport, responses=self._responses,
                       duration_s=round(time.monotonic() - self._started_at, 3))
         self.outbox.close()
-        if self.active is not None:
-            await self._stop_active(self.active)
+        if self._run is not None:
+            await self._stop_task(self._run)
+        if self._stoppers:
+            await asyncio.wait(set(self._stoppers), timeout=CANCEL_TIMEOUT_S + USAGE_WAIT_S)
+        # A finished task keeps its frame (and so this session) in its result or CancelledError: let them go.
+        self._run = None
+        self._stoppers.clear()
         if self.voice is not None:
             await self.voice.close()
             # The pipeline and the session refer to each other: without this, only the cycle
@@ -191,18 +248,64 @@ class RealtimeSession:
     def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None:
         """Before start(): continue a stored conversation (realtime_store.py). Its branch becomes the
         first items, announced after session.created, and what the session adds is stored."""
-        self.conversation = Conversation(max_items=self.settings.max_conversation_items,
-                                         max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
+        conversation = Conversation(max_items=self.settings.max_conversation_items,
+                                    max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
         for item in items:
-            self.conversation.add(item)  # conversation_full past the session's bounds
-        self._stored_items = items
+            conversation.add(item)  # conversation_full past the session's bounds
+        self.core.conversation = conversation
         self.recorder = recorder
 
     def send_error(self, error: ApiError) -> None:
         metrics.ERRORS.labels("realtime", error.code).inc()
         log_event("realtime.error", session_id=self.id, request_id=self.request_id, code=error.code,
                   error_type=error.type, param=error.param, client_event_id=error.event_id)
-        self.send({"type": "error", "error": error.body()})
+        self.send(se.Error(error=error.body()).wire())
+
+    # -- the core ---------------------------------------------------------------------------------
+
+    def feed(self, event: Input) -> None:
+        """Hand one input to the core and carry out what it returns, in order. A refused client event
+        raises ApiError (the core changed nothing). Inputs after close are dropped."""
+        if self._closed:
+            return
+        try:
+            for output in self.core.handle(event):
+                self._execute(output)
+        finally:
+            self._fed.set()
+
+    def _execute(self, output: Output) -> None:
+        match output:
+            case Send():
+                self.send(output.event)
+            case SendError():
+                self.send_error(output.error)
+            case CreateResponse():
+                self._create_for(output)
+            case StopResponse():
+                self._stop(output)
+            case ClearPlayout():
+                if self.playout is not None:
+                    self.playout.clear()
+                    if output.measure_item_id is not None:
+                        played = self.playout.played_ms(output.measure_item_id)
+                        self.feed(PlayoutCleared(output.measure_item_id, played))
+            case SetProducing():
+                if self.playout is not None:
+                    self.playout.set_producing(output.producing)
+            case Transcribe():
+                assert self.voice is not None  # only committed audio is transcribed
+                self.voice.transcribe(output.item_id)
+            case DropTurn():
+                if self.voice is not None:
+                    self.voice.drop_turn(output.item_id)
+            case ResponseFinished():
+                self._response_finished(output)
+
+    async def settle(self) -> None:
+        """Wait until the responses being stopped have ended (their response.done is sent)."""
+        while self._stoppers:
+            await asyncio.wait(set(self._stoppers))
 
     # -- client events --------------------------------------------------------------------------
 
@@ -234,22 +337,25 @@ class RealtimeSession:
             case ev.SessionUpdate():
                 self._update_session(event.session)
             case ev.ConversationItemCreate():
-                self._create_item(event)
+                item = item_from_param(event.item)
+                screen_item(self.runtime.safety, item)  # the policy, before the model sees it
+                self.feed(ItemCreated(item, event.previous_item_id))
             case ev.ConversationItemRetrieve():
-                item = self.conversation.get(event.item_id)
-                self.send({"type": "conversation.item.retrieved", "item": item.to_wire()})
+                self.feed(ItemRetrieve(event.item_id))
             case ev.ConversationItemDelete():
-                self._delete_item(event.item_id)
+                self.feed(ItemDelete(event.item_id))
             case ev.ConversationItemTruncate():
-                self._truncate_item(event)
+                self.feed(ItemTruncate(event.item_id, event.content_index, event.audio_end_ms))
             case ev.ResponseCreate():
-                if self.config.transcribes_only:
-                    raise ApiError("invalid_value", "A transcription session creates no responses.", "type")
-                if self.voice is not None:
-                    await self.voice.transcripts_done()
-                self.create_response(event.response)
+                self.feed(ResponseRequested(event.response, event.event_id))
+                # Push-to-talk: it waits for what was just committed to be transcribed; the client's next
+                # event is handled after the response starts, as without the wait.
+                while self.core.deferred_responses and not self._closed:
+                    self._fed.clear()
+                    await self._fed.wait()
             case ev.ResponseCancel():
-                await self._cancel_from_client(event.response_id)
+                self.feed(CancelRequested(event.response_id))
+                await self.settle()
             case _:
                 await self._dispatch_audio(event)
 
@@ -257,7 +363,8 @@ class RealtimeSession:
         if isinstance(event, ev.OutputAudioBufferClear):
             if self.transport != "webrtc":
                 raise ApiError("invalid_value", "output_audio_buffer.clear is for WebRTC sessions only.", "type")
-            await self.interrupt("client_cancelled")
+            self.feed(OutputClearRequested())
+            await self.settle()
             return
         voice = self.voice
         if voice is None:
@@ -290,41 +397,13 @@ class RealtimeSession:
         model = update.get("model")
         if model is not None and model not in self.runtime.model_names:
             raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
-        config = apply_session_update(self.config, update, speech=self.runtime.speech_options)
-        if config.type != self.config.type and (len(self.conversation) or self.active is not None):
-            raise ApiError("invalid_value", f"A {self.config.type} session becomes a {config.type} one only before its "
-                           "first item.", "session.type")
-        if config.wants_audio() and not config.transcribes_only and not self._can_speak():
-            raise ApiError(
-                "invalid_value",
-                "Audio output needs the voice models (start without --no-load-voice-models).",
-                "session.output_modalities",
-            )
-        self.config = config
-        self.on_config_changed()
-        self.send({"type": "session.updated", "session": self.config.to_wire()})
-
-    def on_config_changed(self) -> None:
-        detection = self.config.audio.input.turn_detection
-        self.turns.policy = TurnPolicy(
-            create_response=detection.create_response if detection else False,
-            interrupt_response=detection.interrupt_response if detection else False,
-            echo_guard_ms=self.settings.echo_guard_ms,
-        )
+        self.feed(ConfigChanged(apply_session_update(self.config, update, speech=self.runtime.speech_options)))
         if self.voice is not None:
             self.voice.config_changed()
 
     def speaks_by_default(self) -> bool:
         """Whether a response created with no parameters has audio."""
-        return "audio" in self.config.output_modalities and self._can_speak()
-
-    def _can_speak(self) -> bool:
-        return self.runtime.tts is not None and self.speech_factory is not None
-
-    def _create_item(self, event: ev.ConversationItemCreate) -> None:
-        item = item_from_param(event.item)
-        screen_item(self.runtime.safety, item)  # the policy, before the model sees it
-        self.add_item(item, event.previous_item_id)
+        return "audio" in self.config.output_modalities and self.core.can_speak
 
     def screened(self, text: str) -> str | None:
         """A user's words as the model may read them ahead of their turn (a speculative transcript): redacted,
@@ -333,28 +412,6 @@ class RealtimeSession:
             return text
         screened = self.runtime.safety.screen(text)
         return None if screened.blocked is not None else screened.text
-
-    def add_item(self, item: Item, previous_item_id: str | None = None) -> None:
-        previous = self.conversation.add(item, previous_item_id)
-        self.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
-        self.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
-
-    def _delete_item(self, item_id: str) -> None:
-        if self.active is not None and self.active.events.item.id == item_id:
-            raise ApiError("item_in_use", "The item belongs to the response in progress; cancel it first.", "item_id")
-        self.conversation.delete(item_id)
-        self.send({"type": "conversation.item.deleted", "item_id": item_id})
-
-    def _truncate_item(self, event: ev.ConversationItemTruncate) -> None:
-        item = self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
-        self.send(
-            {
-                "type": "conversation.item.truncated",
-                "item_id": item.id,
-                "content_index": event.content_index,
-                "audio_end_ms": round(item.audio_ms_sent),
-            }
-        )
 
     # -- responses ------------------------------------------------------------------------------
 
@@ -441,24 +498,34 @@ class RealtimeSession:
         tools = self._tools_planner(ev.ResponseParams(), fmt)([REMEMBER_TOOL])
         return [*with_tools([], tools), *remembered.messages()], tools
 
-    def create_response(self, params: ev.ResponseParams, *, preemption: Preemption | None = None) -> None:
+    def _create_for(self, command: CreateResponse) -> None:
+        """The core's CreateResponse: a client's response.create, a user turn's reply, or the idle nudge."""
+        marks, preemption = TurnMarks(), None
+        if command.turn is not None and self.voice is not None:
+            marks, preemption = self.voice.take_turn(command.turn)
+        try:
+            self.create_response(command.params, marks=marks, preemption=preemption)
+        except ApiError as error:
+            if preemption is not None:
+                preemption.cancel()
+            error.event_id = command.event_id
+            self.send_error(error)
+
+    def create_response(
+        self, params: ev.ResponseParams, *, marks: TurnMarks | None = None, preemption: Preemption | None = None
+    ) -> None:
         """Start a response now (synchronously), or raise if one is already running.
 
         ``preemption``: a generation already started for this reply (see preempt_reply); the
         response takes it over when its prompt is the same, and cancels it otherwise.
         """
-        if self.active is not None:
-            raise ApiError(
-                "conversation_already_has_active_response",
-                f"Conversation already has an active response in progress: {self.active.events.response_id}. "
-                "Wait until the response is finished before creating a new one.",
-            )
+        self.core.ensure_no_response()
         engine = self.runtime.engine
         if engine is None:
             raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
         modalities = params.output_modalities or self.config.output_modalities
         audio = "audio" in modalities
-        if audio and not self._can_speak():
+        if audio and not self.core.can_speak:
             raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
         instructions = params.instructions if params.instructions is not None else self.config.instructions
         plan_tools = self._tools_planner(params, engine.lm.tool_format)  # the tools as they are now
@@ -478,11 +545,8 @@ class RealtimeSession:
         if not len(context):
             raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
         messages = context.chat_messages(instructions)  # the runner adds what the tools need
-        marks = self.pending_marks or TurnMarks()
-        self.pending_marks = None
+        marks = marks or TurnMarks()
         marks.mark("response_created")
-        if audio:
-            self.interrupt_playout()  # a new reply replaces whatever is still playing
         item = Item(id=new_id("item"), type="message", role="assistant", status="in_progress")
         output_format = self.config.audio.output.format
         events = ResponseEvents(
@@ -512,91 +576,70 @@ class RealtimeSession:
             classifier_timeout_s=self.settings.safety_classifier_timeout_s,
         )
         speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
-
-        def open_message() -> None:
-            previous = self.conversation.add(item) if writes_conversation else None
-            self.send_all(events.open_item(previous))
+        response_id = events.response_id
 
         def add_calls(calls: list[ToolCall]) -> None:
-            for call in calls:
-                call_item = Item(id=new_id("item"), type="function_call", call_id=call.id, name=call.name,
-                                 arguments=call.arguments)
-                previous = self.conversation.add(call_item) if writes_conversation else None
-                self.send_all(events.function_call(call_item, previous))
+            self.feed(FunctionCallsMade(response_id, calls))
 
         runner = ResponseRunner(engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all,
-                                speech=speech, open_message=open_message, add_calls=add_calls)
-        active = ActiveResponse(events=events, runner=runner, marks=marks)
-        self.active = active
-        self.turns.response_started()
-        if audio and self.playout is not None:
-            self.playout.set_producing(True)
-            self._speaking_item, self._speaking_response_id = item, events.response_id
-        self.send_all(events.created())
-        if not tool_use.tools:  # with tools, the message opens with its first text: the reply may be calls
-            open_message()
-        active.task = asyncio.create_task(self._run_response(active), name=f"response {events.response_id}")
+                                speech=speech, open_message=lambda: self.feed(MessageOpened(response_id)),
+                                add_calls=add_calls, text_delta=lambda text: self.feed(TextDelta(response_id, text)))
+        # With tools, the message opens with its first text: the reply may be calls.
+        self.feed(ResponseStarted(events, writes_conversation, open_message=not tool_use.tools))
+        run = RunningResponse(events=events, runner=runner, marks=marks)
+        self._run = run
+        run.task = asyncio.create_task(self._run_response(run), name=f"response {response_id}")
 
-    async def _run_response(self, active: ActiveResponse) -> None:
-        # A cancelled run sends nothing more: whoever cancelled it ends the response (see cancel_response).
+    async def _run_response(self, run: RunningResponse) -> None:
+        # A cancelled run sends nothing more: whoever cancelled it ends the response (see _stop_run).
         try:
-            result = await active.runner.run()
+            result = await run.runner.run()
         except ContentFiltered:
-            await self._stop_filtered(active)
+            # Its generation is stopped: the audio not yet played is cleared, as in a barge-in, the item keeps
+            # what was sent (heard, over WebRTC), and the response ends incomplete.
+            self.feed(ResponseFiltered(run.events.response_id))
+            self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
         except (ApiError, *BACKEND_ERRORS) as exc:
-            error = exc if isinstance(exc, ApiError) else backend_api_error(exc)
-            self.send_error(error)
-            self._finish(active, "failed", error=error.body())
+            self._end(run, "failed", error=exc if isinstance(exc, ApiError) else backend_api_error(exc))
         except Exception as exc:
-            log.exception("response %s failed", active.events.response_id)
+            log.exception("response %s failed", run.events.response_id)
             error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
-            self.send_error(error)
-            self._finish(active, "failed", error=error.body())
+            self._end(run, "failed", error=error)
         else:
             status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"
-            self._finish(active, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
+            self._end(run, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
 
-    def _finish(
-        self,
-        active: ActiveResponse,
-        status: ResponseStatus,
-        *,
-        reason: str | None = None,
-        result: GenerationResult | None = None,
-        error: dict[str, Any] | None = None,
-        final_text: str | None = None,
-    ) -> None:
-        if self.active is not active:
-            return
-        self.active = None
-        self.last_activity = time.monotonic()
-        active.marks.mark("done")
+    def _end(self, run: RunningResponse, status: ResponseStatus, *, reason: str | None = None,
+             result: GenerationResult | None = None, error: ApiError | None = None) -> None:
+        run.marks.mark("done")
         usage = None
         if result is not None:
             usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
             if result.admitted_at is not None:
                 metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
-        metadata = dict(active.events.metadata or {})
-        # Metadata maps strings to strings (the SDK's type): the marks travel as one compact JSON string.
-        metadata["gateway_latency"] = json.dumps(active.marks.to_wire(), separators=(",", ":"))
-        active.events.metadata = metadata
-        self.send_all(active.events.finish(status, reason=reason, usage=usage, error=error, final_text=final_text))
-        if self.playout is not None:
-            self.playout.set_producing(False)
-        if not self.playout_busy():
-            self._reply_finished()
-        metrics.RESPONSES.labels(status).inc()
-        self._log_response(active, status, reason, usage, error)
-        for stage, seconds in active.marks.stage_durations().items():
+        item_id = run.events.item.id
+        heard_ms = self.playout.played_ms(item_id) if self.playout is not None else None
+        self.feed(ResponseEnded(run.events.response_id, status, run.marks.to_wire(), reason=reason, usage=usage,
+                                error=error, heard_ms=heard_ms))
+
+    def _response_finished(self, done: ResponseFinished) -> None:
+        run = self._run
+        if run is None or run.events is not done.events:
+            return
+        self._run = None
+        self.last_activity = time.monotonic()
+        metrics.RESPONSES.labels(done.status).inc()
+        self._log_response(run, done.status, done.reason, done.usage, done.error)
+        for stage, seconds in run.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
 
-    def _log_response(self, active: ActiveResponse, status: ResponseStatus, reason: str | None, usage: Usage | None,
+    def _log_response(self, run: RunningResponse, status: ResponseStatus, reason: str | None, usage: Usage | None,
                       error: dict[str, Any] | None) -> None:
         """One record per response: ids, status, token counts and latency marks (the answer only with
         --log-content). With session.tracing, the trace's names and metadata go with it."""
         tracing = self.config.tracing
         named = tracing if tracing is not None and not isinstance(tracing, str) else None
-        events = active.events
+        events = run.events
         text = events.item.content[0].get("transcript" if events.audio else "text") if events.opened else None
         self._responses += 1
         log_event(
@@ -605,111 +648,51 @@ class RealtimeSession:
             error_code=error.get("code") if error else None,
             input_tokens=usage.input_tokens if usage else None, cached_tokens=usage.cached_tokens if usage else None,
             output_tokens=usage.output_tokens if usage else None, modality="audio" if events.audio else "text",
-            latency_ms=active.marks.to_wire(),
+            latency_ms=run.marks.to_wire(),
             trace={"workflow_name": (named and named.workflow_name) or "Realtime Session",
                    "group_id": named and named.group_id, "metadata": named and named.metadata} if tracing else None,
             content={"output_text": text} if text is not None else None,
         )
 
-    async def _stop_filtered(self, active: ActiveResponse) -> None:
-        """The reply matched a block rule (its generation is stopped): the audio not yet played is cleared, as in
-        a barge-in, the item keeps what was sent (heard, over WebRTC), and the response ends incomplete."""
-        final_text = None
-        if active.events.audio:
-            self.interrupt_playout()
-            item = active.events.item
-            final_text = item.cut_audio(self.playout.played_ms(item.id) if self.playout is not None else item.audio_ms_sent)
-        self._finish(active, "incomplete", reason="content_filter", result=await self._final_result(active),
-                     final_text=final_text)
+    def _stop(self, command: StopResponse) -> None:
+        run = self._run
+        if run is None or run.events.response_id != command.response_id:
+            return
+        stopper = asyncio.create_task(self._stop_run(run, command), name=f"stop {command.response_id}")
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
 
-    async def _cancel_from_client(self, response_id: str | None) -> None:
-        active = self.active
-        if active is None or (response_id is not None and response_id != active.events.response_id):
-            raise ApiError("response_cancel_not_active", "There is no active response to cancel.")
-        await self.cancel_response("client_cancelled")
-
-    async def cancel_response(self, reason: str) -> None:
-        """Stop the active response at once and end it with status `cancelled`.
+    async def _stop_run(self, run: RunningResponse, command: StopResponse) -> None:
+        """Stop the response at once and end it with status `cancelled`.
 
         Order matters: generation is told to stop (next engine step), the task is cancelled and
-        awaited, then the owner (this coroutine, never the cancelled task) sends the tail events.
+        awaited, then this owner (never the cancelled task) feeds the end, whose tail events the core sends.
         """
-        active = self.active
-        if active is None or active.cancelling:
-            return
-        active.cancelling = True
-        await self._stop_active(active)
-        active.runner.release_held()
-        result = await self._final_result(active)
-        final_text = None
-        if active.events.audio:
-            # Trim the interrupted reply to the audio the user got: played (WebRTC) or sent (WebSocket).
-            item = active.events.item
-            final_text = item.cut_audio(self.playout.played_ms(item.id) if self.playout is not None else item.audio_ms_sent)
-        self._finish(active, "cancelled", reason=reason, result=result, final_text=final_text)
-
-    # -- interruption and playout ------------------------------------------------------------------
-
-    async def interrupt(self, reason: str) -> None:
-        """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
         started = time.perf_counter()
-        self.interrupt_playout()
-        if self.active is not None:
-            await self.cancel_response(reason)
+        await self._stop_task(run)
+        run.runner.release_held()
+        self._end(run, "cancelled", reason=command.reason, result=await self._final_result(run))
+        if command.barge_in:
             metrics.BARGE_IN_SECONDS.observe(time.perf_counter() - started)
-        self._reply_finished()
-
-    def interrupt_playout(self) -> None:
-        """Drop queued WebRTC audio; an item that had finished generating is cut to what was heard."""
-        if self.playout is None:
-            return
-        self.playout.clear()
-        item, response_id = self._speaking_item, self._speaking_response_id
-        self._speaking_item = self._speaking_response_id = None
-        if item is None:
-            return
-        self.send({"type": "output_audio_buffer.cleared", "response_id": response_id})
-        if self.active is None or self.active.events.item is not item:
-            # The reply was complete but not yet all heard: trim it now.
-            heard = item.cut_audio(self.playout.played_ms(item.id))
-            if item.content:
-                item.content[0]["transcript"] = heard
-            item.status = "incomplete"
-            self.send(
-                {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": round(item.audio_ms_sent)}
-            )
-
-    def playout_busy(self) -> bool:
-        return self.playout is not None and self._speaking_item is not None
 
     def on_playout_event(self, kind: str, item_id: str | None) -> None:
         """The WebRTC track started or finished playing a reply's audio (called on the event loop)."""
-        response_id = self._speaking_response_id
         if kind == "started":
-            self.turns.playback_started(now() * 1000)
-            self.send({"type": "output_audio_buffer.started", "response_id": response_id})
-        elif kind == "stopped" and self._speaking_item is not None and self._speaking_item.id == item_id:
-            self._speaking_item = self._speaking_response_id = None
-            self.send({"type": "output_audio_buffer.stopped", "response_id": response_id})
-            if self.active is None:
-                self._reply_finished()
+            self.feed(PlayoutStarted())
+        elif kind == "stopped":
+            self.feed(PlayoutStopped(item_id))
 
-    def _reply_finished(self) -> None:
-        self.turns.reply_finished()
-        if self.voice is not None:
-            self.voice.reply_finished()
+    async def _stop_task(self, run: RunningResponse) -> None:
+        run.runner.cancel_generation()
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+            await asyncio.wait({run.task}, timeout=CANCEL_TIMEOUT_S)
 
-    async def _stop_active(self, active: ActiveResponse) -> None:
-        active.runner.cancel_generation()
-        if active.task is not None and not active.task.done():
-            active.task.cancel()
-            await asyncio.wait({active.task}, timeout=CANCEL_TIMEOUT_S)
-
-    async def _final_result(self, active: ActiveResponse) -> GenerationResult | None:
+    async def _final_result(self, run: RunningResponse) -> GenerationResult | None:
         """The cancelled generation's usage; the engine stops within a step, and we wait no longer."""
-        if active.runner.stream is None:
+        if run.runner.stream is None:
             return None
         try:
-            return await asyncio.wait_for(active.runner.stream.result(), timeout=USAGE_WAIT_S)
+            return await asyncio.wait_for(run.runner.stream.result(), timeout=USAGE_WAIT_S)
         except Exception:  # usage is best effort for a cancelled response
             return None

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.latency import TurnMarks, now
+from gateway.latency import TurnMarks
 from gateway.protocol.response_events import ResponseEvents
+from gateway.realtime_core import AudioDelta
 from media.codecs import encode_output
 from media.frames import AudioChunk
 from media.resample import Resampler
@@ -49,10 +50,8 @@ class WebSocketSpeech:
         for start in range(0, len(pcm), step):
             piece = AudioChunk(np.ascontiguousarray(pcm[start : start + step], dtype=np.int16), self.rate)
             payload = base64.b64encode(encode_output(self.format, piece)).decode("ascii")
-            if self.marks.first_audio is None:
-                self.marks.mark("first_audio")
-                self.session.turns.playback_started(now() * 1000)  # the echo guard starts here
-            self.session.send_all(self.events.audio_delta(payload))
+            self.marks.mark("first_audio")
+            self.session.feed(AudioDelta(self.events.response_id, payload))  # the first starts the echo guard
         if len(pcm):
             self.marks.mark("last_audio", latest=True)
 

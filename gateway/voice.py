@@ -20,30 +20,48 @@ import contextlib
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from gateway import metrics
-from gateway.conversation import Item, new_id
+from gateway.config import Settings
+from gateway.conversation import Conversation, new_id
 from gateway.event_log import log_event
 from gateway.input_buffer import RATE, InputAudioBuffer
 from gateway.latency import TurnMarks, now
 from gateway.llm_errors import BACKEND_ERRORS
 from gateway.preemption import Preemption
-from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SEMANTIC_WAITS_MS, SemanticVad, TurnDetection, semantic_wait_ms
+from gateway.protocol.session_config import (
+    SEMANTIC_WAITS_MS,
+    SemanticVad,
+    SessionConfig,
+    TurnDetection,
+    semantic_wait_ms,
+)
+from gateway.realtime_core import (
+    ActiveResponse,
+    AudioCleared,
+    AudioCommitted,
+    AudioProcessed,
+    Input,
+    SpeechBegan,
+    SpeechEnded,
+    TranscriptFailed,
+    TranscriptFinal,
+    TranscriptionAbandoned,
+    TranscriptPartial,
+    TurnReady,
+)
+from gateway.runtime import Runtime
 from gateway.safety.screening import screen_text
-from gateway.turns import Action
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
+from inference.llm.tool_calls import ToolFormat, ToolUse
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
-
-if TYPE_CHECKING:
-    from gateway.session import RealtimeSession
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +69,6 @@ PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while th
 MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
-IDLE_NUDGE = "The user has been silent for a while. Briefly ask whether they are still there."
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
 # The speculative final transcript waits for this much silence: Silero drops below its threshold on a
 # word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
@@ -77,20 +94,59 @@ class UserTurn:
         return [job for job_end, job in sorted(self.jobs, key=lambda pair: pair[0]) if job_end >= end and not job.cancelled()]
 
 
+@dataclass
+class CommittedTurn:
+    """What a committed user turn holds here until the core answers it (CreateResponse) or drops it (DropTurn)."""
+
+    audio: np.ndarray
+    marks: TurnMarks
+    ready: list[asyncio.Task[Transcript | None]]  # transcriptions that may serve as its final one
+    preemption: asyncio.Task[Preemption | None] | None = None  # its reply being started ahead
+    head_start: Preemption | None = None  # that reply, once started
+
+
+class VoiceHost(Protocol):
+    """What the pipeline needs of its session (session.py's RealtimeSession): the core's inputs go through `feed`."""
+
+    id: str
+    request_id: str | None
+    settings: Settings
+    runtime: Runtime
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+    @property
+    def active(self) -> ActiveResponse | None: ...
+
+    def feed(self, event: Input) -> None: ...
+
+    async def settle(self) -> None: ...
+
+    def screened(self, text: str) -> str | None: ...
+
+    def speaks_by_default(self) -> bool: ...
+
+    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]: ...
+
+    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None: ...
+
+
 class VoicePipeline:
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: VoiceHost) -> None:
         self.session = session
         self.runtime = session.runtime
         self.buffer = InputAudioBuffer()
         self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
         self.turn: UserTurn | None = None
+        self._committed: dict[str, CommittedTurn] = {}
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
-        # Committed user items whose final transcript is still being made: a response waits for them.
-        self._transcribing: set[asyncio.Future[None]] = set()
         self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session.id}")
-        self._idle_since = now()
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -138,21 +194,17 @@ class VoicePipeline:
         if self.buffer.end - start <= 0:
             raise ApiError("input_audio_buffer_commit_empty", "The input audio buffer is empty: nothing to commit.")
         item_id = turn.item_id if turn is not None else new_id("item")
-        if turn is not None:  # the commit ends the turn the VAD had started
-            self.session.turns.speech_stopped()
         self._drop_turn()
         self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
         marks = TurnMarks()
         marks.mark("speech_stopped")
-        audio = self.buffer.slice(start, self.buffer.end)
+        self._committed[item_id] = CommittedTurn(self.buffer.slice(start, self.buffer.end), marks, ready=[])
         self.buffer.clear()
-        self._commit(item_id, audio, marks, ready=[])
-
-    async def transcripts_done(self) -> None:
-        """Wait until every committed item has its final transcript, so that a `response.create` sent
-        right after `input_audio_buffer.commit` (push-to-talk) answers what was just said."""
-        while self._transcribing:
-            await asyncio.wait(set(self._transcribing))
+        try:
+            self.session.feed(AudioCommitted(item_id))
+        except ApiError:
+            self._committed.pop(item_id, None)
+            raise
 
     def clear(self) -> None:
         while not self._queue.empty():
@@ -162,10 +214,12 @@ class VoicePipeline:
         self._drop_turn()
         self.buffer.clear()
         self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
-        self.session.send({"type": "input_audio_buffer.cleared"})
+        self.session.feed(AudioCleared())
 
     async def close(self) -> None:
         self._drop_turn()
+        for item_id in list(self._committed):
+            self.drop_turn(item_id)
         tasks = [self._task, *self._jobs]
         for task in tasks:
             task.cancel()
@@ -213,43 +267,34 @@ class VoicePipeline:
         if isinstance(event, SpeechStarted):
             self.vad.detector.settings = self._vad_settings()  # semantic_vad: a new turn starts unjudged
             self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
-            self.session.send(
-                {"type": "input_audio_buffer.speech_started", "audio_start_ms": event.audio_start_ms, "item_id": self.turn.item_id}
-            )
-            if Action.INTERRUPT in self.session.turns.speech_started(now() * 1000):
-                await self.session.interrupt("turn_detected")
+            self.session.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
+            await self.session.settle()  # a barge-in: the reply has ended before more audio is judged
             self._prefill_draft("")
         elif isinstance(event, SpeechStopped) and self.turn is not None:
             turn = self.turn
             self.turn = None
             marks = TurnMarks()
             marks.mark("speech_stopped")
-            self.session.send(
-                {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": event.audio_end_ms, "item_id": turn.item_id}
-            )
-            self.session.turns.speech_stopped()
             end = min(self.buffer.ms_to_index(event.audio_end_ms + ASR_TAIL_MS), self.buffer.end)
-            audio = self.buffer.slice(turn.start, end)
             ready = turn.covering(self.buffer.ms_to_index(event.audio_end_ms + ASR_COVER_MS))
             for _, job in turn.jobs:
                 if job not in ready:
                     job.cancel()
-            self._idle_since = now()
-            try:
-                self._commit(turn.item_id, audio, marks, ready=ready, preemption=turn.preemption)
-            except ApiError as error:  # the conversation is full: the turn is not kept, the session goes on
-                self._discard_preemption(turn)
-                self.session.turns.transcript_final(has_text=False)  # back to listening
-                self.session.send_error(error)
+            self._committed[turn.item_id] = CommittedTurn(self.buffer.slice(turn.start, end), marks, ready,
+                                                          preemption=turn.preemption)
+            turn.preemption = None
+            # The core commits it (Transcribe), or drops it when the conversation is full (DropTurn).
+            self.session.feed(SpeechEnded(turn.item_id, event.audio_end_ms))
 
     async def _after_audio(self) -> None:
         turn = self.turn
         if turn is None:
             self.buffer.discard_before(self.buffer.end - self.buffer.ms_to_index(IDLE_KEEP_MS))
-            self._check_idle_timeout()
+        # The core's clock tick: a barge-in the echo guard deferred, or the idle timeout.
+        self.session.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end))))
+        await self.session.settle()
+        if turn is None or self.turn is not turn:
             return
-        if Action.INTERRUPT in self.session.turns.tick(now() * 1000, user_speaking=True):
-            await self.session.interrupt("turn_detected")
         probability = self.vad.last_probability
         settings = self.vad.detector.settings
         silence_started = self.vad.detector.silence_started_ms
@@ -301,28 +346,6 @@ class VoicePipeline:
             log.debug("session %s: end of turn %.2f: the silence ends it after %d ms", self.session.id, probability, wait_ms)
             self.vad.detector.settings = self._vad_settings(wait_ms)
 
-    def _check_idle_timeout(self) -> None:
-        detection = self.turn_detection
-        if detection is None or detection.idle_timeout_ms is None or self.session.active is not None:
-            return
-        if self.session.playout_busy() or now() - self._idle_since < detection.idle_timeout_ms / 1000:
-            return
-        self._idle_since = now()
-        end_ms = round(self.buffer.index_to_ms(self.buffer.end))
-        # As OpenAI does: the silence becomes an empty user turn, and the reply checks on the user.
-        item = Item(id=new_id("item"), type="message", role="user", content=[{"type": "input_audio", "transcript": ""}])
-        self.session.send(
-            {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": end_ms, "audio_end_ms": end_ms, "item_id": item.id}
-        )
-        self.session.add_item(item)
-        if detection.create_response:
-            nudge = f"{self.session.config.instructions}\n\n{IDLE_NUDGE}".strip()
-            self._spawn(self._create_response(TurnMarks(), ResponseParams(instructions=nudge)))
-
-    def reply_finished(self) -> None:
-        """The idle timeout counts from the end of the assistant's reply."""
-        self._idle_since = now()
-
     # -- transcription ------------------------------------------------------------------------
 
     async def _transcribe(self, audio: np.ndarray, *, final: bool) -> Transcript | None:
@@ -348,100 +371,39 @@ class VoicePipeline:
         if delta:
             turn.sent_stable = stable
             self._prefill_draft(stable)
-        if self.session.config.audio.input.transcription is None:
-            return  # transcription events are off; the model still reads the words
-        self.session.send(
-            {
-                "type": "conversation.item.input_audio_transcription.delta",
-                "item_id": turn.item_id,
-                "content_index": 0,
-                "delta": delta,
-                # Not in OpenAI's event: the whole current hypothesis, which may still change.
-                "text": transcript.text,
-            }
-        )
+        self.session.feed(TranscriptPartial(turn.item_id, delta, transcript.text))
 
-    def _commit(
-        self,
-        item_id: str,
-        audio: np.ndarray,
-        marks: TurnMarks,
-        ready: list[asyncio.Task[Transcript | None]],
-        preemption: asyncio.Task[Preemption | None] | None = None,
-    ) -> None:
-        """The user item joins the conversation now, in the same step as the commit; its transcript follows."""
+    def transcribe(self, item_id: str) -> None:
+        """The core's Transcribe: the committed turn's final transcript, then TurnReady."""
+        turn = self._committed[item_id]
+        job = self._spawn(self._transcribe_committed(item_id, turn))
+        # Whatever ends the job, a response.create waiting for this transcript is not left waiting.
+        job.add_done_callback(lambda _: self.session.feed(TranscriptionAbandoned(item_id)))
+
+    async def _transcribe_committed(self, item_id: str, turn: CommittedTurn) -> None:
         session = self.session
-        conversation = session.conversation
-        previous = conversation.items[-1].id if len(conversation) else None
-        item = Item(id=item_id, type="message", role="user", status="in_progress")
-        item.content = [{"type": "input_audio", "transcript": None}]
-        conversation.add(item)
-        session.send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
-        session.send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_wire()})
-        transcribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._transcribing.add(transcribed)
-        job = self._spawn(self._transcribe_committed(item, previous, audio, marks, ready, preemption, transcribed))
-        job.add_done_callback(lambda _: self._transcribed(transcribed))
-
-    def _transcribed(self, transcribed: asyncio.Future[None]) -> None:
-        self._transcribing.discard(transcribed)
-        if not transcribed.done():
-            transcribed.set_result(None)
-
-    async def _transcribe_committed(
-        self,
-        item: Item,
-        previous: str | None,
-        audio: np.ndarray,
-        marks: TurnMarks,
-        ready: list[asyncio.Task[Transcript | None]],
-        preemption: asyncio.Task[Preemption | None] | None,
-        transcribed: asyncio.Future[None],
-    ) -> None:
-        session = self.session
-        item_id = item.id
         try:
-            transcript = await self._final_transcript(audio, ready)
+            transcript = await self._final_transcript(turn.audio, turn.ready)
         except Exception as exc:  # the model failed: the item stays without words, the session goes on
             log.exception("session %s: transcribing item %s failed", session.id, item_id)
             reason = f"Transcribing the audio failed: {str(exc) or type(exc).__name__}"
-            self._transcription_failed(item, previous, ApiError("transcription_failed", reason, type="server_error"))
-            if preemption is not None:
-                self._discard(preemption)
+            session.feed(TranscriptFailed(item_id, ApiError("transcription_failed", reason, type="server_error")))
             return
         text = transcript.text if transcript is not None else ""
         try:  # the policy, before the model hears it: a redacted transcript, or none at all
             text = screen_text(session.runtime.safety, text, what="transcript", param=None)
         except ApiError as refused:
-            session.send_error(refused)
-            self._transcription_failed(item, previous, refused)
-            if preemption is not None:
-                self._discard(preemption)
+            session.feed(TranscriptFailed(item_id, refused, refused=True))
             return
-        marks.mark("transcript_final")
-        item.content[0]["transcript"] = text
-        item.status = "completed"
-        if session.config.audio.input.transcription is not None:  # null: transcription events are off
-            session.send({
-                "type": "conversation.item.input_audio_transcription.completed",
-                "item_id": item_id,
-                "content_index": 0,
-                "transcript": text,
-                "usage": {"type": "duration", "seconds": round(len(audio) / RATE, 3)},
-            })
-        session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
+        turn.marks.mark("transcript_final")
+        session.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE))
         log_event("realtime.transcription.completed", session_id=session.id, request_id=session.request_id,
-                  item_id=item_id, audio_s=round(len(audio) / RATE, 3), words=len(text.split()),
+                  item_id=item_id, audio_s=round(len(turn.audio) / RATE, 3), words=len(text.split()),
                   content={"transcript": text})
-        self._transcribed(transcribed)
-        head_start = await self._take_preemption(preemption)
-        created = False
-        try:
-            if Action.CREATE_RESPONSE in session.turns.transcript_final(bool(text.strip())):
-                created = await self._create_response(marks, preemption=head_start)
-        finally:
-            if head_start is not None and not created:
-                head_start.cancel()
+        # Its reply generated ahead, if one started, before the core decides whether the turn gets a reply.
+        preemption, turn.preemption = turn.preemption, None
+        turn.head_start = await self._take_preemption(preemption)
+        session.feed(TurnReady(item_id))
 
     async def _final_transcript(self, audio: np.ndarray, ready: list[asyncio.Task[Transcript | None]]) -> Transcript | None:
         for job in ready:  # a superseded partial resolves to None: try the next one
@@ -452,40 +414,20 @@ class VoicePipeline:
                 return transcript
         return await self._transcribe(audio, final=True)
 
-    def _transcription_failed(self, item: Item, previous: str | None, error: ApiError) -> None:
-        """The turn's item stays without words (`error` says why: the model failed, or the policy refused them)."""
-        session = self.session
-        item.content[0]["transcript"] = ""
-        item.status = "incomplete"
-        if session.config.audio.input.transcription is not None:
-            session.send({
-                "type": "conversation.item.input_audio_transcription.failed", "item_id": item.id, "content_index": 0,
-                "error": error.body(),
-            })
-        session.send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.to_wire()})
-        session.turns.transcript_final(has_text=False)  # back to listening
+    def take_turn(self, item_id: str) -> tuple[TurnMarks, Preemption | None]:
+        """The core's CreateResponse for a turn: its latency marks and its reply generated ahead (the response owns it)."""
+        turn = self._committed.pop(item_id, None)
+        return (turn.marks, turn.head_start) if turn is not None else (TurnMarks(), None)
 
-    async def _create_response(
-        self, marks: TurnMarks, params: ResponseParams | None = None, *, preemption: Preemption | None = None
-    ) -> bool:
-        """Answer the turn; a reply still running is about an older turn, so it gives way.
-
-        True when the response was created (it then owns `preemption`)."""
-        session = self.session
-        active = session.active
-        if active is not None:
-            if session.turns.policy.interrupt_response:
-                await session.interrupt("turn_detected")
-            elif active.task is not None:
-                await asyncio.wait({active.task})
-        session.pending_marks = marks
-        try:
-            session.create_response(params or ResponseParams(), preemption=preemption)
-        except ApiError as error:
-            session.pending_marks = None
-            session.send_error(error)
-            return False
-        return True
+    def drop_turn(self, item_id: str) -> None:
+        """The core's DropTurn: the turn gets no reply, so what was made ahead for it goes."""
+        turn = self._committed.pop(item_id, None)
+        if turn is None:
+            return
+        if turn.preemption is not None:
+            self._discard(turn.preemption)
+        if turn.head_start is not None:
+            turn.head_start.cancel()
 
     # -- preemption -----------------------------------------------------------------------------
 
@@ -567,4 +509,3 @@ class VoicePipeline:
             for _, job in turn.jobs:
                 job.cancel()
             self._discard_preemption(turn)
-
