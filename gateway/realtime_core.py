@@ -738,7 +738,7 @@ class RealtimeCore:
     def _now_ms(self) -> float:
         return self.clock() * 1000
 
-    def _send(self, event: se._ServerEvent) -> None:
+    def _send(self, event: se.ServerEvent) -> None:
         self._out.append(Send(event.wire()))
 
     def _send_all(self, events: list[Event]) -> None:

@@ -19,6 +19,7 @@ from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
 from gateway.memory_tool import Generation, MemoryToolStream, ReplyStream
 from gateway.preemption import AdoptedStream, Preemption
+from gateway.protocol import server_events as se
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
 from gateway.safety.hooks import Classifier, ClassifierWatch
@@ -147,7 +148,7 @@ class ResponseRunner:
             self.cancel_generation()
             raise
         if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
-            self.send([{"type": "rate_limits.updated", "rate_limits": [reservation.rate_limit()]}])
+            self.send([se.RateLimitsUpdated(rate_limits=[reservation.rate_limit()]).wire()])
         result: GenerationResult | None = None
         self.guard.start(next((m.content for m in reversed(job.messages) if m.role == "user"), ""))
         try:

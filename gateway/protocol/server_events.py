@@ -16,14 +16,14 @@ Event = dict[str, Any]
 Wire = dict[str, Any]  # a nested object already in wire form: an item, a session, an error
 
 
-class _ServerEvent(BaseModel):
+class ServerEvent(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     def wire(self) -> Event:
         return self.model_dump()
 
 
-class SessionCreated(_ServerEvent):
+class SessionCreated(ServerEvent):
     type: Literal["session.created"] = "session.created"
     session: Wire
     resume_token: str | None = None  # ours: only when the session can be resumed
@@ -35,75 +35,75 @@ class SessionCreated(_ServerEvent):
         return event
 
 
-class SessionUpdated(_ServerEvent):
+class SessionUpdated(ServerEvent):
     type: Literal["session.updated"] = "session.updated"
     session: Wire
 
 
-class Error(_ServerEvent):
+class Error(ServerEvent):
     type: Literal["error"] = "error"
     error: Wire
 
 
-class ItemAdded(_ServerEvent):
+class ItemAdded(ServerEvent):
     type: Literal["conversation.item.added"] = "conversation.item.added"
     previous_item_id: str | None
     item: Wire
 
 
-class ItemDone(_ServerEvent):
+class ItemDone(ServerEvent):
     type: Literal["conversation.item.done"] = "conversation.item.done"
     previous_item_id: str | None
     item: Wire
 
 
-class ItemRetrieved(_ServerEvent):
+class ItemRetrieved(ServerEvent):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
     item: Wire
 
 
-class ItemDeleted(_ServerEvent):
+class ItemDeleted(ServerEvent):
     type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
     item_id: str
 
 
-class ItemTruncated(_ServerEvent):
+class ItemTruncated(ServerEvent):
     type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
     item_id: str
     content_index: int
     audio_end_ms: int
 
 
-class InputCleared(_ServerEvent):
+class InputCleared(ServerEvent):
     type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
 
 
-class SpeechStarted(_ServerEvent):
+class SpeechStarted(ServerEvent):
     type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
     audio_start_ms: int
     item_id: str
 
 
-class SpeechStopped(_ServerEvent):
+class SpeechStopped(ServerEvent):
     type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
     audio_end_ms: int
     item_id: str
 
 
-class InputCommitted(_ServerEvent):
+class InputCommitted(ServerEvent):
     type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
     previous_item_id: str | None
     item_id: str
 
 
-class TimeoutTriggered(_ServerEvent):
+class TimeoutTriggered(ServerEvent):
     type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
     audio_start_ms: int
     audio_end_ms: int
     item_id: str
 
 
-class TranscriptionDelta(_ServerEvent):
+class TranscriptionDelta(ServerEvent):
     type: Literal["conversation.item.input_audio_transcription.delta"] = (
         "conversation.item.input_audio_transcription.delta")
     item_id: str
@@ -118,7 +118,7 @@ class TranscriptionUsage(BaseModel):
     seconds: float
 
 
-class TranscriptionCompleted(_ServerEvent):
+class TranscriptionCompleted(ServerEvent):
     type: Literal["conversation.item.input_audio_transcription.completed"] = (
         "conversation.item.input_audio_transcription.completed")
     item_id: str
@@ -127,7 +127,7 @@ class TranscriptionCompleted(_ServerEvent):
     usage: TranscriptionUsage
 
 
-class TranscriptionFailed(_ServerEvent):
+class TranscriptionFailed(ServerEvent):
     type: Literal["conversation.item.input_audio_transcription.failed"] = (
         "conversation.item.input_audio_transcription.failed")
     item_id: str
@@ -135,16 +135,21 @@ class TranscriptionFailed(_ServerEvent):
     error: Wire
 
 
-class OutputStarted(_ServerEvent):
+class OutputStarted(ServerEvent):
     type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
     response_id: str | None
 
 
-class OutputStopped(_ServerEvent):
+class OutputStopped(ServerEvent):
     type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
     response_id: str | None
 
 
-class OutputCleared(_ServerEvent):
+class OutputCleared(ServerEvent):
     type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
     response_id: str | None
+
+
+class RateLimitsUpdated(ServerEvent):
+    type: Literal["rate_limits.updated"] = "rate_limits.updated"
+    rate_limits: list[Wire]

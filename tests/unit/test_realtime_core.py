@@ -1,0 +1,325 @@
+"""The realtime core on its own: inputs in, events and commands out. No sockets, tasks or models; the
+races (barge-in, truncation, push-to-talk, cancel against commit or against the end) are inputs in an order."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.conversation import Conversation, Item, SpokenSegment
+from gateway.protocol.client_events import ResponseParams
+from gateway.protocol.errors import ApiError
+from gateway.protocol.response_events import ResponseEvents
+from gateway.protocol.session_config import SessionConfig, TurnDetection
+from gateway.realtime_core import (
+    AudioCommitted,
+    AudioDelta,
+    AudioProcessed,
+    CancelRequested,
+    ClearPlayout,
+    CreateResponse,
+    DropTurn,
+    ItemCreated,
+    ItemDelete,
+    Output,
+    PlayoutCleared,
+    PlayoutStopped,
+    RealtimeCore,
+    ResponseEnded,
+    ResponseFinished,
+    ResponseRequested,
+    ResponseStarted,
+    Send,
+    SendError,
+    SetProducing,
+    SpeechBegan,
+    SpeechEnded,
+    StopResponse,
+    TextDelta,
+    Transcribe,
+    TranscriptFailed,
+    TranscriptFinal,
+    TurnReady,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.seconds = 100.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def make_core(*, detection: TurnDetection | None = None, manual: bool = False, playout: bool = False,
+              max_items: int = 100, **config: object) -> tuple[RealtimeCore, Clock]:
+    settings = SessionConfig(id="sess_1", model="m", output_modalities=["audio"], **config)  # type: ignore[arg-type]
+    settings.audio.input.turn_detection = None if manual else (detection or TurnDetection())
+    clock = Clock()
+    core = RealtimeCore(settings, Conversation(max_items=max_items, max_bytes=1 << 20), clock=clock,
+                        echo_guard_ms=300, can_speak=True, has_playout=playout)
+    return core, clock
+
+
+def types(outputs: list[Output]) -> list[str]:
+    """Events by their type, commands by their class name."""
+    return [o.event["type"] if isinstance(o, Send) else type(o).__name__ for o in outputs]
+
+
+def reply(core: RealtimeCore, response_id: str = "resp_1", *, audio: bool = True) -> ResponseEvents:
+    item = Item(id=f"item_{response_id}", type="message", role="assistant", status="in_progress")
+    return ResponseEvents(response_id=response_id, conversation_id=core.conversation.id, item=item, audio=audio,
+                          audio_format={"type": "audio/pcm", "rate": 24000}, voice="alloy", max_output_tokens="inf")
+
+
+def start_reply(core: RealtimeCore, response_id: str = "resp_1", *, audio: bool = True) -> ResponseEvents:
+    events = reply(core, response_id, audio=audio)
+    core.handle(ResponseStarted(events, writes_conversation=True, open_message=True))
+    return events
+
+
+def spoken(events: ResponseEvents, *clauses: tuple[str, float]) -> None:
+    """As the runner records speech: each clause and its audio's length in ms."""
+    item = events.item
+    for text, ms in clauses:
+        item.spoken.append(SpokenSegment(text, item.audio_ms_sent, item.audio_ms_sent + ms))
+        item.audio_ms_sent += ms
+
+
+def committed_turn(core: RealtimeCore, item_id: str, text: str = "What is the capital of France?") -> list[Output]:
+    """A VAD turn from speech to its final transcript; returns TurnReady's outputs."""
+    core.handle(SpeechBegan(item_id, audio_start_ms=0))
+    assert core.handle(SpeechEnded(item_id, audio_end_ms=900))[-1] == Transcribe(item_id)
+    core.handle(TranscriptFinal(item_id, text, audio_seconds=0.9))
+    return core.handle(TurnReady(item_id))
+
+
+def test_a_spoken_turn_is_committed_transcribed_then_answered() -> None:
+    core, _ = make_core()
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=120))) == ["input_audio_buffer.speech_started"]
+    assert types(core.handle(SpeechEnded("item_u", audio_end_ms=900))) == [
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added", "Transcribe"]
+    assert core.conversation.get("item_u").status == "in_progress"
+    assert types(core.handle(TranscriptFinal("item_u", "Hello there", audio_seconds=0.9))) == [
+        "conversation.item.input_audio_transcription.completed", "conversation.item.done"]
+    [create] = core.handle(TurnReady("item_u"))
+    assert create == CreateResponse(ResponseParams(), turn="item_u")
+
+
+def test_noise_with_no_words_gets_no_reply_and_its_head_start_is_dropped() -> None:
+    core, _ = make_core()
+    assert core.handle(TurnReady("item_u")) == []  # not a committed turn: nothing
+    assert types(committed_turn(core, "item_u", text="  ")) == ["DropTurn"]
+
+
+def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent() -> None:
+    core, clock = make_core()
+    events = start_reply(core)
+    core.handle(TextDelta("resp_1", "Paris is the capital. It is big."))
+    spoken(events, ("Paris is the capital.", 1200), ("It is big.", 800))
+    core.handle(AudioDelta("resp_1", "AAAA"))  # the echo guard starts with the first audio
+    clock.seconds += 1.0
+    outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert types(outputs) == ["input_audio_buffer.speech_started", "StopResponse"]
+    assert outputs[1] == StopResponse("resp_1", "turn_detected", barge_in=True)
+    assert core.handle(SpeechBegan("item_v", audio_start_ms=10))[1:] == []  # cancelling already: no second stop
+    ended = core.handle(ResponseEnded("resp_1", "cancelled", {}, reason="turn_detected", heard_ms=1500))
+    assert types(ended) == ["response.output_audio.done", "response.output_audio_transcript.done",
+                            "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                            "response.done", "ResponseFinished"]
+    done = ended[5].event["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+    # 1500 ms heard: the first clause and 300 of the second's 800 ms (its first word of three).
+    assert events.item.content[0]["transcript"] == "Paris is the capital. It"
+    assert core.response is None
+
+
+def test_the_echo_guard_defers_a_barge_in_until_speech_outlasts_it() -> None:
+    core, clock = make_core()
+    start_reply(core)
+    core.handle(AudioDelta("resp_1", "AAAA"))
+    clock.seconds += 0.1
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == ["input_audio_buffer.speech_started"]
+    clock.seconds += 0.1
+    assert core.handle(AudioProcessed(audio_end_ms=200)) == []
+    clock.seconds += 0.2  # past the 300 ms window, still speaking
+    assert types(core.handle(AudioProcessed(audio_end_ms=400))) == ["StopResponse"]
+
+
+def test_webrtc_barge_in_after_generation_truncates_the_reply_to_what_was_played() -> None:
+    core, _ = make_core(playout=True)
+    events = start_reply(core)
+    spoken(events, ("One two three four.", 2000))
+    assert SetProducing(False) in core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert core.playout_busy  # generated, still playing: the turn machine still counts the bot as speaking
+    outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert types(outputs) == ["input_audio_buffer.speech_started", "output_audio_buffer.cleared", "ClearPlayout"]
+    assert outputs[2] == ClearPlayout(measure_item_id=events.item.id)
+    [truncated] = core.handle(PlayoutCleared(events.item.id, played_ms=1000))
+    assert truncated.event == {"type": "conversation.item.truncated", "item_id": events.item.id, "content_index": 0,
+                               "audio_end_ms": 1000}
+    item = core.conversation.get(events.item.id)
+    assert item.content[0]["transcript"] == "One two" and item.status == "incomplete"
+
+
+def test_webrtc_playout_stopping_ends_the_bots_turn() -> None:
+    core, clock = make_core(playout=True)
+    events = start_reply(core)
+    core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert types(core.handle(PlayoutStopped(events.item.id))) == ["output_audio_buffer.stopped"]
+    clock.seconds += 10
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == ["input_audio_buffer.speech_started"]
+
+
+def test_push_to_talk_response_create_waits_for_the_committed_transcript() -> None:
+    core, _ = make_core(manual=True)
+    assert types(core.handle(AudioCommitted("item_u"))) == [
+        "input_audio_buffer.committed", "conversation.item.added", "Transcribe"]
+    assert core.handle(ResponseRequested(ResponseParams(), event_id="ev_1")) == []
+    assert core.deferred_responses
+    outputs = core.handle(TranscriptFinal("item_u", "Hello", audio_seconds=1.0))
+    assert types(outputs) == ["conversation.item.input_audio_transcription.completed", "conversation.item.done",
+                              "CreateResponse"]
+    assert outputs[-1] == CreateResponse(ResponseParams(), event_id="ev_1")
+    assert not core.deferred_responses
+    assert core.handle(TurnReady("item_u")) == [DropTurn("item_u")]  # manual turns: the client decides
+
+
+def test_push_to_talk_response_create_goes_on_when_the_transcription_fails() -> None:
+    core, _ = make_core(manual=True)
+    core.handle(AudioCommitted("item_u"))
+    core.handle(ResponseRequested(ResponseParams(), event_id="ev_1"))
+    outputs = core.handle(TranscriptFailed("item_u", ApiError("transcription_failed", "out of memory")))
+    assert types(outputs) == ["conversation.item.input_audio_transcription.failed", "conversation.item.done",
+                              "DropTurn", "CreateResponse"]
+    assert core.conversation.get("item_u").status == "incomplete"
+
+
+def test_a_commit_ends_the_turn_the_vad_had_opened() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert types(core.handle(AudioCommitted("item_u"))) == [
+        "input_audio_buffer.committed", "conversation.item.added", "Transcribe"]
+    assert core.open_turn is None
+    assert core.handle(SpeechEnded("item_u", audio_end_ms=500)) == []  # the VAD's late edge changes nothing
+
+
+def test_speech_during_a_preempted_turns_transcription_drops_its_reply() -> None:
+    """Turn 1's reply was being generated ahead; the user speaks again before it is answered: no reply to
+    turn 1 (its head start is dropped), and turn 2 gets one."""
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_1", audio_start_ms=0))
+    core.handle(SpeechEnded("item_1", audio_end_ms=900))
+    core.handle(SpeechBegan("item_2", audio_start_ms=1000))
+    core.handle(TranscriptFinal("item_1", "What is", audio_seconds=0.9))
+    assert core.handle(TurnReady("item_1")) == [DropTurn("item_1")]
+    core.handle(SpeechEnded("item_2", audio_end_ms=2000))
+    core.handle(TranscriptFinal("item_2", "the capital of France?", audio_seconds=1.0))
+    assert core.handle(TurnReady("item_2")) == [CreateResponse(ResponseParams(), turn="item_2")]
+
+
+def test_barge_in_on_a_reply_that_adopted_its_preemption() -> None:
+    core, _ = make_core()
+    [create] = committed_turn(core, "item_1")
+    assert create == CreateResponse(ResponseParams(), turn="item_1")
+    start_reply(core)  # the driver built it from the turn's head start
+    outputs = core.handle(SpeechBegan("item_2", audio_start_ms=0))  # generating, no audio yet: no echo guard
+    assert outputs[-1] == StopResponse("resp_1", "turn_detected", barge_in=True)
+
+
+def test_a_turn_ready_while_the_reply_is_being_cancelled_waits_for_its_end() -> None:
+    """Cancel during commit: the client cancels, and before the cancelled reply has ended the next turn is
+    ready. It is answered once response.done is out, not refused as a second active response."""
+    core, _ = make_core()
+    start_reply(core, audio=False)
+    assert types(core.handle(CancelRequested(None))) == ["StopResponse"]
+    assert committed_turn(core, "item_u") == []
+    ended = core.handle(ResponseEnded("resp_1", "cancelled", {}, reason="client_cancelled"))
+    assert types(ended)[-3:] == ["response.done", "ResponseFinished", "CreateResponse"]
+    assert ended[-1] == CreateResponse(ResponseParams(), turn="item_u")
+
+
+def test_a_turn_ready_during_a_reply_interrupts_it_then_is_answered() -> None:
+    core, _ = make_core()
+    start_reply(core, audio=False)
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))  # interrupts (cancelling from here)
+    core.handle(SpeechEnded("item_u", audio_end_ms=900))
+    core.handle(TranscriptFinal("item_u", "Stop. Tell me about Rome.", audio_seconds=0.9))
+    assert core.handle(TurnReady("item_u")) == []
+    assert core.handle(ResponseEnded("resp_1", "cancelled", {}))[-1] == CreateResponse(ResponseParams(), turn="item_u")
+
+
+def test_with_interrupt_response_off_a_turn_waits_for_the_reply_to_finish() -> None:
+    core, _ = make_core(detection=TurnDetection(interrupt_response=False))
+    start_reply(core, audio=False)
+    assert committed_turn(core, "item_u") == []
+    assert core.handle(ResponseEnded("resp_1", "completed", {}))[-1] == CreateResponse(ResponseParams(), turn="item_u")
+
+
+def test_a_cancel_crossing_the_replys_end() -> None:
+    core, _ = make_core()
+    start_reply(core, audio=False)
+    core.handle(CancelRequested("resp_1"))
+    # The reply finished before its task was stopped: it ends completed, and the stop's end is ignored.
+    ended = core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert ended[-2].event["response"]["status"] == "completed"
+    assert core.handle(ResponseEnded("resp_1", "cancelled", {})) == []
+    with pytest.raises(ApiError) as refused:  # the client's next cancel finds nothing to cancel
+        core.handle(CancelRequested("resp_1"))
+    assert refused.value.code == "response_cancel_not_active"
+
+
+def test_a_cancel_naming_another_response_is_refused_and_changes_nothing() -> None:
+    core, _ = make_core()
+    start_reply(core, audio=False)
+    with pytest.raises(ApiError) as refused:
+        core.handle(CancelRequested("resp_other"))
+    assert refused.value.code == "response_cancel_not_active" and core.response is not None
+    assert not core.response.cancelling
+
+
+def test_refused_client_events_raise_and_change_nothing() -> None:
+    core, _ = make_core(type="transcription")
+    with pytest.raises(ApiError):
+        core.handle(ResponseRequested(ResponseParams()))
+    core, _ = make_core()
+    events = start_reply(core, audio=False)
+    with pytest.raises(ApiError) as in_use:
+        core.handle(ItemDelete(events.item.id))
+    assert in_use.value.code == "item_in_use" and len(core.conversation) == 1
+    with pytest.raises(ApiError) as busy:
+        core.handle(ResponseStarted(reply(core, "resp_2"), writes_conversation=True, open_message=True))
+    assert busy.value.code == "conversation_already_has_active_response"
+
+
+def test_a_spoken_turn_past_the_conversation_bound_is_an_error_and_listening_goes_on() -> None:
+    core, _ = make_core(max_items=1)
+    core.handle(ItemCreated(Item(id="item_0", type="message", role="user", content=[{"type": "input_text", "text": "hi"}])))
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    outputs = core.handle(SpeechEnded("item_u", audio_end_ms=900))
+    assert types(outputs) == ["input_audio_buffer.speech_stopped", "DropTurn", "SendError"]
+    assert isinstance(outputs[-1], SendError) and outputs[-1].error.code == "conversation_full"
+    assert types(core.handle(SpeechBegan("item_v", audio_start_ms=1000))) == ["input_audio_buffer.speech_started"]
+
+
+def test_the_idle_timeout_adds_an_empty_turn_and_a_nudge() -> None:
+    core, clock = make_core(detection=TurnDetection(idle_timeout_ms=5000), instructions="Be brief.")
+    assert core.handle(AudioProcessed(audio_end_ms=1000)) == []
+    clock.seconds += 5.0
+    outputs = core.handle(AudioProcessed(audio_end_ms=6000))
+    assert types(outputs) == ["input_audio_buffer.timeout_triggered", "conversation.item.added",
+                              "conversation.item.done", "CreateResponse"]
+    create = outputs[-1]
+    assert isinstance(create, CreateResponse) and create.params.instructions is not None
+    assert create.params.instructions.startswith("Be brief.\n\n") and create.turn is None
+    assert core.handle(AudioProcessed(audio_end_ms=6100)) == []  # it counts again from now
+
+
+def test_a_reply_that_only_calls_functions_never_opens_its_message() -> None:
+    core, _ = make_core()
+    events = reply(core, audio=False)
+    assert types(core.handle(ResponseStarted(events, writes_conversation=True, open_message=False))) == [
+        "response.created"]
+    ended = core.handle(ResponseEnded("resp_1", "completed", {"done": 1.0}))
+    assert types(ended) == ["response.done", "ResponseFinished"]
+    assert isinstance(ended[-1], ResponseFinished) and ended[-1].status == "completed"
+    assert ended[0].event["response"]["metadata"] == {"gateway_latency": '{"done":1.0}'}
