@@ -586,6 +586,9 @@ class RealtimeCore:
     def _response_started(self, event: ResponseStarted) -> None:
         self.ensure_no_response()
         events = event.events
+        previous = None
+        if event.open_message and event.writes_conversation:
+            previous = self.conversation.add(events.item)  # conversation_full: refused before anything changed
         if events.audio:
             self._interrupt_playout()  # a new reply replaces whatever is still playing
         self.response = ActiveResponse(events, event.writes_conversation)
@@ -595,7 +598,7 @@ class RealtimeCore:
             self._speaking = (events.item, events.response_id)
         self._send_all(events.created())
         if event.open_message:
-            self._open_message(self.response)
+            self._send_all(events.open_item(previous))
 
     def _message_opened(self, event: MessageOpened) -> None:
         if (active := self._active(event.response_id)) is not None:

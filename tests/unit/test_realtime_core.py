@@ -3,9 +3,13 @@ races (barge-in, truncation, push-to-talk, cancel against commit or against the 
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from gateway.conversation import Conversation, Item, SpokenSegment
+from gateway.outbox import Outbox
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import ResponseEvents
@@ -323,3 +327,50 @@ def test_a_reply_that_only_calls_functions_never_opens_its_message() -> None:
     assert types(ended) == ["response.done", "ResponseFinished"]
     assert isinstance(ended[-1], ResponseFinished) and ended[-1].status == "completed"
     assert ended[0].event["response"]["metadata"] == {"gateway_latency": '{"done":1.0}'}
+
+
+def test_a_reply_the_full_conversation_cannot_hold_is_refused_before_it_starts() -> None:
+    core, _ = make_core(max_items=1)
+    core.handle(ItemCreated(Item(id="item_0", type="message", role="user", content=[{"type": "input_text", "text": "hi"}])))
+    with pytest.raises(ApiError) as full:
+        core.handle(ResponseStarted(reply(core), writes_conversation=True, open_message=True))
+    assert full.value.code == "conversation_full" and core.response is None
+    assert types(core.handle(ResponseStarted(reply(core), writes_conversation=False, open_message=True)))[0] == (
+        "response.created")
+
+
+async def test_a_barge_in_while_the_client_is_away_reaches_it_on_resume_once_and_in_order() -> None:
+    """Resume race: the connection drops mid-reply, the user barges in (WebRTC audio goes on without the
+    data channel), then the client resumes from the last event it got, and cancels what is already over."""
+    core, clock = make_core()
+    outbox = Outbox(replay_bytes=1 << 20)
+
+    def send(outputs: list[Output]) -> None:
+        for output in outputs:
+            if isinstance(output, Send):
+                outbox.send(output.event)
+
+    first = outbox.attach()
+    events = reply(core, audio=False)
+    send(core.handle(ResponseStarted(events, writes_conversation=True, open_message=True)))
+    send(core.handle(TextDelta("resp_1", "Paris")))
+    received = [json.loads(await asyncio.wait_for(first.next(), 1)) for _ in range(5)]
+    assert [e["type"] for e in received][-1] == "response.output_text.delta"
+    last_seen = received[-2]["sequence_number"]  # the delta was lost with the connection
+    clock.seconds += 1
+    outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    send(outputs)
+    assert isinstance(outputs[-1], StopResponse)
+    send(core.handle(ResponseEnded("resp_1", "cancelled", {}, reason="turn_detected")))
+    second = outbox.attach(after=last_seen)
+    resumed = []
+    while outbox._queue:
+        resumed.append(json.loads(await asyncio.wait_for(second.next(), 1)))
+    assert [e["type"] for e in resumed] == [
+        "response.output_text.delta", "input_audio_buffer.speech_started", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "conversation.item.done", "response.done"]
+    assert [e["sequence_number"] for e in resumed] == list(range(last_seen + 1, last_seen + 1 + len(resumed)))
+    assert resumed[-1]["response"]["status"] == "cancelled"
+    with pytest.raises(ApiError) as late:
+        core.handle(CancelRequested("resp_1"))
+    assert late.value.code == "response_cancel_not_active"
