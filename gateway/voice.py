@@ -220,10 +220,11 @@ class VoicePipeline:
         self._drop_turn()
         for item_id in list(self._committed):
             self.drop_turn(item_id)
-        tasks = [self._task, *self._jobs]
+        tasks: list[asyncio.Task[Any]] = [*self._jobs, *([self._task] if self._task is not None else [])]
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks, timeout=5)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         # A cancelled task keeps its CancelledError, whose traceback holds the task's frame and so
         # this pipeline: let the tasks go, or that cycle keeps the pipeline (and its session) alive.
         self._jobs.clear()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
 from gateway.conversation import Conversation, Item, SpokenSegment
-from gateway.outbox import Outbox
+from gateway.outbox import Outbox, OutboxReader
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import ResponseEvents
@@ -67,6 +68,17 @@ def make_core(*, detection: TurnDetection | None = None, manual: bool = False, p
 def types(outputs: list[Output]) -> list[str]:
     """Events by their type, commands by their class name."""
     return [o.event["type"] if isinstance(o, Send) else type(o).__name__ for o in outputs]
+
+
+def event(output: Output) -> dict[str, Any]:
+    assert isinstance(output, Send)
+    return output.event
+
+
+async def take(reader: OutboxReader) -> dict[str, Any]:
+    wire = await asyncio.wait_for(reader.next(), 1)
+    assert wire is not None
+    return json.loads(wire)
 
 
 def reply(core: RealtimeCore, response_id: str = "resp_1", *, audio: bool = True) -> ResponseEvents:
@@ -130,7 +142,7 @@ def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent(
     assert types(ended) == ["response.output_audio.done", "response.output_audio_transcript.done",
                             "response.content_part.done", "response.output_item.done", "conversation.item.done",
                             "response.done", "ResponseFinished"]
-    done = ended[5].event["response"]
+    done = event(ended[5])["response"]
     assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
     # 1500 ms heard: the first clause and 300 of the second's 800 ms (its first word of three).
     assert events.item.content[0]["transcript"] == "Paris is the capital. It"
@@ -159,7 +171,7 @@ def test_webrtc_barge_in_after_generation_truncates_the_reply_to_what_was_played
     assert types(outputs) == ["input_audio_buffer.speech_started", "output_audio_buffer.cleared", "ClearPlayout"]
     assert outputs[2] == ClearPlayout(measure_item_id=events.item.id)
     [truncated] = core.handle(PlayoutCleared(events.item.id, played_ms=1000))
-    assert truncated.event == {"type": "conversation.item.truncated", "item_id": events.item.id, "content_index": 0,
+    assert event(truncated) == {"type": "conversation.item.truncated", "item_id": events.item.id, "content_index": 0,
                                "audio_end_ms": 1000}
     item = core.conversation.get(events.item.id)
     assert item.content[0]["transcript"] == "One two" and item.status == "incomplete"
@@ -265,7 +277,7 @@ def test_a_cancel_crossing_the_replys_end() -> None:
     core.handle(CancelRequested("resp_1"))
     # The reply finished before its task was stopped: it ends completed, and the stop's end is ignored.
     ended = core.handle(ResponseEnded("resp_1", "completed", {}))
-    assert ended[-2].event["response"]["status"] == "completed"
+    assert event(ended[-2])["response"]["status"] == "completed"
     assert core.handle(ResponseEnded("resp_1", "cancelled", {})) == []
     with pytest.raises(ApiError) as refused:  # the client's next cancel finds nothing to cancel
         core.handle(CancelRequested("resp_1"))
@@ -326,7 +338,7 @@ def test_a_reply_that_only_calls_functions_never_opens_its_message() -> None:
     ended = core.handle(ResponseEnded("resp_1", "completed", {"done": 1.0}))
     assert types(ended) == ["response.done", "ResponseFinished"]
     assert isinstance(ended[-1], ResponseFinished) and ended[-1].status == "completed"
-    assert ended[0].event["response"]["metadata"] == {"gateway_latency": '{"done":1.0}'}
+    assert event(ended[0])["response"]["metadata"] == {"gateway_latency": '{"done":1.0}'}
 
 
 def test_a_reply_the_full_conversation_cannot_hold_is_refused_before_it_starts() -> None:
@@ -354,7 +366,7 @@ async def test_a_barge_in_while_the_client_is_away_reaches_it_on_resume_once_and
     events = reply(core, audio=False)
     send(core.handle(ResponseStarted(events, writes_conversation=True, open_message=True)))
     send(core.handle(TextDelta("resp_1", "Paris")))
-    received = [json.loads(await asyncio.wait_for(first.next(), 1)) for _ in range(5)]
+    received = [await take(first) for _ in range(5)]
     assert [e["type"] for e in received][-1] == "response.output_text.delta"
     last_seen = received[-2]["sequence_number"]  # the delta was lost with the connection
     clock.seconds += 1
@@ -365,7 +377,7 @@ async def test_a_barge_in_while_the_client_is_away_reaches_it_on_resume_once_and
     second = outbox.attach(after=last_seen)
     resumed = []
     while outbox._queue:
-        resumed.append(json.loads(await asyncio.wait_for(second.next(), 1)))
+        resumed.append(await take(second))
     assert [e["type"] for e in resumed] == [
         "response.output_text.delta", "input_audio_buffer.speech_started", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "conversation.item.done", "response.done"]
