@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.auth import Authenticator, Principal, bearer_token
 from gateway.config import Settings
 from gateway.conversation import new_id
+from gateway.generation import Generator
 from gateway.idempotency import IdempotencyStore
 from gateway.memory import MemoryAccount, MemoryStore
 from gateway.prewarm import Prewarmer
@@ -218,6 +219,13 @@ class Services:
                 param,
                 status=404,
             )
+
+    def generator(self) -> Generator:
+        """The generation service on the loaded model (503 until it is)."""
+        self.require_ready()
+        runtime = self.runtime
+        assert runtime.engine is not None
+        return Generator(runtime.engine, runtime.safety, runtime.classifier, self.settings.safety_classifier_timeout_s)
 
     def require_ready(self) -> None:
         runtime = self.runtime
