@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,11 +18,10 @@ from gateway import metrics
 from gateway.chat_history import AttachedChat
 from gateway.chat_plan import ChatPlan, plan_chat
 from gateway.event_log import log_event
+from gateway.generation import MemoryRound, PromptSpec, Reply
 from gateway.http_bodies import read_json_object
 from gateway.idempotency import StoredResponse
-from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryStore, Recall, memory_off, recall
-from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import (
     ChatCompletionRequest,
@@ -34,24 +33,20 @@ from gateway.protocol.chat import (
 )
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
-from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import CLASSIFIER, OutputGuard, guarded, refusal
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from gateway.services import Services
+from gateway.storage.conversations import MessageStatus
 from gateway.storage.writer import MessageWriter
 from gateway.stream_hub import request_fingerprint
 from gateway.titles import title_later
-from gateway.token_quota import Reservation
+from gateway.token_quota import TokenAccount
 from inference.llm.backend import (
     GenerationResult,
-    GenerationStream,
     LLMBackend,
-    PromptModel,
 )
-from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
-from inference.llm.constraints import GrammarError, TokenConstraint
-from inference.llm.routing import routed
+from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
 
 log = logging.getLogger(__name__)
@@ -142,25 +137,16 @@ async def resume_stream(svc: Services, request: Request, last_event_id: str, own
     return sse_response(svc.streams.read(buffer, after), headers)
 
 
-def _prompt_and_constraint(lm: PromptModel, plan: ChatPlan, max_tokens: int) -> tuple[RenderedPrompt, TokenConstraint | None]:
-    """Blocking (tokenizer, grammar compiler): run it in a thread."""
-    try:
-        prompt = render_prompt(lm.tokenizer, plan.messages, context_window=lm.context_window, reserve_tokens=max_tokens,
-                               tools=plan.template_tools, tool_format=lm.tool_format)
-    except ContextOverflow as exc:
-        raise ApiError("context_length_exceeded", str(exc), "messages") from None
-    try:
-        constraint = lm.grammars.constraint(plan.grammar) if plan.grammar is not None else None
-    except GrammarError as exc:
-        param = "response_format" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
-        raise ApiError("invalid_value", f"The JSON schema cannot be used: {exc}", param) from None
-    return prompt, constraint
+def _spec(plan: ChatPlan) -> PromptSpec:
+    """A plan's prompt; a schema that cannot be compiled blames the field it came from."""
+    schema_param = "response_format" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
+    return PromptSpec(plan.messages, plan.template_tools, plan.grammar, param="messages", grammar_param=schema_param)
 
 
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
                     owner: str) -> Response:
-    engine = svc.runtime.engine
-    assert engine is not None
+    generator = svc.generator()
+    engine = generator.engine
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
     # The policy on the request's user and tool messages (a stored history was screened when it came).
     request_messages = screen_messages(svc.runtime.safety, [message.to_chat() for message in chat.messages])
@@ -172,69 +158,50 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     facts = remembered.messages() if remembered is not None else []
     plan = plan_chat(chat, engine.lm.tool_format, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
     plan.messages += facts
-    prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, plan, max_tokens)
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
-    reservation = await svc.quota.reserve(owner, len(prompt.token_ids), max_tokens)  # 429 past --rate-limit-tpm
-    if reservation is not None:
-        headers = {**headers, **reservation.headers()}
-    stream: ReplyStream
-    try:
-        with routed(chat.conversation):
-            stream = engine.submit(prompt.token_ids, sampling, constraint=constraint, messages=prompt.messages)
-    except BACKEND_ERRORS as exc:
-        if reservation is not None:
-            await reservation.settle(None)
-        raise backend_api_error(exc) from None
+    prepared = await generator.prepare(_spec(plan), sampling, TokenAccount(svc.quota, owner))  # 429 past --rate-limit-tpm
+    if prepared.reservation is not None:
+        headers = {**headers, **prepared.reservation.headers()}
+    memory: MemoryRound | None = None
     if remembered is not None and plan.builtin_offered:
         after_save = chat.model_copy(update={"tool_choice": None}) if _names_memory_tool(chat) else chat
 
-        async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
+        def second(added: list[ChatMessage]) -> PromptSpec:
             """The reply after the model saved memories: the same request, without the memory tool."""
-            second = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
-            second.messages += facts
-            prompt, constraint = await asyncio.to_thread(_prompt_and_constraint, engine.lm, second, left)
-            with routed(chat.conversation):
-                return engine.submit(prompt.token_ids, replace(sampling, max_tokens=left), constraint=constraint,
-                                     messages=prompt.messages)
+            plan_after = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
+            plan_after.messages += facts
+            return _spec(plan_after)
 
-        stream = MemoryToolStream(stream, remembered, svc.runtime.safety, follow_up, client_tools=plan.tools,
-                                  tool_format=engine.lm.tool_format, max_tokens=max_tokens)
+        memory = MemoryRound(remembered, plan.tools, second)
+    stream = await generator.start(prepared, routing_key=chat.conversation, memory=memory)
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
                               attached, request_messages, engine=engine, safety=svc.runtime.safety, memory=remembered)
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
-    guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
-        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s),
-        json_output=_json_reply(chat, plan))
+    guard = generator.guard(stream.cancel, json_output=_json_reply(chat, plan))
     guard.start(next((m.content for m in reversed(request_messages) if m.role == "user"), ""))
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
-                                                      reservation, remembered),
+                                                      remembered),
                                    request=await stream_request(request), runs_to_end=attached is not None)
         record.read_now = buffer.read_now
         return sse_response(svc.streams.read(buffer), headers)
     record.start()
     parts: list[str] = []
-    result: GenerationResult | None = None
     try:
-        async for text in guarded(stream, guard):  # appended as it comes: a cancel is charged for what came
+        async for text in guarded(stream, guard):
             parts.append(text)
         # A reply the classifier flagged is withheld whole (a rule's match keeps the text before it).
         text = "" if guard.blocked is CLASSIFIER else "".join(parts)
         result = await stream.result()
-    except BACKEND_ERRORS as exc:
-        record.done("failed")
-        raise backend_api_error(exc) from None
     except BaseException as exc:
         record.done("cancelled" if isinstance(exc, asyncio.CancelledError) else "failed")
         raise
     finally:
-        stream.cancel()  # no-op when finished; frees the slot if the client went away
+        await stream.close()  # frees the slot if the client went away; settles the tokens
         await guard.close()
-        if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
-            await reservation.settle(result, len(parts))
     usage = usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     reply = parse_reply(text, plan.tools) if plan.tools and guard.blocked is None else ParsedReply(text, [])
     finish = "tool_calls" if reply.calls else _finish_reason(result, guard)
@@ -297,8 +264,10 @@ class CompletionRecord:
         tokens = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
                   "output_tokens": result.completion_tokens} if result else {}
         if self.writer is not None:
-            stored = {"completed": "incomplete" if finish_reason in ("length", "content_filter") else "completed",
-                      "cancelled": "cancelled"}.get(status, "incomplete")
+            outcomes: dict[str, MessageStatus] = {
+                "completed": "incomplete" if finish_reason in ("length", "content_filter") else "completed",
+                "cancelled": "cancelled"}
+            stored = outcomes.get(status, "incomplete")
             calls = [call.openai() for call in reply.calls] if reply is not None and reply.calls else None
             self.writer.finish(stored, text=reply.content if reply is not None and calls else None, tool_calls=calls,
                                latency=timings or None, error="the generation failed" if status == "failed" else None,
@@ -344,8 +313,8 @@ def sse_data(payload: dict[str, Any]) -> bytes:
 
 
 async def _sse(
-    stream: ReplyStream, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
-    record: CompletionRecord, guard: OutputGuard, reservation: Reservation | None, remembered: Recall | None,
+    stream: Reply, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
+    record: CompletionRecord, guard: OutputGuard, remembered: Recall | None,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
 
@@ -356,13 +325,10 @@ async def _sse(
     splitter = ReplySplitter() if plan.tools else None
     parsed: ParsedReply | None = None
     logged = False
-    result: GenerationResult | None = None
-    deltas = 0
     record.start()
     try:
         yield chunk(delta={"role": "assistant", "content": ""})
         async for safe in guarded(stream, guard):  # the classifier's first tokens never wait for it
-            deltas += 1
             record.delta(safe)
             if text := splitter.feed(safe) if splitter is not None else safe:
                 yield chunk(delta={"content": text})
@@ -390,11 +356,11 @@ async def _sse(
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         await record.stored()
         yield b"data: [DONE]\n\n"
-    except (ApiError, *BACKEND_ERRORS) as exc:  # headers are gone: the error travels in the stream, as OpenAI does
-        log.warning("chat stream %s failed: %s", cid, exc)  # (an ApiError: a memory round's prompt did not fit)
+    except ApiError as exc:  # headers are gone: the error travels in the stream, as OpenAI does
+        log.warning("chat stream %s failed: %s", cid, exc)  # the backend, or a memory round's prompt did not fit
         record.done("failed")
         logged = True
-        yield sse_data({"error": (exc if isinstance(exc, ApiError) else backend_api_error(exc)).body()})
+        yield sse_data({"error": exc.body()})
     except Exception as exc:
         log.exception("chat stream %s failed", cid)
         record.done("failed")
@@ -402,9 +368,7 @@ async def _sse(
         yield sse_data({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "internal_error"}})
     finally:
         # Runs when the client disconnects too (the generator is closed): free the engine slot.
-        stream.cancel()
+        await stream.close()
         await guard.close()
         if not logged:
             record.done("cancelled")
-        if reservation is not None:  # what it did not generate goes back (a cancelled one: its deltas count)
-            await reservation.settle(result, deltas)

@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import metrics
 from gateway.event_log import log_event
+from gateway.generation import Rendered, Reply
 from gateway.http_bodies import read_model
-from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import usage_object
 from gateway.protocol.completions import (
@@ -31,14 +31,14 @@ from gateway.protocol.completions import (
     text_completion_id,
 )
 from gateway.protocol.errors import ApiError
-from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import CLASSIFIER, OutputGuard, guarded
 from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_text
 from gateway.services import Services
-from gateway.token_quota import Reservation
+from gateway.token_quota import TokenAccount
 from gateway.transports.chat_http import sse_data, sse_response
-from inference.llm.backend import GenerationResult, GenerationStream, PromptModel
+from inference.llm.backend import GenerationResult, PromptModel
+from inference.llm.chat import RenderedPrompt
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -51,9 +51,8 @@ async def completions(request: Request) -> Response:
     principal, headers = await svc.authorize(request.headers.get("authorization"))
     body = await read_model(request, CompletionRequest)
     svc.require_model(body.model)
-    svc.require_ready()
-    engine = svc.runtime.engine
-    assert engine is not None
+    generator = svc.generator()
+    engine = generator.engine
     policy = svc.runtime.safety
     prompt = cast("str | list[int]", body.prompt)  # its validator leaves one prompt, text or ids
     prompt_ids, prompt_text = await asyncio.to_thread(_screened_prompt, engine.lm, policy, prompt)
@@ -62,40 +61,30 @@ async def completions(request: Request) -> Response:
         raise ApiError("context_length_exceeded", f"The prompt has {len(prompt_ids)} tokens; the model's context "
                        f"window is {engine.lm.context_window}.", "prompt")
     max_tokens = min(body.max_tokens or DEFAULT_MAX_TOKENS, room)
-    reservation = await svc.quota.reserve(principal.key_id, len(prompt_ids), max_tokens)  # 429 past --rate-limit-tpm
-    if reservation is not None:
-        headers = {**headers, **reservation.headers()}
-    try:
-        stream = engine.submit(prompt_ids, body.sampling(max_tokens, svc.settings.repetition_penalty,
-                                                         ignore_eos=body.ignore_eos))
-    except (ValueError, *BACKEND_ERRORS) as exc:
-        if reservation is not None:
-            await reservation.settle(None)
-        if isinstance(exc, ValueError):  # a token id past the vocabulary
-            raise ApiError("invalid_value", str(exc), "prompt") from None
-        raise backend_api_error(exc) from None
+    sampling = body.sampling(max_tokens, svc.settings.repetition_penalty, ignore_eos=body.ignore_eos)
+    # 429 past --rate-limit-tpm; a token id past the vocabulary is the prompt's invalid_value
+    prepared = await generator.reserve(Rendered(RenderedPrompt(prompt_ids)), sampling,
+                                       TokenAccount(svc.quota, principal.key_id), invalid_param="prompt")
+    if prepared.reservation is not None:
+        headers = {**headers, **prepared.reservation.headers()}
+    stream = await generator.start(prepared)
     # The rules on the output as it streams, and the classifier beside it (on the prompt at once).
-    guard = OutputGuard(policy, ClassifierWatch.maybe(svc.runtime.classifier, stop=stream.cancel,
-                                                      timeout_s=svc.settings.safety_classifier_timeout_s))
+    guard = generator.guard(stream.cancel)
     guard.start(prompt_text)
     cid = text_completion_id()
     request_id = getattr(request.state, "request_id", None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_sse(stream, guard, reservation, cid, body.model, include_usage, request_id), headers)
+        return sse_response(_sse(stream, guard, cid, body.model, include_usage, request_id), headers)
     result: GenerationResult | None = None
     parts: list[str] = []
     try:
-        async for text in guarded(stream, guard):  # appended as it comes: a cancel is charged for what came
+        async for text in guarded(stream, guard):
             parts.append(text)
         result = await stream.result()
-    except BACKEND_ERRORS as exc:
-        raise backend_api_error(exc) from None
     finally:
-        stream.cancel()  # no-op when finished; frees the slot if the client went away
+        await stream.close()  # frees the slot if the client went away; settles the tokens
         await guard.close()
-        if reservation is not None:
-            await reservation.settle(result, len(parts))
     _record(request_id, cid, body.model, False, result)
     # A reply the classifier flagged is withheld whole (a rule's match keeps the text before it).
     text = "" if guard.blocked is CLASSIFIER else "".join(parts)
@@ -144,15 +133,12 @@ def _record(request_id: str | None, cid: str, model: str, stream: bool, result: 
               **tokens)
 
 
-async def _sse(stream: GenerationStream, guard: OutputGuard, reservation: Reservation | None, cid: str, model: str,
-               include_usage: bool, request_id: str | None) -> AsyncIterator[bytes]:
+async def _sse(stream: Reply, guard: OutputGuard, cid: str, model: str, include_usage: bool,
+               request_id: str | None) -> AsyncIterator[bytes]:
     created = int(time.time())
     status = "cancelled"
-    result: GenerationResult | None = None
-    deltas = 0
     try:
         async for text in guarded(stream, guard):
-            deltas += 1
             yield sse_data(text_completion(cid, model, created, [completion_choice(text, None)]))
         result = await stream.result()
         yield sse_data(text_completion(cid, model, created, [completion_choice("", _finish(result, guard))]))
@@ -161,14 +147,12 @@ async def _sse(stream: GenerationStream, guard: OutputGuard, reservation: Reserv
         status = "completed"
         _record(request_id, cid, model, True, result)
         yield b"data: [DONE]\n\n"
-    except BACKEND_ERRORS as exc:  # headers are gone: the error travels in the stream
+    except ApiError as exc:  # headers are gone: the error travels in the stream
         status = "failed"
-        yield sse_data({"error": backend_api_error(exc).body()})
+        yield sse_data({"error": exc.body()})
     finally:
         # Runs when the client disconnects too (the generator is closed): the engine stops the request.
-        stream.cancel()
+        await stream.close()
         await guard.close()
-        if reservation is not None:
-            await reservation.settle(result, deltas)
         if status != "completed":
             _record(request_id, cid, model, True, None, status)
