@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any
 
-from gateway.llm_errors import BACKEND_ERRORS
+from gateway.generation import Generator, PromptSpec
+from gateway.protocol.errors import ApiError
 from gateway.safety.policy import SafetyPolicy
 from gateway.storage.conversations import ConversationStore
-from inference.llm.backend import LLMBackend, SamplingParams, UnsupportedByBackend
-from inference.llm.chat import ChatMessage, ContextOverflow, render_prompt
-from inference.llm.constraints import TokenConstraint
-from inference.llm.routing import routed
+from inference.llm.backend import LLMBackend, SamplingParams
+from inference.llm.chat import ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -58,29 +56,26 @@ def usable(title: str, finish_reason: str) -> bool:
             and all(len(word) < MAX_WORD_CHARS for word in words))
 
 
-def _prompt_and_grammar(engine: LLMBackend, question: str) -> tuple[list[int], list[dict[str, Any]], TokenConstraint]:
+def _spec(question: str) -> PromptSpec:
     messages = [ChatMessage("system", TITLE_INSTRUCTIONS)]
     for asked, title in EXAMPLES:
         messages += [ChatMessage("user", asked), ChatMessage("assistant", title)]
     messages.append(ChatMessage("user", question[:2000]))
-    prompt = render_prompt(engine.lm.tokenizer, messages, context_window=engine.lm.context_window, reserve_tokens=24)
-    return prompt.token_ids, prompt.messages, engine.lm.grammars.constraint(TITLE_GRAMMAR)
+    return PromptSpec(messages, grammar=TITLE_GRAMMAR)
 
 
 async def _model_title(engine: LLMBackend, question: str, conversation_id: str) -> str | None:
+    generator = Generator(engine, SafetyPolicy([]))  # the caller screens the title
     try:
-        ids, messages, grammar = await asyncio.to_thread(_prompt_and_grammar, engine, question)
-        with routed(conversation_id):
-            stream = engine.submit(ids, SamplingParams(temperature=0.0, max_tokens=24), constraint=grammar,
-                                   background=True, messages=messages)
+        prepared = await generator.prepare(_spec(question), SamplingParams(temperature=0.0, max_tokens=24))
+        reply = await generator.start(prepared, routing_key=conversation_id, background=True)
         try:
-            result = await stream.result()
+            result = await reply.result()
         finally:
-            stream.cancel()
-    except UnsupportedByBackend:  # a remote backend: no grammar, and unconstrained it writes sentences
-        return None
-    except (*BACKEND_ERRORS, ContextOverflow) as exc:
-        log.info("the model wrote no title for %s: %s", conversation_id, exc)
+            await reply.close()
+    except ApiError as exc:
+        if exc.code != "unsupported_by_backend":  # a remote backend: no grammar, and unconstrained it writes sentences
+            log.info("the model wrote no title for %s: %s", conversation_id, exc)
         return None
     return result.text.strip() if usable(result.text, result.finish_reason) else None
 

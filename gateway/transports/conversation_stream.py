@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,14 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.chat_history import chat_message
 from gateway.chat_plan import with_tools
+from gateway.generation import MemoryRound, PromptSpec, Reply
 from gateway.http_bodies import read_model
-from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryStore, Recall, recall
-from gateway.memory_tool import MemoryToolStream, ReplyStream
 from gateway.openapi import error_responses, json_body
 from gateway.protocol.chat import completion_id
 from gateway.protocol.errors import ApiError
-from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.output import OutputGuard, guarded
 from gateway.safety.screening import screen_text
 from gateway.services import Services
@@ -37,11 +35,10 @@ from gateway.storage.conversations import MessageStatus, NewMessage
 from gateway.storage.schema import ConversationRow
 from gateway.storage.writer import MessageWriter
 from gateway.titles import generate_title
-from gateway.token_quota import Reservation
+from gateway.token_quota import TokenAccount
 from gateway.transports.chat_http import resume_stream, sse_response, stream_request
-from inference.llm.backend import GenerationResult, GenerationStream, LLMBackend, SamplingParams
-from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
-from inference.llm.routing import routed
+from inference.llm.backend import LLMBackend, SamplingParams
+from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ToolUse, plan_tool_use
 
 log = logging.getLogger(__name__)
@@ -112,19 +109,15 @@ class MemoryPrompt:
         return cls(turn.messages, remembered, tools, remembered.messages())
 
     @property
-    def prompt_messages(self) -> list[ChatMessage]:
-        return [*with_tools(self.messages, self.tools), *self.facts] if self.tools is not None else self.messages
+    def spec(self) -> PromptSpec:
+        if self.tools is None:
+            return PromptSpec(self.messages, param="content")
+        return PromptSpec([*with_tools(self.messages, self.tools), *self.facts], self.tools.template_tools,
+                          param="content")
 
-
-def _prompt(engine: LLMBackend, messages: list[ChatMessage], max_tokens: int,
-            tools: ToolUse | None = None) -> RenderedPrompt:
-    """Blocking (the tokenizer): run it in a thread."""
-    try:
-        return render_prompt(engine.lm.tokenizer, messages, context_window=engine.lm.context_window,
-                             reserve_tokens=max_tokens, tool_format=engine.lm.tool_format,
-                             tools=tools.template_tools if tools is not None else None)
-    except ContextOverflow as exc:
-        raise ApiError("context_length_exceeded", str(exc), "content") from None
+    def after_save(self, added: list[ChatMessage]) -> PromptSpec:
+        """The reply after the model saved memories, without the tool."""
+        return PromptSpec([*self.messages, *added, *self.facts], param="content")
 
 
 def _engine(svc: Services) -> LLMBackend:
@@ -143,44 +136,30 @@ async def post_message(request: Request, conversation_id: str) -> Response:
         return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
     body: PostMessage = await read_model(request, PostMessage)
     svc.require_model(body.model)
-    engine = _engine(svc)
+    generator = svc.generator()
     content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
     turn = await _resolve(svc, principal.key_id, conversation_id, content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     max_tokens = body.max_tokens or svc.settings.default_max_tokens
     memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=content is not None)
-    prompt = await asyncio.to_thread(_prompt, engine, memory.prompt_messages, max_tokens, memory.tools)
-    prepared = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prompt.token_ids)
     sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
                               repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
-    reservation = await svc.quota.reserve(principal.key_id, len(prompt.token_ids), max_tokens)  # --rate-limit-tpm
-    if reservation is not None:
-        headers = {**headers, **reservation.headers()}
-    stream: ReplyStream
-    try:
-        with routed(conversation_id):
-            stream = engine.submit(prompt.token_ids, sampling, messages=prompt.messages)
-    except BACKEND_ERRORS as exc:
-        if reservation is not None:
-            await reservation.settle(None)
-        raise backend_api_error(exc) from None
-    if memory.recall is not None:
-
-        async def follow_up(added: list[ChatMessage], left: int) -> GenerationStream:
-            """The reply after the model saved memories, without the tool."""
-            second = await asyncio.to_thread(_prompt, engine, [*memory.messages, *added, *memory.facts], left)
-            with routed(conversation_id):
-                return engine.submit(second.token_ids, replace(sampling, max_tokens=left), messages=second.messages)
-
-        stream = MemoryToolStream(stream, memory.recall, svc.runtime.safety, follow_up, client_tools=[],
-                                  tool_format=engine.lm.tool_format, max_tokens=max_tokens)
+    # 429 past --rate-limit-tpm
+    prepared = await generator.prepare(memory.spec, sampling, TokenAccount(svc.quota, principal.key_id))
+    prewarmed = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prepared.prompt_ids)
+    if prepared.reservation is not None:
+        headers = {**headers, **prepared.reservation.headers()}
+    rounds = MemoryRound(memory.recall, [], memory.after_save) if memory.recall is not None else None
+    stream = await generator.start(prepared, routing_key=conversation_id, memory=rounds)
+    # The rules on the reply as it streams, and the classifier beside it.
+    guard = generator.guard(stream.cancel)
     reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
     writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
                            [turn.new_user] if turn.new_user is not None else [], reply)
     stream_id = completion_id().replace("chatcmpl-", "strm_")
     title_for = content if turn.conversation.title is None and turn.new_user is not None else None
-    events = _events(svc, principal.key_id, stream_id, turn, stream, writer, prepared, title_for, memory.recall,
-                     reservation)
+    events = _events(svc, principal.key_id, stream_id, turn, stream, guard, writer, prewarmed, title_for,
+                     memory.recall)
     buffer = svc.streams.start(stream_id, principal.key_id, events, request=await stream_request(request),
                                runs_to_end=True)
     return sse_response(svc.streams.read(buffer), headers)
@@ -191,16 +170,11 @@ def _data(payload: Any, event: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: ReplyStream,
-                  writer: MessageWriter, prepared_tokens: int, title_for: str | None, remembered: Recall | None,
-                  reservation: Reservation | None) -> AsyncIterator[bytes]:
+async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: Reply, guard: OutputGuard,
+                  writer: MessageWriter, prepared_tokens: int, title_for: str | None,
+                  remembered: Recall | None) -> AsyncIterator[bytes]:
     conversation_id = turn.conversation.id
-    result: GenerationResult | None = None
-    deltas = 0
-    # The rules on the reply as it streams, and the classifier beside it (on the question at once).
-    guard = OutputGuard(svc.runtime.safety, ClassifierWatch.maybe(
-        svc.runtime.classifier, stop=stream.cancel, timeout_s=svc.settings.safety_classifier_timeout_s))
-    guard.start(next((m.content for m in reversed(turn.messages) if m.role == "user"), ""))
+    guard.start(next((m.content for m in reversed(turn.messages) if m.role == "user"), ""))  # classified at once
     try:
         yield _data("v1", "delta_encoding")
         yield _data({"type": "resume_conversation_token", "token": stream_id, "conversation_id": conversation_id})
@@ -212,15 +186,14 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
                     "delta")
         first = True
         async for safe in guarded(stream, guard):
-            deltas += 1
             writer.append(safe)
             yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
             first = False
         result = await stream.result()
         finish_reason = "content_filter" if guard.blocked is not None else result.finish_reason
         status: MessageStatus = "incomplete" if finish_reason in ("length", "content_filter") else "completed"
-        usage = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
-                 "output_tokens": result.completion_tokens}
+        usage: dict[str, Any] = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
+                                 "output_tokens": result.completion_tokens}
         latency = {"ttft_ms": None if result.first_token_at is None else
                    round((result.first_token_at - result.submitted_at) * 1000, 1)}
         memories = remembered.metadata() if remembered is not None else None
@@ -243,10 +216,8 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
         yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": "incomplete"}]},
                     "delta")
     finally:
-        stream.cancel()  # no-op when finished
+        await stream.close()  # settles the tokens
         await guard.close()
-        if reservation is not None:  # what it did not generate goes back
-            await reservation.settle(result, deltas)
         # Only now: the reply's KV extends the prepared prefix, which an earlier unpin would have dropped.
         svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
 
@@ -270,13 +241,12 @@ async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: PrepareMessage = await read_model(request, PrepareMessage)
-    engine = _engine(svc)
+    generator = svc.generator()
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
     turn = await _resolve(svc, principal.key_id, conversation_id, draft,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=False)  # as the message will see it
-    prompt = await asyncio.to_thread(_prompt, engine, memory.prompt_messages, svc.settings.default_max_tokens,
-                                     memory.tools)
-    svc.prewarmer.prepare(engine, principal.key_id, conversation_id, prompt.token_ids)
+    prompt = (await generator.render(memory.spec, svc.settings.default_max_tokens)).prompt
+    svc.prewarmer.prepare(generator.engine, principal.key_id, conversation_id, prompt.token_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
                          "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=headers)
