@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -14,27 +14,24 @@ import numpy as np
 from gateway import metrics
 from gateway.chat_plan import with_tools
 from gateway.conversation import SpokenSegment
+from gateway.generation import Generator, MemoryRound, Prepared, PromptSpec, Reply, render
 from gateway.latency import TurnMarks
-from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
-from gateway.memory_tool import Generation, MemoryToolStream, ReplyStream
 from gateway.preemption import AdoptedStream, Preemption
 from gateway.protocol import server_events as se
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_events import Event, ResponseEvents
-from gateway.safety.hooks import Classifier, ClassifierWatch
-from gateway.safety.output import ContentFiltered, OutputGuard
+from gateway.safety.hooks import Classifier
+from gateway.safety.output import ContentFiltered
 from gateway.safety.policy import SafetyPolicy
 from gateway.token_quota import TokenAccount
 from inference.llm.backend import (
     GenerationResult,
-    GenerationStream,
     LLMBackend,
     PromptModel,
     SamplingParams,
 )
-from inference.llm.chat import ChatMessage, ContextOverflow, RenderedPrompt, render_prompt
-from inference.llm.constraints import GrammarError, TokenConstraint
+from inference.llm.chat import ChatMessage, RenderedPrompt
 from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolSpec, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
@@ -69,28 +66,20 @@ class ResponseJob:
     classifier_timeout_s: float = 2.0
 
 
+def reply_spec(messages: list[ChatMessage], tool_use: ToolUse) -> PromptSpec:
+    """A reply's prompt, and the grammar of its forced function call."""
+    grammar = f"start: {tool_use.forced_block}" if tool_use.forced_block is not None else None
+    return PromptSpec(messages, tool_use.template_tools, grammar,
+                      grammar_message="A function's parameters cannot be used as a JSON schema")
+
+
 def render_reply_prompt(
     lm: PromptModel, messages: list[ChatMessage], sampling: SamplingParams, tool_use: ToolUse | None = None
 ) -> RenderedPrompt:
-    """The prompt of a reply (blocking: run it in a thread)."""
-    try:
-        prompt = render_prompt(
-            lm.tokenizer, messages, context_window=lm.context_window, reserve_tokens=sampling.max_tokens,
-            tools=tool_use.template_tools if tool_use is not None else None, tool_format=lm.tool_format,
-        )
-    except ContextOverflow as exc:
-        raise ApiError("context_length_exceeded", str(exc)) from None
-    return prompt
-
-
-def reply_constraint(lm: PromptModel, tool_use: ToolUse) -> TokenConstraint | None:
-    """The grammar of a forced function call (blocking: run it in a thread)."""
-    if tool_use.forced_block is None:
-        return None
-    try:
-        return lm.grammars.constraint(f"start: {tool_use.forced_block}")
-    except GrammarError as exc:
-        raise ApiError("invalid_value", f"A function's parameters cannot be used as a JSON schema: {exc}", "tools") from None
+    """The prompt of a reply without its grammar (blocking: run it in a thread). session.preempt_reply's, until
+    it calls Generator.prepare."""
+    tools = tool_use.template_tools if tool_use is not None else None
+    return render(lm, PromptSpec(messages, tools), sampling.max_tokens).prompt
 
 
 class ResponseRunner:
@@ -110,7 +99,7 @@ class ResponseRunner:
         """`open_message`: puts the assistant message in the conversation (called before its first text, when
         the session did not open it upfront); `add_calls`: puts the reply's function calls there; `text_delta`:
         the reply's text as it is released (`send` takes the other events: the rate limits)."""
-        self.engine = engine
+        self.generator = Generator(engine, job.safety, job.classifier, job.classifier_timeout_s)
         self.tts = tts
         self.job = job
         self.events = events
@@ -119,18 +108,15 @@ class ResponseRunner:
         self.open_message = open_message
         self.add_calls = add_calls
         self.text_delta = text_delta
-        self.stream: ReplyStream | None = None
+        self.stream: Reply | None = None
         self._adopted: Preemption | None = None
         self._memory: Recall | None = None  # set when the model is offered the memory tool
         self._facts: list[ChatMessage] = []  # the memories that bear on the question
         # Text that may begin a match waits for the rest of it; the classifier runs beside the generation.
-        self.guard = OutputGuard(job.safety, ClassifierWatch.maybe(job.classifier, stop=self.cancel_generation,
-                                                                   timeout_s=job.classifier_timeout_s, marks=job.marks))
-        self._deltas = 0
+        self.guard = self.generator.guard(self.cancel_generation, marks=job.marks)
 
     async def run(self) -> GenerationResult:
         job = self.job
-        lm = self.engine.lm
         try:
             remembered = await self._recall()
             if remembered is None and job.names_memory_tool:
@@ -140,24 +126,21 @@ class ResponseRunner:
                 self._memory = remembered
             if job.tool_use.forced_block is not None:  # the client's forced call: JSON, which labels must keep
                 self.guard.expect_json()
-            prompt = await asyncio.to_thread(render_reply_prompt, lm, [*with_tools(job.messages, offered), *self._facts],
-                                             job.sampling, offered)
-            constraint = await asyncio.to_thread(reply_constraint, lm, offered)
-            reservation = await job.tokens.reserve(len(prompt.token_ids), job.sampling.max_tokens) if job.tokens else None
+            prepared = await self.generator.prepare(
+                reply_spec([*with_tools(job.messages, offered), *self._facts], offered), job.sampling, job.tokens)
         except BaseException:
             self.cancel_generation()
             raise
+        reservation = prepared.reservation
         if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
             self.send([se.RateLimitsUpdated(rate_limits=[reservation.rate_limit()]).wire()])
-        result: GenerationResult | None = None
         self.guard.start(next((m.content for m in reversed(job.messages) if m.role == "user"), ""))
         try:
-            result = await self._generate(prompt, constraint)
-            return result
+            return await self._generate(prepared)
         finally:
             await self.guard.close()
-            if reservation is not None:  # a cancelled reply is charged for the deltas it streamed
-                await reservation.settle(result, self._deltas)
+            if self.stream is not None:  # settles the tokens (a submit that failed settled them itself)
+                await self.stream.close()
 
     async def _recall(self) -> Recall | None:
         """With the key's memory on: the memories that bear on the question join the instructions, and the
@@ -169,45 +152,29 @@ class ResponseRunner:
         self.events.metadata = {**(self.events.metadata or {}), **remembered.metadata()}
         return remembered
 
-    async def _after_save(self, added: list[ChatMessage], left: int) -> GenerationStream:
+    def _after_save(self, added: list[ChatMessage]) -> PromptSpec:
         """The reply's second round, after the model saved memories: the client's tools only."""
-        job, lm = self.job, self.engine.lm
-        tools = job.tool_use
-        sampling = replace(job.sampling, max_tokens=left)
-        messages = [*with_tools([*job.messages, *added], tools), *self._facts]
-        prompt = await asyncio.to_thread(render_reply_prompt, lm, messages, sampling, tools)
-        constraint = await asyncio.to_thread(reply_constraint, lm, tools)
-        try:
-            return self.engine.submit(prompt.token_ids, sampling, conversation_id=job.conversation_key,
-                                      constraint=constraint, messages=prompt.messages)
-        except BACKEND_ERRORS as exc:
-            raise backend_api_error(exc) from None
+        tools = self.job.tool_use
+        return reply_spec([*with_tools([*self.job.messages, *added], tools), *self._facts], tools)
 
-    async def _generate(self, prompt: RenderedPrompt, constraint: TokenConstraint | None) -> GenerationResult:
+    async def _generate(self, prepared: Prepared) -> GenerationResult:
         job = self.job
         preemption, job.preemption = job.preemption, None
-        if (preemption is not None and constraint is None and preemption.prompt_ids == prompt.token_ids
-                and preemption.sampling == job.sampling):
+        adopted: AdoptedStream | None = None
+        if (preemption is not None and prepared.rendered.constraint is None
+                and preemption.prompt_ids == prepared.prompt_ids and preemption.sampling == job.sampling):
             self._adopted = preemption
-            first: Generation = AdoptedStream(preemption)  # run_ahead reads the stream; its text is replayed
+            adopted = AdoptedStream(preemption)  # run_ahead reads the stream; its text is replayed
             job.marks.generation_started = preemption.started_at
             metrics.PREEMPTIONS.labels("adopted").inc()
-        else:
-            if preemption is not None:
-                log.debug("preempted reply dropped: the response's prompt or sampling differs")
-                preemption.cancel()
-            try:
-                first = self.engine.submit(prompt.token_ids, job.sampling, conversation_id=job.conversation_key,
-                                           constraint=constraint, messages=prompt.messages)
-                job.marks.mark("generation_started")
-            except BACKEND_ERRORS as exc:
-                raise backend_api_error(exc) from None
-        self.stream = first
-        if self._memory is not None:
-            self.stream = MemoryToolStream(first, self._memory, job.safety, self._after_save,
-                                           client_tools=job.tool_use.tools, tool_format=self.engine.lm.tool_format,
-                                           max_tokens=job.sampling.max_tokens)
-        deltas = self.stream
+        elif preemption is not None:
+            log.debug("preempted reply dropped: the response's prompt or sampling differs")
+            preemption.cancel()
+        rounds = MemoryRound(self._memory, job.tool_use.tools, self._after_save) if self._memory is not None else None
+        self.stream = deltas = await self.generator.start(prepared, conversation_id=job.conversation_key,
+                                                          memory=rounds, adopted=adopted)
+        if adopted is None:
+            job.marks.mark("generation_started")
         tools = job.tool_use.tools
         # With tools, text that may begin a call block waits until it is known (tool_calls.py).
         reply = ReplySplitter() if tools else None
@@ -239,7 +206,6 @@ class ResponseRunner:
                     group.create_task(self._speak(clauses))
                 async for delta in deltas:
                     job.marks.mark("first_token")
-                    self._deltas += 1
                     release(guard.feed(delta))
                 release(guard.flush())
                 await guard.finish()  # the classifier's last verdicts
@@ -254,14 +220,14 @@ class ResponseRunner:
                     job.marks.mark("first_clause")
                     clauses.put_nowait(clause)
                 clauses.put_nowait(None)
-        except* BACKEND_ERRORS as failed:  # the backend failed mid-stream (a remote one went down)
-            raise backend_api_error(failed.exceptions[0]) from None
+        except* ApiError as failed:  # the backend failed mid-stream (a remote one went down), or a memory round
+            raise failed.exceptions[0] from None
         except* ContentFiltered as filtered:  # the speech task is cancelled with it: nothing more is said
             raise filtered.exceptions[0] from None
         finally:
             if self._memory is not None:  # what the model saved
                 self.events.metadata = {**(self.events.metadata or {}), **self._memory.metadata()}
-        return await self.stream.result()
+        return await deltas.result()
 
     def release_held(self) -> None:
         """A cancelled text reply (its task stopped): the text the policy still held, screened as the end of the
