@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gateway import metrics
-from inference.llm.backend import GenerationResult, GenerationStream, SamplingParams
+from gateway.memory_tool import Generation
+from inference.llm.backend import GenerationResult, SamplingParams
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 
@@ -26,7 +27,7 @@ from inference.tts import TtsEngine
 class Preemption:
     prompt_ids: list[int]
     sampling: SamplingParams
-    stream: GenerationStream
+    stream: Generation  # the engine's, or the generation service's Reply (generation.py)
     started_at: float  # monotonic
     deltas: list[str] = field(default_factory=list)  # the text so far, taken from the stream by run_ahead
     first_clause: str | None = None
