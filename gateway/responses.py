@@ -14,7 +14,7 @@ import numpy as np
 from gateway import metrics
 from gateway.chat_plan import with_tools
 from gateway.conversation import SpokenSegment
-from gateway.generation import Generator, MemoryRound, Prepared, PromptSpec, Reply, render
+from gateway.generation import Generator, MemoryRound, Prepared, PromptSpec, Reply
 from gateway.latency import TurnMarks
 from gateway.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
 from gateway.preemption import AdoptedStream, Preemption
@@ -28,10 +28,9 @@ from gateway.token_quota import TokenAccount
 from inference.llm.backend import (
     GenerationResult,
     LLMBackend,
-    PromptModel,
     SamplingParams,
 )
-from inference.llm.chat import ChatMessage, RenderedPrompt
+from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolSpec, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
@@ -71,15 +70,6 @@ def reply_spec(messages: list[ChatMessage], tool_use: ToolUse) -> PromptSpec:
     grammar = f"start: {tool_use.forced_block}" if tool_use.forced_block is not None else None
     return PromptSpec(messages, tool_use.template_tools, grammar,
                       grammar_message="A function's parameters cannot be used as a JSON schema")
-
-
-def render_reply_prompt(
-    lm: PromptModel, messages: list[ChatMessage], sampling: SamplingParams, tool_use: ToolUse | None = None
-) -> RenderedPrompt:
-    """The prompt of a reply without its grammar (blocking: run it in a thread). session.preempt_reply's, until
-    it calls Generator.prepare."""
-    tools = tool_use.template_tools if tool_use is not None else None
-    return render(lm, PromptSpec(messages, tools), sampling.max_tokens).prompt
 
 
 class ResponseRunner:

@@ -24,8 +24,8 @@ from gateway.chat_plan import with_tools
 from gateway.config import Settings
 from gateway.conversation import Conversation, Item, item_from_param, new_id
 from gateway.event_log import log_event
+from gateway.generation import Generator
 from gateway.latency import TurnMarks, now
-from gateway.llm_errors import BACKEND_ERRORS, backend_api_error
 from gateway.memory import REMEMBER_TOOL, MemoryAccount
 from gateway.outbox import Outbox, SlowConsumer
 from gateway.preemption import Preemption
@@ -76,7 +76,7 @@ from gateway.realtime_core import (
     Transcribe,
 )
 from gateway.realtime_store import ConversationRecorder
-from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, render_reply_prompt
+from gateway.responses import ResponseJob, ResponseRunner, SpeechStream, reply_spec
 from gateway.runtime import Runtime
 from gateway.safety.output import ContentFiltered
 from gateway.safety.screening import screen_item
@@ -478,15 +478,17 @@ class RealtimeSession:
         messages = [*history, ChatMessage("user", words)]
         sampling = self._reply_sampling(params, engine.lm.context_window)
         extra, tools = await self.memory_messages(messages, engine.lm.tool_format)
+        runtime = self.runtime
+        generator = Generator(engine, runtime.safety, runtime.classifier, self.settings.safety_classifier_timeout_s)
         try:
-            prompt = await asyncio.to_thread(render_reply_prompt, engine.lm, [*messages, *extra], sampling, tools)
+            # No tokens reserved: the response that adopts it reserves them.
+            prepared = await generator.prepare(reply_spec([*messages, *extra], tools), sampling)
             if self.active is not None:
                 return None
-            stream = engine.submit(prompt.token_ids, sampling, conversation_id=self.conversation.id,
-                                   messages=prompt.messages)
-        except (ApiError, *BACKEND_ERRORS):
+            reply = await generator.start(prepared, conversation_id=self.conversation.id)
+        except ApiError:
             return None  # the response itself will meet (and report) the same condition
-        return Preemption(prompt_ids=prompt.token_ids, sampling=sampling, stream=stream, started_at=now())
+        return Preemption(prompt_ids=prepared.prompt_ids, sampling=sampling, stream=reply, started_at=now())
 
     async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]:
         """What a default response to `messages` adds with the key's memory on, so that a reply or prefill made
@@ -599,8 +601,8 @@ class RealtimeSession:
             # what was sent (heard, over WebRTC), and the response ends incomplete.
             self.feed(ResponseFiltered(run.events.response_id))
             self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
-        except (ApiError, *BACKEND_ERRORS) as exc:
-            self._end(run, "failed", error=exc if isinstance(exc, ApiError) else backend_api_error(exc))
+        except ApiError as exc:  # the generation service maps the backend's errors
+            self._end(run, "failed", error=exc)
         except Exception as exc:
             log.exception("response %s failed", run.events.response_id)
             error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
