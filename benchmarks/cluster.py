@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.int4_kernels import cpu_model
-from gateway.cluster import Cluster
-from gateway.processes import GatewayProcess
+from gateway.platform.cluster import Cluster
+from gateway.platform.processes import GatewayProcess
 
 
 def bench(url: str, out: Path, sessions: int, turns: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What memory (gateway/memory.py) costs, in one run on one gateway: two API keys, one with memory on (holding
+"""What memory (gateway/generation/memory.py) costs, in one run on one gateway: two API keys, one with memory on (holding
 `--memories` facts, so each question recalls some) and one with it off, asked the same streamed chat completions
 in alternation (which goes first alternates too).
 
@@ -27,7 +27,7 @@ import httpx
 
 from benchmarks.int4_kernels import cpu_model
 from benchmarks.safety import MODEL, TOPICS, summary
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 KEYS = ("sk-bench-memory-on", "sk-bench-memory-off")
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.engine import LONG_QUESTIONS, system_prompt
-from gateway.processes import GatewayProcess, free_port
+from gateway.platform.processes import GatewayProcess, free_port
 from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from benchmarks.int4_kernels import cpu_model
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
 WORDS = ("amber", "basil", "cedar", "delta", "ember", "fable", "garnet", "harbor", "indigo", "juniper", "kestrel",

@@ -29,7 +29,7 @@ import httpx
 import websockets
 
 from benchmarks.int4_kernels import cpu_model
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
 COUNTRIES = ("France", "Italy", "Spain", "Germany", "Japan", "Egypt", "Peru", "Canada", "Kenya", "Norway", "Chile",

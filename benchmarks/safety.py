@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 
 from benchmarks.int4_kernels import cpu_model
-from gateway.config import Settings
-from gateway.processes import GatewayProcess
-from gateway.safety.rules import build_policy
+from gateway.platform.config import Settings
+from gateway.platform.processes import GatewayProcess
+from gateway.platform.safety_rules import build_policy
 
 MODEL = "smollm2-135m-instruct"
 TOPICS = ("France", "the sea", "bread", "music", "the moon", "trains", "winter", "cats", "gardens", "rivers",

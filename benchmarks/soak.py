@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import websockets
 
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
 WARM_SESSIONS = 8

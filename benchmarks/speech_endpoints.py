@@ -31,7 +31,7 @@ import numpy as np
 import websockets
 
 from benchmarks.int4_kernels import cpu_model
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 from media.audio_files import decode_file
 
 PARAGRAPH = (

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 QUESTION = "Tell me about the history of Paris."
 

@@ -63,7 +63,7 @@ from typing import Any, Self
 import numpy as np
 
 from benchmarks.voice_audio import Clip, Speaker
-from gateway.processes import GatewayProcess, get_json
+from gateway.platform.processes import GatewayProcess, get_json
 
 WS_RATE = 24000  # pcm16 over the WebSocket
 MODEL = "smollm2-135m-instruct"
@@ -684,7 +684,7 @@ def connector(args: argparse.Namespace, wall_offset: float) -> tuple[Callable[[s
     """How a session of the chosen transport is opened, and its microphone's sample rate."""
     if args.transport == "webrtc":
         from benchmarks.voice_rtc import RATE, WebRtcSession
-        from gateway.transports.webrtc import offer_host_addresses
+        from gateway.api.transports.webrtc import offer_host_addresses
 
         # aioice never offers 127.0.0.1 by itself: on a loopback-only host the call could not connect.
         offer_host_addresses([args.ice_host])

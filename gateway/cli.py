@@ -14,15 +14,15 @@ import uvicorn
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
-from gateway import event_log
+from gateway.api.http_server import guarded_protocol
 from gateway.bench.cli import Bench
-from gateway.cluster import ClusterCommand
-from gateway.config import Settings, is_loopback
-from gateway.http_server import guarded_protocol
-from gateway.log_redaction import RedactKeys
+from gateway.platform import event_log
+from gateway.platform.cluster import ClusterCommand
+from gateway.platform.config import Settings, is_loopback
+from gateway.platform.log_redaction import RedactKeys
 
 if TYPE_CHECKING:
-    from gateway.services import Services
+    from gateway.api.services import Services
 
 log = logging.getLogger("gateway")
 
@@ -58,7 +58,7 @@ def serve(settings: Settings) -> None:
                 "bind 127.0.0.1, or pass --allow-unauthenticated-public-bind"
             )
         log.warning("no API key configured: anyone who can reach %s:%s can use the gateway", settings.host, settings.port)
-    from gateway.app import build_app
+    from gateway.api.app import build_app
 
     app = build_app(settings)
     scheme = "https" if settings.ssl_certfile else "http"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.processes import GatewayProcess
+from gateway.platform.processes import GatewayProcess
 
 __all__ = ["GatewayProcess", "start_gateway"]
 

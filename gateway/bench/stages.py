@@ -15,7 +15,7 @@ from typing import Any
 
 CLIENT = "client"  # a chain's ends: the client's start of the turn, and its first answer received
 
-# (stage, from, to): the marks are TurnMarks' names (gateway/latency.py).
+# (stage, from, to): the marks are TurnMarks' names (gateway/platform/latency.py).
 VOICE_CHAIN = (
     ("uplink_vad", CLIENT, "speech_stopped"),  # the speech's end travelling, and the VAD's silence wait
     ("asr", "speech_stopped", "transcript_final"),

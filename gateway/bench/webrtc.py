@@ -32,7 +32,7 @@ LOUD_RMS = 300.0  # int16 RMS of a received frame that counts as answer audio (t
 
 def offer_loopback_if_local(url: str) -> None:
     """aioice never offers a loopback address, so a server on loopback could not be reached: offer only that.
-    (The gateway's own helper, gateway.transports.webrtc.offer_host_addresses, would import torch here.)"""
+    (The gateway's own helper, gateway.api.transports.webrtc.offer_host_addresses, would import torch here.)"""
     host = httpx.URL(url).host
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback

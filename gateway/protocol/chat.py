@@ -161,7 +161,7 @@ class SamplingRequest(BaseModel):
         )
 
 
-MEMORY_TOOL_NAME = "remember"  # the gateway's built-in memory tool (gateway/memory.py), which tool_choice may name
+MEMORY_TOOL_NAME = "remember"  # the gateway's built-in memory tool (gateway/generation/memory.py), which tool_choice may name
 
 
 class ChatCompletionRequest(SamplingRequest):

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from gateway import metrics
-from gateway.latency import TurnMarks
+from gateway.platform import metrics
+from gateway.platform.latency import TurnMarks
 
 log = logging.getLogger(__name__)
 CHECK_CHARS = 200  # a reply's text is classified again each time this much more has gone out

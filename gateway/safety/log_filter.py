@@ -16,7 +16,7 @@ import logging
 import regex
 from websockets.frames import Frame, Opcode
 
-from gateway.log_redaction import RecordRedactor
+from gateway.platform.log_redaction import RecordRedactor
 from gateway.safety.detectors import DEFAULT_PHONE_REGION, IBAN, PAYMENT_CARD, Detector, phone_detector
 from gateway.safety.policy import Rule, SafetyPolicy
 

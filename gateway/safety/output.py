@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from gateway import metrics
+from gateway.platform import metrics
 from gateway.safety.hooks import ClassifierWatch
 from gateway.safety.policy import Finding, SafetyPolicy
 

@@ -1,4 +1,4 @@
-"""The policy on what the model is about to read: chat messages, Realtime items, transcripts.
+"""The policy on what the model is about to read: chat messages, transcripts (Realtime items: realtime/conversation.py).
 
 A block rule's match refuses the message (400 `content_policy_violation`, or an `error` event); a redact
 rule's match is replaced, and the model (and whatever stores the message) sees the redacted text only.
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway import metrics
-from gateway.conversation import Item
+from gateway.platform import metrics
 from gateway.protocol.errors import ApiError
 from gateway.safety.policy import SafetyPolicy
 from inference.llm.chat import ChatMessage
@@ -42,16 +41,3 @@ def screen_messages(policy: SafetyPolicy, messages: list[ChatMessage], param: st
                                                   param=f"{param}[{index}].content"))
             if message.role in SCREENED_ROLES else message
             for index, message in enumerate(messages)]
-
-
-def screen_item(policy: SafetyPolicy, item: Item) -> None:
-    """A Realtime user message or function call output, screened in place before it joins the conversation."""
-    if not policy:
-        return
-    if item.type == "function_call_output" and item.output:
-        item.output = screen_text(policy, item.output, what="function call output", param="item.output")
-    elif item.type == "message" and item.role == "user":
-        for part in item.content:
-            key = "text" if part.get("text") is not None else "transcript"
-            if part.get(key):
-                part[key] = screen_text(policy, part[key], what="user message", param=f"item.content.{key}")

@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.voice_audio import Speaker, with_silence, write_wav  # noqa: E402
-from gateway.processes import GatewayProcess  # noqa: E402
+from gateway.platform.processes import GatewayProcess  # noqa: E402
 
 BROWSERS = ("chromium", "firefox")
 RELAY = Path(__file__).with_name("firefox_bidi_relay.py")

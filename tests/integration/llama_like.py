@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.processes import free_port
+from gateway.platform.processes import free_port
 
 
 class LlamaLikeServer:

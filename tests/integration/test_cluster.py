@@ -18,7 +18,7 @@ import pytest
 import websockets
 from aiortc import RTCSessionDescription
 
-from gateway.cluster import Cluster
+from gateway.platform.cluster import Cluster
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.test_http_hardening import make_offer

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.prewarm import PINNED_PER_KEY
+from gateway.generation.prewarm import PINNED_PER_KEY
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient

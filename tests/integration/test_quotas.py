@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from gateway.cluster import RedisServer
+from gateway.platform.cluster import RedisServer
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient

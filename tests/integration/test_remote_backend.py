@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from benchmarks.openai_servers import transformers_serve
-from gateway.config import default_cache_dir
+from gateway.platform.config import default_cache_dir
 from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 from tests.gateway_process import GatewayProcess, start_gateway

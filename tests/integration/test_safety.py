@@ -20,7 +20,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.config import default_cache_dir
+from gateway.platform.config import default_cache_dir
 from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 from inference.tts import TtsEngine

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import websockets
 
-from gateway.cluster import RedisServer
-from gateway.session_seats import SEAT_TTL_S
+from gateway.platform.cluster import RedisServer
+from gateway.platform.session_seats import SEAT_TTL_S
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient

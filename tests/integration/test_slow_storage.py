@@ -15,10 +15,10 @@ import httpx
 import pytest
 import uvicorn
 
-from gateway.app import build_app
-from gateway.config import Settings
-from gateway.processes import free_port
-from gateway.storage.conversations import ConversationStore
+from gateway.api.app import build_app
+from gateway.platform.config import Settings
+from gateway.platform.processes import free_port
+from gateway.platform.storage.conversations import ConversationStore
 from tests.integration.conftest import MODEL
 
 SLOW_S = 3.0

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from gateway.platform.storage.conversations import ConversationStore, NewMessage
+from gateway.platform.storage.database import ORPHANED_AFTER_S, open_database, sqlite_url
+from gateway.platform.storage.schema import MessageRow
 from gateway.protocol.errors import ApiError
-from gateway.storage.conversations import ConversationStore, NewMessage
-from gateway.storage.database import ORPHANED_AFTER_S, open_database, sqlite_url
-from gateway.storage.schema import MessageRow
 from tests.integration.postgres_server import postgres_url  # noqa: F401 (a fixture, used by name)
 
 

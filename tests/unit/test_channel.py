@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from gateway.outbox import Outbox
-from gateway.protocol.errors import ApiError
-from gateway.session_hub import SessionHub
-from gateway.transports.channel import (
+from gateway.api.transports.channel import (
     CLOSE_RESUMED_ELSEWHERE,
     ChannelClosed,
     Outcome,
     attach,
     run_session,
 )
+from gateway.protocol.errors import ApiError
+from gateway.realtime.outbox import Outbox
+from gateway.realtime.session_hub import SessionHub
 
 
 class QueueChannel:

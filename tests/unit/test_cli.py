@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gateway.cli import serve
-from gateway.config import Settings
+from gateway.platform.config import Settings
 
 
 def test_every_option_is_documented_in_help() -> None:

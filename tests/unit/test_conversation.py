@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.conversation import Conversation, Item, SpokenSegment, heard_text, item_from_param
 from gateway.protocol.client_events import MessageItem
 from gateway.protocol.errors import ApiError
+from gateway.realtime.conversation import Conversation, Item, SpokenSegment, heard_text, item_from_param
 
 
 def user(text: str, item_id: str | None = None) -> Item:

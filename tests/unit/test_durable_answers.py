@@ -9,7 +9,8 @@ import json
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.storage.durable_answers import DurableAnswers, NotDurable, hold_answer
+from gateway.api.durable_answers import DurableAnswers
+from gateway.platform.storage.answer_holds import NotDurable, hold_answer
 
 
 def app_with_commit(commit: asyncio.Future[bool] | None) -> DurableAnswers:

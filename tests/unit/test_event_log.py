@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway import event_log
-from gateway.log_redaction import RedactKeys
+from gateway.platform import event_log
+from gateway.platform.log_redaction import RedactKeys
 
 KEY = "sk-configured-0123456789"
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import pytest
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from gateway.outbox import Outbox
-from gateway.session_hub import Attachment
-from gateway.transports.channel import CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN, _pump_out, run_session
-from gateway.transports.webrtc import Call, DataChannel
-from gateway.transports.websocket_channel import WebSocketChannel
+from gateway.api.transports.channel import CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN, _pump_out, run_session
+from gateway.api.transports.webrtc import Call, DataChannel
+from gateway.api.transports.websocket_channel import WebSocketChannel
+from gateway.realtime.outbox import Outbox
+from gateway.realtime.session_hub import Attachment
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The generation service's own logic (gateway/generation.py), over a backend that records what it is asked
+"""The generation service's own logic (gateway/generation/service.py), over a backend that records what it is asked
 and GenerationStreams fed by hand: errors mapped to ApiError at submit and mid-stream, the token quota settled
 whatever the end, and the `remember` tool's second round rendered and submitted as the first."""
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from gateway import generation
-from gateway.generation import Generator, MemoryRound, PromptSpec, Rendered
-from gateway.memory import Recall
+from gateway.generation import service as generation
+from gateway.generation.memory import Recall
+from gateway.generation.service import Generator, MemoryRound, PromptSpec, Rendered
+from gateway.platform.ratelimit import RateLimiter
+from gateway.platform.storage.schema import MemoryRow
+from gateway.platform.token_quota import TokenAccount, TokenQuota
 from gateway.protocol.errors import ApiError
-from gateway.ratelimit import RateLimiter
 from gateway.safety.policy import SafetyPolicy
-from gateway.storage.schema import MemoryRow
-from gateway.token_quota import TokenAccount, TokenQuota
 from inference.llm.backend import (
     BackendRejected,
     BackendUnavailable,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway import heap
-from gateway.heap import HeapTrimmer
+from gateway.platform import heap
+from gateway.platform.heap import HeapTrimmer
 
 
 async def test_trims_only_when_quiet(monkeypatch):

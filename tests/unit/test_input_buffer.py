@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.input_buffer import InputAudioBuffer
+from gateway.realtime.input_buffer import InputAudioBuffer
 
 
 def test_slices_by_stream_index_across_appends() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import LlmKernels
+from gateway.platform.config import LlmKernels
 from inference.llm import cpu_kernels, forward
 from inference.llm.forward import KERNEL_CHOICES, UnsupportedModel, resolve_kernels
 

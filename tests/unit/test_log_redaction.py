@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from gateway.log_redaction import REDACTED, RedactKeys
+from gateway.platform.log_redaction import REDACTED, RedactKeys
 
 KEY = "sk-configured-0123456789"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.memory import Recall, fact_to_remember, relevant
-from gateway.storage.schema import MemoryRow
+from gateway.generation.memory import Recall, fact_to_remember, relevant
+from gateway.platform.storage.schema import MemoryRow
 
 
 @pytest.mark.parametrize(("text", "fact"), [

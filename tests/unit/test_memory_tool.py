@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.memory import Recall
-from gateway.memory_tool import MemoryToolStream
+from gateway.generation.memory import Recall
+from gateway.generation.memory_tool import MemoryToolStream
+from gateway.platform.storage.schema import MemoryRow
 from gateway.safety.detectors import denylist_detector
 from gateway.safety.policy import Rule, SafetyPolicy
-from gateway.storage.schema import MemoryRow
 from inference.llm.backend import GenerationResult, GenerationStream
 from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ToolSpec

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gateway.outbox import Outbox, OutboxReader, ReplayUnavailable
+from gateway.realtime.outbox import Outbox, OutboxReader, ReplayUnavailable
 
 
 def _send(outbox: Outbox, count: int) -> None:

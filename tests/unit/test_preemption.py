@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gateway import metrics
-from gateway.preemption import Preemption
+from gateway.platform import metrics
+from gateway.realtime.preemption import Preemption
 from inference.llm.backend import SamplingParams
 
 

@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from gateway.prewarm import PINNED_PER_KEY, PREPARES_PER_KEY, Prewarmer
+from gateway.generation.prewarm import PINNED_PER_KEY, PREPARES_PER_KEY, Prewarmer
 from gateway.protocol.errors import ApiError
 from inference.llm.backend import LLMBackend
 

@@ -9,13 +9,11 @@ from typing import Any
 
 import pytest
 
-from gateway.conversation import Conversation, Item, SpokenSegment
-from gateway.outbox import Outbox, OutboxReader
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.response_events import ResponseEvents
 from gateway.protocol.session_config import SessionConfig, TurnDetection
-from gateway.realtime_core import (
+from gateway.realtime.conversation import Conversation, Item, SpokenSegment
+from gateway.realtime.core import (
     AudioCommitted,
     AudioDelta,
     AudioProcessed,
@@ -45,6 +43,8 @@ from gateway.realtime_core import (
     TranscriptFinal,
     TurnReady,
 )
+from gateway.realtime.outbox import Outbox, OutboxReader
+from gateway.realtime.response_events import ResponseEvents
 
 
 class Clock:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gateway.conversation import Conversation, Item
-from gateway.realtime_store import FLUSH_S, ConversationRecorder, items_from_rows
-from gateway.storage.conversations import ConversationStore
-from gateway.storage.database import open_database, sqlite_url
+from gateway.platform.storage.conversations import ConversationStore
+from gateway.platform.storage.database import open_database, sqlite_url
+from gateway.realtime.conversation import Conversation, Item
+from gateway.realtime.store import FLUSH_S, ConversationRecorder, items_from_rows
 
 
 def _added(item: Item) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.conversation import Item
-from gateway.protocol.response_events import ResponseEvents, Usage
+from gateway.realtime.conversation import Item
+from gateway.realtime.response_events import ResponseEvents, Usage
 
 
 def make(audio: bool = False, in_conversation: bool = True) -> ResponseEvents:

@@ -7,7 +7,7 @@ import io
 import json
 import logging
 
-from gateway.event_log import formatter
+from gateway.platform.event_log import formatter
 from gateway.safety.log_filter import RedactPersonalData
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from gateway.config import Settings
-from gateway.runtime import Runtime
-from gateway.session import RealtimeSession
+from gateway.platform.config import Settings
+from gateway.platform.runtime import Runtime
+from gateway.realtime.session import RealtimeSession
 
 
 async def _drain(session: RealtimeSession) -> list[dict]:

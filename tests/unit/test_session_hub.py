@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.outbox import Outbox
 from gateway.protocol.errors import ApiError
-from gateway.session_hub import SessionHub
+from gateway.realtime.outbox import Outbox
+from gateway.realtime.session_hub import SessionHub
 
 
 @dataclass(eq=False)

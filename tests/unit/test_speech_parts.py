@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.protocol.audio import srt, vtt
+from gateway.api.audio_requests import srt, vtt
+from gateway.platform.voices import OPENAI_VOICES, VoiceCatalog, piper_voice_name
 from gateway.protocol.errors import ApiError
-from gateway.voices import OPENAI_VOICES, VoiceCatalog, piper_voice_name
 from inference.asr import Segment
 from inference.tts import PriorityWorker
 

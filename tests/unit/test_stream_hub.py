@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.api.stream_hub import StreamHub, request_fingerprint
 from gateway.protocol.errors import ApiError
-from gateway.stream_hub import StreamHub, request_fingerprint
 
 
 class Source:

@@ -1,9 +1,9 @@
-"""The title's pure parts (gateway/titles.py): the user's first words as a fallback, and which of the
+"""The title's pure parts (gateway/generation/titles.py): the user's first words as a fallback, and which of the
 model's titles are used."""
 
 from __future__ import annotations
 
-from gateway.titles import first_words, usable
+from gateway.generation.titles import first_words, usable
 
 
 def test_first_words_keep_six_whole_words_up_to_the_first_sentences_end() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.turns import Action, TurnMachine, TurnPolicy, TurnState
+from gateway.realtime.turns import Action, TurnMachine, TurnPolicy, TurnState
 
 
 def speaking_bot(policy: TurnPolicy | None = None, playback_at: float = 1000.0) -> TurnMachine:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.voice import UserTurn
+from gateway.realtime.voice import UserTurn
 
 
 async def test_covering_jobs_reach_the_end_and_finish_first_first() -> None:

@@ -8,9 +8,9 @@ import gc
 import json
 import weakref
 
-from gateway.config import Settings
-from gateway.runtime import Runtime
-from gateway.session import RealtimeSession
+from gateway.platform.config import Settings
+from gateway.platform.runtime import Runtime
+from gateway.realtime.session import RealtimeSession
 
 
 async def test_a_closed_voice_session_needs_no_cycle_collector(asr):

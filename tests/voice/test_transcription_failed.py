@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from gateway.config import Settings
-from gateway.runtime import Runtime
-from gateway.session import RealtimeSession
+from gateway.platform.config import Settings
+from gateway.platform.runtime import Runtime
+from gateway.realtime.session import RealtimeSession
 from inference.asr import AsrEngine, Transcript
 from media.resample import resample
 from tests.integration.sdk_types import assert_valid_server_event

@@ -1,0 +1,252 @@
+"""The streaming conversation API of the seeds: POST /v1/conversations/{id}/messages answers over SSE
+with `delta_encoding: v1` JSON-pointer patches, and POST .../prepare pre-warms the draft being typed.
+
+A message goes under `parent_message_id` (default: the current leaf; null: a new root), so editing a
+message or regenerating a reply (no `content`: a new answer to a user message) makes a sibling branch.
+The reply is stored as it streams and runs to its end even if the client leaves; `Last-Event-ID`
+(the stream's resume token, in every event's id) resumes the stream on the same URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.api.http_bodies import read_model
+from gateway.api.openapi import error_responses, json_body
+from gateway.api.services import Services
+from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
+from gateway.generation.chat_history import chat_message
+from gateway.generation.chat_plan import with_tools
+from gateway.generation.memory import REMEMBER_TOOL, MemoryStore, Recall, recall
+from gateway.generation.service import MemoryRound, PromptSpec, Reply
+from gateway.generation.titles import generate_title
+from gateway.platform.storage.conversations import MessageStatus, NewMessage
+from gateway.platform.storage.schema import ConversationRow
+from gateway.platform.storage.writer import MessageWriter
+from gateway.platform.token_quota import TokenAccount
+from gateway.protocol.chat import completion_id
+from gateway.protocol.errors import ApiError
+from gateway.safety.output import OutputGuard, guarded
+from gateway.safety.screening import screen_text
+from inference.llm.backend import LLMBackend, SamplingParams
+from inference.llm.chat import ChatMessage
+from inference.llm.tool_calls import ToolUse, plan_tool_use
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+MAX_CONTENT_CHARS = 100_000
+TEXT_PATH = "/message/content/parts/0"
+
+
+class PostMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    model: str = Field(min_length=1, max_length=256)
+    content: str | None = Field(None, min_length=1, max_length=MAX_CONTENT_CHARS,
+                                description="The user's message. Omitted: a new reply to parent_message_id, which "
+                                "must be a user message (regenerate).")
+    parent_message_id: str | None = Field(None, max_length=64, description="The message this one follows. Default: "
+                                          "the current leaf; null: a new first message (editing the first one).")
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+
+class PrepareMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS, description="The draft being typed.")
+    parent_message_id: str | None = Field(None, max_length=64, description="As in POST .../messages.")
+
+
+@dataclass
+class Turn:
+    conversation: ConversationRow
+    parent_id: str | None  # where the new message (or the regenerated reply) goes
+    messages: list[ChatMessage]  # the prompt: the branch up to the parent, then the new message
+    new_user: NewMessage | None  # stored with the reply; None when regenerating
+
+
+async def _resolve(svc: Services, owner: str, conversation_id: str, content: str | None, parent_given: bool,
+                   parent_message_id: str | None) -> Turn:
+    conversation = await svc.store.get(owner, conversation_id)
+    parent = parent_message_id if parent_given else conversation.current_leaf_id
+    rows = await svc.store.branch(conversation, parent) if parent is not None else []
+    if parent is not None and (not rows or rows[-1].id != parent):
+        raise ApiError("message_not_found", f"No message '{parent}' in this conversation.", "parent_message_id",
+                       status=404)
+    history = [chat_message(row) for row in rows]
+    if content is None:
+        if not rows or rows[-1].role != "user":
+            raise ApiError("invalid_value", "Without content the reply is regenerated, so parent_message_id must be "
+                           "a user message.", "parent_message_id")
+        return Turn(conversation, parent, history, None)
+    user = NewMessage(role="user", content=[{"type": "text", "text": content}])
+    return Turn(conversation, parent, [*history, ChatMessage("user", content)], user)
+
+
+@dataclass
+class MemoryPrompt:
+    """A turn's prompt with the key's memory: the memories that bear on it, and the `remember` tool offered."""
+
+    messages: list[ChatMessage]  # the turn's
+    recall: Recall | None = None
+    tools: ToolUse | None = None
+    facts: list[ChatMessage] = field(default_factory=list)  # the prompt's last: see Recall.messages
+
+    @classmethod
+    async def build(cls, svc: Services, owner: str, turn: Turn, *, save: bool) -> MemoryPrompt:
+        remembered = await recall(MemoryStore(svc.store.engine), owner, turn.messages, save=save)
+        if remembered is None:  # memory off
+            return cls(turn.messages)
+        tools = plan_tool_use([], choice="auto", fmt=_engine(svc).lm.tool_format, builtin=[REMEMBER_TOOL])
+        return cls(turn.messages, remembered, tools, remembered.messages())
+
+    @property
+    def spec(self) -> PromptSpec:
+        if self.tools is None:
+            return PromptSpec(self.messages, param="content")
+        return PromptSpec([*with_tools(self.messages, self.tools), *self.facts], self.tools.template_tools,
+                          param="content")
+
+    def after_save(self, added: list[ChatMessage]) -> PromptSpec:
+        """The reply after the model saved memories, without the tool."""
+        return PromptSpec([*self.messages, *added, *self.facts], param="content")
+
+
+def _engine(svc: Services) -> LLMBackend:
+    svc.require_ready()
+    assert svc.runtime.engine is not None
+    return svc.runtime.engine
+
+
+@router.post("/v1/conversations/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
+             responses=error_responses(400, 401, 404, 413, 422, 429, 503))
+async def post_message(request: Request, conversation_id: str) -> Response:
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
+        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
+    body: PostMessage = await read_model(request, PostMessage)
+    svc.require_model(body.model)
+    generator = svc.generator()
+    content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
+    turn = await _resolve(svc, principal.key_id, conversation_id, content,
+                          "parent_message_id" in body.model_fields_set, body.parent_message_id)
+    max_tokens = body.max_tokens or svc.settings.default_max_tokens
+    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=content is not None)
+    sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
+                              repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
+    # 429 past --rate-limit-tpm
+    prepared = await generator.prepare(memory.spec, sampling, TokenAccount(svc.quota, principal.key_id))
+    prewarmed = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prepared.prompt_ids)
+    if prepared.reservation is not None:
+        headers = {**headers, **prepared.reservation.headers()}
+    rounds = MemoryRound(memory.recall, [], memory.after_save) if memory.recall is not None else None
+    stream = await generator.start(prepared, routing_key=conversation_id, memory=rounds)
+    # The rules on the reply as it streams, and the classifier beside it.
+    guard = generator.guard(stream.cancel)
+    reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
+    writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
+                           [turn.new_user] if turn.new_user is not None else [], reply)
+    stream_id = completion_id().replace("chatcmpl-", "strm_")
+    title_for = content if turn.conversation.title is None and turn.new_user is not None else None
+    events = _events(svc, principal.key_id, stream_id, turn, stream, guard, writer, prewarmed, title_for,
+                     memory.recall)
+    buffer = svc.streams.start(stream_id, principal.key_id, events, request=await stream_request(request),
+                               runs_to_end=True)
+    return sse_response(svc.streams.read(buffer), headers)
+
+
+def _data(payload: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
+
+
+async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: Reply, guard: OutputGuard,
+                  writer: MessageWriter, prepared_tokens: int, title_for: str | None,
+                  remembered: Recall | None) -> AsyncIterator[bytes]:
+    conversation_id = turn.conversation.id
+    guard.start(next((m.content for m in reversed(turn.messages) if m.role == "user"), ""))  # classified at once
+    try:
+        yield _data("v1", "delta_encoding")
+        yield _data({"type": "resume_conversation_token", "token": stream_id, "conversation_id": conversation_id})
+        message = {"id": writer.reply.id, "author": {"role": "assistant"}, "content": {"content_type": "text",
+                   "parts": [""]}, "status": "in_progress", "metadata": {"parent_id": turn.new_user.id if turn.new_user
+                   else turn.parent_id, "model": writer.reply.model}}
+        yield _data({"p": "", "o": "add", "v": {"message": message, "conversation_id": conversation_id,
+                                                "input_message_id": turn.new_user.id if turn.new_user else None}},
+                    "delta")
+        first = True
+        async for safe in guarded(stream, guard):
+            writer.append(safe)
+            yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
+            first = False
+        result = await stream.result()
+        finish_reason = "content_filter" if guard.blocked is not None else result.finish_reason
+        status: MessageStatus = "incomplete" if finish_reason in ("length", "content_filter") else "completed"
+        usage: dict[str, Any] = {"input_tokens": result.prompt_tokens, "cached_tokens": result.cached_prompt_tokens,
+                                 "output_tokens": result.completion_tokens}
+        latency = {"ttft_ms": None if result.first_token_at is None else
+                   round((result.first_token_at - result.submitted_at) * 1000, 1)}
+        memories = remembered.metadata() if remembered is not None else None
+        writer.finish(status, latency=latency, message_metadata=memories, **usage)
+        metadata = {"finish_reason": finish_reason, "usage": usage, **latency, **(memories or {}),
+                    "prewarmed": prepared_tokens > 0 and result.cached_prompt_tokens >= prepared_tokens}
+        yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": status},
+                                                  {"p": "/message/metadata", "o": "append", "v": metadata}]}, "delta")
+        await writer.written()
+        if title_for is not None and (title := await _title(svc, owner, conversation_id, title_for)):
+            yield _data({"type": "title_generation", "title": title, "conversation_id": conversation_id})
+        yield b"data: [DONE]\n\n"
+    except asyncio.CancelledError:  # the server is shutting down
+        writer.finish("cancelled")
+        raise
+    except Exception as exc:  # headers are gone: the error travels in the stream
+        log.exception("conversation stream %s failed", stream_id)
+        writer.finish("incomplete", error="the generation failed")
+        yield _data({"type": "error", "error": {"message": str(exc), "type": "server_error", "code": "internal_error"}})
+        yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": "incomplete"}]},
+                    "delta")
+    finally:
+        await stream.close()  # settles the tokens
+        await guard.close()
+        # Only now: the reply's KV extends the prepared prefix, which an earlier unpin would have dropped.
+        svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
+
+
+def stream_engine(svc: Services) -> LLMBackend:
+    assert svc.runtime.engine is not None
+    return svc.runtime.engine
+
+
+async def _title(svc: Services, owner: str, conversation_id: str, question: str) -> str | None:
+    title = await generate_title(stream_engine(svc), question, svc.runtime.safety, conversation_id)
+    if title is not None:
+        await svc.store.update(owner, conversation_id, title=title)
+    return title
+
+
+@router.post("/v1/conversations/{conversation_id}/prepare", status_code=202, openapi_extra=json_body(PrepareMessage),
+             responses=error_responses(400, 401, 404, 413, 422, 429, 503))
+async def prepare(request: Request, conversation_id: str) -> JSONResponse:
+    """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    body: PrepareMessage = await read_model(request, PrepareMessage)
+    generator = svc.generator()
+    draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
+    turn = await _resolve(svc, principal.key_id, conversation_id, draft,
+                          "parent_message_id" in body.model_fields_set, body.parent_message_id)
+    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=False)  # as the message will see it
+    prompt = (await generator.render(memory.spec, svc.settings.default_max_tokens)).prompt
+    svc.prewarmer.prepare(generator.engine, principal.key_id, conversation_id, prompt.token_ids)
+    return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
+                         "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=headers)

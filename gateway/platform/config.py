@@ -1,0 +1,362 @@
+"""The gateway's one settings object: command-line options and GATEWAY_* environment variables."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+import phonenumbers
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from gateway.safety.detectors import DEFAULT_PHONE_REGION, load_denylist
+from gateway.safety.hooks import load_classifier
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
+LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "realtime-gateway"
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "realtime-gateway"
+
+
+class Settings(BaseSettings):
+    """Every option is also an environment variable: `--llm-model X` is `GATEWAY_LLM_MODEL=X`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    # Network
+    host: str = Field("127.0.0.1", description="Address to bind. With no API key configured only loopback is allowed.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    ssl_certfile: Path | None = Field(None, description="PEM certificate: serve https and wss.")
+    ssl_keyfile: Path | None = Field(None, description="PEM private key for --ssl-certfile.")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Accepted API keys (Authorization: Bearer). Comma-separated in the environment. Empty: no auth, loopback only.",
+    )
+    allow_unauthenticated_public_bind: bool = Field(
+        False, description="Allow a non-loopback --host with no API key (not recommended)."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one JSON object per line (for log pipelines); text: a line a person reads.")
+    log_content: bool = Field(
+        False, description="Log the users' content (prompts, transcripts, answers) in the event records. "
+        "For debugging only: by default the log holds ids, counts, timings and status, never what was said.")
+
+    # Models
+    device: Device = Field("auto", description="Where the LLM runs: auto picks cuda when torch sees a GPU, else cpu "
+                           "(--asr-device and --tts-device place the voice models).")
+    llm_model: Path | None = Field(
+        None, description="LLM: a transformers folder or a .gguf file. Default: the embedded SmolLM2-135M-Instruct."
+    )
+    llm_dtype: DType = Field(
+        "auto",
+        description="auto: bfloat16 on cuda; on cpu int4 when the weights are 4-bit groups already (a Q4_1 GGUF, "
+        "such as the embedded model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
+        "int8 / int4: quantized weight copies on cpu (slightly different tokens); int4 multiplies 15-bit "
+        "activations on an AVX512-VNNI kernel where the CPU has it, else bfloat16 ones on torch's kernel.",
+    )
+    llm_kernels: LlmKernels = Field(
+        "auto",
+        description="Which kernels the LLM runs on a CPU: the engine's own C kernels built for AVX512-VNNI (vnni) or "
+        "for AVX2 with FMA and F16C (avx2), or torch's own (torch). auto: the fastest this CPU runs. A build the CPU "
+        "cannot run is refused at start; /healthz and the log say what each part runs on.",
+    )
+    llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
+    model_name: str = Field(
+        "smollm2-135m-instruct", description="The model id served at /v1/models and accepted in requests."
+    )
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="More names the model answers to in requests, listed at /v1/models (like vLLM's "
+        "--served-model-name). Comma-separated in the environment.",
+    )
+    answer_to_openai_model_names: bool = Field(
+        True,
+        description="The model also answers to OpenAI's chat and realtime model names (gpt-realtime, gpt-4o-mini, "
+        "...: those the installed openai SDK knows), so an app written for OpenAI only changes its base URL.",
+    )
+    asr_model: Path | None = Field(
+        None, description="faster-whisper (CTranslate2) model folder. Default: the embedded Whisper tiny.en."
+    )
+    asr_threads: int = Field(
+        1,
+        ge=1,
+        description="CPU threads for faster-whisper. With 2, merely loading CTranslate2 halved the LLM's decoding "
+        "speed on a 2-core CPU, and a 15 s window decodes as fast on 1.",
+    )
+    asr_window_s: float = Field(
+        15.0,
+        ge=1.0,
+        le=30.0,
+        description="Whisper input window for utterances that fit (30 = Whisper's own; shorter encodes faster, "
+        "and a degenerate result is decoded again over 30 s).",
+    )
+    asr_device: Device = Field(
+        "auto", description="Where faster-whisper runs: auto picks cuda (float16) when torch and CTranslate2 see a "
+        "GPU, else cpu (int8); cuda without one is refused at start.")
+    tts_voice: Path | None = Field(
+        None, description="Piper voice .onnx (its .onnx.json beside it). Default: the embedded en_US joe-medium."
+    )
+    tts_voices: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="More installed Piper voices (.onnx, with the .onnx.json beside it) for POST /v1/audio/speech, "
+        "named by their file (en_US-amy-medium.onnx: amy); --tts-voice stays the default and the Realtime sessions' "
+        "voice. OpenAI's voice names go round the installed voices (GET /v1/audio/voices lists the table). "
+        "Comma-separated in the environment.",
+    )
+    tts_threads: int = Field(1, ge=1, description="onnxruntime threads for Piper.")
+    tts_first_clause_threads: int = Field(
+        2,
+        ge=1,
+        description="onnxruntime threads for a reply's first clause, while the LLM engine waits (capped at the "
+        "CPU count; at or below --tts-threads, the first clause is synthesized like the others).",
+    )
+    tts_device: Device = Field(
+        "auto", description="Where Piper runs: auto picks cuda when onnxruntime has its CUDA provider (the "
+        "onnxruntime-gpu package installed instead of onnxruntime), else cpu; cuda without it is refused at start.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where converted model weights are cached and the engine's C kernels are built."
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Where the gateway keeps what must survive a restart: its SQLite database (gateway.db).")
+    database_url: str | None = Field(
+        None, description="A SQLAlchemy async URL for the conversations, e.g. postgresql+asyncpg://user:pass@host/db "
+        "(default: SQLite in --data-dir).")
+    load_voice_models: bool = Field(True, description="Load ASR and TTS at start (text-only when false).")
+
+    # LLM engine
+    max_batch_size: int = Field(16, ge=1, description="Most requests decoded together in one step.")
+    max_queued_requests: int = Field(64, ge=1, description="Admission queue bound; past it requests get 429.")
+    prefill_chunk_tokens: int = Field(256, ge=16, description="Most prompt tokens prefilled in one engine step.")
+    prefix_cache_mb: int = Field(1024, ge=0, description="Memory budget of the shared prefix KV cache.")
+    max_context_tokens: int = Field(0, ge=0, description="Context window used (0: the model's own, capped at 8192).")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none.")
+    repetition_penalty: float = Field(1.1, ge=1.0, le=2.0, description="Default repetition penalty.")
+
+    # The LLM on a remote server (inference/llm/remote.py) instead of this process
+    llm_backend: str | None = Field(
+        None, description="The API root (http(s)://host:port/v1) of an OpenAI-compatible server that runs the LLM: vLLM, "
+        "SGLang, another gateway, ... This process then loads only the tokenizer of --llm-model, which must be the "
+        "server's model, and renders every prompt itself.")
+    llm_backend_flavour: Literal["token", "chat"] = Field(
+        "token", description="token: /v1/completions with token-id prompts (vLLM, SGLang, this gateway; prefixes stay "
+        "byte-identical, so the server's prefix cache hits); chat: /v1/chat/completions with the rendered messages, "
+        "for servers that take no token ids (llama.cpp's server, transformers serve, hosted APIs).")
+    llm_backend_model: str | None = Field(None, description="The model name the backend serves (default: --model-name).")
+    llm_backend_api_key: str | None = Field(None, description="Bearer key for the backend.")
+    llm_routing_header: str = Field(
+        "x-conversation-id", min_length=1, description="Header that carries each request's conversation id to the "
+        "backend, for a cache-aware router's session affinity (set the router's session key to it).")
+    llm_backend_timeout_s: float = Field(
+        60.0, gt=0, description="The longest a backend stream may stay silent (its first token included).")
+    llm_backend_retries: int = Field(
+        2, ge=0, le=10, description="Retries of a backend request that failed before it streamed anything.")
+    llm_backend_breaker_failures: int = Field(
+        3, ge=1, description="Consecutive backend failures that open the circuit breaker (503 at once).")
+    llm_backend_breaker_cooldown_s: float = Field(
+        2.0, gt=0, description="How long the open breaker refuses before one request probes the backend again.")
+    realtime_temperature: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="Realtime sessions' default temperature. 0 (greedy) for the embedded 135M model: at 0.2 it answered "
+        "in garbled French in 2 of 4 three-turn sessions; raise it for bigger models.",
+    )
+    default_instructions: str = Field(
+        "You are a friendly voice assistant. Reply in plain English with one short sentence.",
+        description="Realtime sessions' instructions unless the client sets its own.",
+    )
+
+    # Limits
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest HTTP body accepted.")
+    max_event_bytes: int = Field(
+        15 * 1024 * 1024, ge=1024, description="Largest Realtime event (one WebSocket message) accepted."
+    )
+    max_transcription_audio_s: float = Field(
+        1800.0, gt=0, le=4 * 3600,
+        description="Longest audio POST /v1/audio/transcriptions takes (decoded; past it, 400); its file is also held "
+        "to --max-request-bytes.")
+    max_input_audio_seconds: float = Field(
+        120.0, gt=0, description="Cap on the un-committed input audio buffer of a Realtime session."
+    )
+    max_conversation_items: int = Field(
+        2000, ge=1, description="Most items a Realtime session's conversation holds; past it, conversation_full."
+    )
+    max_conversation_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024,
+        description="Most bytes of text (UTF-8) a Realtime session's conversation holds; past it, conversation_full.",
+    )
+    # Safety (gateway/safety/): the policy on what reaches the model and what it says
+    safety: bool = Field(
+        True, description="Screen every message before the model sees it (typed, transcribed, tool results) and the "
+        "model's output as it streams, with the rules below. --no-safety: neither.")
+    safety_pii: Literal["redact", "block", "off"] = Field(
+        "redact", description="Personal data (e-mail, phone, payment card with a Luhn check, IBAN): redact it (the "
+        "model sees [email] ...), block the message (input) or stop the reply (output), or let it through.")
+    safety_phone_region: str = Field(
+        DEFAULT_PHONE_REGION, description="The country (ISO 3166 code, such as US, GB, FR) whose phone numbers are "
+        "found when written without a country code; a number with a + is found whatever this says.")
+    safety_denylist: Path | None = Field(
+        None, description="A file of denied phrases, one a line (whole words, any case), or `re:` and a regular "
+        "expression; `#` comments.")
+    safety_denylist_action: Literal["block", "redact"] = Field(
+        "block", description="What a denylist match does: block (input refused, output stopped) or redact.")
+    safety_classifier: str | None = Field(
+        None, description="A classifier beside the rules: a Python entry point (package.module:function, called with "
+        "the text, returning a bool or {flagged, categories}) or the URL of an HTTP moderation endpoint in OpenAI's "
+        "/v1/moderations shape. It runs beside the generation and a flagged verdict stops the reply.")
+    safety_classifier_api_key: str | None = Field(None, description="Bearer key sent to --safety-classifier's URL.")
+    safety_classifier_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="How long a reply's end waits for the classifier's last verdicts; a late or "
+        "failed one lets the reply through (the rules still hold).")
+    rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per API key (0: unlimited).")
+    rate_limit_tpm: int = Field(
+        0, ge=0, description="Tokens per minute per API key, input plus output (0: unlimited): a chat completion or "
+        "Realtime response reserves its prompt plus max_tokens and gives back what it did not generate.")
+    max_sessions: int = Field(
+        256, ge=1, description="Most Realtime sessions (WebSocket and WebRTC together) this replica holds at once; past "
+        "it, 503 with Retry-After, so that a router tries another replica."
+    )
+    max_sessions_per_key: int = Field(
+        256,
+        ge=1,
+        description="Most sessions one API key (with its client secrets) has open at once, on all replicas with "
+        "--redis-url; past it, 429. Lower it when several keys share the gateway, so that one cannot take every "
+        "session.",
+    )
+    max_session_duration_s: float = Field(
+        3600, gt=0, description="Longest a Realtime session lasts (OpenAI's is 60 minutes): then an error event "
+        "session_expired and the close. Its session object's expires_at says when.")
+    session_idle_timeout_s: float = Field(
+        900, ge=0, description="A Realtime session with no client event and no response for this long gets an error "
+        "event session_idle_timeout and is closed (0: never).")
+    max_client_secrets_per_key: int = Field(
+        128, ge=1, description="Most client secrets one API key has minted and not yet used (nor seen expire); past it, 429."
+    )
+    http_keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive HTTP connection is closed after this long.")
+    http_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this long of the connection being ready for "
+        "them (opened, or done with its previous request), or it is closed.",
+    )
+    idempotency_ttl_s: float = Field(600.0, gt=0, description="How long Idempotency-Key answers are kept.")
+    resume_window_s: float = Field(
+        60.0, ge=0, le=3600,
+        description="A Realtime session whose connection drops (no close frame) keeps running this long, waiting "
+        "for its client to resume it (?resume=<token>&last_sequence=<n>). 0: a dropped connection ends its session.")
+    resume_buffer_bytes: int = Field(
+        16 * 1024 * 1024, ge=64 * 1024,
+        description="Most bytes of sent events each session keeps for a resume; older ones cannot be replayed.")
+
+    # Several replicas
+    redis_url: str | None = Field(
+        None, description="Redis (redis://host:6379/0) for what replicas share: client secrets (single use across "
+        "replicas), Idempotency-Key answers, rate-limit buckets and the replica directory. Without it, they live in "
+        "this process (and its database).")
+    replica_id: str = Field(
+        default_factory=lambda: secrets.token_hex(3), pattern=r"^[a-z0-9]{1,16}$",
+        description="This replica's id, carried in its call ids and resume tokens (default: random).")
+    replica_url: str | None = Field(
+        None, description="The URL other replicas reach this one at (http://10.0.0.3:8000), announced in Redis so that "
+        "a hangup or a resume sent to another replica is forwarded here.")
+    drain_timeout_s: float = Field(
+        20.0, ge=0, description="On SIGTERM: how long replies in flight may take to finish before the remaining "
+        "sessions are closed with a hand-off (their conversation stored, to go on on another replica).")
+
+    # WebRTC
+    client_secret_ttl_s: int = Field(600, ge=10, le=7200, description="Lifetime of ephemeral client secrets.")
+    ice_host_addresses: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host addresses offered as ICE candidates (empty: the machine's interfaces). Add 127.0.0.1 for loopback.",
+    )
+    ice_servers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="STUN/TURN URLs (turn:user:pass@host:port). None by default."
+    )
+
+    # Turn taking
+    webrtc_audio_reorder_frames: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Incoming WebRTC audio packets wait for this many later ones before decoding (reordering "
+        "on a bad link). aiortc's default is 4: 80 ms before the VAD hears anything; 1 waits 20 ms.",
+    )
+    vad_silence_duration_ms: int = Field(
+        400, ge=100, le=5000, description="Sessions' default server_vad silence_duration_ms (clients can change it)."
+    )
+    voice_preemption: bool = Field(
+        True,
+        description="Generate the reply (and speak its first clause) from the speculative transcript while the VAD "
+        "waits out the silence; the turn's response adopts it when the final transcript is the same.",
+    )
+    echo_guard_ms: int = Field(
+        300, ge=0, description="After playback starts, VAD speech alone does not interrupt for this long."
+    )
+    min_barge_in_speech_ms: int = Field(
+        160, ge=0, description="Speech must last this long before it interrupts the assistant."
+    )
+
+    @field_validator("safety_denylist")
+    @classmethod
+    def _denylist(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
+        return value
+
+    @field_validator("safety_phone_region")
+    @classmethod
+    def _phone_region(cls, value: str) -> str:
+        if value.upper() not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError("must be a country's ISO 3166 code that phonenumbers knows, such as US, GB or FR")
+        return value.upper()
+
+    @field_validator("safety_classifier")
+    @classmethod
+    def _classifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_classifier(value, None, 1.0)  # ValueError: neither a URL nor a loadable entry point
+        return value
+
+    @field_validator("llm_backend")
+    @classmethod
+    def _backend_url(cls, value: str | None) -> str | None:
+        url = urlsplit(value) if value is not None else None
+        if url is not None and (url.scheme not in ("http", "https") or not url.netloc):
+            raise ValueError("must be an http(s) URL of the server's API root, such as http://10.0.0.5:8000/v1")
+        return value
+
+    @field_validator("tts_voices")
+    @classmethod
+    def _voice_names(cls, value: list[Path], info: ValidationInfo) -> list[Path]:
+        from gateway.platform.voices import VoiceCatalog
+
+        VoiceCatalog.from_paths(info.data.get("tts_voice"), value)  # two voices of one name: refused at start
+        return value
+
+    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+def is_loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")

@@ -1,0 +1,252 @@
+"""The models every session shares: loaded once, in the background, while /healthz says 503."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from gateway.platform import metrics
+from gateway.platform.config import Settings
+from gateway.platform.heap import HeapTrimmer
+from gateway.platform.model_names import ModelNames, openai_transcription_names
+from gateway.platform.safety_rules import build_policy
+from gateway.platform.voices import VoiceCatalog
+from gateway.protocol.session_config import SpeechOptions
+from gateway.safety.hooks import Classifier, load_classifier
+from gateway.safety.policy import SafetyPolicy
+from inference.llm.remote_probe import BackendMisconfigured
+from inference.models import (
+    ModelNotFound,
+    ModelPaths,
+    asr_device,
+    load_on,
+    resolve_device,
+    resolve_model_paths,
+    tts_device,
+)
+
+if TYPE_CHECKING:
+    from inference.asr import AsrEngine
+    from inference.llm.backend import LLMBackend
+    from inference.llm.end_of_turn import EndOfTurnModel
+    from inference.tts import TtsEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadTimes:
+    llm_s: float = 0.0
+    asr_s: float = 0.0
+    tts_s: float = 0.0
+    total_s: float = 0.0
+    llm_converted: bool = False
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    device: Literal["cpu", "cuda"] = "cpu"
+    paths: ModelPaths | None = None
+    engine: LLMBackend | None = None
+    end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge, on the engine
+    asr: AsrEngine | None = None
+    tts: TtsEngine | None = None
+    load_error: str | None = None
+    load_times: LoadTimes = field(default_factory=LoadTimes)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Silero VAD for every session, one window batch per hop; kept apart from the model executors.
+    vad_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+    )
+    # Open sessions, and the heap given back once none is left (the app's shutdown closes it).
+    heap: HeapTrimmer = field(default_factory=HeapTrimmer)
+    model_names: ModelNames = field(init=False)  # what requests may call the LLM
+    voices: VoiceCatalog = field(init=False)  # the installed voices' names, known before they load
+    safety: SafetyPolicy = field(init=False)  # the rules on input and output (gateway/safety/)
+    classifier: Classifier | None = field(init=False)  # --safety-classifier, beside the rules (safety/hooks.py)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.model_names = ModelNames(settings.model_name, settings.model_aliases, settings.answer_to_openai_model_names)
+        self.voices = VoiceCatalog.from_paths(settings.tts_voice, list(settings.tts_voices))  # names checked by Settings
+        self.safety = build_policy(settings)  # DenylistError (a ValueError): a file it cannot use
+        self.classifier = (load_classifier(settings.safety_classifier, settings.safety_classifier_api_key,
+                                           settings.safety_classifier_timeout_s)
+                           if settings.safety and settings.safety_classifier else None)
+
+    @property
+    def speech_options(self) -> SpeechOptions:
+        """The voice models' names for session validation (known from the settings before they load)."""
+        settings = self.settings
+        voices = self.voices
+        voice = voices.default
+        asr_name = settings.asr_model.name if settings.asr_model else "whisper-tiny.en"
+        if self.asr is not None:
+            language = self.asr.language
+        else:  # not loaded yet: English-only models say so in their name, as Whisper's do
+            language = "en" if asr_name.endswith(".en") else None
+        return SpeechOptions(voice=voice, voice_aliases=voices.aliases_of(voice), transcription_model=asr_name,
+                             transcription_aliases=openai_transcription_names(), transcription_language=language)
+
+    @property
+    def devices(self) -> dict[str, str]:
+        """Where each loaded model runs (/healthz, the start-up log): ASR with CTranslate2's compute type."""
+        found: dict[str, str] = {}
+        if self.engine is not None:
+            found["llm"] = "remote" if self.settings.llm_backend else self.device
+        if self.asr is not None:
+            found["asr"] = f"{self.asr.device}/{self.asr.compute_type}"
+        if self.tts is not None:
+            found["tts"] = self.tts.device
+        return found
+
+    @property
+    def voice_ready(self) -> bool:
+        return self.asr is not None and self.tts is not None
+
+    async def load(self) -> None:
+        """Load the three models side by side in worker threads; never raises (see load_error)."""
+        started = time.monotonic()
+        try:
+            self.device = resolve_device(self.settings.device)
+            self.paths = resolve_model_paths(self.settings.llm_model, self.settings.asr_model, self.settings.tts_voice)
+            from inference.llm.threads import run_in_own_thread
+
+            # Its own thread, which exits: torch work there must not leave an OpenMP pool behind.
+            loads = [run_in_own_thread(self._load_llm)]
+            if self.settings.load_voice_models:
+                loads += [asyncio.to_thread(self._load_asr), asyncio.to_thread(self._load_tts)]
+            await asyncio.gather(*loads)
+        except BackendMisconfigured as exc:  # one line says what to set
+            log.error("%s", exc)
+            self.load_error = str(exc)
+            return
+        except Exception as exc:  # a failed load is reported by /healthz, not by a crash
+            log.exception("model loading failed")
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.load_times.total_s = time.monotonic() - started
+        log.info(
+            "models ready in %.1f s (llm %.1f s%s, asr %.1f s, tts %.1f s) on %s",  # llm cpu, asr cpu/int8, ...
+            self.load_times.total_s,
+            self.load_times.llm_s,
+            ", converted from GGUF" if self.load_times.llm_converted else "",
+            self.load_times.asr_s,
+            self.load_times.tts_s,
+            ", ".join(f"{model} {device}" for model, device in self.devices.items()),
+        )
+        self.ready.set()
+
+    def _load_llm(self) -> None:
+        if self.settings.llm_backend:
+            self._connect_remote_llm()
+            return
+        from inference.llm.end_of_turn import EndOfTurnModel
+        from inference.llm.engine import EngineConfig, LLMEngine
+        from inference.llm.loader import load_lm
+
+        assert self.paths is not None
+        lm = load_lm(
+            self.paths.llm,
+            device=self.device,
+            dtype=self.settings.llm_dtype,
+            cache_dir=self.settings.cache_dir,
+            threads=self.settings.llm_threads,
+            max_context_tokens=self.settings.max_context_tokens,
+            kernels=self.settings.llm_kernels,
+        )
+        self.load_times.llm_s = lm.load_seconds
+        self.load_times.llm_converted = lm.converted
+        engine = LLMEngine(
+            lm,
+            EngineConfig(
+                max_batch_size=self.settings.max_batch_size,
+                max_queued_requests=self.settings.max_queued_requests,
+                prefill_chunk_tokens=self.settings.prefill_chunk_tokens,
+                prefix_cache_bytes=self.settings.prefix_cache_mb * 1024 * 1024,
+            ),
+        )
+        if lm.weight_format != "native":
+            # The engine multiplies its quantized copies; nothing in the gateway calls the model itself.
+            freed = engine.fwd.release_model_weights()
+            log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
+                     lm.weight_format)
+        log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in engine.fwd.describe().items()))
+        engine.step_observer = metrics.BATCH_SIZE.observe
+        engine.start()
+        metrics.ENGINE.stats = engine.stats
+        self.engine = engine
+        self.end_of_turn = EndOfTurnModel(engine)
+
+    def _connect_remote_llm(self) -> None:
+        """The LLM on a remote server: only the tokenizer loads here. semantic_vad's end-of-turn judge needs the
+        first step's token probabilities, which such servers do not return: without it semantic_vad waits each
+        eagerness' longest silence."""
+        from inference.llm.loader import load_tokenizer_model
+        from inference.llm.remote import RemoteBackend, RemoteConfig
+        from inference.llm.remote_probe import probe_backend
+
+        settings = self.settings
+        assert self.paths is not None and settings.llm_backend is not None
+        started = time.monotonic()
+        lm = load_tokenizer_model(self.paths.llm, cache_dir=settings.cache_dir,
+                                  max_context_tokens=settings.max_context_tokens)
+        self.load_times.llm_s = time.monotonic() - started
+        config = RemoteConfig(
+            url=settings.llm_backend, flavour=settings.llm_backend_flavour,
+            model=settings.llm_backend_model or settings.model_name, api_key=settings.llm_backend_api_key,
+            routing_header=settings.llm_routing_header, read_timeout_s=settings.llm_backend_timeout_s,
+            retries=settings.llm_backend_retries, breaker_failures=settings.llm_backend_breaker_failures,
+            breaker_cooldown_s=settings.llm_backend_breaker_cooldown_s, max_in_flight=settings.max_batch_size + settings.max_queued_requests,
+        )
+        # BackendMisconfigured: the gateway never becomes ready (load_error), rather than fail every request.
+        backend = RemoteBackend(lm, probe_backend(config, lm.tokenizer.encode("Hi", add_special_tokens=False)[0]))
+        log.info("the LLM runs on %s (%s flavour); prompts are rendered here with %s's tokenizer",
+                 settings.llm_backend, backend.config.flavour, self.paths.llm.name)
+        metrics.ENGINE.stats = backend.stats
+        self.engine = backend
+
+    def _load_asr(self) -> None:
+        from inference.asr import AsrEngine
+        from inference.models import silero_vad_path
+        from media.vad import SileroVad
+
+        assert self.paths is not None
+        paths, settings = self.paths, self.settings
+        self.asr = load_on(settings.asr_device, asr_device(settings.asr_device), lambda device: AsrEngine.load(
+            paths.asr, device=device, threads=settings.asr_threads, window_s=settings.asr_window_s), "faster-whisper")
+        metrics.ASR.stats = self.asr.stats
+        self.load_times.asr_s = self.asr.load_seconds
+        SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
+
+    def _load_tts(self) -> None:
+        from inference.tts import TtsEngine
+
+        assert self.paths is not None
+        voices = self.voices
+        for path in self.settings.tts_voices:
+            if not path.exists() or not path.with_name(path.name + ".json").exists():
+                raise ModelNotFound(f"TTS voice {path} (or its {path.name}.json) not found")
+        paths, settings = self.paths, self.settings
+        self.tts = load_on(settings.tts_device, tts_device(settings.tts_device), lambda device: TtsEngine.load(
+            paths.tts_model,
+            paths.tts_config,
+            threads=settings.tts_threads,
+            first_clause_threads=min(settings.tts_first_clause_threads, os.cpu_count() or 1),
+            voice_name=voices.default,
+            other_voices=list(zip(voices.installed[1:], settings.tts_voices)),
+            device=device,
+        ), "Piper")
+        self.load_times.tts_s = self.tts.load_seconds
+
+    def close(self) -> None:
+        for component in (self.engine, self.asr, self.tts):
+            if component is not None:
+                component.close()
+        self.vad_executor.shutdown(wait=False, cancel_futures=True)

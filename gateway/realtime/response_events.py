@@ -1,0 +1,175 @@
+"""The event sequence of one Realtime response, as a pure state machine.
+
+Each method returns the server events to send, in order. `finish()` closes whatever was opened,
+so a response cancelled at any point still ends with a well-formed tail and `response.done`.
+A response's output is its assistant message (`item`, once opened) and the function calls it made,
+each at the output index it was opened at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.realtime.conversation import Item
+
+ResponseStatus = Literal["completed", "cancelled", "incomplete", "failed"]
+Event = dict[str, Any]
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "total_tokens": self.input_tokens + self.output_tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "input_token_details": {"cached_tokens": self.cached_tokens, "text_tokens": self.input_tokens, "audio_tokens": 0},
+            "output_token_details": {"text_tokens": self.output_tokens, "audio_tokens": 0},
+        }
+
+
+@dataclass
+class ResponseEvents:
+    response_id: str
+    conversation_id: str | None
+    item: Item
+    audio: bool
+    audio_format: dict[str, Any]
+    voice: str
+    max_output_tokens: int | str
+    metadata: dict[str, str] | None = None
+    status: Literal["in_progress"] | ResponseStatus = "in_progress"
+    _opened: bool = False
+    _text: list[str] = field(default_factory=list)
+    _outputs: list[Item] = field(default_factory=list)  # in the order they were opened
+
+    @property
+    def opened(self) -> bool:
+        """Whether the assistant message is in the output (a reply that only calls functions has none)."""
+        return self._opened
+
+    @property
+    def content_kind(self) -> str:
+        """The item's content type (GA names); `content_part` events name the same part `text` / `audio`."""
+        return "output_audio" if self.audio else "output_text"
+
+    @property
+    def part_kind(self) -> str:
+        return "audio" if self.audio else "text"
+
+    def response_object(self, usage: Usage | None = None, status_details: dict[str, Any] | None = None) -> Event:
+        return {
+            "object": "realtime.response",
+            "id": self.response_id,
+            "status": self.status,
+            "status_details": status_details,
+            "output": [item.to_wire() for item in self._outputs],
+            "conversation_id": self.conversation_id,
+            "output_modalities": ["audio" if self.audio else "text"],
+            "max_output_tokens": self.max_output_tokens,
+            "audio": {"output": {"format": self.audio_format, "voice": self.voice}},
+            "usage": usage.to_wire() if usage else None,
+            "metadata": self.metadata,
+        }
+
+    def _ids(self) -> dict[str, Any]:
+        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": self._index(self.item),
+                "content_index": 0}
+
+    def _index(self, item: Item) -> int:
+        return next(i for i, output in enumerate(self._outputs) if output is item)
+
+    def created(self) -> list[Event]:
+        return [{"type": "response.created", "response": self.response_object()}]
+
+    def open_item(self, previous_item_id: str | None) -> list[Event]:
+        """Called once the assistant item is in the conversation (it may stay out of it: conversation 'none')."""
+        self._opened = True
+        self._outputs.append(self.item)
+        self.item.content = [{"type": self.content_kind, "transcript" if self.audio else "text": ""}]
+        index = self._index(self.item)
+        events: list[Event] = [
+            {"type": "response.output_item.added", "response_id": self.response_id, "output_index": index,
+             "item": self.item.to_wire()}
+        ]
+        if self.conversation_id is not None:
+            events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_wire()})
+        part: dict[str, Any] = {"type": self.part_kind, "transcript" if self.audio else "text": ""}
+        if self.audio:
+            part["audio"] = None
+        events.append({"type": "response.content_part.added", **self._ids(), "part": part})
+        return events
+
+    def function_call(self, call: Item, previous_item_id: str | None) -> list[Event]:
+        """A whole function call, as the model finished writing it (its arguments in one delta)."""
+        assert call.type == "function_call" and call.arguments is not None
+        self._outputs.append(call)
+        index = self._index(call)
+        ids = {"response_id": self.response_id, "item_id": call.id, "output_index": index, "call_id": call.call_id}
+        call.status = "in_progress"
+        events: list[Event] = [{"type": "response.output_item.added", "response_id": self.response_id,
+                                "output_index": index, "item": call.to_wire()}]
+        if self.conversation_id is not None:
+            events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": call.to_wire()})
+        events.append({"type": "response.function_call_arguments.delta", **ids, "delta": call.arguments})
+        events.append({"type": "response.function_call_arguments.done", **ids, "name": call.name,
+                       "arguments": call.arguments})
+        call.status = "completed"
+        events.append({"type": "response.output_item.done", "response_id": self.response_id, "output_index": index,
+                       "item": call.to_wire()})
+        if self.conversation_id is not None:
+            events.append({"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": call.to_wire()})
+        return events
+
+    def text_delta(self, delta: str) -> list[Event]:
+        self._text.append(delta)
+        self.item.content[0]["transcript" if self.audio else "text"] = "".join(self._text)
+        kind = "response.output_audio_transcript.delta" if self.audio else "response.output_text.delta"
+        return [{"type": kind, **self._ids(), "delta": delta}]
+
+    def audio_delta(self, audio_b64: str) -> list[Event]:
+        return [{"type": "response.output_audio.delta", **self._ids(), "delta": audio_b64}]
+
+    def finish(
+        self,
+        status: ResponseStatus,
+        *,
+        reason: str | None = None,
+        usage: Usage | None = None,
+        error: dict[str, Any] | None = None,
+        final_text: str | None = None,
+    ) -> list[Event]:
+        """Close the open parts, then `response.done`. `final_text` replaces the streamed text (truncation)."""
+        if self.status != "in_progress":
+            return []
+        self.status = status
+        events: list[Event] = []
+        if self._opened:
+            text_key = "transcript" if self.audio else "text"
+            if final_text is not None:
+                self.item.content[0][text_key] = final_text
+            text = self.item.content[0][text_key]
+            self.item.status = "completed" if status == "completed" else "incomplete"
+            if self.audio:
+                events.append({"type": "response.output_audio.done", **self._ids()})
+                events.append({"type": "response.output_audio_transcript.done", **self._ids(), "transcript": text})
+            else:
+                events.append({"type": "response.output_text.done", **self._ids(), "text": text})
+            part = {"type": self.part_kind, text_key: text}
+            events.append({"type": "response.content_part.done", **self._ids(), "part": part})
+            events.append({"type": "response.output_item.done", "response_id": self.response_id,
+                           "output_index": self._index(self.item), "item": self.item.to_wire()})
+            if self.conversation_id is not None:
+                events.append({"type": "conversation.item.done", "item": self.item.to_wire()})
+        details: dict[str, Any] | None = None
+        if status != "completed":
+            details = {"type": status, "reason": reason}
+            if error is not None:  # the GA shape: its type and code (the message goes in the `error` event)
+                details["error"] = {"type": error.get("type"), "code": error.get("code")}
+        events.append({"type": "response.done", "response": self.response_object(usage, details)})
+        return events

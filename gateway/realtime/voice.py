@@ -1,0 +1,512 @@
+"""A session's listening side: input audio, VAD turns, partial and final transcripts, barge-in.
+
+Audio arrives as 16 kHz chunks (WebRTC reader, or decoded `input_audio_buffer.append`). One
+task per session runs the VAD on a shared worker thread, in order; transcription jobs are tasks
+owned here, cancelled and awaited on close. To shorten the wait after the user stops:
+- partial transcripts run while the user speaks, and their stable words are prefilled into the
+  conversation's KV cache;
+- a speculative final transcript starts after 64 ms of silence, and is used when the
+  turn really ends there; so is a partial whose audio already covers the end of speech (partials
+  and finals decode the same way, so its text is the final text);
+- the reply is generated from that speculative transcript while the VAD waits out the silence
+  (preemption); the response adopts it when the final transcript is the same, and it is cancelled
+  when the user goes on speaking. Nothing is sent for it before the turn is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from gateway.generation.llm_errors import BACKEND_ERRORS
+from gateway.platform import metrics
+from gateway.platform.config import Settings
+from gateway.platform.event_log import log_event
+from gateway.platform.latency import TurnMarks, now
+from gateway.platform.runtime import Runtime
+from gateway.protocol.errors import ApiError
+from gateway.protocol.session_config import (
+    SEMANTIC_WAITS_MS,
+    SemanticVad,
+    SessionConfig,
+    TurnDetection,
+    semantic_wait_ms,
+)
+from gateway.realtime.conversation import Conversation, new_id
+from gateway.realtime.core import (
+    ActiveResponse,
+    AudioCleared,
+    AudioCommitted,
+    AudioProcessed,
+    Input,
+    SpeechBegan,
+    SpeechEnded,
+    TranscriptFailed,
+    TranscriptFinal,
+    TranscriptionAbandoned,
+    TranscriptPartial,
+    TurnReady,
+)
+from gateway.realtime.input_buffer import RATE, InputAudioBuffer
+from gateway.realtime.preemption import Preemption
+from gateway.safety.screening import screen_text
+from inference.asr import Transcript, TranscriptStabilizer
+from inference.llm.chat import ChatMessage, draft_prompt_ids
+from inference.llm.tool_calls import ToolFormat, ToolUse
+from inference.models import silero_vad_path
+from media.frames import AudioChunk
+from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
+
+log = logging.getLogger(__name__)
+
+PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while the user speaks (each costs 0.15-0.2 s of ASR)
+MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
+IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
+ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
+ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
+# The speculative final transcript waits for this much silence: Silero drops below its threshold on a
+# word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
+SPECULATIVE_SILENCE_MS = 64
+
+
+@dataclass
+class UserTurn:
+    item_id: str
+    start: int  # stream index where the committed audio begins (onset minus prefix padding)
+    stabilizer: TranscriptStabilizer = field(default_factory=TranscriptStabilizer)
+    sent_stable: str = ""
+    partial_task: asyncio.Task[None] | None = None
+    last_partial_at: float = 0.0
+    # Every transcription of this turn (partials and the speculative final) with its audio's end.
+    jobs: list[tuple[int, asyncio.Task[Transcript | None]]] = field(default_factory=list)
+    speculative: asyncio.Task[Transcript | None] | None = None
+    preemption: asyncio.Task[Preemption | None] | None = None
+    end_judge: asyncio.Task[None] | None = None  # semantic_vad: sets this silence's length from the words
+
+    def covering(self, end: int) -> list[asyncio.Task[Transcript | None]]:
+        """Jobs whose audio reaches `end`, the one that started first (so finishes first) first."""
+        return [job for job_end, job in sorted(self.jobs, key=lambda pair: pair[0]) if job_end >= end and not job.cancelled()]
+
+
+@dataclass
+class CommittedTurn:
+    """What a committed user turn holds here until the core answers it (CreateResponse) or drops it (DropTurn)."""
+
+    audio: np.ndarray
+    marks: TurnMarks
+    ready: list[asyncio.Task[Transcript | None]]  # transcriptions that may serve as its final one
+    preemption: asyncio.Task[Preemption | None] | None = None  # its reply being started ahead
+    head_start: Preemption | None = None  # that reply, once started
+
+
+class VoiceHost(Protocol):
+    """What the pipeline needs of its session (session.py's RealtimeSession): the core's inputs go through `feed`."""
+
+    id: str
+    request_id: str | None
+    settings: Settings
+    runtime: Runtime
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+    @property
+    def active(self) -> ActiveResponse | None: ...
+
+    def feed(self, event: Input) -> None: ...
+
+    async def settle(self) -> None: ...
+
+    def screened(self, text: str) -> str | None: ...
+
+    def speaks_by_default(self) -> bool: ...
+
+    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]: ...
+
+    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None: ...
+
+
+class VoicePipeline:
+    def __init__(self, session: VoiceHost) -> None:
+        self.session = session
+        self.runtime = session.runtime
+        self.buffer = InputAudioBuffer()
+        self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
+        self.turn: UserTurn | None = None
+        self._committed: dict[str, CommittedTurn] = {}
+        self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
+        self._queued_samples = 0  # appended but not yet taken in by the processing task
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session.id}")
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @property
+    def turn_detection(self) -> TurnDetection | SemanticVad | None:
+        return self.session.config.audio.input.turn_detection
+
+    def _vad_settings(self, silence_ms: int | None = None) -> VadSettings:
+        """`silence_ms`: semantic_vad's wait for the silence running now; by default its longest."""
+        detection = self.turn_detection or TurnDetection()
+        if isinstance(detection, SemanticVad):
+            silence_ms = silence_ms if silence_ms is not None else SEMANTIC_WAITS_MS[detection.eagerness][1]
+        else:
+            silence_ms = detection.silence_duration_ms
+        return VadSettings(
+            threshold=min(max(detection.threshold, 0.05), 0.95),
+            prefix_padding_ms=detection.prefix_padding_ms,
+            silence_duration_ms=silence_ms,
+            min_speech_ms=self.session.settings.min_barge_in_speech_ms,
+        )
+
+    def config_changed(self) -> None:
+        self.vad.detector.settings = self._vad_settings()
+
+    # -- input --------------------------------------------------------------------------------
+
+    def append(self, chunk: AudioChunk) -> None:
+        """Queue 16 kHz audio; cheap, so transports can call it for every 20 ms frame."""
+        if self.turn_detection is None:
+            cap = self.session.settings.max_input_audio_seconds * 1000
+            queued_ms = self.buffer.index_to_ms(self._queued_samples)
+            if self.buffer.held_ms + queued_ms + chunk.duration_ms > cap:
+                raise ApiError(
+                    "input_audio_buffer_full",
+                    f"The input audio buffer holds at most {cap / 1000:.0f} s; commit or clear it.",
+                )
+        self._queued_samples += chunk.samples
+        self._queue.put_nowait(chunk.pcm)
+
+    async def commit(self) -> None:
+        """input_audio_buffer.commit: everything buffered becomes a user item (manual turns)."""
+        await self._drain_queue()
+        turn = self.turn
+        start = turn.start if turn is not None else self.buffer.start
+        if self.buffer.end - start <= 0:
+            raise ApiError("input_audio_buffer_commit_empty", "The input audio buffer is empty: nothing to commit.")
+        item_id = turn.item_id if turn is not None else new_id("item")
+        self._drop_turn()
+        self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
+        marks = TurnMarks()
+        marks.mark("speech_stopped")
+        self._committed[item_id] = CommittedTurn(self.buffer.slice(start, self.buffer.end), marks, ready=[])
+        self.buffer.clear()
+        try:
+            self.session.feed(AudioCommitted(item_id))
+        except ApiError:
+            self._committed.pop(item_id, None)
+            raise
+
+    def clear(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
+        self._queued_samples = 0
+        self._drop_turn()
+        self.buffer.clear()
+        self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
+        self.session.feed(AudioCleared())
+
+    async def close(self) -> None:
+        self._drop_turn()
+        for item_id in list(self._committed):
+            self.drop_turn(item_id)
+        tasks: list[asyncio.Task[Any]] = [*self._jobs, *([self._task] if self._task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        # A cancelled task keeps its CancelledError, whose traceback holds the task's frame and so
+        # this pipeline: let the tasks go, or that cycle keeps the pipeline (and its session) alive.
+        self._jobs.clear()
+        self._task = None
+
+    async def _drain_queue(self) -> None:
+        """Wait until the processing task has taken in the audio already queued."""
+        await self._queue.join()
+
+    # -- processing -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            pieces = [await self._queue.get()]
+            while not self._queue.empty():
+                pieces.append(self._queue.get_nowait())
+            pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            self._queued_samples -= len(pcm)
+            self.buffer.append(pcm)
+            try:
+                await self._detect(pcm)
+            finally:
+                # Only now: a commit waits for the VAD to have heard what came before it (_drain_queue).
+                for _ in pieces:
+                    self._queue.task_done()
+
+    async def _detect(self, pcm: np.ndarray) -> None:
+        if self.turn_detection is None:
+            return
+        try:
+            events = await asyncio.get_running_loop().run_in_executor(
+                self.runtime.vad_executor, self.vad.process, AudioChunk(pcm, RATE))
+        except Exception:
+            log.exception("VAD failed in session %s", self.session.id)
+            return
+        for event in events:
+            await self._on_vad(event)
+        await self._after_audio()
+
+    async def _on_vad(self, event: VadEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            self.vad.detector.settings = self._vad_settings()  # semantic_vad: a new turn starts unjudged
+            self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
+            self.session.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
+            await self.session.settle()  # a barge-in: the reply has ended before more audio is judged
+            self._prefill_draft("")
+        elif isinstance(event, SpeechStopped) and self.turn is not None:
+            turn = self.turn
+            self.turn = None
+            marks = TurnMarks()
+            marks.mark("speech_stopped")
+            end = min(self.buffer.ms_to_index(event.audio_end_ms + ASR_TAIL_MS), self.buffer.end)
+            ready = turn.covering(self.buffer.ms_to_index(event.audio_end_ms + ASR_COVER_MS))
+            for _, job in turn.jobs:
+                if job not in ready:
+                    job.cancel()
+            self._committed[turn.item_id] = CommittedTurn(self.buffer.slice(turn.start, end), marks, ready,
+                                                          preemption=turn.preemption)
+            turn.preemption = None
+            # The core commits it (Transcribe), or drops it when the conversation is full (DropTurn).
+            self.session.feed(SpeechEnded(turn.item_id, event.audio_end_ms))
+
+    async def _after_audio(self) -> None:
+        turn = self.turn
+        if turn is None:
+            self.buffer.discard_before(self.buffer.end - self.buffer.ms_to_index(IDLE_KEEP_MS))
+        # The core's clock tick: a barge-in the echo guard deferred, or the idle timeout.
+        self.session.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end))))
+        await self.session.settle()
+        if turn is None or self.turn is not turn:
+            return
+        probability = self.vad.last_probability
+        settings = self.vad.detector.settings
+        silence_started = self.vad.detector.silence_started_ms
+        if silence_started is not None and self.vad.position_ms - silence_started >= SPECULATIVE_SILENCE_MS:
+            # Silence began: transcribe now, so the transcript is ready if the turn ends here,
+            # unless a transcription already running reaches this far.
+            if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):
+                turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
+                turn.jobs.append((self.buffer.end, turn.speculative))
+                if self.session.settings.voice_preemption and self.turn_detection is not None and self.turn_detection.create_response:
+                    turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
+                if isinstance(self.turn_detection, SemanticVad):
+                    turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative, self.turn_detection))
+        elif probability >= settings.threshold and turn.speculative is not None:
+            turn.speculative.cancel()  # the user went on speaking
+            turn.speculative = None
+            self._discard_preemption(turn)
+            if turn.end_judge is not None:
+                turn.end_judge.cancel()
+                turn.end_judge = None
+                self.vad.detector.settings = self._vad_settings()  # the next silence is judged afresh
+        if (
+            turn.partial_task is None
+            and probability >= settings.threshold
+            and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
+            and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
+        ):
+            turn.last_partial_at = now()
+            job = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=False))
+            turn.jobs.append((self.buffer.end, job))
+            turn.partial_task = self._spawn(self._partial(turn, job))
+
+    async def _judge_end(
+        self, turn: UserTurn, speculative: asyncio.Task[Transcript | None], detection: SemanticVad
+    ) -> None:
+        """semantic_vad: once the words so far are transcribed, the LLM's sense of whether they end the
+        turn sets how long this silence must last (it may already have lasted that long)."""
+        transcript = await asyncio.shield(speculative)
+        end_of_turn = self.runtime.end_of_turn
+        words = self.session.screened(transcript.text) if transcript is not None else None
+        if words is None or end_of_turn is None or self.turn is not turn:
+            return
+        try:
+            probability = await end_of_turn.probability(words)
+        except BACKEND_ERRORS:
+            return  # the longest wait stands
+        if self.turn is turn and self.vad.detector.silence_started_ms is not None:
+            wait_ms = semantic_wait_ms(detection.eagerness, probability)
+            log.debug("session %s: end of turn %.2f: the silence ends it after %d ms", self.session.id, probability, wait_ms)
+            self.vad.detector.settings = self._vad_settings(wait_ms)
+
+    # -- transcription ------------------------------------------------------------------------
+
+    async def _transcribe(self, audio: np.ndarray, *, final: bool) -> Transcript | None:
+        assert self.runtime.asr is not None
+        pcm = AudioChunk(audio, RATE).to_float32()
+        prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
+        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
+        if transcript is not None:
+            metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
+            log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session.id,
+                      "final" if final else "partial", transcript.audio_ms, transcript.waited_seconds, transcript.seconds)
+        return transcript
+
+    async def _partial(self, turn: UserTurn, job: asyncio.Task[Transcript | None]) -> None:
+        try:
+            transcript = await asyncio.shield(job)  # the job may outlive this task: it can serve as the final
+        finally:
+            turn.partial_task = None
+        if transcript is None or self.turn is not turn:
+            return
+        stable = turn.stabilizer.update(transcript.text)
+        delta = stable[len(turn.sent_stable) :] if stable.startswith(turn.sent_stable) else ""
+        if delta:
+            turn.sent_stable = stable
+            self._prefill_draft(stable)
+        self.session.feed(TranscriptPartial(turn.item_id, delta, transcript.text))
+
+    def transcribe(self, item_id: str) -> None:
+        """The core's Transcribe: the committed turn's final transcript, then TurnReady."""
+        turn = self._committed[item_id]
+        job = self._spawn(self._transcribe_committed(item_id, turn))
+        # Whatever ends the job, a response.create waiting for this transcript is not left waiting.
+        job.add_done_callback(lambda _: self.session.feed(TranscriptionAbandoned(item_id)))
+
+    async def _transcribe_committed(self, item_id: str, turn: CommittedTurn) -> None:
+        session = self.session
+        try:
+            transcript = await self._final_transcript(turn.audio, turn.ready)
+        except Exception as exc:  # the model failed: the item stays without words, the session goes on
+            log.exception("session %s: transcribing item %s failed", session.id, item_id)
+            reason = f"Transcribing the audio failed: {str(exc) or type(exc).__name__}"
+            session.feed(TranscriptFailed(item_id, ApiError("transcription_failed", reason, type="server_error")))
+            return
+        text = transcript.text if transcript is not None else ""
+        try:  # the policy, before the model hears it: a redacted transcript, or none at all
+            text = screen_text(session.runtime.safety, text, what="transcript", param=None)
+        except ApiError as refused:
+            session.feed(TranscriptFailed(item_id, refused, refused=True))
+            return
+        turn.marks.mark("transcript_final")
+        session.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE))
+        log_event("realtime.transcription.completed", session_id=session.id, request_id=session.request_id,
+                  item_id=item_id, audio_s=round(len(turn.audio) / RATE, 3), words=len(text.split()),
+                  content={"transcript": text})
+        # Its reply generated ahead, if one started, before the core decides whether the turn gets a reply.
+        preemption, turn.preemption = turn.preemption, None
+        turn.head_start = await self._take_preemption(preemption)
+        session.feed(TurnReady(item_id))
+
+    async def _final_transcript(self, audio: np.ndarray, ready: list[asyncio.Task[Transcript | None]]) -> Transcript | None:
+        for job in ready:  # a superseded partial resolves to None: try the next one
+            transcript = None
+            with contextlib.suppress(asyncio.CancelledError):
+                transcript = await job
+            if transcript is not None:
+                return transcript
+        return await self._transcribe(audio, final=True)
+
+    def take_turn(self, item_id: str) -> tuple[TurnMarks, Preemption | None]:
+        """The core's CreateResponse for a turn: its latency marks and its reply generated ahead (the response owns it)."""
+        turn = self._committed.pop(item_id, None)
+        return (turn.marks, turn.head_start) if turn is not None else (TurnMarks(), None)
+
+    def drop_turn(self, item_id: str) -> None:
+        """The core's DropTurn: the turn gets no reply, so what was made ahead for it goes."""
+        turn = self._committed.pop(item_id, None)
+        if turn is None:
+            return
+        if turn.preemption is not None:
+            self._discard(turn.preemption)
+        if turn.head_start is not None:
+            turn.head_start.cancel()
+
+    # -- preemption -----------------------------------------------------------------------------
+
+    async def _preempt(self, item_id: str, speculative: asyncio.Task[Transcript | None]) -> Preemption | None:
+        transcript = await asyncio.shield(speculative)  # cancelled with it when the user goes on speaking
+        if transcript is None or not transcript.text.strip():
+            return None
+        preemption = await self.session.preempt_reply(item_id, transcript.text)
+        log.debug("session %s: reply preempted: %s", self.session.id, "started" if preemption is not None else "not possible now")
+        if preemption is not None:
+            tts = self.runtime.tts if self.session.speaks_by_default() else None
+            self._spawn(preemption.run_ahead(tts, self.session.config.audio.output.speed))
+        return preemption
+
+    async def _take_preemption(self, task: asyncio.Task[Preemption | None] | None) -> Preemption | None:
+        """The turn's preempted reply, if one started. The response decides whether it fits: its prompt
+        holds the final transcript, so a reply to another transcript has another prompt."""
+        if task is None:
+            return None
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            self._discard(task)
+            raise
+        return None if task.cancelled() or task.exception() is not None else task.result()
+
+    def _discard_preemption(self, turn: UserTurn) -> None:
+        task, turn.preemption = turn.preemption, None
+        if task is not None:
+            self._discard(task)
+
+    @staticmethod
+    def _discard(task: asyncio.Task[Preemption | None]) -> None:
+        def cancel_stream(done: asyncio.Task[Preemption | None]) -> None:
+            if not done.cancelled() and done.exception() is None and (preemption := done.result()) is not None:
+                preemption.cancel()
+
+        task.cancel()
+        task.add_done_callback(cancel_stream)  # also when it had already finished
+
+    def _prefill_draft(self, user_text: str) -> None:
+        """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
+        engine = self.runtime.engine
+        session = self.session
+        if engine is None or session.active is not None or session.config.transcribes_only:
+            return  # a transcription session never answers: nothing to prefill for
+        draft = session.screened(user_text)
+        if draft is None:
+            return  # the model never reads a refused message, not even ahead of time
+        messages = session.conversation.chat_messages(session.config.instructions)
+        self._spawn(self._prefill(messages, draft))
+
+    async def _prefill(self, messages: list[ChatMessage], user_text: str) -> None:
+        engine = self.runtime.engine
+        assert engine is not None
+        # With memory on, the reply's prompt has memories and the memory tool (all merged into its first message).
+        extra, _ = await self.session.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
+        ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, [*messages, *extra], user_text)
+        if ids and len(ids) < engine.lm.context_window:
+            with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes
+                await engine.prefill(ids, conversation_id=self.session.conversation.id)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine)
+        self._jobs.add(task)
+        task.add_done_callback(self._job_done)
+        return task
+
+    def _job_done(self, task: asyncio.Task[Any]) -> None:
+        self._jobs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("voice job failed in session %s", self.session.id, exc_info=task.exception())
+
+    def _drop_turn(self) -> None:
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            for _, job in turn.jobs:
+                job.cancel()
+            self._discard_preemption(turn)

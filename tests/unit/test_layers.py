@@ -1,0 +1,53 @@
+"""The gateway's folders are its layers, and the arrows run one way (ARCHITECTURE.md):
+
+    api -> realtime -> generation -> platform, safety, protocol
+
+A module imports nothing from a layer above its own, even for type checking; the HTTP framework is
+imported in api/ only, and the database toolkit in platform/storage/ only. Read from the sources."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
+RANK = {"protocol": 0, "platform": 0, "safety": 0, "generation": 1, "realtime": 2, "api": 3}
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in GATEWAY.rglob("*.py") if "migrations" not in p.parts)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(GATEWAY)))
+def test_a_module_imports_nothing_from_a_layer_above_its_own(path: Path) -> None:
+    layer = path.relative_to(GATEWAY).parts[0]
+    if layer not in RANK:
+        return  # the entry points (cli, __main__) and the bench client stand apart
+    above = [name for name in _imports(path)
+             if name.startswith("gateway.") and RANK.get(name.split(".")[1], -1) > RANK[layer]]
+    assert not above, f"{layer}/ imports from a layer above it: {above}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(GATEWAY)))
+def test_frameworks_stay_in_their_layer(path: Path) -> None:
+    rel = path.relative_to(GATEWAY).parts
+    names = [name.split(".")[0] for name in _imports(path)]
+    if rel[0] != "api":
+        assert not {"fastapi", "starlette"} & set(names), "the HTTP framework is imported in gateway/api/ only"
+    if rel[:2] != ("platform", "storage"):
+        assert "sqlalchemy" not in names, "the database toolkit is imported in gateway/platform/storage/ only"
+    if rel[0] not in ("api", "bench"):
+        assert "aiortc" not in names, "aiortc is imported by the WebRTC transport (and media/) only"
