@@ -26,6 +26,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy gateway inference
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
