@@ -150,10 +150,6 @@ class LLMEngine:
         # Calls to make on event loops, gathered during a step and sent once per loop at its end.
         self._deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Request, object, tuple]]] | None = None
 
-    @property
-    def cache(self):
-        return self.kv.cache
-
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:

@@ -90,10 +90,6 @@ class KVPool:
             self.clean = [capacity] * (self.slots + 1)
         return new
 
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.data is None else self.data.numel() * self.data.element_size()
-
     def ensure_capacity(self, needed: int) -> None:
         if needed > self.max_capacity:
             raise ValueError(f"sequence of {needed} tokens exceeds the context window ({self.max_capacity})")
@@ -154,9 +150,6 @@ class KVPool:
         if self.used == 0 and not self.fixed:
             self.data = None  # idle: give the memory back
         return moved
-
-    def length(self, slot: int) -> int:
-        return self.lengths[slot]
 
     def view(self, slot: int, start: int, stop: int) -> torch.Tensor:
         """KV of tokens [start, stop) of ``slot``: ``[layers, 2, kv_heads, n, head_dim]`` (a view)."""
@@ -284,10 +277,6 @@ class KVManager:
         self._handles: list[SlotHandle | None] = [None] * slots
 
     # -- slots ---------------------------------------------------------------------------------------
-    @property
-    def free_slots(self) -> int:
-        return self.pool.slots - self.pool.used
-
     def allocate(self) -> SlotHandle:
         slot = self.pool.acquire()
         handle = SlotHandle(slot)

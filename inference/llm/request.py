@@ -23,10 +23,6 @@ class RequestStatus(enum.Enum):
     DECODING = "decoding"      # samples one token a step
     FINISHED = "finished"      # ended (any reason); its slot is free
 
-    @property
-    def running(self) -> bool:
-        return self in (RequestStatus.PREFILLING, RequestStatus.DECODING)
-
 
 class Request:
     __slots__ = (
