@@ -134,13 +134,15 @@ async def test_a_channel_taken_over_is_closed_4000_and_the_session_goes_on() -> 
     await _settle()
     _, attachment = hub.take(session.resume_token, "key")
     second = QueueChannel()
-    _run(second, session, hub, attachment, ended)
+    owner = _run(second, session, hub, attachment, ended)
     assert await asyncio.wait_for(task, 5) is Outcome.SUPERSEDED
     assert first.closed_with is not None and first.closed_with[0] == CLOSE_RESUMED_ELSEWHERE
     assert not ended
     session.outbox.send({"type": "after"})
     await _settle()
     assert any("after" in wire for wire in second.sent) and not any("after" in wire for wire in first.sent)
+    second.inbound.put_nowait(ChannelClosed(1000))
+    assert await asyncio.wait_for(owner, 5) is Outcome.ENDED
 
 
 async def test_a_send_to_a_gone_peer_parks_and_without_resume_ends() -> None:
