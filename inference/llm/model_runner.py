@@ -141,8 +141,9 @@ class ModelRunner:
 
     # -- a step ----------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """The float32 logits of ``plan.logit_rows``, in that order. Nothing is committed to the
-        pool's lengths unless the whole step ran."""
+        """The float32 logits of ``plan.logit_rows``, in that order. A step that raises may be run again,
+        whole or a request at a time (the engine's fallback): each row writes its KV at its own
+        position, and a slot's length only grows to what was written."""
         pool = self.kv.pool
         self.kv.reserve(plan.end)
         dev = self.fwd.device
