@@ -550,7 +550,7 @@ class LeanForward:
         }
 
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.kv_dtype).bits // 8
+        return self.kv_layout.bytes_per_token
 
     @property
     def kv_layout(self) -> KVLayout:

@@ -210,7 +210,7 @@ class TokenKVStore:
             shape.insert(self.token_dim, self.capacity)
             self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
         taken = [self._free.pop() for _ in range(n)]
-        start = taken[0] if taken[-1] - taken[0] == n - 1 and taken == list(range(taken[0], taken[0] + n)) else -1
+        start = taken[0] if taken == list(range(taken[0], taken[0] + n)) else -1
         return TokenRun(torch.tensor(taken, dtype=torch.long, device=self.device), start)
 
     def free(self, run: TokenRun) -> None:
