@@ -295,7 +295,9 @@ def test_repetitive_speech_keeps_its_first_window(client: OpenAI, repetitive_wav
                                                  response_format="verbose_json")
     assert verbose.segments, verbose.text
     first = verbose.segments[0]
-    assert first.start < 1.0 and re.search(r"\bnumber (1|one)\b", " ".join(norm(first.text.replace("No.", "number")))), \
+    # The first window is there, with its sentence's number: the words around it are the decoder's and vary
+    # with the CPU's kernels (with AVX2 forced, "Sentence number one." came back as "Senton sumber one.").
+    assert first.start < 1.0 and re.search(r"\b(1|one)\b", " ".join(norm(first.text))), \
         [(s.start, s.text) for s in verbose.segments]
     ends = [0.0] + [segment.end for segment in verbose.segments]
     assert all(segment.start - end < 2.0 for segment, end in zip(verbose.segments, ends)), "a gap in the transcript"

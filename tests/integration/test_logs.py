@@ -113,7 +113,9 @@ CARD = "4929 7977 9979 7973"
 IBAN = "DE80 7979 7979 7979 7979 79"
 # Ends in the long address: websockets logs a long frame's start and end, and the address's end slipped through.
 TYPED = f"Call {PHONES[0]} or {PHONES[1]}, my card is {CARD}, my IBAN is {IBAN}. Write to {EMAILS[0]} or {EMAILS[1]}"
-SPOKEN = f"My e-mail is {EMAILS[0]}, my phone number is {PHONES[0]} and my card number is {CARD}."
+# The numbers first: with AVX2 forced, the decoder went into a loop on the spelled-out address and the
+# numbers after it never came (the check that they were heard as numbers failed, not the log's).
+SPOKEN = f"My phone number is {PHONES[0]} and my card number is {CARD}. My e-mail is {EMAILS[0]}."
 
 
 def strings(value: Any) -> list[str]:
