@@ -21,10 +21,12 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
+from gateway.generation.conversation_items import items_from_rows as stored_items
+from gateway.generation.conversation_items import stored_message
 from gateway.generation.memory import MEMORY_METADATA
 from gateway.generation.titles import title_later
 from gateway.platform.runtime import Runtime
-from gateway.platform.storage.conversations import ConversationStore, MessageStatus, NewMessage
+from gateway.platform.storage.conversations import ConversationStore, MessageStatus
 from gateway.platform.storage.schema import ConversationRow, MessageRow
 from gateway.protocol.session_config import SessionConfig
 from gateway.realtime.conversation import Conversation, Item
@@ -36,33 +38,10 @@ FLUSH_S = 0.1  # how far a streamed reply's stored text may lag what was sent (a
 
 _RESPONSE_STATUS: dict[str, MessageStatus] = {"completed": "completed", "cancelled": "cancelled",
                                               "incomplete": "incomplete", "failed": "incomplete"}
-_STORED_PART = {"input_text": "text", "output_text": "text"}
-
 
 def items_from_rows(rows: list[MessageRow]) -> list[tuple[Item, str]]:
-    """The stored branch as Realtime items, each with the id of the message it comes from (a message's
-    item has the message's id; a stored tool call becomes a function_call item of its own)."""
-    items: list[tuple[Item, str]] = []
-    for row in rows:
-        if row.role == "tool":
-            output = "".join(part.get("text") or "" for part in row.content)
-            items.append((Item(id=row.id, type="function_call_output", call_id=row.tool_call_id, output=output), row.id))
-            continue
-        content = []
-        for part in row.content:
-            if part.get("transcript") is not None:
-                kind = "input_audio" if row.role == "user" else "output_audio"
-                content.append({"type": kind, "transcript": part["transcript"]})
-            elif part.get("text"):
-                content.append({"type": "output_text" if row.role == "assistant" else "input_text", "text": part["text"]})
-        status = "incomplete" if row.status in ("in_progress", "incomplete", "cancelled") else "completed"
-        if content:
-            items.append((Item(id=row.id, type="message", role=row.role, content=content, status=status), row.id))  # type: ignore[arg-type]
-        for n, call in enumerate(row.tool_calls or ()):
-            call_item = Item(id=row.id if not content and n == 0 else f"{row.id}_{n}", type="function_call",
-                             call_id=call["id"], name=call["function"]["name"], arguments=call["function"]["arguments"])
-            items.append((call_item, row.id))
-    return items
+    """The stored branch as Realtime items, each with the id of the message it comes from."""
+    return [(Item(**stored.wire), stored.message_id) for stored in stored_items(rows)]
 
 
 def _response_values(response: dict[str, Any]) -> dict[str, Any]:
@@ -76,19 +55,6 @@ def _response_values(response: dict[str, Any]) -> dict[str, Any]:
     if memories := {key: value for key, value in metadata.items() if key in MEMORY_METADATA}:
         values["message_metadata"] = memories
     return values
-
-
-def stored_message(wire: dict[str, Any], status: MessageStatus) -> NewMessage:
-    """A Realtime item (wire form) as a stored message."""
-    if wire["type"] == "function_call":
-        call = {"id": wire["call_id"], "type": "function", "function": {"name": wire["name"], "arguments": wire["arguments"]}}
-        return NewMessage(role="assistant", content=[], tool_calls=[call], status=status)
-    if wire["type"] == "function_call_output":
-        return NewMessage(role="tool", content=[{"type": "text", "text": wire["output"]}], tool_call_id=wire["call_id"],
-                          status=status)
-    content = [{"type": _STORED_PART.get(part["type"], part["type"]), **{k: v for k, v in part.items() if k != "type"}}
-               for part in wire.get("content", [])]
-    return NewMessage(role=wire["role"], content=content, status=status)
 
 
 class ConversationRecorder:
