@@ -32,6 +32,8 @@ class ConversationRow(Base):
     owner: Mapped[str] = mapped_column(String(64))  # the API key's id (auth.Principal.key_id)
     title: Mapped[str | None] = mapped_column(String(256))
     current_leaf_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # The Conversations API's metadata, strings to strings (`conversation_metadata`: see MessageRow's).
+    conversation_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     created_at: Mapped[float] = mapped_column(Float, default=epoch)
     updated_at: Mapped[float] = mapped_column(Float, default=epoch)
 
@@ -63,6 +65,25 @@ class MessageRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=epoch)
 
     __table_args__ = (Index("ix_messages_conversation_id_id", "conversation_id", "id"),)
+
+
+class ResponseRow(Base):
+    """A stored response of the Responses API: its object as the API returns it, and the input items it was
+    given (what `previous_response_id` carries on, with the output)."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    conversation_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    status: Mapped[str] = mapped_column(String(16))  # queued in_progress completed incomplete failed cancelled
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, default=epoch)
+    updated_at: Mapped[float] = mapped_column(Float, default=epoch)
+
+    __table_args__ = (Index("ix_responses_owner_id", "owner", "id"),)
 
 
 class ClientSecretRow(Base):
