@@ -127,10 +127,12 @@ async def relay(worker: GatewayProcess) -> AsyncIterator[RecordingRelay]:
     await relay.close()
 
 
-def start_front(relay_port: int, log_dir, *extra: str) -> GatewayProcess:
-    return start_gateway("--no-load-voice-models", "--llm-backend", f"http://127.0.0.1:{relay_port}/v1",
-                         "--llm-backend-api-key", WORKER_KEY, "--llm-backend-breaker-cooldown-s", "0.5", *extra,
-                         log_path=log_dir / "front.log")
+async def start_front(relay_port: int, log_dir, *extra: str) -> GatewayProcess:
+    """In a thread: the relay runs on this loop, and the front's start probes the worker through it (a
+    start that blocked the loop waited out the probe's read timeout)."""
+    args = ("--no-load-voice-models", "--llm-backend", f"http://127.0.0.1:{relay_port}/v1",
+            "--llm-backend-api-key", WORKER_KEY, "--llm-backend-breaker-cooldown-s", "0.5", *extra)
+    return await asyncio.to_thread(start_gateway, *args, log_path=log_dir / "front.log")
 
 
 def test_the_workers_completions_endpoint_speaks_openais_shape(worker: GatewayProcess) -> None:
@@ -162,7 +164,7 @@ async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
     worker: GatewayProcess, relay: RecordingRelay, tmp_path
 ) -> None:
     probed = engine_stat(worker, "requests_finished") + 1  # the front's probe at start: one 1-token request
-    front = start_front(relay.port, tmp_path)
+    front = await start_front(relay.port, tmp_path)
     try:
         assert front.health is not None and front.health["llm"]["backend"] == "remote"
         client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="unused")
@@ -223,7 +225,7 @@ async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
 
 async def test_a_session_survives_its_worker_being_killed_and_restarted(tmp_path) -> None:
     worker = start_gateway("--no-load-voice-models", "--api-keys", WORKER_KEY, log_path=tmp_path / "worker.log")
-    front = start_front(worker.port, tmp_path)
+    front = await start_front(worker.port, tmp_path)
     session: RealtimeClient | None = None
     try:
         session = await text_session(front)
@@ -297,7 +299,7 @@ async def test_every_request_of_a_conversation_carries_its_routing_key(
     """Issue 28: whichever API a conversation's request came through (the conversation API's prepare and
     messages, a chat completion with `conversation`, Realtime), the worker's request carries the
     conversation's id, so that a router hashing the header sends them all to the worker that caches it."""
-    front = start_front(relay.port, tmp_path)
+    front = await start_front(relay.port, tmp_path)
     seen: dict[str, list[str | None]] = {}
 
     def keys_since(mark: int) -> list[str | None]:
