@@ -69,7 +69,8 @@ class Services:
         self.streams = StreamHub(self.settings.resume_window_s)
         self.limits = SessionLimits(self.settings.max_session_duration_s, self.settings.session_idle_timeout_s,
                                     self.end_session)
-        self.seats = SessionSeats(self.settings.max_sessions, self.settings.max_sessions_per_key)
+        self.seats = SessionSeats(self.settings.max_sessions, self.settings.max_sessions_per_key,
+                                  self.settings.session_seat_ttl_s)
 
     @classmethod
     def create(cls, settings: Settings, runtime: Runtime | None = None) -> Services:

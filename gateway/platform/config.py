@@ -240,6 +240,9 @@ class Settings(BaseSettings):
         "--redis-url; past it, 429. Lower it when several keys share the gateway, so that one cannot take every "
         "session.",
     )
+    session_seat_ttl_s: float = Field(
+        15, ge=1, le=600, description="With --redis-url: how long a session's seat outlives its replica's last "
+        "refresh (refreshed every third of it), so a crashed replica's sessions stop counting for their key.")
     max_session_duration_s: float = Field(
         3600, gt=0, description="Longest a Realtime session lasts (OpenAI's is 60 minutes): then an error event "
         "session_expired and the close. Its session object's expires_at says when.")

@@ -5,7 +5,7 @@ A session takes its seat before it is set up (before a WebSocket's upgrade, befo
 work), so that a refusal is an HTTP answer: 503 with Retry-After when this replica is full (a router
 tries another), 429 when the key has its sessions open. The seat is given back when the session ends or
 its set-up fails. In Redis a key's seats expire unless the replica that holds them refreshes them
-(`keep_alive`), so a crashed replica's sessions stop counting within SEAT_TTL_S.
+(`keep_alive`), so a crashed replica's sessions stop counting within --session-seat-ttl-s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 # A session bound frees up when some session ends: there is no telling when, so a guess.
 SESSION_RETRY_S = 5.0
-SEAT_TTL_S = 15.0  # a seat in Redis lapses this long after its replica last refreshed it
 log = logging.getLogger(__name__)
 
 
@@ -34,9 +33,10 @@ class Seat:
 
 
 class SessionSeats:
-    def __init__(self, max_sessions: int, per_key: int) -> None:
+    def __init__(self, max_sessions: int, per_key: int, seat_ttl_s: float) -> None:
         self.max_sessions = max_sessions
         self.per_key = per_key
+        self.seat_ttl_s = seat_ttl_s  # a seat in Redis lapses this long after its replica last refreshed it
         self.shared: RedisState | None = None  # --redis-url: the per-key count lives there
         self._held: set[Seat] = set()
 
@@ -50,7 +50,7 @@ class SessionSeats:
         self._held.add(seat)  # counted before anything awaits: concurrent takes cannot pass the bound
         try:
             if self.shared is not None:
-                room = await self.shared.take_seat(key_id, seat.id, self.per_key, SEAT_TTL_S)
+                room = await self.shared.take_seat(key_id, seat.id, self.per_key, self.seat_ttl_s)
             else:
                 room = sum(1 for held in self._held if held.key_id == key_id) <= self.per_key
         except BaseException:
@@ -72,7 +72,7 @@ class SessionSeats:
         if self.shared is not None:
             try:
                 await self.shared.give_back_seat(seat.key_id, seat.id)
-            except Exception as exc:  # Redis away: the seat lapses by itself within SEAT_TTL_S
+            except Exception as exc:  # Redis away: the seat lapses by itself
                 log.warning("giving back a session seat failed: %s", exc)
 
     async def give_back_all(self) -> None:
@@ -84,7 +84,7 @@ class SessionSeats:
         """With Redis: refresh this replica's seats well within their expiry, until cancelled."""
         while self.shared is not None:
             try:
-                await self.shared.refresh_seats([(seat.key_id, seat.id) for seat in self._held], SEAT_TTL_S)
+                await self.shared.refresh_seats([(seat.key_id, seat.id) for seat in self._held], self.seat_ttl_s)
             except Exception as exc:  # Redis away for a moment: the next refresh tries again
                 log.warning("refreshing session seats failed: %s", exc)
-            await asyncio.sleep(SEAT_TTL_S / 3)
+            await asyncio.sleep(self.seat_ttl_s / 3)
