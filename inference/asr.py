@@ -159,6 +159,11 @@ class AsrEngine:
         self._background: deque[_Call] = deque()
         self._closed = False
 
+    @property
+    def multilingual(self) -> bool:
+        """Whether the model knows languages besides English, and so can translate (a .en model cannot)."""
+        return bool(self._model.model.is_multilingual)  # type: ignore[attr-defined]
+
     def stats(self) -> dict[str, float]:
         return {"windowed_calls": self.windowed_calls, "full_window_retries": self.full_window_retries}
 
@@ -261,6 +266,7 @@ class AsrEngine:
         prompt: str | None = None,
         temperature: float = 0.0,
         word_timestamps: bool = False,
+        task: Literal["transcribe", "translate"] = "transcribe",
     ) -> LongTranscription:
         """A whole file (float32 mono 16 kHz, any length) with segment timestamps, at background priority.
 
@@ -269,7 +275,8 @@ class AsrEngine:
         `temperature` 0, as in OpenAI's API, falls back to higher temperatures where a window's output looks
         like a loop or unlikely (Whisper's own thresholds); another value samples at that temperature only.
         A window that fails at every temperature keeps its greedy decode where that one is likely and ends
-        by itself (inference/whisper_fallback.py): speech is not dropped for sounding repetitive."""
+        by itself (inference/whisper_fallback.py): speech is not dropped for sounding repetitive.
+        `task` "translate": English text of speech in any language, which only a multilingual model does."""
         model: Any = self._model
         temperatures = FALLBACK_TEMPERATURES if temperature == 0.0 else (temperature,)
 
@@ -278,7 +285,7 @@ class AsrEngine:
                 return model.transcribe(  # type: ignore[no-any-return]
                     np.asarray(audio, dtype=np.float32), language=language or self.language, beam_size=self.final_beam_size,
                     best_of=1, temperature=temperatures, initial_prompt=prompt or None, word_timestamps=word_timestamps,
-                    condition_on_previous_text=True, vad_filter=False,
+                    condition_on_previous_text=True, vad_filter=False, task=task,
                 )
 
         segments, info = await self._in_background(start)

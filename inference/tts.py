@@ -217,7 +217,10 @@ class TtsEngine:
         engine.load_seconds = time.perf_counter() - started
         return engine
 
-    def _chunks(self, text: str, first_clause: bool, speed: float, voice_name: str | None = None) -> Generator[np.ndarray, None, None]:
+    def _chunks(
+        self, text: str, first_clause: bool, speed: float, voice_name: str | None = None,
+        on_phonemes: Callable[[int], None] | None = None,
+    ) -> Generator[np.ndarray, None, None]:
         voice = self._pick(voice_name, first_clause=first_clause)
         config = self._config
         if speed != 1.0:  # Piper's length scale stretches phoneme durations: speed 2 halves it
@@ -229,6 +232,8 @@ class TtsEngine:
                 chunk = next(sentences, None)
             if chunk is None:
                 return
+            if on_phonemes is not None:
+                on_phonemes(len(chunk.phoneme_ids))
             pcm = chunk.audio_int16_array
             if lead_in:
                 pcm, lead_in = trim_lead_in(pcm, voice.piper.config.sample_rate), False
@@ -242,6 +247,7 @@ class TtsEngine:
         speed: float = 1.0,
         voice: str | None = None,
         priority: Priority = "live",
+        on_phonemes: Callable[[int], None] | None = None,
     ) -> AsyncGenerator[np.ndarray, None]:
         """int16 mono PCM at the voice's rate (sample_rate for the default voice), one Piper sentence per
         item; `speed` 2.0 speaks twice as fast. `voice`: an installed voice's name (None: the default).
@@ -250,8 +256,10 @@ class TtsEngine:
         `first_clause`: the reply's first words, which the user waits for in silence. They start
         without Piper's lead-in silence, and with a first-clause voice loaded they are synthesized
         on its threads while the LLM engine waits (inference/cpu.py): the rest of the reply has the
-        whole clause's playing time to catch up."""
-        chunks = self._chunks(text, first_clause, speed, voice)
+        whole clause's playing time to catch up.
+
+        `on_phonemes`: called on the worker with each sentence's count of phoneme ids, Piper's input tokens."""
+        chunks = self._chunks(text, first_clause, speed, voice, on_phonemes)
         try:
             while True:
                 pcm = await asyncio.wrap_future(self._worker.submit(priority, lambda: next(chunks, None)))

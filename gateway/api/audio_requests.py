@@ -1,4 +1,5 @@
-"""The audio endpoints' requests and answers: transcriptions (multipart form) and speech (JSON), in OpenAI's shapes."""
+"""The audio endpoints' requests and answers: transcriptions and translations (multipart forms) and speech
+(JSON), in OpenAI's shapes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ TRANSCRIPTION_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose
 GRANULARITIES = ("word", "segment")
 TRANSCRIPTION_FIELDS = {"file", "model", "language", "prompt", "temperature", "response_format",
                         "timestamp_granularities[]", "stream"}
+TRANSLATION_FIELDS = {"file", "model", "prompt", "temperature", "response_format"}  # OpenAI's: no language, no stream
 MAX_PROMPT_CHARS = 4096
 MAX_SPEECH_CHARS = 4096  # OpenAI's limit on `input`
 # Whisper's language codes answer in verbose_json by name, as OpenAI's does ("english").
@@ -90,6 +92,14 @@ def parse_transcription_form(form: FormData) -> TranscriptionRequest:
                                 granularities, stream)
 
 
+def parse_translation_form(form: FormData) -> TranscriptionRequest:
+    """A translation's fields are a transcription's, fewer: the same checks, and the others refused by name."""
+    for name in form.keys():
+        if name not in TRANSLATION_FIELDS:
+            raise ApiError("unknown_parameter", f"Unrecognized request argument supplied: {name}", name)
+    return parse_transcription_form(form)
+
+
 def _float(raw: str | None, name: str, low: float, high: float, *, default: float) -> float:
     if raw is None or raw == "":
         return default
@@ -145,6 +155,13 @@ def verbose_json(segments: list[Segment], language: str, duration: float, granul
     return body
 
 
+def translation_verbose_json(segments: list[Segment], language: str, duration: float) -> dict[str, Any]:
+    """TranslationVerbose: a transcription's without words or usage; `language` is the one Whisper heard."""
+    body = verbose_json(segments, language, duration, frozenset({"segment"}))
+    del body["usage"]
+    return body
+
+
 def sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=True, separators=(',', ':'))}\n\n".encode()
 
@@ -158,16 +175,20 @@ class VoiceId(BaseModel):
 
 
 class SpeechRequest(BaseModel):
-    """POST /v1/audio/speech. `instructions` (steering a voice by prompt) and `stream_format: "sse"` are not
-    something Piper does: refused by name rather than ignored."""
+    """POST /v1/audio/speech. `stream_format` "audio" streams the encoded file itself; "sse" sends the same
+    bytes as base64 `speech.audio.delta` events, then `speech.audio.done` (OpenAI's two stream formats, any
+    `response_format` in either). `instructions` (steering a voice by prompt) is not something Piper does:
+    a non-empty one is refused by name rather than ignored."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str = Field(min_length=1, max_length=256)
     input: str = Field(max_length=MAX_SPEECH_CHARS)
     voice: str | VoiceId
+    instructions: str = Field("", max_length=MAX_SPEECH_CHARS,
+                              description="Refused unless empty: Piper voices cannot be steered by a prompt.")
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    stream_format: Literal["audio"] = "audio"
+    stream_format: Literal["audio", "sse"] = "audio"
 
     @property
     def voice_name(self) -> str:
@@ -175,12 +196,8 @@ class SpeechRequest(BaseModel):
 
 
 def parse_speech_request(payload: dict[str, Any]) -> SpeechRequest:
-    if payload.get("instructions"):
-        raise ApiError("unsupported_parameter", "'instructions' is not available: Piper voices cannot be steered by a "
-                       "prompt. Leave it out.", "instructions")
-    payload = {key: value for key, value in payload.items() if key != "instructions"}
     if isinstance(payload.get("speed"), int) and not isinstance(payload.get("speed"), bool):
-        payload["speed"] = float(payload["speed"])  # JSON has one number type; 1 is 1.0
+        payload = {**payload, "speed": float(payload["speed"])}  # JSON has one number type; 1 is 1.0
     try:
         request = SpeechRequest.model_validate(payload)
     except ValidationError as exc:
@@ -188,9 +205,11 @@ def parse_speech_request(payload: dict[str, Any]) -> SpeechRequest:
         if error.param == "input" and isinstance(payload.get("input"), str):
             error.code = "string_above_max_length"
             error.message = f"'input' is longer than the {MAX_SPEECH_CHARS} characters this server speaks at once."
-        if error.param == "stream_format":
-            error.message = "stream_format 'sse' is not available: this server streams the audio itself ('audio')."
         raise error from None
+    if request.instructions:
+        raise ApiError("unsupported_parameter", "'instructions' is not available: this server speaks with Piper, "
+                       "whose voices cannot be steered by a prompt (tone, accent, emotion). Leave it out or empty.",
+                       "instructions")
     if not request.input.strip():
         raise ApiError("invalid_value", "'input' is empty: there is nothing to say.", "input")
     return request

