@@ -490,6 +490,10 @@ def test_bad_input_gets_400(client: OpenAI, gateway: GatewayProcess) -> None:
     instructions = bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", instructions="Whisper it."))
     assert instructions["param"] == "instructions" and instructions["code"] == "unsupported_parameter"
     assert "cannot be steered" in instructions["message"], instructions
+    not_text = httpx.post(f"{gateway.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", "input": "Hi.",
+                                                                  "instructions": False})  # was dropped unread
+    assert not_text.status_code == 400, (not_text.status_code, not_text.headers["content-type"])
+    assert not_text.json()["error"]["param"] == "instructions", not_text.json()
     assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", stream_format="ogg")  # type: ignore[arg-type]
                        )["param"] == "stream_format"
     assert bad_request(lambda: speak(model="tts-1", voice="alloy", input="Hi.", speed=9))["param"] == "speed"
