@@ -376,6 +376,15 @@ def test_translation_is_refused_by_the_english_only_model(client: OpenAI, gatewa
     assert language.status_code == 400 and language.json()["error"]["param"] == "language", language.text
     with pytest.raises(openai.NotFoundError):
         client.audio.translations.create(model="no-such-whisper", file=("speech.wav", audio))
+    # Documented as transcriptions are (schemathesis explores every documented operation).
+    document = httpx.get(f"{gateway.url}/openapi.json").json()["paths"]
+    translation_form = document["/v1/audio/translations"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    transcription_form = document["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert translation_form["schema"]["required"] == ["file", "model"]
+    assert set(translation_form["schema"]["properties"]) == {"file", "model", "prompt", "temperature", "response_format"}
+    assert set(translation_form["schema"]["properties"]) < set(transcription_form["schema"]["properties"])
+    speech_answers = document["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
+    assert {"audio/mpeg", "audio/pcm", "text/event-stream"} <= set(speech_answers)
 
 
 MULTILINGUAL_WHISPER = os.environ.get("GATEWAY_TEST_MULTILINGUAL_WHISPER")  # a faster-whisper model folder
