@@ -46,26 +46,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
-from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-import numpy as np
+import httpx
 
 from benchmarks.voice_audio import Clip, Speaker
+from gateway.bench.clients import BenchError, Target
+from gateway.bench.stages import CLIENT, ClockOffset, turn_stages
+from gateway.bench.stats import describe as summary
+from gateway.bench.voice import VOICE_RATE, Heard, SessionLog, SpokenClient
 from gateway.platform.processes import GatewayProcess, get_json
 
-WS_RATE = 24000  # pcm16 over the WebSocket
 MODEL = "smollm2-135m-instruct"
 QUESTIONS = [
     "What is the capital of France?",
@@ -81,346 +81,71 @@ STORY_INSTRUCTIONS = (
     "You are a storyteller. When you are asked for a story, tell a long story of at least ten sentences. "
     "When you are asked to stop, answer in a few words."
 )
-STAGES = (
-    "vad_stop_wait",
-    "asr",
-    "response_start",
-    "llm_first_token",
-    "first_clause_wait",
-    "tts_first_audio",
-    "delivery",
+# The stages of a turn from the gateway's latency marks (gateway.bench.stages), from the end of speech here to
+# the first audio received here; tts_first_audio starts at the first token when no clause was marked.
+STAGE_CHAIN = (
+    ("vad_stop_wait", CLIENT, "speech_stopped"),
+    ("asr", "speech_stopped", "transcript_final"),
+    ("response_start", "transcript_final", "response_created"),
+    ("llm_first_token", "response_created", "first_token"),
+    ("first_clause_wait", "first_token", "first_clause"),
+    ("tts_first_audio", ("first_clause", "first_token"), "first_audio"),
+    ("delivery", "first_audio", CLIENT),
 )
+STAGES = tuple(name for name, _, _ in STAGE_CHAIN)
 EVENT_TIMEOUT_S = 60.0
-# Events that carry audio of a response, with its duration in "audio_ms": deltas over the WebSocket,
-# loud frames received on the WebRTC track (a synthetic event made by benchmarks.voice_rtc).
-AUDIO_EVENTS = ("response.output_audio.delta", "_audio")
+# What ends a session's run: the gateway closed it (BenchError) or sent what is not JSON (ValueError).
+SESSION_ENDED = (BenchError, ValueError)
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def summary(values: list[float]) -> dict[str, Any]:
-    """p50/p95 (linear interpolation), mean, min, max, n; ms rounded to 0.1."""
-    if not values:
-        return {"n": 0}
-    array = np.asarray(values, dtype=np.float64)
-    return {
-        "p50": round(float(np.percentile(array, 50)), 1),
-        "p95": round(float(np.percentile(array, 95)), 1),
-        "mean": round(float(array.mean()), 1),
-        "min": round(float(array.min()), 1),
-        "max": round(float(array.max()), 1),
-        "n": int(array.size),
-    }
-
-
-# -- the microphone ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Said:
-    """One utterance queued on the microphone; the futures resolve as it is streamed."""
-
-    clip: Clip
-    start_sample: int = -1  # index in the stream of the clip's first sample
-    end_lag_ms: float = 0.0  # how late the chunk with the end of speech was ready (this process's lag)
-    onset_sent: asyncio.Future[float] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    speech_end: asyncio.Future[float] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-    def onset_ms(self) -> float:
-        return 1000 * (self.start_sample + self.clip.onset) / self.clip.rate
-
-    def end_ms(self) -> float:
-        return 1000 * (self.start_sample + self.clip.end) / self.clip.rate
-
-
-class Mic:
-    """A microphone's stream in 20 ms chunks, paced by the wall clock, without pause: queued utterances, else silence.
-
-    The transport takes each chunk with `next_chunk()`, which returns when the chunk is complete (a
-    microphone hands it over then), and calls `handed_over()` once it has passed it on.
-    """
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self.chunk = rate // 50
-        self._queue: deque[Said] = deque()
-        self._current: Said | None = None
-        self._pos = 0  # samples of the current clip already handed over
-        self._t0: float | None = None
-        self.samples = 0  # samples handed over since _t0
-        self.max_lag_ms = 0.0
-
-    def say(self, clip: Clip) -> Said:
-        if clip.rate != self.rate:
-            raise ValueError(f"a {clip.rate} Hz clip on a {self.rate} Hz microphone")
-        said = Said(clip)
-        self._queue.append(said)
-        return said
-
-    async def next_chunk(self) -> np.ndarray:
-        if self._t0 is None:
-            self._t0 = time.perf_counter()
-        if self._current is None and self._queue:
-            self._current, self._pos = self._queue.popleft(), 0
-            self._current.start_sample = self.samples
-        piece = np.zeros(self.chunk, dtype=np.int16)
-        if (said := self._current) is not None:
-            speech = said.clip.pcm[self._pos : self._pos + self.chunk]
-            piece[: len(speech)] = speech
-        due = self._t0 + (self.samples + self.chunk) / self.rate
-        if (delay := due - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
-        ready_at = time.perf_counter()
-        lag_ms = (ready_at - due) * 1000
-        self.max_lag_ms = max(self.max_lag_ms, lag_ms)
-        if said is not None and self._pos < said.clip.end <= self._pos + self.chunk:
-            # The last speech sample, placed within its chunk; later than the sample clock says if
-            # this process fell behind (so a late chunk is not counted against the gateway).
-            said.speech_end.set_result(ready_at - (self._pos + self.chunk - said.clip.end) / self.rate)
-            said.end_lag_ms = round(lag_ms, 1)
-        return piece
-
-    def handed_over(self, at: float) -> None:
-        """The chunk from `next_chunk()` left for the gateway at `at` (perf_counter)."""
-        said = self._current
-        if said is not None:
-            if self._pos <= said.clip.onset < self._pos + self.chunk:
-                said.onset_sent.set_result(at)
-            self._pos += self.chunk
-            if self._pos >= len(said.clip.pcm):
-                self._current = None
-        self.samples += self.chunk
-
-
-# -- one Realtime session ---------------------------------------------------------------------------
-
-
-class EventStream(ABC):
-    """One Realtime session as voice_turn and barge_in_run see it: timed events in arrival order, a microphone."""
-
-    def __init__(self, name: str, wall_offset: float) -> None:
-        self.name = name
-        self.wall_offset = wall_offset  # time.time() - time.perf_counter()
-        self.events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
-        self.mic: Mic | None = None
-        self._tasks: list[asyncio.Task[None]] = []  # cancelled and awaited on close
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self._open()
-            await self.expect("session.created", timeout=15)
-        except BaseException:
-            await self.__aexit__()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    @abstractmethod
-    async def _open(self) -> None:
-        """Connect; session.created is awaited after."""
-
-    @abstractmethod
-    async def _close(self) -> None:
-        """Disconnect (the session's tasks are cancelled and awaited after)."""
-
-    @abstractmethod
-    def start_mic(self) -> Mic: ...
-
-    @abstractmethod
-    async def send(self, event: dict[str, Any]) -> None: ...
-
-    async def link_stats(self) -> dict[str, Any] | None:
-        """What the transport can tell about its own delays, if anything."""
-        return None
-
-    def wall_ms(self, perf: float) -> float:
-        return (perf + self.wall_offset) * 1000
-
-    async def next(self, deadline: float) -> tuple[float, dict[str, Any]]:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            raise TimeoutError
-        received, event = await asyncio.wait_for(self.events.get(), remaining)
-        if event["type"] == "_closed":
-            raise ConnectionError(f"{self.name}: the gateway ended the session")
-        return received, event
-
-    async def expect(self, kind: str, timeout: float = EVENT_TIMEOUT_S) -> tuple[float, dict[str, Any]]:
-        deadline = time.perf_counter() + timeout
-        while True:
-            received, event = await self.next(deadline)
-            if event["type"] == kind:
-                return received, event
-
-    async def quiet(self, seconds: float) -> None:
-        """Drain events until none arrived for `seconds` (the previous turn is over)."""
-        while True:
-            try:
-                await self.next(time.perf_counter() + seconds)
-            except TimeoutError:
-                return
-
-
-class WebSocketSession(EventStream):
-    """Over the Realtime WebSocket: the microphone sends `input_audio_buffer.append`, the audio comes as deltas."""
-
-    def __init__(self, url: str, name: str, wall_offset: float) -> None:
-        super().__init__(name, wall_offset)
-        self.ws_url = (
-            url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + f"/v1/realtime?model={MODEL}"
-        )
-        self.ws: Any = None
-
-    async def _open(self) -> None:
-        from websockets.asyncio.client import connect
-
-        self.ws = await connect(self.ws_url, max_size=None, open_timeout=30, ping_interval=None)
-        self._tasks.append(asyncio.create_task(self._read(), name=f"{self.name} reader"))
-
-    async def _close(self) -> None:
-        if self.ws is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.ws.close(), 5)
-
-    def start_mic(self) -> Mic:
-        self.mic = Mic(WS_RATE)
-        self._tasks.append(asyncio.create_task(self._stream(self.mic), name=f"{self.name} mic"))
-        return self.mic
-
-    async def _stream(self, mic: Mic) -> None:
-        while True:
-            pcm = await mic.next_chunk()
-            payload = base64.b64encode(np.ascontiguousarray(pcm, dtype="<i2").tobytes()).decode("ascii")
-            await self.ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": payload}))
-            mic.handed_over(time.perf_counter())
-
-    async def _read(self) -> None:
-        async for raw in self.ws:
-            received = time.perf_counter()
-            event = json.loads(raw)
-            if event.get("type") == "response.output_audio.delta":
-                # Keep the duration, drop the payload: 2 bytes a sample once base64 is undone.
-                event["audio_ms"] = 1000 * (len(event.pop("delta", "")) * 3 // 8) / WS_RATE
-            self.events.put_nowait((received, event))
-        self.events.put_nowait((time.perf_counter(), {"type": "_closed"}))
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(event))
-
-
-@dataclass
-class Response:
-    id: str
-    created: float
-    playout_started: float | None = None  # output_audio_buffer.started (WebRTC: the gateway's track took it)
-    first_audio: float | None = None
-    last_audio: float | None = None
-    audio_ms: float = 0.0
-    text: str = ""
-    done: float | None = None
-    status: str | None = None
-    reason: str | None = None
-    marks: dict[str, Any] | None = None
-    audio_after: dict[float, float] = field(default_factory=dict)  # receive time -> ms of audio (barge-in)
-
-
-class Tracker:
-    """Folds one session's events into responses and input-audio marks."""
-
-    def __init__(self) -> None:
-        self.responses: dict[str, Response] = {}
-        self.order: list[Response] = []
-        self.speech_started: list[tuple[float, dict[str, Any]]] = []
-        self.speech_stopped: list[tuple[float, dict[str, Any]]] = []
-        self.transcripts: list[tuple[float, str]] = []
-        self.cleared: list[tuple[float, dict[str, Any]]] = []  # output_audio_buffer.cleared (WebRTC)
-        self.errors: list[dict[str, Any]] = []
-
-    def feed(self, received: float, event: dict[str, Any]) -> Response | None:
-        """Returns the response an event finished, if it did."""
-        kind = event["type"]
-        if kind == "input_audio_buffer.speech_started":
-            self.speech_started.append((received, event))
-        elif kind == "input_audio_buffer.speech_stopped":
-            self.speech_stopped.append((received, event))
-        elif kind == "output_audio_buffer.cleared":
-            self.cleared.append((received, event))
-        elif kind == "conversation.item.input_audio_transcription.completed":
-            self.transcripts.append((received, event.get("transcript", "")))
-        elif kind == "response.created":
-            created = Response(event["response"]["id"], received)
-            self.responses[created.id] = created
-            self.order.append(created)
-        elif kind == "error":
-            self.errors.append(event.get("error") or {})
-        elif (response := self.responses.get(event.get("response_id") or "")) is not None:
-            if kind in AUDIO_EVENTS:
-                response.first_audio = response.first_audio or received
-                response.last_audio = received
-                response.audio_ms += event["audio_ms"]
-                response.audio_after[received] = event["audio_ms"]
-            elif kind == "output_audio_buffer.started":
-                response.playout_started = received
-            elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
-                response.text += event.get("delta", "")
-        if kind == "response.done":
-            body = event["response"]
-            finished = self.responses.get(body["id"])
-            if finished is not None:
-                finished.done = received
-                finished.status = body.get("status")
-                finished.reason = (body.get("status_details") or {}).get("reason")
-                finished.marks = json.loads((body.get("metadata") or {}).get("gateway_latency") or "null")
-                return finished
-        return None
+def finished(item: object) -> bool:
+    return isinstance(item, dict) and item.get("type") == "response.done"
 
 
 # -- voice turns ------------------------------------------------------------------------------------
 
 
-async def voice_turn(session: EventStream, clip: Clip) -> dict[str, Any]:
+async def voice_turn(session: SpokenClient, clip: Clip) -> dict[str, Any]:
     """Say one question; wait for the answer's response.done; measure from the end of speech."""
-    assert session.mic is not None
-    tracker = Tracker()
-    said = session.mic.say(clip)
+    events = SessionLog()
+    said = session.say(clip.pcm, (clip.onset, clip.end))
     record: dict[str, Any] = {"question": clip.text}
-    answer: Response | None = None
+    answer: Heard | None = None
     try:
         while answer is None:
             # A deadline per event, not per turn: over WebRTC the answer is over once heard, in real time.
-            received, event = await session.next(time.perf_counter() + EVENT_TIMEOUT_S)
-            done = tracker.feed(received, event)
-            if done is None or not said.speech_end.done() or done.created < said.speech_end.result():
+            received, item = await session.next(time.perf_counter() + EVENT_TIMEOUT_S)
+            heard = events.feed(received, item)
+            if heard is None or not finished(item) or said.speech_end is None:
                 continue
-            if done.status == "cancelled" and done.reason == "turn_detected":
+            if heard.created is None or heard.created < said.speech_end:
+                continue
+            if heard.status == "cancelled" and heard.reason == "turn_detected":
                 continue  # the question was split in two turns; the answer to the rest follows
-            answer = done
+            answer = heard
     except TimeoutError:
         record["error"] = f"no event for {EVENT_TIMEOUT_S:.0f} s while waiting for the answer"
-    except ConnectionError as exc:
+    except SESSION_ENDED as exc:
         record["error"] = str(exc)
-    record["speech_started_events"] = len(tracker.speech_started)
+    record["speech_started_events"] = len(events.speech_started)
     record["end_send_lag_ms"] = said.end_lag_ms
-    record["transcript"] = tracker.transcripts[-1][1] if tracker.transcripts else None
-    if tracker.errors:
-        record["errors"] = tracker.errors
-    if tracker.speech_stopped and said.speech_end.done():
+    record["transcript"] = events.transcripts[-1][1] if events.transcripts else None
+    if events.errors:
+        record["errors"] = events.errors
+    if events.speech_stopped and said.stream_speech_end_ms is not None:
         # Where the gateway's VAD put the end, against where speech really ended in the stream.
-        record["vad_end_error_ms"] = round(tracker.speech_stopped[-1][1]["audio_end_ms"] - said.end_ms(), 1)
+        record["vad_end_error_ms"] = round(events.speech_stopped[-1][1]["audio_end_ms"] - said.stream_speech_end_ms, 1)
     if answer is None:
         return record
-    record.update(status=answer.status, answer=answer.text.strip(), answer_audio_s=round(answer.audio_ms / 1000, 2))
-    if answer.first_audio is None:
+    record.update(status=answer.status, answer=answer.text.strip(), answer_audio_s=round(answer.audio_s, 2))
+    if answer.first_audio is None or said.speech_end is None:
         record["error"] = f"no answer audio (status {answer.status})"
         return record
-    end = said.speech_end.result()
+    end = said.speech_end
     record["voice_to_voice_ms"] = round((answer.first_audio - end) * 1000, 1)
     if answer.playout_started is not None:  # WebRTC: from the track sending it to the caller hearing it
         record["playout_started_to_first_audio_ms"] = round((answer.first_audio - answer.playout_started) * 1000, 1)
@@ -428,19 +153,8 @@ async def voice_turn(session: EventStream, clip: Clip) -> dict[str, Any]:
     if marks.get("epoch_ms") is not None and all(
         marks.get(f"{m}_ms") is not None for m in ("transcript_final", "response_created", "first_token", "first_audio")
     ):
-        origin = marks["epoch_ms"]  # wall ms of the gateway's speech_stopped
-        record["stages_ms"] = {
-            "vad_stop_wait": round(origin - session.wall_ms(end), 1),
-            "asr": marks["transcript_final_ms"],
-            "response_start": round(marks["response_created_ms"] - marks["transcript_final_ms"], 1),
-            "llm_first_token": round(marks["first_token_ms"] - marks["response_created_ms"], 1),
-            "tts_first_audio": round(
-                marks["first_audio_ms"] - (marks.get("first_clause_ms") or marks["first_token_ms"]), 1
-            ),
-            "delivery": round(session.wall_ms(answer.first_audio) - (origin + marks["first_audio_ms"]), 1),
-        }
-        if marks.get("first_clause_ms") is not None:
-            record["stages_ms"]["first_clause_wait"] = round(marks["first_clause_ms"] - marks["first_token_ms"], 1)
+        record["stages_ms"] = turn_stages(marks, STAGE_CHAIN, start=end, end=answer.first_audio,
+                                          clock=session.target.clock)
         started = marks.get("generation_started_ms")
         # Preempted: the reply's generation began from the speculative transcript, before the final one.
         record["preempted"] = started is not None and started < marks["transcript_final_ms"]
@@ -455,80 +169,81 @@ async def voice_turn(session: EventStream, clip: Clip) -> dict[str, Any]:
 # -- barge-in ---------------------------------------------------------------------------------------
 
 
-async def barge_in_run(session: EventStream, story: Clip, stop: Clip, after_s: float) -> dict[str, Any]:
-    assert session.mic is not None
-    tracker = Tracker()
+async def barge_in_run(session: SpokenClient, story: Clip, stop: Clip, after_s: float) -> dict[str, Any]:
+    events = SessionLog()
     record: dict[str, Any] = {}
-    asked = session.mic.say(story)
+    asked = session.say(story.pcm, (story.onset, story.end))
     deadline = time.perf_counter() + EVENT_TIMEOUT_S
     try:
         # 1. The story starts playing.
-        story_response: Response | None = None
+        story_response: Heard | None = None
         while story_response is None or story_response.first_audio is None:
-            received, event = await session.next(deadline)
-            finished = tracker.feed(received, event)
-            if story_response is None and asked.speech_end.done():
-                story_response = next((r for r in tracker.order if r.created >= asked.speech_end.result()), None)
-            if finished is not None and finished is story_response and finished.first_audio is None:
-                record["error"] = f"the story ended ({finished.status}) with no audio"
+            received, item = await session.next(deadline)
+            heard = events.feed(received, item)
+            if story_response is None and (spoken := asked.speech_end) is not None:
+                story_response = next((r for r in events.order if r.created is not None and r.created >= spoken), None)
+            if finished(item) and heard is not None and heard is story_response and heard.first_audio is None:
+                record["error"] = f"the story ended ({heard.status}) with no audio"
                 return record
         # 2. `after_s` after its first audio, the user starts talking over it.
         interrupt_at = story_response.first_audio + after_s
         while (wait := interrupt_at - time.perf_counter()) > 0:
             with contextlib.suppress(TimeoutError):
-                tracker.feed(*await session.next(time.perf_counter() + wait))
+                events.feed(*await session.next(time.perf_counter() + wait))
         if story_response.done is not None:
             record["error"] = f"the story was over ({story_response.status}) before the interruption"
-            record["story_audio_s"] = round(story_response.audio_ms / 1000, 2)
+            record["story_audio_s"] = round(story_response.audio_s, 2)
             return record
-        said = session.mic.say(stop)
+        said = session.say(stop.pcm, (stop.onset, stop.end))
         # 3. Until the story's response.done and the start of the reply to all of "Wait, stop." (the
         #    session ends with the run, so the reply need not be waited for).
-        reply: Response | None = None
+        reply: Heard | None = None
         while story_response.done is None or reply is None:
             try:
-                received, event = await session.next(
+                received, item = await session.next(
                     min(deadline, time.perf_counter() + (8.0 if story_response.done else EVENT_TIMEOUT_S))
                 )
             except TimeoutError:
                 if story_response.done is None:
                     raise
                 break  # no reply to the interruption (empty transcript): fine
-            tracker.feed(received, event)
-            if said.speech_end.done():
-                reply = next((r for r in tracker.order if r.created > said.speech_end.result()), None)
-        onset = await said.onset_sent
+            events.feed(received, item)
+            if (spoken := said.speech_end) is not None:
+                reply = next((r for r in events.order if r.created is not None and r.created > spoken), None)
+        onset = said.onset
+        if onset is None:
+            raise TimeoutError  # "Wait, stop." never left the microphone
         record["story_status"] = story_response.status
         record["story_reason"] = story_response.reason
-        record["stop_transcript"] = tracker.transcripts[-1][1] if tracker.transcripts else None
-        started_events = [(t, e) for t, e in tracker.speech_started if t >= onset]
+        record["stop_transcript"] = events.transcripts[-1][1] if events.transcripts else None
+        started_events = [(t, e) for t, e in events.speech_started if t >= onset]
         started = [t for t, _ in started_events]
         record["speech_started_after_onset"] = len(started)  # > 1: the VAD split "Wait, stop." in two turns
-        after = {t: n for t, n in story_response.audio_after.items() if t >= onset}
+        after = [seconds for t, seconds in story_response.audio_at.items() if t >= onset]
         last_audio = story_response.last_audio
         record["onset_to_speech_started_ms"] = round((started[0] - onset) * 1000, 1) if started else None
         record["onset_to_last_audio_ms"] = round((last_audio - onset) * 1000, 1) if last_audio is not None else None
         if story_response.done >= onset:  # else generation was over and only its playout was interrupted
             record["onset_to_response_done_ms"] = round((story_response.done - onset) * 1000, 1)
-        record["audio_received_after_onset_ms"] = round(sum(after.values()), 1)
-        record["story_audio_s"] = round(story_response.audio_ms / 1000, 2)
-        cleared = [t for t, e in tracker.cleared if t >= onset and e.get("response_id") == story_response.id]
+        record["audio_received_after_onset_ms"] = round(1000 * sum(after), 1)
+        record["story_audio_s"] = round(story_response.audio_s, 2)
+        cleared = [t for t, e in events.cleared if t >= onset and e.get("response_id") == story_response.id]
         if cleared:  # WebRTC: the gateway dropped the queued audio; what was in flight still arrives
             record["onset_to_output_audio_cleared_ms"] = round((cleared[0] - onset) * 1000, 1)
             if last_audio is not None:
                 record["cleared_to_last_audio_ms"] = round((last_audio - cleared[0]) * 1000, 1)
-        if started:
-            record["vad_onset_error_ms"] = round(started_events[0][1]["audio_start_ms"] - said.onset_ms(), 1)
+        if started and said.stream_onset_ms is not None:
+            record["vad_onset_error_ms"] = round(started_events[0][1]["audio_start_ms"] - said.stream_onset_ms, 1)
         # Over WebRTC a story fully generated may still be playing: clearing its audio interrupts it too.
         record["story_interrupted"] = story_response.status == "cancelled" or bool(cleared)
         if not record["story_interrupted"]:
             record["error"] = f"the story was not interrupted (status {story_response.status})"
     except TimeoutError:
         record["error"] = "timed out"
-    except ConnectionError as exc:
+    except SESSION_ENDED as exc:
         record["error"] = str(exc)
-    if tracker.errors:
-        record["errors"] = tracker.errors
+    if events.errors:
+        record["errors"] = events.errors
     return record
 
 
@@ -547,14 +262,14 @@ class Workload:
     gap_s: float
 
 
-async def run_worker(
-    connect: Callable[[str], EventStream], index: int, work: Workload, progress: Any
-) -> dict[str, Any]:
+Connect = Callable[[], Awaitable[SpokenClient]]  # opens a session, its microphone on
+
+
+async def run_worker(connect: Connect, index: int, work: Workload, progress: Any) -> dict[str, Any]:
     await asyncio.sleep(index * 0.7)  # stagger concurrent sessions a little
     out: dict[str, Any] = {"turns": [], "barge_in": [], "mic_max_lag_ms": 0.0, "links": []}
     if work.turns:
-        async with connect(f"s{index}") as session:
-            mic = session.start_mic()
+        async with await connect() as session:
             await session.quiet(0.5)
             warm = await voice_turn(session, work.warmup)
             progress(
@@ -569,27 +284,26 @@ async def run_worker(
                     f"session {index} turn {turn + 1}: v2v {record.get('voice_to_voice_ms')} ms, "
                     f"heard {record.get('transcript')!r} {record.get('error', '')}"
                 )
-            out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
+            out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(session.mic.max_lag_ms, 1))
             if (link := await session.link_stats()) is not None:
-                out["links"].append({"session": session.name, **link})
+                out["links"].append({"session": f"s{index}", **link})
     # Each barge-in run in a session of its own: within one, the interrupted stories (over WebRTC cut
     # to what was heard) soon teach the model to answer the next request for a story in a sentence.
     measured = attempts = 0
     while measured < work.barge_in_runs and attempts < 2 * work.barge_in_runs:
         attempts += 1  # a story that ends before the interruption measures nothing: try again
         try:
-            async with connect(f"b{index}.{attempts}") as session:
+            async with await connect() as session:
                 await session.send(
                     {"type": "session.update", "session": {"type": "realtime", "instructions": STORY_INSTRUCTIONS}}
                 )
-                await session.expect("session.updated", timeout=10)
-                mic = session.start_mic()
+                await session.expect("session.updated", timeout_s=10)
                 await session.quiet(0.5)
                 record = await barge_in_run(session, work.story, work.stop, work.barge_in_after_s)
-                out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(mic.max_lag_ms, 1))
+                out["mic_max_lag_ms"] = max(out["mic_max_lag_ms"], round(session.mic.max_lag_ms, 1))
                 if (link := await session.link_stats()) is not None:
-                    out["links"].append({"session": session.name, **link})
-        except (ConnectionError, TimeoutError, OSError) as exc:  # this attempt's session failed, not the run
+                    out["links"].append({"session": f"b{index}.{attempts}", **link})
+        except (*SESSION_ENDED, TimeoutError, OSError) as exc:  # this attempt's session failed, not the run
             record = {"error": f"session: {exc!r}"}
         record.update(session=index, attempt=attempts)
         out["barge_in"].append(record)
@@ -680,16 +394,28 @@ def aggregate(
     }
 
 
-def connector(args: argparse.Namespace, wall_offset: float) -> tuple[Callable[[str], EventStream], int]:
-    """How a session of the chosen transport is opened, and its microphone's sample rate."""
+def connector(args: argparse.Namespace, http: httpx.AsyncClient) -> tuple[Connect, int]:
+    """How a session of the chosen transport is opened, and its microphone's sample rate. The gateway's default
+    session, and a microphone that streams without pause; the gateway reads this machine's clock."""
+    clock = ClockOffset.same_clock((time.time() - time.perf_counter()) * 1000)
+    # max_tokens goes unused: an unconfigured session keeps the gateway's own limit.
+    target = Target(args.url.rstrip("/"), MODEL, api_key=None, max_tokens=0, seed=None, clock=clock)
     if args.transport == "webrtc":
-        from benchmarks.voice_rtc import RATE, WebRtcSession
-        from gateway.api.transports.webrtc import offer_host_addresses
+        from gateway.bench.webrtc import RTC_RATE, Playback, RealtimeCallClient
 
-        # aioice never offers 127.0.0.1 by itself: on a loopback-only host the call could not connect.
-        offer_host_addresses([args.ice_host])
-        return (lambda name: WebRtcSession(args.url, name, wall_offset)), RATE
-    return (lambda name: WebSocketSession(args.url, name, wall_offset)), WS_RATE
+        async def call() -> SpokenClient:
+            # aioice never offers 127.0.0.1 by itself: on a loopback-only host the call could not connect.
+            return await RealtimeCallClient.open(target, http, None, None, configure=False, playback=Playback(),
+                                                 ice_host=args.ice_host)
+
+        return call, RTC_RATE
+
+    async def socket() -> SpokenClient:
+        from gateway.bench.voice import RealtimeVoiceClient
+
+        return await RealtimeVoiceClient.open(target, None, None, configure=False, always_on=True)
+
+    return socket, VOICE_RATE
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -704,46 +430,46 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         args.url = gateway.url
         console.print(f"starting the gateway on {gateway.url} (log: {log_path})")
     try:
-        wall_offset = time.time() - time.perf_counter()
-        connect, rate = connector(args, wall_offset)
-        speaker = Speaker()
-        clips = {text: speaker.say(text, rate) for text in [*QUESTIONS, WARMUP, STORY, STOP]}
-        speaker.close()
-        if gateway is not None:
-            await asyncio.to_thread(gateway.wait_ready, args.ready_timeout)
-        status, health = get_json(f"{args.url}/healthz")
-        if status != 200:
-            raise RuntimeError(f"{args.url}/healthz answered {status}: {health}")
-        work = Workload(
-            questions=[clips[q] for q in QUESTIONS],
-            warmup=clips[WARMUP],
-            story=clips[STORY],
-            stop=clips[STOP],
-            turns=args.turns,
-            barge_in_runs=args.barge_in_runs,
-            barge_in_after_s=args.barge_in_after,
-            gap_s=args.gap,
-        )
-        total = args.sessions * (args.turns + args.barge_in_runs)
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        ) as bar:
-            task = bar.add_task("voice turns and barge-ins", total=total)
+        async with httpx.AsyncClient(timeout=30) as http:  # a WebRTC call's offer and hang-up
+            connect, rate = connector(args, http)
+            speaker = Speaker()
+            clips = {text: speaker.say(text, rate) for text in [*QUESTIONS, WARMUP, STORY, STOP]}
+            speaker.close()
+            if gateway is not None:
+                await asyncio.to_thread(gateway.wait_ready, args.ready_timeout)
+            status, health = get_json(f"{args.url}/healthz")
+            if status != 200:
+                raise RuntimeError(f"{args.url}/healthz answered {status}: {health}")
+            work = Workload(
+                questions=[clips[q] for q in QUESTIONS],
+                warmup=clips[WARMUP],
+                story=clips[STORY],
+                stop=clips[STOP],
+                turns=args.turns,
+                barge_in_runs=args.barge_in_runs,
+                barge_in_after_s=args.barge_in_after,
+                gap_s=args.gap,
+            )
+            total = args.sessions * (args.turns + args.barge_in_runs)
+            with Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+            ) as bar:
+                task = bar.add_task("voice turns and barge-ins", total=total)
 
-            def progress(message: str, advance: bool = True) -> None:
-                bar.console.print(message)
-                if advance:
-                    bar.advance(task)
+                def progress(message: str, advance: bool = True) -> None:
+                    bar.console.print(message)
+                    if advance:
+                        bar.advance(task)
 
-            results = await asyncio.gather(*(run_worker(connect, i, work, progress) for i in range(args.sessions)))
-        audio_in = {
-            "format": "pcm16" if args.transport == "websocket" else "opus (aiortc track)",
-            "rate": rate,
-            "chunk_ms": 20,
-            "paced": "wall clock",
-            "speech": {c.text: {"speech_s": round(c.speech_s, 2)} for c in clips.values()},
-        }
-        return aggregate(list(results), args, health, audio_in)
+                results = await asyncio.gather(*(run_worker(connect, i, work, progress) for i in range(args.sessions)))
+            audio_in = {
+                "format": "pcm16" if args.transport == "websocket" else "opus (aiortc track)",
+                "rate": rate,
+                "chunk_ms": 20,
+                "paced": "wall clock",
+                "speech": {c.text: {"speech_s": round(c.speech_s, 2)} for c in clips.values()},
+            }
+            return aggregate(list(results), args, health, audio_in)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -777,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         report = asyncio.run(main_async(args))
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, BenchError) as exc:
         # The gateway did not start or could not be reached: still one JSON object on stdout.
         log(f"benchmark aborted: {exc}")
         print(json.dumps({"benchmark": "voice", "url": args.url, "error": str(exc).splitlines()[0]}, indent=2))

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -89,6 +90,61 @@ def error_code(status: int, body: bytes) -> str:
         return f"http_{status}"
 
 
+def check_session_created(event: object, what: str) -> None:
+    """A Realtime session's first event: session.created, else BenchError (an error event: the server refused
+    the session). `what`: "server" or "call", for the message."""
+    kind = event.get("type") if isinstance(event, dict) else None
+    if kind == "error":
+        assert isinstance(event, dict)
+        raw = event.get("error")
+        error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
+                         str(error.get("code") or "session_refused"))
+    if kind != "session.created":
+        was = f"was {kind!r}, not" if kind is not None else "was not"
+        raise BenchError(f"not a Realtime {what}: its first event {was} session.created")
+
+
+@dataclass
+class ChatStream:
+    """What a streamed chat completion sent, timed as it arrived (perf_counter)."""
+
+    error: str | None = None  # an error code: of a refusal (its HTTP status's body), or of an error chunk
+    first: float | None = None  # the first chunk with text
+    finished: float | None = None  # the chunk with a finish_reason
+    text: list[str] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk's (stream_options.include_usage)
+
+
+async def stream_chat(http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                      on_text: Callable[[float], None] | None = None) -> ChatStream:
+    """POST a streamed chat completion and read its SSE to the end (or an error chunk); `on_text` is told when
+    each text delta arrived. A malformed chunk raises (ValueError, KeyError, ...: runner.BAD_RESPONSE)."""
+    stream = ChatStream()
+    async with http.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            stream.error = error_code(response.status_code, await response.aread())
+            return stream
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                stream.error = str(chunk["error"].get("code") or "stream_error")
+                return stream
+            stream.usage = chunk.get("usage") or stream.usage
+            for choice in chunk.get("choices") or []:
+                at = time.perf_counter()
+                if delta := choice.get("delta", {}).get("content"):
+                    stream.first = stream.first if stream.first is not None else at
+                    stream.text.append(delta)
+                    if on_text is not None:
+                        on_text(at)
+                if choice.get("finish_reason"):
+                    stream.finished = at
+    return stream
+
+
 class ChatClient:
     """Streamed Chat Completions; a session's history grows by each turn's question and answer."""
 
@@ -104,27 +160,15 @@ class ChatClient:
         if self.target.seed is not None:
             body["seed"] = self.target.seed
         sent = time.perf_counter()
-        answer: list[str] = []
         timer = DeltaTimer()
-        async with self.http.stream("POST", f"{self.target.url}/v1/chat/completions", json=body,
-                                    headers=self.target.headers) as response:
-            if response.status_code != 200:
-                record.error = error_code(response.status_code, await response.aread())
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    record.error = str(chunk["error"].get("code") or "stream_error")
-                    return
-                delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
-                if delta:
-                    timer.tick(record, time.perf_counter())
-                    answer.append(delta)
+        stream = await stream_chat(self.http, f"{self.target.url}/v1/chat/completions", body, self.target.headers,
+                                   on_text=lambda at: timer.tick(record, at))
+        if stream.error is not None:
+            record.error = stream.error
+            return
         record.total_ms = elapsed_ms(sent)
         record.ttft_ms = elapsed_ms(sent, timer.first) if timer.first is not None else None
-        self.messages.append({"role": "assistant", "content": "".join(answer)})
+        self.messages.append({"role": "assistant", "content": "".join(stream.text)})
 
     async def close(self) -> None:
         return None
@@ -139,8 +183,9 @@ class RealtimeTextClient:
 
     @classmethod
     async def open(cls, target: Target, system_prompt: str | None, timeout_s: float = 30,
-                   spoken: bool = False) -> RealtimeTextClient:
-        """`spoken`: answers in audio, turns ended by the server's VAD (RealtimeVoiceClient)."""
+                   spoken: bool = False, configure: bool = True) -> RealtimeTextClient:
+        """`spoken`: answers in audio, turns ended by the server's VAD (RealtimeVoiceClient). `configure`: False
+        sends no session.update (the server's defaults, and no system prompt)."""
         try:
             connection = await websockets.connect(target.realtime_url, additional_headers=target.headers,
                                                   max_size=None, open_timeout=timeout_s)
@@ -160,15 +205,13 @@ class RealtimeTextClient:
         except ValueError:
             await connection.close()
             raise BenchError("not a Realtime server: its first event was not a JSON object") from None
-        if first.get("type") == "error":
+        try:
+            check_session_created(first, "server")
+        except BenchError:
             await connection.close()
-            raw = first.get("error")
-            error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            raise BenchError(f"the server refused the session: {error.get('code')}: {error.get('message')}",
-                             str(error.get("code") or "session_refused"))
-        if first.get("type") != "session.created":
-            await connection.close()
-            raise BenchError(f"not a Realtime server: its first event was {first.get('type')!r}, not session.created")
+            raise
+        if not configure:
+            return client
         session: dict[str, Any] = {"type": "realtime", "output_modalities": ["audio" if spoken else "text"],
                                    "max_output_tokens": target.max_tokens}
         if spoken:

@@ -15,7 +15,10 @@ from typing import Any
 
 CLIENT = "client"  # a chain's ends: the client's start of the turn, and its first answer received
 
-# (stage, from, to): the marks are TurnMarks' names (gateway/platform/latency.py).
+# (stage, from, to): the marks are TurnMarks' names (gateway/platform/latency.py); a tuple of marks is the first
+# of them that the server sent.
+Mark = str | tuple[str, ...]
+Chain = tuple[tuple[str, Mark, Mark], ...]
 VOICE_CHAIN = (
     ("uplink_vad", CLIENT, "speech_stopped"),  # the speech's end travelling, and the VAD's silence wait
     ("asr", "speech_stopped", "transcript_final"),
@@ -46,6 +49,11 @@ class ClockOffset:
     probes: int
     perf_to_wall_ms: float  # the client's wall clock minus its perf_counter, which times the turns
 
+    @classmethod
+    def same_clock(cls, perf_to_wall_ms: float) -> ClockOffset:
+        """A server that reads the client's own wall clock (benchmarks/voice.py, on one machine): no offset."""
+        return cls(offset_ms=0.0, uncertainty_ms=0.0, rtt_ms=0.0, probes=0, perf_to_wall_ms=perf_to_wall_ms)
+
     def server_ms(self, perf: float) -> float:
         """A client perf_counter reading on the server's wall clock, in ms."""
         return perf * 1000 + self.perf_to_wall_ms + self.offset_ms
@@ -74,16 +82,18 @@ def parse_marks(response: dict[str, Any]) -> dict[str, Any] | None:
     return marks if isinstance(marks, dict) else None
 
 
-def turn_stages(marks: dict[str, Any] | None, chain: tuple[tuple[str, str, str], ...], *, start: float | None,
+def turn_stages(marks: dict[str, Any] | None, chain: Chain, *, start: float | None,
                 end: float | None, clock: ClockOffset | None) -> dict[str, float]:
     """Milliseconds per stage. `start` and `end` are the client's perf_counter times of the chain's ends;
     the stages between server marks need no clock, the two that cross clocks need `clock` and epoch_ms."""
     if marks is None:
         return {}
 
-    def relative(mark: str) -> float | None:  # ms since the turn's origin on the server
-        value = marks.get(f"{mark}_ms")
-        return float(value) if isinstance(value, int | float) else None
+    def relative(mark: Mark) -> float | None:  # ms since the turn's origin on the server
+        for name in (mark,) if isinstance(mark, str) else mark:
+            if isinstance(value := marks.get(f"{name}_ms"), int | float):
+                return float(value)
+        return None
 
     epoch = marks.get("epoch_ms")
     stages: dict[str, float] = {}

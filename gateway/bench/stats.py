@@ -67,6 +67,15 @@ def summarize(values: list[float]) -> dict[str, float | int | None]:
     return summary
 
 
+def describe(values: list[float]) -> dict[str, float | int]:
+    """The scripts' summary (benchmarks/): p50 and p95, mean, min and max rounded to 0.1, and n; {"n": 0} for none."""
+    if not values:
+        return {"n": 0}
+    return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1),
+            "mean": round(sum(values) / len(values), 1), "min": round(min(values), 1), "max": round(max(values), 1),
+            "n": len(values)}
+
+
 def metric_values(turns: list[TurnRecord], metric: str) -> list[float]:
     if metric == "itl_ms":
         return [gap for turn in turns if turn.error is None for gap in turn.itl_ms]

@@ -13,8 +13,8 @@ import base64
 import json
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 import numpy as np
 import websockets
@@ -35,59 +35,110 @@ POLL_S = 0.05  # how often a turn waiting for a playout to end looks again
 
 @dataclass
 class Utterance:
-    """When a spoken clip left the microphone (perf_counter)."""
+    """When a spoken clip left the microphone (perf_counter), and where its speech stands in the audio sent."""
 
-    onset: float | None = None  # the first chunk with speech in it
+    onset: float | None = None  # the chunk with the first speech in it
     end: float | None = None  # the chunk with the clip's last sample
+    speech_end: float | None = None  # when the last speech sample was spoken: placed within its chunk
+    end_lag_ms: float = 0.0  # how late the pacer had the chunk with the speech's end ready (this process's lag)
+    # Milliseconds into the audio sent since the microphone started: what a server's VAD events count.
+    stream_onset_ms: float | None = None
+    stream_speech_end_ms: float | None = None
 
 
 class Microphone:
     """What the microphone sends next, one chunk at a time: speech queued by say(), each clip followed by
-    `tail_s` of silence. The caller paces it and says when each chunk leaves; no I/O here."""
+    `tail_s` of silence; an `always_on` microphone sends silence when nothing is queued, as a real one does.
+    take() says what leaves at a given time (no I/O); next_chunk() paces the chunks on the wall clock."""
 
-    def __init__(self, rate: int, tail_s: float) -> None:
+    def __init__(self, rate: int, tail_s: float, always_on: bool = False) -> None:
         self.rate = rate
         self.chunk = rate * CHUNK_MS // 1000
+        self.always_on = always_on
+        self.samples = 0  # samples taken since the microphone started
+        self.max_lag_ms = 0.0  # the most the pacer was late with a chunk
         self._tail = np.zeros(int(rate * tail_s), np.int16)
-        self._queue: list[tuple[np.ndarray, Utterance | None]] = []  # clips (with their timing) and silences
+        self._queue: list[_Queued] = []  # clips (with their timing) and silences
+        self._clock: tuple[float, int] | None = None  # the pacer's start: (perf_counter, samples)
 
     @property
     def pending(self) -> bool:
         return bool(self._queue)
 
-    def say(self, pcm: np.ndarray) -> Utterance:
-        """Speak after any speech still queued; queued silence gives way, so an interruption starts now."""
+    def say(self, pcm: np.ndarray, speech: tuple[int, int] | None = None) -> Utterance:
+        """Speak after any speech still queued; queued silence gives way, so an interruption starts now.
+        `speech`: the clip's first and last + 1 speech samples (default: the first sample at ONSET_LEVEL, and
+        the clip's end)."""
+        if speech is None:
+            loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) >= ONSET_LEVEL)
+            speech = (int(loud[0]) if loud.size else -1, pcm.size)
         utterance = Utterance()
-        self._queue = [piece for piece in self._queue if piece[1] is not None]
-        self._queue.append((pcm, utterance))
+        self._queue = [piece for piece in self._queue if piece.utterance is not None]
+        self._queue.append(_Queued(pcm, utterance, speech))
         if self._tail.size:
-            self._queue.append((self._tail, None))
+            self._queue.append(_Queued(self._tail))
         return utterance
 
     def clear(self) -> None:
         self._queue.clear()
 
-    def take(self, at: float) -> np.ndarray | None:
-        """The next chunk (padded with silence), leaving at `at`; None when nothing is queued."""
-        if not self._queue:
+    def take(self, at: float, lag_ms: float = 0.0) -> np.ndarray | None:
+        """The next chunk (padded with silence), leaving at `at` (`lag_ms` late); None when nothing is queued
+        (silence when always on)."""
+        if not self._queue and not self.always_on:
             return None
         chunk = np.zeros(self.chunk, np.int16)
         filled = 0
         while filled < self.chunk and self._queue:
-            pcm, utterance = self._queue[0]
-            piece = pcm[: self.chunk - filled]
-            if utterance is not None:
-                if utterance.onset is None and piece.size and int(np.abs(piece.astype(np.int32)).max()) >= ONSET_LEVEL:
-                    utterance.onset = at
-                if piece.size == pcm.size:
-                    utterance.end = at
-            if piece.size == pcm.size:
+            queued = self._queue[0]
+            piece = queued.pcm[queued.sent : queued.sent + self.chunk - filled]
+            if (utterance := queued.utterance) is not None:
+                self._mark(utterance, queued, piece.size, at, filled, lag_ms)
+            queued.sent += piece.size
+            if queued.sent == queued.pcm.size:
                 self._queue.pop(0)
-            else:
-                self._queue[0] = (pcm[piece.size :], utterance)
             chunk[filled : filled + piece.size] = piece
             filled += piece.size
+        self.samples += self.chunk
         return chunk
+
+    def _mark(self, utterance: Utterance, queued: _Queued, size: int, at: float, filled: int, lag_ms: float) -> None:
+        """Times what of `utterance` leaves in this chunk: `size` samples from `queued.sent`, at `filled`."""
+        first, last = queued.speech
+        begin = self.samples + filled - queued.sent  # where the clip's first sample stands in the stream
+        if utterance.onset is None and queued.sent <= first < queued.sent + size:
+            utterance.onset = at
+            utterance.stream_onset_ms = 1000 * (begin + first) / self.rate
+        if queued.sent < last <= queued.sent + size:
+            utterance.speech_end = at - (self.chunk - (filled + last - queued.sent)) / self.rate
+            utterance.stream_speech_end_ms = 1000 * (begin + last) / self.rate
+            utterance.end_lag_ms = round(lag_ms, 1)
+        if queued.sent + size == queued.pcm.size:
+            utterance.end = at
+
+    async def next_chunk(self) -> np.ndarray | None:
+        """The next chunk once it is complete by the wall clock, as a microphone hands it over; None, and the
+        clock starts again with the next clip, when there is nothing to send."""
+        if not self._queue and not self.always_on:
+            self._clock = None
+            return None
+        if self._clock is None:
+            self._clock = (time.perf_counter(), self.samples)
+        started, base = self._clock
+        due = started + (self.samples - base + self.chunk) / self.rate
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        ready = time.perf_counter()
+        lag_ms = (ready - due) * 1000
+        self.max_lag_ms = max(self.max_lag_ms, lag_ms)
+        return self.take(ready, lag_ms)
+
+
+@dataclass
+class _Queued:
+    pcm: np.ndarray
+    utterance: Utterance | None = None  # None: silence between clips
+    speech: tuple[int, int] = (-1, 0)
+    sent: int = 0  # samples of it already taken
 
 
 @dataclass(frozen=True)
@@ -105,14 +156,79 @@ Received = tuple[float, dict[str, Any] | AudioIn]  # (perf_counter at arrival, w
 class Heard:
     """One response as the client got it."""
 
+    id: str | None = None
+    created: float | None = None
+    playout_started: float | None = None  # output_audio_buffer.started (WebRTC: the server's track took it)
     first_audio: float | None = None
     last_audio: float | None = None
     audio_s: float = 0.0
+    audio_at: dict[float, float] = field(default_factory=dict)  # arrival -> seconds of audio (what came when)
+    text: str = ""  # its text or transcript deltas
     done: float | None = None
     status: str | None = None
+    reason: str | None = None  # status_details.reason
     marks: dict[str, Any] | None = None
     played: bool = False  # output_audio_buffer.stopped or .cleared: the server's track is done with it
     cleared: bool = False  # ... by .cleared: an interruption stopped it
+
+
+Timed = tuple[float, dict[str, Any]]
+
+
+class SessionLog:
+    """What a Realtime session's events said, folded as they arrive: its responses, in order of creation, and
+    the input audio's marks. No I/O."""
+
+    def __init__(self) -> None:
+        self.responses: dict[str | None, Heard] = {}
+        self.order: list[Heard] = []
+        self.current: Heard | None = None  # the latest response created
+        self.speech_started: list[Timed] = []
+        self.speech_stopped: list[Timed] = []
+        self.transcripts: list[tuple[float, str]] = []  # final transcripts of the input audio
+        self.cleared: list[Timed] = []  # output_audio_buffer.cleared (WebRTC)
+        self.errors: list[dict[str, Any]] = []  # the error events' error objects
+
+    def feed(self, at: float, item: dict[str, Any] | AudioIn) -> Heard | None:
+        """The response `item` is about, if any. Audio without a response id is the latest response's."""
+        if isinstance(item, AudioIn):
+            heard = self.responses.get(item.response_id) if item.response_id is not None else self.current
+            if heard is not None:
+                heard.first_audio = heard.first_audio if heard.first_audio is not None else at
+                heard.last_audio = at
+                heard.audio_s += item.seconds
+                heard.audio_at[at] = item.seconds
+            return heard
+        kind = item.get("type")
+        response = item.get("response") or {}
+        if kind == "response.created":
+            heard = self.current = self.responses[response.get("id")] = Heard(response.get("id"), created=at)
+            self.order.append(heard)
+            return heard
+        if kind == "error":
+            self.errors.append(item.get("error") or {})
+        elif kind == "input_audio_buffer.speech_started":
+            self.speech_started.append((at, item))
+        elif kind == "input_audio_buffer.speech_stopped":
+            self.speech_stopped.append((at, item))
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            self.transcripts.append((at, str(item.get("transcript") or "")))
+        elif kind == "output_audio_buffer.cleared":
+            self.cleared.append((at, item))
+        heard = self.responses.get(item.get("response_id") or response.get("id"))
+        if heard is None:
+            return None
+        if kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
+            heard.text += str(item.get("delta") or "")
+        elif kind == "output_audio_buffer.started":
+            heard.playout_started = at
+        elif kind in ("output_audio_buffer.stopped", "output_audio_buffer.cleared"):
+            heard.played = True
+            heard.cleared = kind == "output_audio_buffer.cleared"
+        elif kind == "response.done":
+            heard.done, heard.status, heard.marks = at, response.get("status"), parse_marks(response)
+            heard.reason = (response.get("status_details") or {}).get("reason")
+        return heard
 
 
 class SpokenTurn:
@@ -131,31 +247,21 @@ class SpokenTurn:
         self.plays_out = plays_out
         self.barge_in_after_s = barge_in_after_s
         self.timer = DeltaTimer()
-        self.responses: dict[str | None, Heard] = {}
+        self.log = SessionLog()
         self.answer: Heard | None = None
         self.reply: Heard | None = None
-        self.current: Heard | None = None  # the latest response created
         self.interrupt_at: float | None = None
         self.interruption: Utterance | None = None
 
     def feed(self, at: float, item: dict[str, Any] | AudioIn) -> None:
+        heard = self.log.feed(at, item)
         if isinstance(item, AudioIn):
-            heard = self.responses.get(item.response_id) if item.response_id is not None else self.current
-            if heard is None:
-                return
-            if heard.first_audio is None:
-                heard.first_audio = at
-                if heard is self.answer and self.barge_in_after_s is not None:
-                    self.interrupt_at = at + self.barge_in_after_s
-            heard.last_audio = at
-            heard.audio_s += item.seconds
+            if (heard is not None and heard is self.answer and heard.first_audio == at
+                    and self.barge_in_after_s is not None and self.interrupt_at is None and self.interruption is None):
+                self.interrupt_at = at + self.barge_in_after_s
             return
         kind = item.get("type")
-        response = item.get("response") or {}
-        heard = self.responses.get(item.get("response_id") or response.get("id"))
         if kind == "response.created":
-            heard = self.responses[response.get("id")] = Heard()
-            self.current = heard
             if self.answer is None:
                 self.answer = heard
             elif self.interruption is not None and self.reply is None:
@@ -164,14 +270,11 @@ class SpokenTurn:
             self.timer.tick(self.record, at)
         elif kind == "error":
             self.record.error = str((item.get("error") or {}).get("code") or "error")
-        elif kind == "response.done" and heard is not None:
-            heard.done, heard.status, heard.marks = at, response.get("status"), parse_marks(response)
-            if heard is self.answer and heard.status == "failed" and self.record.error is None:
+        elif kind == "response.done" and heard is not None and heard is self.answer:
+            if heard.status == "failed" and self.record.error is None:
+                response = item.get("response") or {}
                 self.record.error = str(((response.get("status_details") or {}).get("error") or {}).get("code")
                                         or "failed")
-        elif kind in ("output_audio_buffer.stopped", "output_audio_buffer.cleared") and heard is not None:
-            heard.played = True
-            heard.cleared = kind == "output_audio_buffer.cleared"
 
     def interrupt_due(self, now: float) -> bool:
         return self.interrupt_at is not None and now >= self.interrupt_at
@@ -237,8 +340,8 @@ class SpokenClient(ABC):
         self.barge_in_after_s = barge_in_after_s
         self._inbox: asyncio.Queue[Received | BenchError | ValueError] = asyncio.Queue()
 
-    def say(self, pcm: np.ndarray) -> Utterance:
-        return self.mic.say(pcm)
+    def say(self, pcm: np.ndarray, speech: tuple[int, int] | None = None) -> Utterance:
+        return self.mic.say(pcm, speech)
 
     async def turn(self, record: TurnRecord, question: np.ndarray, interrupter: np.ndarray | None,
                    timeout_s: float = 120) -> None:
@@ -275,6 +378,40 @@ class SpokenClient(ABC):
             raise received
         return received
 
+    async def next(self, deadline: float) -> Received:
+        """What arrived next; TimeoutError at `deadline` (perf_counter)."""
+        received = await self._receive(deadline - time.perf_counter())
+        if received is None:
+            raise TimeoutError
+        return received
+
+    async def expect(self, kind: str, timeout_s: float) -> Timed:
+        """The next event of type `kind`, what came before it passed over."""
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            at, item = await self.next(deadline)
+            if isinstance(item, dict) and item.get("type") == kind:
+                return at, item
+
+    async def quiet(self, seconds: float) -> None:
+        """Pass over what arrives until nothing did for `seconds` (the previous turn is over)."""
+        while await self._receive(seconds) is not None:
+            pass
+
+    async def link_stats(self) -> dict[str, Any] | None:
+        """What the transport can tell about its own delays, if anything."""
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def send(self, event: dict[str, Any]) -> None:
+        """A client event."""
+
     @abstractmethod
     async def close(self) -> None: ...
 
@@ -285,20 +422,25 @@ class RealtimeVoiceClient(SpokenClient):
 
     plays_out = False
 
-    def __init__(self, socket: RealtimeTextClient, barge_in_after_s: float | None) -> None:
-        super().__init__(socket.target, Microphone(VOICE_RATE, TAIL_SILENCE_S), barge_in_after_s)
+    def __init__(self, socket: RealtimeTextClient, barge_in_after_s: float | None, always_on: bool = False) -> None:
+        mic = Microphone(VOICE_RATE, 0, always_on=True) if always_on else Microphone(VOICE_RATE, TAIL_SILENCE_S)
+        super().__init__(socket.target, mic, barge_in_after_s)
         self.socket = socket
         self._speaking = asyncio.Event()
+        if always_on:
+            self._speaking.set()
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._send_audio())]
 
     @classmethod
     async def open(cls, target: Target, system_prompt: str | None, barge_in_after_s: float | None,
-                   timeout_s: float = 30) -> RealtimeVoiceClient:
-        socket = await RealtimeTextClient.open(target, system_prompt, timeout_s, spoken=True)
-        return cls(socket, barge_in_after_s)
+                   timeout_s: float = 30, *, configure: bool = True, always_on: bool = False) -> RealtimeVoiceClient:
+        """`configure`: False keeps the server's session defaults. `always_on`: the microphone sends silence
+        between clips, as a real one does (the server's input audio clock then runs with the wall clock)."""
+        socket = await RealtimeTextClient.open(target, system_prompt, timeout_s, spoken=True, configure=configure)
+        return cls(socket, barge_in_after_s, always_on)
 
-    def say(self, pcm: np.ndarray) -> Utterance:
-        utterance = super().say(pcm)
+    def say(self, pcm: np.ndarray, speech: tuple[int, int] | None = None) -> Utterance:
+        utterance = super().say(pcm, speech)
         self._speaking.set()
         return utterance
 
@@ -307,18 +449,15 @@ class RealtimeVoiceClient(SpokenClient):
         while True:
             await self._speaking.wait()
             self._speaking.clear()
-            started, sent = time.perf_counter(), 0
-            while self.mic.pending:
-                sent += 1
-                await asyncio.sleep(max(0.0, started + sent * CHUNK_MS / 1000 - time.perf_counter()))
-                chunk = self.mic.take(time.perf_counter())
-                if chunk is None:
-                    break
+            while (chunk := await self.mic.next_chunk()) is not None:
                 try:
                     await self.socket.send({"type": "input_audio_buffer.append",
                                             "audio": base64.b64encode(chunk.tobytes()).decode()})
                 except websockets.ConnectionClosed:
                     return  # the reader reports it
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.socket.send(event)
 
     async def _read(self) -> None:
         connection = self.socket.connection

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway.bench.clients import Target, probe_clock
-from gateway.bench.stages import TEXT_CHAIN, VOICE_CHAIN, choose_offset, parse_marks, turn_stages
+from gateway.bench.stages import TEXT_CHAIN, VOICE_CHAIN, ClockOffset, choose_offset, parse_marks, turn_stages
 
 
 def test_the_offset_comes_from_the_probe_with_the_shortest_round_trip() -> None:
@@ -82,3 +82,16 @@ async def test_the_clock_probe_reads_healthz_and_gives_up_on_a_server_without_ti
     for peer in (httpx.Response(404, text="Not Found"), httpx.Response(200, json={"status": "ok"})):
         async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request, peer=peer: peer)) as http:
             assert await probe_clock(http, target) is None
+
+
+def test_a_stage_may_start_at_the_first_of_several_marks_the_server_sent() -> None:
+    chain = (("tts_first_audio", ("first_clause", "first_token"), "first_audio"),)
+    marks = voice_marks(0.0)
+    assert turn_stages(marks, chain, start=None, end=None, clock=None) == {"tts_first_audio": 90.0}
+    marks["first_clause_ms"] = None  # no clause marked: from the first token
+    assert turn_stages(marks, chain, start=None, end=None, clock=None) == {"tts_first_audio": 104.5}
+
+
+def test_a_server_on_the_same_clock_has_no_offset() -> None:
+    clock = ClockOffset.same_clock(perf_to_wall_ms=5000.0)
+    assert clock.server_ms(2.0) == 7000.0 and clock.offset_ms == 0.0

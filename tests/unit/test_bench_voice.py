@@ -1,12 +1,14 @@
-"""The bench's spoken turns without a server (gateway/bench/voice.py): the microphone's queue and timing, and
-a turn's bookkeeping fed what a WebSocket or a WebRTC call delivers, barge-in included."""
+"""The bench's spoken turns without a server (gateway/bench/voice.py): the microphone's queue and timing, a
+turn's bookkeeping fed what a WebSocket or a WebRTC call delivers, barge-in included, a session's event log, and
+which response a WebRTC caller hears (webrtc.py's Playback)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from gateway.bench.stats import TurnRecord
-from gateway.bench.voice import QUIET_S, AudioIn, Microphone, SpokenTurn, Utterance
+from gateway.bench.voice import QUIET_S, AudioIn, Microphone, SessionLog, SpokenTurn, Utterance
+from gateway.bench.webrtc import TAIL_S, Playback
 
 RATE = 1000  # 20 samples a chunk
 
@@ -141,3 +143,52 @@ def test_a_webrtc_response_without_a_playout_event_is_over_once_quiet() -> None:
     turn.feed(2.5, AudioIn(0.02, None))
     turn.feed(2.6, done("r1"))
     assert not turn.finished(2.6 + QUIET_S - 0.01) and turn.finished(2.6 + QUIET_S)
+
+
+def test_an_always_on_microphone_places_the_end_of_speech_within_its_chunk_and_in_the_stream() -> None:
+    mic = Microphone(RATE, tail_s=0, always_on=True)
+    assert not mic.take(0.0).any()  # nothing to say: silence, which counts in the stream
+    said = mic.say(speech(30), speech=(5, 25))  # its speech: samples 5 to 24
+    mic.take(0.02)
+    assert said.onset == 0.02 and said.stream_onset_ms == 25.0 and said.speech_end is None
+    mic.take(0.04, lag_ms=3.0)
+    assert said.end == 0.04 and said.speech_end == 0.04 - 0.015  # sample 25 is the chunk's 6th of 20
+    assert said.stream_speech_end_ms == 45.0 and said.end_lag_ms == 3.0
+    assert not mic.pending and not mic.take(0.06).any()
+
+
+def test_the_session_log_folds_responses_and_input_audio_marks() -> None:
+    log = SessionLog()
+    log.feed(1.0, {"type": "input_audio_buffer.speech_started", "audio_start_ms": 100})
+    log.feed(1.5, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "Hi"})
+    heard = log.feed(2.0, created("r1"))
+    assert heard is not None and heard.created == 2.0 and log.order == [heard]
+    log.feed(2.1, {"type": "response.output_audio_transcript.delta", "response_id": "r1", "delta": "Hello"})
+    log.feed(2.2, AudioIn(0.5, "r1"))
+    log.feed(2.3, AudioIn(0.25, None))  # the latest response's
+    log.feed(2.4, {"type": "error", "error": {"code": "x"}})
+    done_event = done("r1", "cancelled")
+    done_event["response"]["status_details"] = {"reason": "turn_detected"}
+    assert log.feed(2.5, done_event) is heard
+    assert (heard.text, heard.first_audio, heard.last_audio, heard.audio_s) == ("Hello", 2.2, 2.3, 0.75)
+    assert heard.audio_at == {2.2: 0.5, 2.3: 0.25} and (heard.status, heard.reason) == ("cancelled", "turn_detected")
+    assert [at for at, _ in log.speech_started] == [1.0] and log.transcripts == [(1.5, "Hi")]
+    assert log.errors == [{"code": "x"}] and log.feed(2.6, AudioIn(0.1, "unknown")) is None
+
+
+def test_playback_gives_loud_frames_to_the_oldest_response_playing_and_holds_its_done_until_heard() -> None:
+    playback = Playback()
+    assert playback.frame(0.5, 0.02, loud=True) == [] and playback.stray_loud_s == 0.02  # nobody's
+    playback.event(1.0, created("r1"))
+    marked = done("r1")
+    marked["response"]["metadata"] = {"gateway_latency": '{"first_audio_ms": 300}'}
+    assert playback.event(1.2, marked) == []  # generated, not yet heard
+    assert playback.frame(1.3, 0.02, loud=True) == [(1.3, AudioIn(0.02, "r1"))]
+    stopped = {"type": "output_audio_buffer.stopped", "response_id": "r1"}
+    assert playback.event(2.0, stopped) == [(2.0, stopped), (1.2, marked)]
+    playback.event(2.1, created("r2"))
+    assert playback.frame(2.2, 0.02, loud=True) == [(2.2, AudioIn(0.02, "r1"))]  # still in flight
+    assert playback.frame(2.2 + TAIL_S, 0.02, loud=True) == [(2.2 + TAIL_S, AudioIn(0.02, "r2"))]
+    silent = done("r3")
+    playback.event(3.0, created("r3"))
+    assert playback.event(3.1, silent) == [(3.1, silent)]  # no audio went to the playout: handed on at once
