@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 
 from benchmarks.int4_kernels import cpu_model
-from benchmarks.safety import MODEL, TOPICS, summary
+from benchmarks.safety import MODEL, TOPICS, summary, timed
+from gateway.bench.clients import stream_chat
 from gateway.platform.processes import GatewayProcess
 
 KEYS = ("sk-bench-memory-on", "sk-bench-memory-off")
@@ -36,25 +37,7 @@ async def one(http: httpx.AsyncClient, question: str, max_tokens: int, **extra: 
     body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **extra}
     started = time.perf_counter()
-    first = finished = None
-    usage: dict[str, Any] = {}
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                if choice["delta"].get("content"):
-                    first = first or time.perf_counter()
-                if choice.get("finish_reason"):
-                    finished = time.perf_counter()
-    if first is None or finished is None:
-        raise RuntimeError("no text in the stream")
-    tokens = usage.get("completion_tokens", 0)
-    return {"ttft_ms": (first - started) * 1000, "prompt_tokens": usage.get("prompt_tokens", 0),
-            "tokens_per_s": (tokens - 1) / (finished - first) if tokens > 1 and finished > first else None}
+    return timed(await stream_chat(http, "/v1/chat/completions", body), started)
 
 
 async def measure(url: str, trials: int, max_tokens: int, memories: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from benchmarks.int4_kernels import cpu_model
+from gateway.bench.clients import ChatStream, stream_chat
 from gateway.platform.config import Settings
 from gateway.platform.processes import GatewayProcess
 from gateway.platform.safety_rules import build_policy
@@ -43,28 +44,21 @@ async def one(http: httpx.AsyncClient, url: str, question: str, max_tokens: int)
     body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
-    first = finished = None
-    tokens = 0
-    deltas: list[str] = []
-    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for choice in chunk.get("choices", []):
-                if choice["delta"].get("content"):
-                    first = first or time.perf_counter()
-                    deltas.append(choice["delta"]["content"])
-                if choice.get("finish_reason"):
-                    finished = time.perf_counter()
+    stream = await stream_chat(http, f"{url}/v1/chat/completions", body)
+    return timed(stream, started)
+
+
+def timed(stream: ChatStream, started: float) -> dict[str, Any]:
+    """TTFT from `started`, and tokens/s after the first text until the finish chunk (benchmarks.memory too)."""
+    if stream.error is not None:
+        raise RuntimeError(f"the chat completion failed: {stream.error}")
+    first, finished = stream.first, stream.finished
     if first is None or finished is None:
         raise RuntimeError("no text in the stream")
-    return {"ttft_ms": (first - started) * 1000, "tokens": tokens,
+    tokens = stream.usage.get("completion_tokens", 0)
+    return {"ttft_ms": (first - started) * 1000, "tokens": tokens, "prompt_tokens": stream.usage.get("prompt_tokens", 0),
             "tokens_per_s": (tokens - 1) / (finished - first) if tokens > 1 and finished > first else None,
-            "text": "".join(deltas)}
+            "text": "".join(stream.text)}
 
 
 def summary(values: list[float]) -> dict[str, float]:
