@@ -29,6 +29,8 @@ import httpx
 import websockets
 
 from benchmarks.int4_kernels import cpu_model
+from benchmarks.safety import timed
+from gateway.bench.clients import stream_chat
 from gateway.platform.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
@@ -40,12 +42,7 @@ async def ttft_ms(http: httpx.AsyncClient, url: str, question: str) -> float:
     body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 8, "temperature": 0,
             "stream": True}
     started = time.perf_counter()
-    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
-                return (time.perf_counter() - started) * 1000
-    raise RuntimeError("no text in the stream")
+    return float(timed(await stream_chat(http, f"{url}/v1/chat/completions", body), started)["ttft_ms"])
 
 
 async def cancelled_count(http: httpx.AsyncClient, url: str) -> float:
