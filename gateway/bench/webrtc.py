@@ -3,7 +3,8 @@
 An ephemeral key from POST /v1/realtime/client_secrets, the SDP offer to POST /v1/realtime/calls (201, the
 SDP answer and a Location), events on the `oai-events` data channel, the microphone as a 48 kHz track and
 the answer on the server's track, where the server decides what the caller hears: answer audio is a loud
-received frame. The call ends with POST {Location}/hangup.
+received frame. The call ends with POST {Location}/hangup. benchmarks/voice.py makes its calls here too, with
+Playback (which response a frame is heard as) and the call's link statistics.
 """
 
 from __future__ import annotations
