@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 import httpx
-import websockets
 
+from gateway.bench.clients import BenchError, RealtimeTextClient, Target
+from gateway.bench.stats import TurnRecord
 from gateway.platform.processes import GatewayProcess
 
 MODEL = "smollm2-135m-instruct"
@@ -48,46 +49,24 @@ def process_figures(pid: int, url: str) -> dict[str, float]:
             "conversations_pinned": float(pinned.group(1)) if pinned else -1.0}
 
 
-async def turn(ws, question: str) -> float:
-    """One text turn; the first delta's latency from the response.create."""
-    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}}))
-    sent = time.monotonic()
-    await ws.send(json.dumps({"type": "response.create"}))
-    first = None
-    error = None
-    while True:
-        try:
-            event = json.loads(await asyncio.wait_for(ws.recv(), 120 if error is None else 2))
-        except TimeoutError:
-            raise RuntimeError(error) from None  # refused before any response started
-        if event["type"] == "error":
-            error = event["error"]["code"]  # a response may still follow (and must end) before the next turn
-        if event["type"] == "response.output_text.delta" and first is None:
-            first = time.monotonic() - sent
-        if event["type"] == "response.done":
-            response = event["response"]
-            if response["status"] not in ("completed", "incomplete") or first is None:
-                details = response.get("status_details") or {}
-                reason = (details.get("error") or {}).get("code") or details.get("reason") or response["status"]
-                raise RuntimeError(f"response {response['status']}: {reason}")
-            return first
+async def turn(client: RealtimeTextClient, question: str) -> float:
+    """One text turn; the first delta's latency from the response.create, in seconds."""
+    record = TurnRecord(session=0, turn=0, started_at=0.0)
+    await client.turn(record, question)
+    if record.error is not None or record.ttft_ms is None:
+        raise RuntimeError(f"response failed: {record.error or 'no text'}")
+    return record.ttft_ms / 1000
 
 
-async def open_session(ws_url: str):
-    ws = await websockets.connect(f"{ws_url}/v1/realtime?model={MODEL}", max_size=None, open_timeout=60)
-    await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
-                                                                     "max_output_tokens": 8}}))
-    while json.loads(await ws.recv())["type"] != "session.updated":
-        pass
-    return ws
+async def open_session(url: str) -> RealtimeTextClient:
+    return await RealtimeTextClient.open(Target(url, MODEL, api_key=None, max_tokens=8, seed=None), None, timeout_s=60)
 
 
-async def talker(ws_url: str, deadline: float, think_s: tuple[float, float], rng: random.Random,
+async def talker(url: str, deadline: float, think_s: tuple[float, float], rng: random.Random,
                  latencies: list[float], counts: dict) -> None:
     await asyncio.sleep(rng.uniform(0, think_s[1]))  # staggered starts
     try:
-        ws = await open_session(ws_url)
+        client = await open_session(url)
     except Exception:
         counts["connect_errors"] += 1
         return
@@ -95,53 +74,52 @@ async def talker(ws_url: str, deadline: float, think_s: tuple[float, float], rng
         while time.monotonic() < deadline:
             counts["turns"] += 1
             try:
-                latencies.append(await turn(ws, rng.choice(QUESTIONS)))
+                latencies.append(await turn(client, rng.choice(QUESTIONS)))
                 counts["completed"] += 1
             except Exception as exc:
                 counts["errors"] += 1
                 counts.setdefault("error_kinds", {}).setdefault(str(exc)[:60], 0)
                 counts["error_kinds"][str(exc)[:60]] += 1
-                if isinstance(exc, websockets.ConnectionClosed):
+                if isinstance(exc, BenchError):  # the server closed the session
                     return
             await asyncio.sleep(rng.uniform(*think_s))
     finally:
-        await ws.close()
+        await client.close()
 
 
-async def churner(ws_url: str, item_mib: float, counts: dict) -> None:
+async def churner(url: str, item_mib: float, counts: dict) -> None:
     text = "x" * int(item_mib * (1 << 20))
-    ws = await open_session(ws_url)
+    client = await open_session(url)
     try:
         for _ in range(3):
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
-            while (event := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] not in ("conversation.item.done",
-                                                                                                "error"):
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+            while (event := await client.next_event(60))["type"] not in ("conversation.item.done", "error"):
                 pass
             counts["items" if event["type"] != "error" else "item_errors"] += 1
     finally:
-        await ws.close()
+        await client.close()
 
 
-async def warm_session(ws_url: str) -> None:
-    ws = await open_session(ws_url)
+async def warm_session(url: str) -> None:
+    client = await open_session(url)
     try:
-        await turn(ws, QUESTIONS[0])
+        await turn(client, QUESTIONS[0])
     finally:
-        await ws.close()
+        await client.close()
 
 
-async def soak(args, url: str, ws_url: str, pid: int) -> dict:
+async def soak(args, url: str, pid: int) -> dict:
     # Warm-up: the first turns' one-off allocations, and the worker threads that thread pools start only
     # when tasks overlap (the gateway's default executor has as many as cores).
-    await asyncio.gather(*(warm_session(ws_url) for _ in range(WARM_SESSIONS)))
+    await asyncio.gather(*(warm_session(url) for _ in range(WARM_SESSIONS)))
     await asyncio.sleep(2)
     figures = {"start": await asyncio.to_thread(process_figures, pid, url)}
     rng = random.Random(1)
     latencies: list[float] = []
     counts = {"turns": 0, "completed": 0, "errors": 0, "connect_errors": 0}
     deadline = time.monotonic() + args.seconds
-    talkers = [asyncio.create_task(talker(ws_url, deadline, tuple(args.think_s), rng, latencies, counts))
+    talkers = [asyncio.create_task(talker(url, deadline, tuple(args.think_s), rng, latencies, counts))
                for _ in range(args.sessions)]
     await asyncio.sleep(args.seconds / 2)
     figures["during_sessions"] = await asyncio.to_thread(process_figures, pid, url)
@@ -153,7 +131,7 @@ async def soak(args, url: str, ws_url: str, pid: int) -> dict:
 
     async def bounded() -> None:
         async with limit:
-            await churner(ws_url, args.item_mib, churn)
+            await churner(url, args.item_mib, churn)
 
     await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(args.churn))), 900)
     await asyncio.sleep(3)
@@ -187,14 +165,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.url:
         if args.pid is None:
             ap.error("--url needs --pid")
-        report = asyncio.run(soak(args, args.url, args.url.replace("http", "ws", 1), args.pid))
+        report = asyncio.run(soak(args, args.url, args.pid))
     else:
         with tempfile.TemporaryDirectory(prefix="gw-soak-") as tmp:
             extra = ["--no-load-voice-models"] if args.text_only else []
             gateway = GatewayProcess(Path(tmp) / "gateway.log", args=extra).start()
             try:
                 gateway.wait_ready(timeout_s=600)
-                report = asyncio.run(soak(args, gateway.url, gateway.ws_url, gateway.process.pid))
+                report = asyncio.run(soak(args, gateway.url, gateway.process.pid))
             finally:
                 gateway.stop()
     print(json.dumps(report, indent=2))

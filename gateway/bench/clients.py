@@ -17,6 +17,8 @@ import websockets
 from gateway.bench.stages import TEXT_CHAIN, ClockOffset, choose_offset, parse_marks, turn_stages
 from gateway.bench.stats import TurnRecord
 
+REFUSAL_WAIT_S = 2.0  # how long a turn waits for a response after an error, before it counts as refused
+
 
 class BenchError(Exception):
     """A failure the run cannot go on with (unreachable server, refused key, wrong protocol): one line.
@@ -197,7 +199,7 @@ class RealtimeTextClient:
             raise BenchError(f"cannot open {target.realtime_url}: {exc}") from None
         client = cls(target, connection)
         try:
-            first = await client._next(timeout_s)
+            first = await client.next_event(timeout_s)
         except TimeoutError:
             await connection.close()
             raise BenchError(f"not a Realtime server: {target.realtime_url} sent no session.created "
@@ -227,7 +229,7 @@ class RealtimeTextClient:
     async def send(self, event: dict[str, Any]) -> None:
         await self.connection.send(json.dumps(event))
 
-    async def _next(self, timeout_s: float) -> dict[str, Any]:
+    async def next_event(self, timeout_s: float) -> dict[str, Any]:
         try:
             raw = await asyncio.wait_for(self.connection.recv(), timeout_s)
         except websockets.ConnectionClosed as exc:
@@ -243,10 +245,20 @@ class RealtimeTextClient:
         sent = time.perf_counter()
         await self.send({"type": "response.create"})
         timer = DeltaTimer()
+        started = False
         while True:
-            event = await self._next(timeout_s)
+            try:
+                # After an error with no response begun, a refused response.create: no response.done comes.
+                event = await self.next_event(timeout_s if started or record.error is None else REFUSAL_WAIT_S)
+            except TimeoutError:
+                if started or record.error is None:
+                    raise
+                record.total_ms = elapsed_ms(sent)
+                return
             kind = event.get("type")
-            if kind in ("response.output_text.delta", "response.output_audio_transcript.delta"):
+            if kind == "response.created":
+                started = True
+            elif kind in ("response.output_text.delta", "response.output_audio_transcript.delta"):
                 timer.tick(record, time.perf_counter())
             elif kind == "error":
                 record.error = str((event.get("error") or {}).get("code") or "error")

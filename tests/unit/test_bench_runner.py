@@ -65,3 +65,23 @@ async def test_a_websocket_server_that_sends_no_session_created_is_one_bench_err
     target = Target(silent_realtime_server, "m", None, 8, None)
     with pytest.raises(BenchError, match=r"not a Realtime server: .* sent no session.created within 0.5 s"):
         await asyncio.wait_for(RealtimeTextClient.open(target, None, timeout_s=0.5), 10)
+
+
+async def test_a_refused_response_create_ends_the_turn_with_its_code() -> None:
+    """A server that answers response.create with an error and starts no response (as a rate limit does):
+    the turn ends with the error's code, rather than waiting out its timeout for a response.done."""
+
+    async def refuse(connection: websockets.ServerConnection) -> None:
+        await connection.send('{"type": "session.created", "session": {"type": "realtime", "id": "s"}}')
+        async for message in connection:
+            if '"response.create"' in str(message):
+                await connection.send('{"type": "error", "error": {"type": "rate_limit_error", '
+                                      '"code": "rate_limit_exceeded", "message": "slow down"}}')
+
+    async with websockets.serve(refuse, "127.0.0.1", 0) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        client = await RealtimeTextClient.open(Target(f"http://127.0.0.1:{port}", "m", None, 8, None), None)
+        record = TurnRecord(session=0, turn=0, started_at=0.0)
+        await client.turn(record, "Hello?", timeout_s=10)
+        await client.close()
+    assert record.error == "rate_limit_exceeded" and record.ttft_ms is None and record.total_ms is not None
