@@ -1,5 +1,5 @@
 """Pre-warm while typing: the time to the first token of a ~200-token message, with and without a
-POST /v1/conversations/{id}/prepare of the same draft one second earlier, alternating in one run.
+POST /backend-api/conversation/{id}/prepare of the same draft one second earlier, alternating in one run.
 
     python -m benchmarks.prewarm [--trials 10] [--url http://127.0.0.1:8000 --api-key KEY]
 
@@ -44,7 +44,7 @@ def ask(http: httpx.Client, conversation: str, content: str) -> dict[str, Any]:
     first = None
     metadata: dict[str, Any] = {}
     body = {"model": MODEL, "content": content, "max_tokens": 8, "temperature": 0}
-    with http.stream("POST", f"/v1/conversations/{conversation}/messages", json=body) as response:
+    with http.stream("POST", f"/backend-api/conversation/{conversation}/messages", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: {"):
@@ -63,13 +63,13 @@ def run(url: str, api_key: str | None, trials: int) -> dict[str, Any]:
     cold: list[dict[str, Any]] = []
     warm: list[dict[str, Any]] = []
     with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
-        ask(http, http.post("/v1/conversations", json={}).json()["id"], draft(10_000))  # warm-up
+        ask(http, http.post("/backend-api/conversations", json={}).json()["id"], draft(10_000))  # warm-up
         for trial in range(trials):
             for prepared in (False, True):
-                conversation = http.post("/v1/conversations", json={}).json()["id"]
+                conversation = http.post("/backend-api/conversations", json={}).json()["id"]
                 content = draft(trial * 2 + prepared)
                 if prepared:
-                    http.post(f"/v1/conversations/{conversation}/prepare", json={"content": content}).raise_for_status()
+                    http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": content}).raise_for_status()
                 time.sleep(1.0)  # the user goes on typing
                 (warm if prepared else cold).append(ask(http, conversation, content))
 

@@ -62,50 +62,50 @@ def assert_error(response: httpx.Response, status: int, code: str) -> None:
 def test_crud_pagination_and_ownership(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http, client(gateway, KEY_B) as other:
-        made = [http.post("/v1/conversations", json={"title": f"chat {i}"}).json() for i in range(5)]
+        made = [http.post("/backend-api/conversations", json={"title": f"chat {i}"}).json() for i in range(5)]
         assert all(c["object"] == "conversation" and c["id"].startswith("conv_") for c in made)
-        assert other.get("/v1/conversations").json()["data"] == []  # another key sees none of them
+        assert other.get("/backend-api/conversations").json()["data"] == []  # another key sees none of them
 
         seen: list[str] = []
         after = None
         while True:
-            page = http.get("/v1/conversations", params={"limit": 2, **({"after": after} if after else {})}).json()
+            page = http.get("/backend-api/conversations", params={"limit": 2, **({"after": after} if after else {})}).json()
             seen += [c["id"] for c in page["data"]]
             assert len(page["data"]) <= 2 and page["last_id"] == page["data"][-1]["id"]
             if not page["has_more"]:
                 break
             after = page["last_id"]
         assert seen == [c["id"] for c in reversed(made)]  # newest first, each once
-        oldest_first = http.get("/v1/conversations", params={"order": "asc", "limit": 100}).json()["data"]
+        oldest_first = http.get("/backend-api/conversations", params={"order": "asc", "limit": 100}).json()["data"]
         assert [c["id"] for c in oldest_first] == [c["id"] for c in made]
 
         target = made[0]["id"]
-        renamed = http.patch(f"/v1/conversations/{target}", json={"title": "renamed"})
+        renamed = http.patch(f"/backend-api/conversation/{target}", json={"title": "renamed"})
         assert renamed.status_code == 200 and renamed.json()["title"] == "renamed"
-        for response in (other.get(f"/v1/conversations/{target}"), other.delete(f"/v1/conversations/{target}"),
-                         other.patch(f"/v1/conversations/{target}", json={"title": "mine"}),
-                         other.get(f"/v1/conversations/{target}/messages"),
+        for response in (other.get(f"/backend-api/conversation/{target}"), other.delete(f"/backend-api/conversation/{target}"),
+                         other.patch(f"/backend-api/conversation/{target}", json={"title": "mine"}),
+                         other.get(f"/backend-api/conversation/{target}/messages"),
                          other.post("/v1/chat/completions", json={"model": MODEL, "conversation": target,
                                                                   "messages": [{"role": "user", "content": "hi"}]})):
             assert_error(response, 404, "conversation_not_found")  # 404, not 403: its existence is not told
-        assert_error(http.get("/v1/conversations/conv_nope"), 404, "conversation_not_found")
-        assert_error(http.patch(f"/v1/conversations/{target}", json={}), 400, "invalid_value")
-        assert http.patch(f"/v1/conversations/{target}", json={"colour": "red"}).status_code == 400
-        assert_error(http.get("/v1/conversations", params={"limit": 0}), 422, "invalid_value")
-        assert_error(http.get("/v1/conversations", params={"order": "sideways"}), 422, "invalid_value")
-        assert http.post("/v1/conversations", content=b"[1]").status_code == 400
-        assert httpx.get(f"{gateway.url}/v1/conversations").status_code == 401
+        assert_error(http.get("/backend-api/conversation/conv_nope"), 404, "conversation_not_found")
+        assert_error(http.patch(f"/backend-api/conversation/{target}", json={}), 400, "invalid_value")
+        assert http.patch(f"/backend-api/conversation/{target}", json={"colour": "red"}).status_code == 400
+        assert_error(http.get("/backend-api/conversations", params={"limit": 0}), 422, "invalid_value")
+        assert_error(http.get("/backend-api/conversations", params={"order": "sideways"}), 422, "invalid_value")
+        assert http.post("/backend-api/conversations", content=b"[1]").status_code == 400
+        assert httpx.get(f"{gateway.url}/backend-api/conversations").status_code == 401
 
-        deleted = http.delete(f"/v1/conversations/{target}")
+        deleted = http.delete(f"/backend-api/conversation/{target}")
         assert deleted.json() == {"id": target, "object": "conversation.deleted", "deleted": True}
-        assert_error(http.get(f"/v1/conversations/{target}"), 404, "conversation_not_found")
-        assert_error(http.delete(f"/v1/conversations/{target}"), 404, "conversation_not_found")
+        assert_error(http.get(f"/backend-api/conversation/{target}"), 404, "conversation_not_found")
+        assert_error(http.delete(f"/backend-api/conversation/{target}"), 404, "conversation_not_found")
 
 
 def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         alone = ask(http, None, "What is two plus two?")
         first = ask(http, conversation, "My name is Ann.")
         second = ask(http, conversation, "What is two plus two?")
@@ -113,7 +113,7 @@ def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[Gatew
         assert second["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"] + 5
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
-        view = http.get(f"/v1/conversations/{conversation}").json()
+        view = http.get(f"/backend-api/conversation/{conversation}").json()
         branch = view["messages"]
         assert [m["role"] for m in branch] == ["user", "assistant", "user", "assistant"]
         assert [m["parent_id"] for m in branch] == [None, branch[0]["id"], branch[1]["id"], branch[2]["id"]]
@@ -125,18 +125,18 @@ def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[Gatew
         assert view["current_leaf_id"] == branch[3]["id"]
 
         # Edit the second question: a sibling branch under the first answer.
-        assert http.patch(f"/v1/conversations/{conversation}", json={"current_leaf_id": branch[1]["id"]}).status_code == 200
+        assert http.patch(f"/backend-api/conversation/{conversation}", json={"current_leaf_id": branch[1]["id"]}).status_code == 200
         ask(http, conversation, "What is three plus three?")
-        current = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        current = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
         assert [m["id"] for m in current[:2]] == [m["id"] for m in branch[:2]]
         assert current[2]["content"][0]["text"] == "What is three plus three?" and current[2]["parent_id"] == branch[1]["id"]
-        everything = http.get(f"/v1/conversations/{conversation}", params={"all_branches": "true"}).json()["messages"]
+        everything = http.get(f"/backend-api/conversation/{conversation}", params={"all_branches": "true"}).json()["messages"]
         assert len(everything) == 6 and sum(1 for m in everything if m["parent_id"] == branch[1]["id"]) == 2
 
         pages: list[dict[str, Any]] = []
         after = None
         while True:
-            page = http.get(f"/v1/conversations/{conversation}/messages",
+            page = http.get(f"/backend-api/conversation/{conversation}/messages",
                             params={"limit": 4, **({"after": after} if after else {})}).json()
             pages += page["data"]
             if not page["has_more"]:
@@ -144,8 +144,8 @@ def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[Gatew
             after = page["last_id"]
         assert [m["id"] for m in pages] == [m["id"] for m in everything]  # oldest first, each once
 
-        other = http.post("/v1/conversations", json={}).json()["id"]
-        assert_error(http.patch(f"/v1/conversations/{other}", json={"current_leaf_id": branch[1]["id"]}),
+        other = http.post("/backend-api/conversations", json={}).json()["id"]
+        assert_error(http.patch(f"/backend-api/conversation/{other}", json={"current_leaf_id": branch[1]["id"]}),
                      404, "message_not_found")
 
 
@@ -167,7 +167,7 @@ def sse_events(response: httpx.Response, limit: int | None = None) -> list[dict[
 
 
 def post_message(http: httpx.Client, conversation: str, **body: Any) -> list[dict[str, Any]]:
-    with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+    with http.stream("POST", f"/backend-api/conversation/{conversation}/messages",
                      json={"model": MODEL, "max_tokens": 24, "temperature": 0, **body}) as response:
         assert response.status_code == 200, response.read()
         return sse_events(response)
@@ -186,7 +186,7 @@ def test_the_seeds_streaming_api_patches_a_message_and_titles_the_conversation(
         stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         events = post_message(http, conversation, content="How do plants make their food?")
         assert events[0]["event"] == "delta_encoding" and events[0]["data"] == "v1"
         token = events[1]["data"]["token"]
@@ -203,7 +203,7 @@ def test_the_seeds_streaming_api_patches_a_message_and_titles_the_conversation(
         (title,) = typed(events, "title_generation")
         assert title["title"] and events[-1]["data"] == "[DONE]"
 
-        view = http.get(f"/v1/conversations/{conversation}").json()
+        view = http.get(f"/backend-api/conversation/{conversation}").json()
         assert view["title"] == title["title"]
         user, reply = view["messages"]
         assert reply["id"] == added["v"]["message"]["id"] and reply["parent_id"] == user["id"]
@@ -212,21 +212,21 @@ def test_the_seeds_streaming_api_patches_a_message_and_titles_the_conversation(
         # Regenerate (no content): a sibling reply to the same user message, now the current leaf.
         again = post_message(http, conversation, parent_message_id=user["id"], temperature=1.0)
         assert not typed(again, "title_generation"), "only the first exchange is titled"
-        view = http.get(f"/v1/conversations/{conversation}", params={"all_branches": "true"}).json()
+        view = http.get(f"/backend-api/conversation/{conversation}", params={"all_branches": "true"}).json()
         replies = [m for m in view["messages"] if m["parent_id"] == user["id"]]
         assert len(replies) == 2 and view["current_leaf_id"] == replies[1]["id"]
         # Edit the first message: a new root beside the old one.
         post_message(http, conversation, parent_message_id=None, content="How do fish breathe?")
-        branch = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        branch = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
         assert branch[0]["parent_id"] is None and branch[0]["content"][0]["text"] == "How do fish breathe?"
 
-        url = f"/v1/conversations/{conversation}/messages"
+        url = f"/backend-api/conversation/{conversation}/messages"
         assert_error(http.post(url, json={"model": MODEL, "content": "x", "parent_message_id": "msg_nope"}),
                      404, "message_not_found")
         assert_error(http.post(url, json={"model": MODEL, "parent_message_id": replies[0]["id"]}), 400, "invalid_value")
         assert_error(http.post(url, json={"model": MODEL, "content": "x", "stream": True}), 400,
                      "unknown_parameter")
-        assert_error(http.post("/v1/conversations/conv_nope/messages", json={"model": MODEL, "content": "x"}),
+        assert_error(http.post("/backend-api/conversation/conv_nope/messages", json={"model": MODEL, "content": "x"}),
                      404, "conversation_not_found")
     with client(gateway, KEY_B) as other:
         assert_error(other.post(url, json={"model": MODEL, "content": "x"}), 404, "conversation_not_found")
@@ -235,8 +235,8 @@ def test_the_seeds_streaming_api_patches_a_message_and_titles_the_conversation(
 def test_a_stored_reply_runs_on_when_its_client_leaves_and_resumes(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http, client(gateway, KEY_B) as other:
-        conversation = http.post("/v1/conversations", json={"title": "resumed"}).json()["id"]
-        url = f"/v1/conversations/{conversation}/messages"
+        conversation = http.post("/backend-api/conversations", json={"title": "resumed"}).json()["id"]
+        url = f"/backend-api/conversation/{conversation}/messages"
         body = {"model": MODEL, "max_tokens": 120, "temperature": 0, "content": "Tell me a long story about a fox."}
         with http.stream("POST", url, json=body) as response:
             before = sse_events(response, limit=6)
@@ -251,7 +251,7 @@ def test_a_stored_reply_runs_on_when_its_client_leaves_and_resumes(stored: tuple
         token = before[1]["data"]["token"]
         assert [e["id"] for e in events] == [f"{token}/{n}" for n in range(1, len(events) + 1)], "no gaps, no duplicates"
         assert after[-1]["data"] == "[DONE]"
-        reply = http.get(f"/v1/conversations/{conversation}").json()["messages"][-1]
+        reply = http.get(f"/backend-api/conversation/{conversation}").json()["messages"][-1]
         assert reply["content"][0]["text"] == reply_text(events) and reply["status"] in ("completed", "incomplete")
         print(f"SSE resume: {len(before)} events before the drop, {len(after)} after it")
 
@@ -259,7 +259,7 @@ def test_a_stored_reply_runs_on_when_its_client_leaves_and_resumes(stored: tuple
         with http.stream("POST", url, json={**body, "content": "Tell me another story."}) as response:
             sse_events(response, limit=4)
         for _ in range(100):
-            reply = http.get(f"/v1/conversations/{conversation}").json()["messages"][-1]
+            reply = http.get(f"/backend-api/conversation/{conversation}").json()["messages"][-1]
             if reply["status"] != "in_progress":
                 break
             time.sleep(0.1)
@@ -270,8 +270,8 @@ def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[Ga
     gateway, _ = stored
     draft = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 20
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={"title": "warm"}).json()["id"]
-        prepared = http.post(f"/v1/conversations/{conversation}/prepare", json={"content": draft})
+        conversation = http.post("/backend-api/conversations", json={"title": "warm"}).json()["id"]
+        prepared = http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": draft})
         assert prepared.status_code == 202 and prepared.json()["prompt_tokens"] > 200
         time.sleep(1.0)
         events = post_message(http, conversation, content=draft, max_tokens=4)
@@ -279,11 +279,11 @@ def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[Ga
         metadata = final["v"][1]["v"]
         assert metadata["prewarmed"] is True and metadata["usage"]["cached_tokens"] >= prepared.json()["prompt_tokens"] - 1
 
-        assert_error(http.post(f"/v1/conversations/{conversation}/prepare", json={"content": ""}), 400, "invalid_value")
+        assert_error(http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": ""}), 400, "invalid_value")
         # A storm from one key: two prefills in flight at most (each of a long draft takes a while).
         long_draft = "Read this carefully: " + "every morning the baker lights the oven and sings. " * 150
-        others = [http.post("/v1/conversations", json={}).json()["id"] for _ in range(3)]
-        answers = [http.post(f"/v1/conversations/{c}/prepare", json={"content": long_draft}) for c in others]
+        others = [http.post("/backend-api/conversations", json={}).json()["id"] for _ in range(3)]
+        answers = [http.post(f"/backend-api/conversation/{c}/prepare", json={"content": long_draft}) for c in others]
         assert [a.status_code for a in answers[:2]] == [202, 202]
         assert_error(answers[2], 429, "too_many_prepares")
 
@@ -303,11 +303,11 @@ def test_a_storm_of_prepares_from_one_key_leaves_another_keys_prepare_working(tm
               for n in range(13)]
     try:
         with client(gateway, KEY_B) as other, client(gateway) as storm:
-            mine = other.post("/v1/conversations", json={}).json()["id"]
-            assert other.post(f"/v1/conversations/{mine}/prepare", json={"content": drafts[0]}).status_code == 202
+            mine = other.post("/backend-api/conversations", json={}).json()["id"]
+            assert other.post(f"/backend-api/conversation/{mine}/prepare", json={"content": drafts[0]}).status_code == 202
             for draft in drafts[1:]:
-                conversation = storm.post("/v1/conversations", json={}).json()["id"]
-                while (answer := storm.post(f"/v1/conversations/{conversation}/prepare",
+                conversation = storm.post("/backend-api/conversations", json={}).json()["id"]
+                while (answer := storm.post(f"/backend-api/conversation/{conversation}/prepare",
                                             json={"content": draft})).status_code == 429:
                     time.sleep(0.1)  # two in flight: the next one waits for a slot
                 assert answer.status_code == 202, answer.text
@@ -342,16 +342,16 @@ async def realtime_turn(gateway: GatewayProcess, conversation: str, question: st
 async def test_a_realtime_session_continues_a_stored_conversation(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         ask(http, conversation, "My name is Ann.")
-        before = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        before = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
     loaded, done = await realtime_turn(gateway, conversation, "What is my name?")
     assert [item["id"] for item in loaded] == [m["id"] for m in before], "the stored branch, as items"
     assert loaded[0]["content"] == [{"type": "input_text", "text": "My name is Ann."}]
     assert done["response"]["conversation_id"] == conversation
     with client(gateway) as http:
         for _ in range(50):  # written behind the session
-            after = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            after = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
             if len(after) == 4 and after[3]["usage"] is not None:
                 break
             time.sleep(0.1)
@@ -364,11 +364,11 @@ async def test_a_realtime_session_continues_a_stored_conversation(stored: tuple[
 
     # Titles come after the first exchange, whichever API made it (written in the background).
     with client(gateway) as http:
-        fresh = http.post("/v1/conversations", json={}).json()["id"]
+        fresh = http.post("/backend-api/conversations", json={}).json()["id"]
     await realtime_turn(gateway, fresh, "How do bees make honey?")
     with client(gateway) as http:
         for _ in range(100):
-            titles = [http.get(f"/v1/conversations/{c}").json()["title"] for c in (conversation, fresh)]
+            titles = [http.get(f"/backend-api/conversation/{c}").json()["title"] for c in (conversation, fresh)]
             if all(titles):
                 break
             time.sleep(0.1)
@@ -406,7 +406,7 @@ def stored_messages(gateway: GatewayProcess, conversation: str, count: int) -> l
     """The current branch, once it has `count` messages and the last one is finished (written behind)."""
     with client(gateway) as http:
         for _ in range(100):
-            messages = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            messages = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
             if len(messages) == count and messages[-1]["status"] != "in_progress":
                 break
             time.sleep(0.1)
@@ -416,7 +416,7 @@ def stored_messages(gateway: GatewayProcess, conversation: str, count: int) -> l
 async def test_a_cancelled_realtime_reply_is_stored_as_cancelled(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, _ = stored
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={"title": "cancelled"}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={"title": "cancelled"}).json()["id"]
     session = await open_realtime(gateway, conversation, max_output_tokens=400)
     try:
         await start_story(session, deltas=5)
@@ -435,7 +435,7 @@ async def test_sigkill_mid_realtime_response_keeps_the_text_streamed(tmp_path: P
     gateway = start(tmp_path)
     try:
         with client(gateway) as http:
-            conversation = http.post("/v1/conversations", json={"title": "survivor"}).json()["id"]
+            conversation = http.post("/backend-api/conversations", json={"title": "survivor"}).json()["id"]
             done = ask(http, conversation, "Say hello.")
         session = await open_realtime(gateway, conversation, max_output_tokens=400)
         streamed = await start_story(session, deltas=40)
@@ -452,7 +452,7 @@ async def test_sigkill_mid_realtime_response_keeps_the_text_streamed(tmp_path: P
     restarted = start(tmp_path)
     try:
         with client(restarted) as http:
-            messages = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            messages = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
     finally:
         restarted.stop()
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
@@ -469,7 +469,7 @@ async def test_sigkill_mid_realtime_response_keeps_the_text_streamed(tmp_path: P
 def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess, Path]) -> None:
     gateway, tmp = stored
     with client(gateway) as http:
-        conversation = http.post("/v1/conversations", json={"title": "survivor"}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={"title": "survivor"}).json()["id"]
         done = ask(http, conversation, "Say hello.")
         streamed: list[str] = []
         body = {"model": MODEL, "max_tokens": 400, "temperature": 0, "stream": True, "conversation": conversation,
@@ -493,7 +493,7 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
     restarted = start(tmp)
     try:
         with client(restarted) as http:
-            messages = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            messages = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
         assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
         finished = "incomplete" if done["choices"][0]["finish_reason"] == "length" else "completed"
         assert [m["status"] for m in messages[:3]] == ["completed", finished, "completed"]
@@ -513,7 +513,7 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
         with client(restarted) as http:
             alone = ask(http, None, "What was my first question?")
             again = ask(http, conversation, "What was my first question?")
-            after = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+            after = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
         assert again["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"] + 50
         assert [m["id"] for m in after[:6]] == [m["id"] for m in before] and len(after) == 8
         assert after[6]["parent_id"] == before[5]["id"] and after[6]["content"][0]["text"] == "What was my first question?"

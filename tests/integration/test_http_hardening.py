@@ -174,18 +174,18 @@ def test_a_tool_call_history_is_validated_in_every_chat_api(gateway: GatewayProc
     """A conversation's chat request takes the same messages: a malformed call is refused before anything is
     stored, and a well-formed call history is answered, with and without a conversation."""
     with httpx.Client(base_url=gateway.url, timeout=60) as http:
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         for case, calls, code, param in MALFORMED_CALLS:
             refused = http.post("/v1/chat/completions", json={**CHAT, "messages": called(calls),
                                                               "conversation": conversation})
             assert refused.status_code == 400, (case, refused.text)
             assert refused.json()["error"] == {**refused.json()["error"], "type": "invalid_request_error", "code": code,
                                                "param": f"messages[1].tool_calls{param}"}, case
-        assert http.get(f"/v1/conversations/{conversation}").json()["messages"] == []
+        assert http.get(f"/backend-api/conversation/{conversation}").json()["messages"] == []
         for extra in ({}, {"conversation": conversation}):
             answered = http.post("/v1/chat/completions", json={**CHAT, "messages": called([CALL]), **extra})
             assert answered.status_code == 200, answered.text
-        stored = http.get(f"/v1/conversations/{conversation}").json()["messages"]
+        stored = http.get(f"/backend-api/conversation/{conversation}").json()["messages"]
         assert [message["role"] for message in stored] == ["user", "assistant", "user", "assistant"]
         assert stored[1]["tool_calls"] == [CALL]
 

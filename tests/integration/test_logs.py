@@ -169,7 +169,7 @@ async def test_a_debug_log_of_typed_and_spoken_personal_data_holds_no_fragment_o
     Realtime conversation.item.create, and spoken into input_audio_buffer.append: no fragment reaches the log."""
     try:
         async with httpx.AsyncClient(base_url=debug_gateway.url, timeout=120) as http:
-            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
             for stream in (False, True):
                 answer = await http.post("/v1/chat/completions", json={
                     "model": MODEL, "max_tokens": 8, "stream": stream, "conversation": conversation,

@@ -195,8 +195,8 @@ def test_stored_replies_list_their_memories(memory_gateway: GatewayProcess) -> N
     key = KEYS[0]
     assert call(memory_gateway, key, "POST", "/v1/memories/settings", {"enabled": True}).status_code == 200
     try:
-        conversation = call(memory_gateway, key, "POST", "/v1/conversations", {}).json()["id"]
-        url = f"/v1/conversations/{conversation}/messages"
+        conversation = call(memory_gateway, key, "POST", "/backend-api/conversations", {}).json()["id"]
+        url = f"/backend-api/conversation/{conversation}/messages"
         told = call(memory_gateway, key, "POST", url, {"model": MODEL, "content": REMEMBER, "max_tokens": 8})
         patches = [json.loads(line[6:]) for line in told.text.splitlines() if line.startswith("data: {")]
         final = next(p for p in patches if p.get("o") == "patch")["v"][1]["v"]

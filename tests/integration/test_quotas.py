@@ -116,8 +116,8 @@ def test_completions_and_conversation_messages_draw_on_the_same_tokens(quota_gat
     # Reserved: its prompt plus max_tokens, from what the chat left (refilled by at most a few seconds meanwhile).
     assert remaining(answer) <= before - answer.json()["usage"]["prompt_tokens"] - 50 + 30
 
-    conversation = httpx.post(f"{url}/v1/conversations", headers=headers, json={}).json()["id"]
-    message_url = f"{url}/v1/conversations/{conversation}/messages"
+    conversation = httpx.post(f"{url}/backend-api/conversations", headers=headers, json={}).json()["id"]
+    message_url = f"{url}/backend-api/conversation/{conversation}/messages"
     too_large = httpx.post(message_url, headers=headers, timeout=120, json={"model": MODEL, "content": "Hi.",
                                                                             "max_tokens": TPM})
     assert too_large.status_code == 429 and too_large.json()["error"]["type"] == "tokens"

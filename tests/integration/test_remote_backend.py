@@ -182,13 +182,13 @@ async def test_a_front_gateway_streams_cancels_and_routes_through_the_worker(
         # prefix cache then serves the message (the worker reports the cached tokens back).
         draft = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 20
         async with httpx.AsyncClient(base_url=front.url, timeout=120) as http:  # (the relay runs on this loop)
-            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
             finished = engine_stat(worker, "requests_finished")
-            prepared = await http.post(f"/v1/conversations/{conversation}/prepare", json={"content": draft})
+            prepared = await http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": draft})
             assert prepared.status_code == 202
             while engine_stat(worker, "requests_finished") == finished:
                 await asyncio.sleep(0.05)
-            async with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+            async with http.stream("POST", f"/backend-api/conversation/{conversation}/messages",
                                    json={"model": MODEL, "content": draft, "max_tokens": 4, "temperature": 0}) as sse:
                 data = [json.loads(line[6:]) async for line in sse.aiter_lines() if line.startswith("data: {")]
         metadata = [d for d in data if d.get("o") == "patch"][-1]["v"][1]["v"]
@@ -308,23 +308,23 @@ async def test_every_request_of_a_conversation_carries_its_routing_key(
     try:
         async with httpx.AsyncClient(base_url=front.url, timeout=120) as http:  # (the relay runs on this loop)
             question = "Please tell me everything you know about the history of Rome."
-            conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+            conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
             mark, finished = len(relay.requests), engine_stat(worker, "requests_finished")
-            prepared = await http.post(f"/v1/conversations/{conversation}/prepare", json={"content": question})
+            prepared = await http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": question})
             assert prepared.status_code == 202
             while len(relay.requests) == mark or engine_stat(worker, "requests_finished") == finished:
                 await asyncio.sleep(0.05)
             seen["prepare"], mark = keys_since(mark), len(relay.requests)
-            async with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+            async with http.stream("POST", f"/backend-api/conversation/{conversation}/messages",
                                    json={"model": MODEL, "content": question, "max_tokens": 4}) as sse:
                 events = [json.loads(line[6:]) async for line in sse.aiter_lines() if line.startswith("data: {")]
             seen["messages"] = keys_since(mark)
             # A remote backend takes no grammar: the title is the user's first words, and asks the worker nothing.
             titled = [e for e in events if e.get("type") == "title_generation"]
             assert titled and titled[0]["title"] == "Please tell me everything you know"
-            assert (await http.get(f"/v1/conversations/{conversation}")).json()["title"] == titled[0]["title"]
+            assert (await http.get(f"/backend-api/conversation/{conversation}")).json()["title"] == titled[0]["title"]
 
-            attached = (await http.post("/v1/conversations", json={})).json()["id"]
+            attached = (await http.post("/backend-api/conversations", json={})).json()["id"]
             client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="unused")
             mark = len(relay.requests)
             await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],

@@ -103,10 +103,10 @@ def test_redacted_input_is_what_the_model_reads(client: openai.OpenAI) -> None:
 
 
 def test_redacted_input_is_stored_redacted(client: openai.OpenAI, safe_gateway: GatewayProcess) -> None:
-    conversation = httpx.post(f"{safe_gateway.url}/v1/conversations", json={}).json()["id"]
+    conversation = httpx.post(f"{safe_gateway.url}/backend-api/conversations", json={}).json()["id"]
     client.chat.completions.create(model=MODEL, messages=ask(f"Write to {EMAIL}."), max_tokens=2,
                                    extra_body={"conversation": conversation})
-    stored = httpx.get(f"{safe_gateway.url}/v1/conversations/{conversation}").json()
+    stored = httpx.get(f"{safe_gateway.url}/backend-api/conversation/{conversation}").json()
     assert "Write to [email]." in json.dumps(stored) and EMAIL not in json.dumps(stored)
 
 
@@ -252,24 +252,24 @@ def user_texts(conversation: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["redact", "block"])
 def test_ordinary_numbers_reach_the_model_and_the_store_unchanged(mode: str, request: pytest.FixtureRequest) -> None:
-    """Each sent as a chat user message with a conversation, then read back with GET /v1/conversations/{id}: the
+    """Each sent as a chat user message with a conversation, then read back with GET /backend-api/conversation/{id}: the
     same text (redact), and not refused (block); a phone number beside them is still found."""
     process: GatewayProcess = request.getfixturevalue({"redact": "gateway", "block": "blocking_gateway"}[mode])
     with httpx.Client(base_url=process.url, timeout=120) as http:
         for text in [*ORDINARY_NUMBERS, "; ".join(ORDINARY_NUMBERS)]:
-            conversation = http.post("/v1/conversations", json={}).json()["id"]
+            conversation = http.post("/backend-api/conversations", json={}).json()["id"]
             answer = http.post("/v1/chat/completions", json={
                 "model": MODEL, "max_tokens": 1, "messages": ask(text), "conversation": conversation})
             assert answer.status_code == 200, (text, answer.text)
-            assert user_texts(http.get(f"/v1/conversations/{conversation}").json()) == [text]
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+            assert user_texts(http.get(f"/backend-api/conversation/{conversation}").json()) == [text]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         phone = http.post("/v1/chat/completions", json={
             "model": MODEL, "max_tokens": 1, "messages": ask("Call me at (415) 555-0132 after 10:30."),
             "conversation": conversation})
         if mode == "block":
             assert phone.status_code == 400 and phone.json()["error"]["code"] == "content_policy_violation"
         else:
-            assert user_texts(http.get(f"/v1/conversations/{conversation}").json()) == ["Call me at [phone] after 10:30."]
+            assert user_texts(http.get(f"/backend-api/conversation/{conversation}").json()) == ["Call me at [phone] after 10:30."]
 
 
 def personal_data(log: Path) -> list[str]:
@@ -298,13 +298,13 @@ async def test_logs_hold_no_personal_data(which: str, request: pytest.FixtureReq
     process: GatewayProcess = request.getfixturevalue(name)
     said = f"My e-mail is {EMAIL} and my card number is {CARD}. Repeat them."
     async with httpx.AsyncClient(base_url=process.url, timeout=120) as http:
-        conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+        conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
         for stream in (False, True):
             answer = await http.post("/v1/chat/completions", json={
                 "model": MODEL, "max_tokens": 8, "stream": stream, "messages": ask(said), "conversation": conversation})
             assert answer.status_code == 200
         if which == "debug_content_no_policy":  # the data did go through: only the log filter keeps it out
-            assert EMAIL in json.dumps((await http.get(f"/v1/conversations/{conversation}")).json())
+            assert EMAIL in json.dumps((await http.get(f"/backend-api/conversation/{conversation}")).json())
     client = await RealtimeClient.connect(f"{process.ws_url}/v1/realtime?model={MODEL}")
     await client.wait_for("session.created")
     await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
@@ -399,22 +399,22 @@ async def test_realtime_reply_stopped_by_the_classifier(moderated_gateway: Gatew
 
 
 def test_streaming_conversation_api(safe_gateway: GatewayProcess) -> None:
-    """POST /v1/conversations/{id}/messages: refused, redacted, and a reply stopped mid-stream."""
+    """POST /backend-api/conversation/{id}/messages: refused, redacted, and a reply stopped mid-stream."""
     base = safe_gateway.url
-    conversation = httpx.post(f"{base}/v1/conversations", json={}).json()["id"]
-    refused = httpx.post(f"{base}/v1/conversations/{conversation}/messages",
+    conversation = httpx.post(f"{base}/backend-api/conversations", json={}).json()["id"]
+    refused = httpx.post(f"{base}/backend-api/conversation/{conversation}/messages",
                          json={"model": MODEL, "content": "The secret project, please."})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "content_policy_violation"
-    prepared = httpx.post(f"{base}/v1/conversations/{conversation}/prepare", json={"content": "The secret project"})
+    prepared = httpx.post(f"{base}/backend-api/conversation/{conversation}/prepare", json={"content": "The secret project"})
     assert prepared.status_code == 400  # nor is a refused draft prefilled
-    stream = httpx.post(f"{base}/v1/conversations/{conversation}/messages", timeout=120,
+    stream = httpx.post(f"{base}/backend-api/conversation/{conversation}/messages", timeout=120,
                         json={"model": MODEL, "content": f"Mail {EMAIL}: {QUESTION}", "temperature": 0, "max_tokens": 40})
     events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
     text = "".join(e["v"] for e in events if isinstance(e.get("v"), str))
     final = next(e for e in events if e.get("o") == "patch")["v"]
     assert final[0]["v"] == "incomplete" and final[1]["v"]["finish_reason"] == "content_filter"
     assert "Paris" not in text
-    stored = json.dumps(httpx.get(f"{base}/v1/conversations/{conversation}").json())
+    stored = json.dumps(httpx.get(f"{base}/backend-api/conversation/{conversation}").json())
     assert f"Mail [email]: {QUESTION}" in stored, stored
     assert EMAIL not in stored, stored
     assert "Paris" not in stored, stored

@@ -56,7 +56,7 @@ async def slow_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Async
 
 async def test_a_slow_store_does_not_delay_the_streamed_tokens(slow_gateway: str) -> None:
     async with httpx.AsyncClient(base_url=slow_gateway, timeout=60) as http:
-        conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+        conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
         body = {"model": MODEL, "max_tokens": 24, "temperature": 0, "stream": True, "conversation": conversation,
                 "messages": [{"role": "user", "content": "Tell me about the sea."}]}
         deltas: list[tuple[float, str]] = []
@@ -72,7 +72,7 @@ async def test_a_slow_store_does_not_delay_the_streamed_tokens(slow_gateway: str
         assert deltas[-1][0] < SLOW_S, deltas
         streamed = "".join(text for _, text in deltas)
         for _ in range(200):  # the reply is written behind: it gets there, whole
-            reply = (await http.get(f"/v1/conversations/{conversation}")).json()["messages"][-1]
+            reply = (await http.get(f"/backend-api/conversation/{conversation}")).json()["messages"][-1]
             if reply["role"] == "assistant" and reply["status"] != "in_progress":
                 break
             await asyncio.sleep(0.1)

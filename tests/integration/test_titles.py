@@ -26,23 +26,23 @@ def test_the_model_titles_a_conversation_in_a_few_words(gateway: GatewayProcess)
     with httpx.Client(base_url=gateway.url, timeout=120) as http:
         # The conversation API: the title comes in the stream, before [DONE], and is stored.
         for question in ("What is the capital of France?", "Can you help me write a cover letter for a nursing job?"):
-            conversation = http.post("/v1/conversations", json={}).json()["id"]
-            with http.stream("POST", f"/v1/conversations/{conversation}/messages",
+            conversation = http.post("/backend-api/conversations", json={}).json()["id"]
+            with http.stream("POST", f"/backend-api/conversation/{conversation}/messages",
                              json={"model": MODEL, "content": question, "max_tokens": 40, "temperature": 0}) as sse:
                 events = [json.loads(line[6:]) for line in sse.iter_lines() if line.startswith("data: {")]
             (title,) = [e["title"] for e in events if e.get("type") == "title_generation"]
-            view = http.get(f"/v1/conversations/{conversation}").json()
+            view = http.get(f"/backend-api/conversation/{conversation}").json()
             assert view["title"] == title
             assert_a_title(title, view["messages"][-1]["content"][0]["text"])
 
         # A chat completion attached to a conversation: titled in the background.
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation = http.post("/backend-api/conversations", json={}).json()["id"]
         question = "How do I reverse a list in Python?"
         reply = http.post("/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 40, "temperature": 0,
             "conversation": conversation}).json()["choices"][0]["message"]["content"]
         deadline = time.monotonic() + 30
-        while (title := http.get(f"/v1/conversations/{conversation}").json()["title"]) is None:
+        while (title := http.get(f"/backend-api/conversation/{conversation}").json()["title"]) is None:
             assert time.monotonic() < deadline, "no title"
             time.sleep(0.1)
         assert_a_title(title, reply)

@@ -234,12 +234,12 @@ async def test_a_call_continues_a_stored_conversation_and_stores_its_turn(
     gateway: GatewayProcess, hangups: list[Caller]
 ) -> None:
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
-        conversation = (await http.post("/v1/conversations", json={})).json()["id"]
+        conversation = (await http.post("/backend-api/conversations", json={})).json()["id"]
         first = await http.post("/v1/chat/completions", json={
             "model": MODEL, "conversation": conversation, "max_tokens": 8, "temperature": 0,
             "messages": [{"role": "user", "content": "My name is Ann."}]})
         assert first.status_code == 200, first.text
-        before = (await http.get(f"/v1/conversations/{conversation}")).json()["messages"]
+        before = (await http.get(f"/backend-api/conversation/{conversation}")).json()["messages"]
     caller = await call(gateway, PacedClipTrack(np.zeros(0, np.int16)),
                         {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 12}, conversation)
     hangups.append(caller)
@@ -254,7 +254,7 @@ async def test_a_call_continues_a_stored_conversation_and_stores_its_turn(
 
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
         for _ in range(50):  # written behind the call
-            after = (await http.get(f"/v1/conversations/{conversation}")).json()["messages"]
+            after = (await http.get(f"/backend-api/conversation/{conversation}")).json()["messages"]
             if len(after) == 4 and after[3]["status"] != "in_progress":
                 break
             await asyncio.sleep(0.1)

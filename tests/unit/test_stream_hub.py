@@ -119,7 +119,7 @@ def test_a_request_is_the_same_whatever_its_key_order_or_spacing() -> None:
     same = request_fingerprint(path, json.loads('{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}'))
     assert same == request_fingerprint(path, json.loads('{"messages":[{"content":"Hi","role":"user"}],"model":"m"}'))
     assert same != request_fingerprint(path, json.loads('{"model": "m", "messages": [{"role": "user", "content": "Ho"}]}'))
-    assert same != request_fingerprint("/v1/conversations/conv_1/messages", {"model": "m", "messages": [
+    assert same != request_fingerprint("/backend-api/conversation/conv_1/messages", {"model": "m", "messages": [
         {"role": "user", "content": "Hi"}]})
 
 

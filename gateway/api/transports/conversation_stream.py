@@ -1,4 +1,4 @@
-"""The streaming conversation API of the seeds: POST /v1/conversations/{id}/messages answers over SSE
+"""The streaming conversation API of the seeds: POST /backend-api/conversation/{id}/messages answers over SSE
 with `delta_encoding: v1` JSON-pointer patches, and POST .../prepare pre-warms the draft being typed.
 
 A message goes under `parent_message_id` (default: the current leaf; null: a new root), so editing a
@@ -126,7 +126,7 @@ def _engine(svc: Services) -> LLMBackend:
     return svc.runtime.engine
 
 
-@router.post("/v1/conversations/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
+@router.post("/backend-api/conversation/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def post_message(request: Request, conversation_id: str) -> Response:
     svc: Services = request.app.state.services
@@ -234,7 +234,7 @@ async def _title(svc: Services, owner: str, conversation_id: str, question: str)
     return title
 
 
-@router.post("/v1/conversations/{conversation_id}/prepare", status_code=202, openapi_extra=json_body(PrepareMessage),
+@router.post("/backend-api/conversation/{conversation_id}/prepare", status_code=202, openapi_extra=json_body(PrepareMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def prepare(request: Request, conversation_id: str) -> JSONResponse:
     """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""

@@ -1,4 +1,4 @@
-"""/v1/conversations: stored conversations (trees of messages), each owned by the API key that made it."""
+"""/backend-api/conversations: stored conversations (trees of messages), each owned by the API key that made it."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ async def _body(request: Request, model: type[BaseModel], empty: dict[str, Any] 
         raise api_error_from_validation(exc) from None
 
 
-@router.post("/v1/conversations", openapi_extra=json_body(CreateConversation, required=False),
+@router.post("/backend-api/conversations", openapi_extra=json_body(CreateConversation, required=False),
              responses=error_responses(400, 401, 413, 429))
 async def create_conversation(request: Request) -> JSONResponse:
     svc: Services = request.app.state.services
@@ -78,7 +78,7 @@ async def create_conversation(request: Request) -> JSONResponse:
     return JSONResponse(conversation_object(row), headers=headers)
 
 
-@router.get("/v1/conversations", responses=error_responses(400, 401, 429))
+@router.get("/backend-api/conversations", responses=error_responses(400, 401, 429))
 async def list_conversations(request: Request, after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
                              order: Literal["asc", "desc"] = PAGE_ORDER) -> JSONResponse:
     svc: Services = request.app.state.services
@@ -87,7 +87,7 @@ async def list_conversations(request: Request, after: str | None = PAGE_AFTER, l
     return JSONResponse(list_object(page, conversation_object), headers=headers)
 
 
-@router.get("/v1/conversations/{conversation_id}", responses=error_responses(400, 401, 404, 429))
+@router.get("/backend-api/conversation/{conversation_id}", responses=error_responses(400, 401, 404, 429))
 async def get_conversation(request: Request, conversation_id: str,
                            all_branches: bool = Query(False, description="Every message, not only the current branch.")
                            ) -> JSONResponse:
@@ -99,7 +99,7 @@ async def get_conversation(request: Request, conversation_id: str,
                         headers=headers)
 
 
-@router.patch("/v1/conversations/{conversation_id}", openapi_extra=json_body(UpdateConversation),
+@router.patch("/backend-api/conversation/{conversation_id}", openapi_extra=json_body(UpdateConversation),
               responses=error_responses(400, 401, 404, 413, 429))
 async def update_conversation(request: Request, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
@@ -110,7 +110,7 @@ async def update_conversation(request: Request, conversation_id: str) -> JSONRes
     return JSONResponse(conversation_object(row), headers=headers)
 
 
-@router.delete("/v1/conversations/{conversation_id}", responses=error_responses(401, 404, 429))
+@router.delete("/backend-api/conversation/{conversation_id}", responses=error_responses(401, 404, 429))
 async def delete_conversation(request: Request, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
@@ -118,7 +118,7 @@ async def delete_conversation(request: Request, conversation_id: str) -> JSONRes
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True}, headers=headers)
 
 
-@router.get("/v1/conversations/{conversation_id}/messages", responses=error_responses(400, 401, 404, 429))
+@router.get("/backend-api/conversation/{conversation_id}/messages", responses=error_responses(400, 401, 404, 429))
 async def list_messages(request: Request, conversation_id: str, after: str | None = PAGE_AFTER,
                         limit: int = PAGE_LIMIT, order: Literal["asc", "desc"] = Query("asc")) -> JSONResponse:
     svc: Services = request.app.state.services
