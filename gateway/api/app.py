@@ -32,6 +32,7 @@ from gateway.api.transports import (
     chat_http,
     client_secrets,
     completions_http,
+    conversation_items_http,
     conversation_stream,
     conversations_http,
     memories_http,
@@ -191,6 +192,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)
+    app.include_router(conversation_items_http.router)
     app.include_router(memories_http.router)
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)

@@ -94,3 +94,19 @@ def assert_valid_speech_event(event: dict[str, Any]) -> SpeechStreamEvent:
     if extras := _extra_fields(parsed, ""):
         raise AssertionError(f"{event['type']} has fields OpenAI's {model.__name__} does not declare: {extras}\n{event}")
     return parsed
+
+
+def assert_valid_conversations_object(model: Any, value: dict[str, Any]) -> None:
+    """`value` as the public Conversations API's `model` (`openai.types.conversations`: Conversation,
+    ConversationDeletedResource, ConversationItemList, or the ConversationItem union), with no field the
+    SDK's types do not declare. An empty list's first_id and last_id are null (the SDK's page reads them so)."""
+    from pydantic import TypeAdapter
+
+    if getattr(model, "__name__", "") == "ConversationItemList" and not value["data"]:
+        value = {**value, "first_id": value["first_id"] or "", "last_id": value["last_id"] or ""}
+    try:
+        parsed = TypeAdapter(model).validate_python(value)
+    except ValidationError as exc:
+        raise AssertionError(f"{value} does not validate against the openai SDK's {model}:\n{exc}") from None
+    if extras := [extra[1:] for extra in _extra_fields(parsed, "")]:
+        raise AssertionError(f"{value} has fields the openai SDK's types do not declare: {extras}")

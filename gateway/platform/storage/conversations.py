@@ -7,7 +7,7 @@ import asyncio
 import builtins  # the store has a method named list
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -61,11 +61,17 @@ class ConversationStore:
                 await asyncio.wait(late)
         await self.engine.dispose()
 
-    async def create(self, owner: str, title: str | None = None) -> ConversationRow:
+    async def create(self, owner: str, title: str | None = None, *, metadata: dict[str, str] | None = None,
+                     messages: Sequence[NewMessage] = ()) -> ConversationRow:
+        """A new conversation, with `messages` as its first chain when given."""
         now = epoch()
-        row = ConversationRow(id=new_id("conv"), owner=owner, title=title, created_at=now, updated_at=now)
+        row = ConversationRow(id=new_id("conv"), owner=owner, title=title, conversation_metadata=metadata,
+                              created_at=now, updated_at=now)
         async with self._session.begin() as session:
             session.add(row)
+            await session.flush()  # the messages' foreign key
+            added = _chain(session, row.id, None, messages, now)
+            row.current_leaf_id = added[-1].id if added else None
         return row
 
     async def get(self, owner: str, conversation_id: str) -> ConversationRow:
@@ -94,6 +100,13 @@ class ConversationStore:
                 row.current_leaf_id = current_leaf_id
             if title is not None:
                 row.title = title
+            row.updated_at = epoch()
+        return row
+
+    async def set_metadata(self, owner: str, conversation_id: str, metadata: dict[str, str] | None) -> ConversationRow:
+        async with self._session.begin() as session:
+            row = await self._owned(session, owner, conversation_id)
+            row.conversation_metadata = metadata
             row.updated_at = epoch()
         return row
 
@@ -134,15 +147,51 @@ class ConversationStore:
         """Add a chain of messages under `parent_id` and make its last one the current leaf."""
         now = epoch()
         async with self._session.begin() as session:
-            parent = parent_id
-            for message in messages:
-                session.add(MessageRow(id=message.id, conversation_id=conversation_id, parent_id=parent,
-                                       role=message.role, content=message.content, tool_calls=message.tool_calls,
-                                       tool_call_id=message.tool_call_id, status=message.status, model=message.model,
-                                       created_at=now, updated_at=now))
-                parent = message.id
+            added = _chain(session, conversation_id, parent_id, messages, now)
             await session.execute(update(ConversationRow).where(ConversationRow.id == conversation_id)
-                                  .values(current_leaf_id=parent, updated_at=now))
+                                  .values(current_leaf_id=added[-1].id if added else parent_id, updated_at=now))
+
+    async def append_to_leaf(self, owner: str, conversation_id: str,
+                             messages: builtins.list[NewMessage]) -> builtins.list[MessageRow]:
+        """Add a chain of messages under the current leaf (read in the same transaction) and make its last one
+        the leaf; the rows added."""
+        now = epoch()
+        async with self._session.begin() as session:
+            row = await self._owned(session, owner, conversation_id)
+            added = _chain(session, conversation_id, row.current_leaf_id, messages, now)
+            row.current_leaf_id = added[-1].id if added else row.current_leaf_id
+            row.updated_at = now
+        return added
+
+    async def replace_message(self, owner: str, conversation_id: str, message_id: str,
+                              replacements: builtins.list[NewMessage]) -> None:
+        """Take a message out of the tree, with `replacements` (a chain, maybe empty) in its place: its
+        children then hang under the chain's last message, or under its own parent."""
+        now = epoch()
+        async with self._session.begin() as session:
+            conversation = await self._owned(session, owner, conversation_id)
+            row = await session.get(MessageRow, message_id)
+            if row is None or row.conversation_id != conversation_id:
+                raise ApiError("item_not_found", f"No item '{message_id}' in this conversation.", "item_id",
+                               status=404)
+            parent_id = row.parent_id
+            heir = replacements[-1].id if replacements else parent_id
+            await session.delete(row)
+            # Its children move before the replacements come: the first of them may take its id.
+            await session.execute(update(MessageRow).where(MessageRow.conversation_id == conversation_id,
+                                                           MessageRow.parent_id == message_id)
+                                  .values(parent_id=heir, updated_at=now))
+            await session.flush()
+            _chain(session, conversation_id, parent_id, replacements, now)
+            if conversation.current_leaf_id == message_id:
+                conversation.current_leaf_id = heir
+            conversation.updated_at = now
+
+    async def _owned(self, session: Any, owner: str, conversation_id: str) -> ConversationRow:
+        row = await session.get(ConversationRow, conversation_id, with_for_update=True)
+        if row is None or row.owner != owner:
+            raise not_found(conversation_id)
+        return cast(ConversationRow, row)
 
     async def save_message(self, message_id: str, **values: Any) -> None:
         """Write a message's progress or its end (content, status, token counts, latency, error)."""
@@ -157,3 +206,18 @@ class ConversationStore:
         async with self._session() as session:
             rows = list(await session.scalars(query))
         return Page(rows[:limit], len(rows) > limit)
+
+
+def _chain(session: Any, conversation_id: str, parent_id: str | None, messages: Sequence[NewMessage],
+           now: float) -> builtins.list[MessageRow]:
+    """Add `messages` to the session as a chain under `parent_id`; their rows."""
+    rows = []
+    parent = parent_id
+    for message in messages:
+        rows.append(MessageRow(id=message.id, conversation_id=conversation_id, parent_id=parent, role=message.role,
+                               content=message.content, tool_calls=message.tool_calls,
+                               tool_call_id=message.tool_call_id, status=message.status, model=message.model,
+                               created_at=now, updated_at=now))
+        parent = message.id
+    session.add_all(rows)
+    return rows
