@@ -1,4 +1,6 @@
-"""/backend-api/conversations: stored conversations (trees of messages), each owned by the API key that made it."""
+"""The ChatGPT-style conversation API, under /backend-api/ as ChatGPT's web client calls it: stored conversations
+(trees of messages), each owned by the API key that made it. conversation_items_http.py serves the same store
+as OpenAI's public Conversations API (/v1/conversations)."""
 
 from __future__ import annotations
 
