@@ -158,6 +158,155 @@ def test_chat_completions_continue_a_conversation_and_branch(stored: tuple[Gatew
                      404, "message_not_found")
 
 
+def sdk(gateway: GatewayProcess, key: str = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def checked(model: Any, response: Any) -> Any:
+    """A `with_raw_response` call's body, validated against the SDK's `model`, then parsed by the SDK."""
+    assert_valid_conversations_object(model, response.http_response.json())
+    return response.parse()
+
+
+SEED_ITEMS: list[Any] = [
+    {"type": "message", "role": "developer", "content": "Answer in one sentence."},
+    {"role": "user", "content": "My name is Ann."},  # an "easy" message: no type
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ann.", "annotations": []}]},
+    {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "Ann"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+]
+
+
+def test_the_public_conversations_api_with_the_sdk(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with sdk(gateway) as api, sdk(gateway, KEY_B) as other, client(gateway) as http:
+        made = checked(Conversation, api.conversations.with_raw_response.create(items=SEED_ITEMS,
+                                                                               metadata={"topic": "names"}))
+        assert made.id.startswith("conv_") and made.metadata == {"topic": "names"}
+        assert checked(Conversation, api.conversations.with_raw_response.retrieve(made.id)).id == made.id
+        updated = checked(Conversation, api.conversations.with_raw_response.update(made.id, metadata={"topic": "x"}))
+        assert updated.metadata == {"topic": "x"} and api.conversations.retrieve(made.id).metadata == {"topic": "x"}
+
+        # Pages of two, oldest first, each page's last_id the next one's `after`.
+        pages: list[list[str]] = []
+        after: Any = openai.omit
+        while True:
+            page = checked(ConversationItemList, api.conversations.items.with_raw_response.list(
+                made.id, limit=2, order="asc", after=after))
+            pages.append([item.id for item in page.data])
+            if not page.has_more:
+                break
+            after = page.last_id
+        ids = [item_id for page_ids in pages for item_id in page_ids]
+        assert [len(page_ids) for page_ids in pages] == [2, 2, 1] and len(set(ids)) == 5
+        assert [item.id for item in api.conversations.items.list(made.id, limit=2, order="asc")] == ids  # SDK pages
+        newest_first = api.conversations.items.list(made.id).data  # desc by default, as OpenAI
+        assert [item.id for item in newest_first] == ids[::-1]
+        items = [checked(ConversationItem, api.conversations.items.with_raw_response.retrieve(item_id,
+                                                                                               conversation_id=made.id))
+                 for item_id in ids]
+        assert [item.type for item in items] == ["message", "message", "message", "function_call",
+                                                  "function_call_output"]
+        assert [item.role for item in items[:3]] == ["developer", "user", "assistant"]
+        assert items[1].content[0].type == "input_text" and items[1].content[0].text == "My name is Ann."
+        assert items[2].content[0].type == "output_text" and items[2].content[0].text == "Hello Ann."
+        assert (items[3].call_id, items[3].name, items[3].arguments) == ("call_1", "lookup", '{"q": "Ann"}')
+        assert (items[4].call_id, items[4].output) == ("call_1", "42")
+
+        added = checked(ConversationItemList, api.conversations.items.with_raw_response.create(
+            made.id, items=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]))
+        assert len(added.data) == 1 and added.first_id == added.last_id == added.data[0].id
+        ids.append(added.data[0].id)
+
+        # The same conversation as a tree: its current branch, one message per item here, chained.
+        tree = http.get(f"/backend-api/conversation/{made.id}").json()
+        assert [m["id"] for m in tree["messages"]] == ids and tree["current_leaf_id"] == ids[-1]
+        assert [m["parent_id"] for m in tree["messages"]] == [None, *ids[:-1]]
+        assert [m["role"] for m in tree["messages"]] == ["developer", "user", "assistant", "assistant", "tool", "user"]
+        # A chat completion on it: its messages are items too.
+        ask(http, made.id, "What is my name?")
+        after_chat = [item.id for item in api.conversations.items.list(made.id, order="asc", limit=100)]
+        assert after_chat[:6] == ids and len(after_chat) == 8
+
+        # Deleting an item takes it out of the branch: its child hangs under its parent.
+        assert checked(Conversation, api.conversations.items.with_raw_response.delete(
+            ids[2], conversation_id=made.id)).id == made.id
+        left = [item.id for item in api.conversations.items.list(made.id, order="asc", limit=100)]
+        assert left == [ids[0], ids[1], *ids[3:], *after_chat[6:]]
+        tree = http.get(f"/backend-api/conversation/{made.id}").json()["messages"]
+        assert tree[2]["id"] == ids[3] and tree[2]["parent_id"] == ids[1]
+
+        # Errors: OpenAI's body, the field named.
+        for call in (lambda: api.conversations.retrieve("conv_nope"), lambda: other.conversations.retrieve(made.id),
+                     lambda: other.conversations.update(made.id, metadata={}),
+                     lambda: other.conversations.items.list(made.id),
+                     lambda: other.conversations.items.create(made.id, items=[{"role": "user", "content": "x"}]),
+                     lambda: other.conversations.items.retrieve(ids[0], conversation_id=made.id),
+                     lambda: other.conversations.items.delete(ids[0], conversation_id=made.id),
+                     lambda: other.conversations.delete(made.id)):
+            with pytest.raises(openai.NotFoundError) as missing:
+                call()
+            assert missing.value.body["code"] == "conversation_not_found"  # type: ignore[index]
+        with pytest.raises(openai.NotFoundError) as no_item:
+            api.conversations.items.retrieve("msg_nope", conversation_id=made.id)
+        assert no_item.value.body["code"] == "item_not_found"  # type: ignore[index]
+        refused = [
+            ([{"type": "reasoning", "summary": []}], "items[0].type"),
+            ([{"role": "user", "content": "ok"}, {"role": "user", "content": [{"type": "input_image",
+                                                                                "image_url": "https://x/y.png"}]}],
+             "items[1].content[0].type"),
+            ([{"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}}],
+             "items[0].type"),
+            ([{"role": "robot", "content": "x"}], "items[0].role"),
+            ([{"type": "function_call", "call_id": "c", "name": "f"}], "items[0].arguments"),
+            ([{"role": "user", "content": "x"}] * 21, "items"),
+        ]
+        for items_sent, param in refused:
+            with pytest.raises(openai.BadRequestError) as bad:
+                api.conversations.items.create(made.id, items=items_sent)
+            assert bad.value.body["param"] == param, bad.value.body  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as bad:
+            api.conversations.create(items=[{"type": "image_generation_call", "id": "ig_1"}])
+        assert bad.value.body["param"] == "items[0].type"  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as bad:
+            api.conversations.create(metadata={"k" * 65: "v"})
+        assert str(bad.value.body["param"]).startswith("metadata")  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as bad:
+            api.conversations.create(metadata={str(n): "v" for n in range(17)})
+        assert bad.value.body["param"] == "metadata"  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as bad:
+            api.conversations.items.list(made.id, include=["message.output_text.logprobs"])
+        assert bad.value.body["param"] == "include"  # type: ignore[index]
+
+        gone = checked(ConversationDeletedResource, api.conversations.with_raw_response.delete(made.id))
+        assert gone.deleted and gone.id == made.id
+        with pytest.raises(openai.NotFoundError):
+            api.conversations.items.list(made.id)
+        assert http.get(f"/backend-api/conversation/{made.id}").status_code == 404
+        empty = api.conversations.create()
+        assert checked(ConversationItemList, api.conversations.items.with_raw_response.list(empty.id)).data == []
+
+
+async def test_a_realtime_session_sees_the_items_of_a_public_conversation(stored: tuple[GatewayProcess, Path]) -> None:
+    gateway, _ = stored
+    with sdk(gateway) as api:
+        made = api.conversations.create(items=[{"role": "user", "content": "My name is Ann."},
+                                               {"role": "assistant", "content": "Hello Ann."}])
+        ids = [item.id for item in api.conversations.items.list(made.id, order="asc")]
+    loaded, done = await realtime_turn(gateway, made.id, "What is my name?")
+    assert [item["id"] for item in loaded] == ids
+    assert loaded[0]["content"] == [{"type": "input_text", "text": "My name is Ann."}]
+    assert loaded[1]["content"][0]["text"] == "Hello Ann."
+    with sdk(gateway) as api:
+        for _ in range(100):  # the session's turn, written behind it
+            items = api.conversations.items.list(made.id, order="asc").data
+            if len(items) == 4 and items[3].content[0].text == done["response"]["output"][0]["content"][0]["text"]:
+                break
+            time.sleep(0.1)
+    assert [item.id for item in items[:2]] == ids and items[2].content[0].text == "What is my name?"
+    assert items[3].content[0].text == done["response"]["output"][0]["content"][0]["text"]
+
+
 def sse_events(response: httpx.Response, limit: int | None = None) -> list[dict[str, Any]]:
     """Each event's id, event name and decoded data (`[DONE]` stays a string), up to `limit`."""
     events: list[dict[str, Any]] = []
@@ -530,151 +679,3 @@ def test_sigkill_mid_stream_loses_nothing_committed(stored: tuple[GatewayProcess
     finally:
         gateway.process = restarted.process  # the module fixture stops whichever runs now
 
-
-def sdk(gateway: GatewayProcess, key: str = KEY_A) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def checked(model: Any, response: Any) -> Any:
-    """A `with_raw_response` call's body, validated against the SDK's `model`, then parsed by the SDK."""
-    assert_valid_conversations_object(model, response.http_response.json())
-    return response.parse()
-
-
-SEED_ITEMS: list[Any] = [
-    {"type": "message", "role": "developer", "content": "Answer in one sentence."},
-    {"role": "user", "content": "My name is Ann."},  # an "easy" message: no type
-    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ann.", "annotations": []}]},
-    {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "Ann"}'},
-    {"type": "function_call_output", "call_id": "call_1", "output": "42"},
-]
-
-
-def test_the_public_conversations_api_with_the_sdk(stored: tuple[GatewayProcess, Path]) -> None:
-    gateway, _ = stored
-    with sdk(gateway) as api, sdk(gateway, KEY_B) as other, client(gateway) as http:
-        made = checked(Conversation, api.conversations.with_raw_response.create(items=SEED_ITEMS,
-                                                                               metadata={"topic": "names"}))
-        assert made.id.startswith("conv_") and made.metadata == {"topic": "names"}
-        assert checked(Conversation, api.conversations.with_raw_response.retrieve(made.id)).id == made.id
-        updated = checked(Conversation, api.conversations.with_raw_response.update(made.id, metadata={"topic": "x"}))
-        assert updated.metadata == {"topic": "x"} and api.conversations.retrieve(made.id).metadata == {"topic": "x"}
-
-        # Pages of two, oldest first, each page's last_id the next one's `after`.
-        pages: list[list[str]] = []
-        after: Any = openai.omit
-        while True:
-            page = checked(ConversationItemList, api.conversations.items.with_raw_response.list(
-                made.id, limit=2, order="asc", after=after))
-            pages.append([item.id for item in page.data])
-            if not page.has_more:
-                break
-            after = page.last_id
-        ids = [item_id for page_ids in pages for item_id in page_ids]
-        assert [len(page_ids) for page_ids in pages] == [2, 2, 1] and len(set(ids)) == 5
-        assert [item.id for item in api.conversations.items.list(made.id, limit=2, order="asc")] == ids  # SDK pages
-        newest_first = api.conversations.items.list(made.id).data  # desc by default, as OpenAI
-        assert [item.id for item in newest_first] == ids[::-1]
-        items = [checked(ConversationItem, api.conversations.items.with_raw_response.retrieve(item_id,
-                                                                                               conversation_id=made.id))
-                 for item_id in ids]
-        assert [item.type for item in items] == ["message", "message", "message", "function_call",
-                                                  "function_call_output"]
-        assert [item.role for item in items[:3]] == ["developer", "user", "assistant"]
-        assert items[1].content[0].type == "input_text" and items[1].content[0].text == "My name is Ann."
-        assert items[2].content[0].type == "output_text" and items[2].content[0].text == "Hello Ann."
-        assert (items[3].call_id, items[3].name, items[3].arguments) == ("call_1", "lookup", '{"q": "Ann"}')
-        assert (items[4].call_id, items[4].output) == ("call_1", "42")
-
-        added = checked(ConversationItemList, api.conversations.items.with_raw_response.create(
-            made.id, items=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]))
-        assert len(added.data) == 1 and added.first_id == added.last_id == added.data[0].id
-        ids.append(added.data[0].id)
-
-        # The same conversation as a tree: its current branch, one message per item here, chained.
-        tree = http.get(f"/backend-api/conversation/{made.id}").json()
-        assert [m["id"] for m in tree["messages"]] == ids and tree["current_leaf_id"] == ids[-1]
-        assert [m["parent_id"] for m in tree["messages"]] == [None, *ids[:-1]]
-        assert [m["role"] for m in tree["messages"]] == ["developer", "user", "assistant", "assistant", "tool", "user"]
-        # A chat completion on it: its messages are items too.
-        ask(http, made.id, "What is my name?")
-        after_chat = [item.id for item in api.conversations.items.list(made.id, order="asc", limit=100)]
-        assert after_chat[:6] == ids and len(after_chat) == 8
-
-        # Deleting an item takes it out of the branch: its child hangs under its parent.
-        assert checked(Conversation, api.conversations.items.with_raw_response.delete(
-            ids[2], conversation_id=made.id)).id == made.id
-        left = [item.id for item in api.conversations.items.list(made.id, order="asc", limit=100)]
-        assert left == [ids[0], ids[1], *ids[3:], *after_chat[6:]]
-        tree = http.get(f"/backend-api/conversation/{made.id}").json()["messages"]
-        assert tree[2]["id"] == ids[3] and tree[2]["parent_id"] == ids[1]
-
-        # Errors: OpenAI's body, the field named.
-        for call in (lambda: api.conversations.retrieve("conv_nope"), lambda: other.conversations.retrieve(made.id),
-                     lambda: other.conversations.update(made.id, metadata={}),
-                     lambda: other.conversations.items.list(made.id),
-                     lambda: other.conversations.items.create(made.id, items=[{"role": "user", "content": "x"}]),
-                     lambda: other.conversations.items.retrieve(ids[0], conversation_id=made.id),
-                     lambda: other.conversations.items.delete(ids[0], conversation_id=made.id),
-                     lambda: other.conversations.delete(made.id)):
-            with pytest.raises(openai.NotFoundError) as missing:
-                call()
-            assert missing.value.body["code"] == "conversation_not_found"  # type: ignore[index]
-        with pytest.raises(openai.NotFoundError) as no_item:
-            api.conversations.items.retrieve("msg_nope", conversation_id=made.id)
-        assert no_item.value.body["code"] == "item_not_found"  # type: ignore[index]
-        refused = [
-            ([{"type": "reasoning", "summary": []}], "items[0].type"),
-            ([{"role": "user", "content": "ok"}, {"role": "user", "content": [{"type": "input_image",
-                                                                                "image_url": "https://x/y.png"}]}],
-             "items[1].content[0].type"),
-            ([{"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}}],
-             "items[0].type"),
-            ([{"role": "robot", "content": "x"}], "items[0].role"),
-            ([{"type": "function_call", "call_id": "c", "name": "f"}], "items[0].arguments"),
-            ([{"role": "user", "content": "x"}] * 21, "items"),
-        ]
-        for items_sent, param in refused:
-            with pytest.raises(openai.BadRequestError) as bad:
-                api.conversations.items.create(made.id, items=items_sent)
-            assert bad.value.body["param"] == param, bad.value.body  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as bad:
-            api.conversations.create(items=[{"type": "image_generation_call", "id": "ig_1"}])
-        assert bad.value.body["param"] == "items[0].type"  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as bad:
-            api.conversations.create(metadata={"k" * 65: "v"})
-        assert str(bad.value.body["param"]).startswith("metadata")  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as bad:
-            api.conversations.create(metadata={str(n): "v" for n in range(17)})
-        assert bad.value.body["param"] == "metadata"  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as bad:
-            api.conversations.items.list(made.id, include=["message.output_text.logprobs"])
-        assert bad.value.body["param"] == "include"  # type: ignore[index]
-
-        gone = checked(ConversationDeletedResource, api.conversations.with_raw_response.delete(made.id))
-        assert gone.deleted and gone.id == made.id
-        with pytest.raises(openai.NotFoundError):
-            api.conversations.items.list(made.id)
-        assert http.get(f"/backend-api/conversation/{made.id}").status_code == 404
-        empty = api.conversations.create()
-        assert checked(ConversationItemList, api.conversations.items.with_raw_response.list(empty.id)).data == []
-
-
-async def test_a_realtime_session_sees_the_items_of_a_public_conversation(stored: tuple[GatewayProcess, Path]) -> None:
-    gateway, _ = stored
-    with sdk(gateway) as api:
-        made = api.conversations.create(items=[{"role": "user", "content": "My name is Ann."},
-                                               {"role": "assistant", "content": "Hello Ann."}])
-        ids = [item.id for item in api.conversations.items.list(made.id, order="asc")]
-    loaded, done = await realtime_turn(gateway, made.id, "What is my name?")
-    assert [item["id"] for item in loaded] == ids
-    assert loaded[0]["content"] == [{"type": "input_text", "text": "My name is Ann."}]
-    assert loaded[1]["content"][0]["text"] == "Hello Ann."
-    with sdk(gateway) as api:
-        for _ in range(100):  # the session's turn, written behind it
-            items = api.conversations.items.list(made.id, order="asc").data
-            if len(items) == 4 and items[3].content[0].text == done["response"]["output"][0]["content"][0]["text"]:
-                break
-            time.sleep(0.1)
-    assert [item.id for item in items[:2]] == ids and items[2].content[0].text == "What is my name?"
-    assert items[3].content[0].text == done["response"]["output"][0]["content"][0]["text"]
