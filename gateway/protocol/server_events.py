@@ -1,9 +1,9 @@
-"""Server -> client Realtime events of the session and its turns (OpenAI GA names), as typed models.
+"""Server -> client Realtime events (OpenAI GA names), as typed models.
 
 Every event the realtime core (and its driver) sends is built here, so a field's name and type are
-written once; `wire()` gives the dict the outbox numbers and encodes. A response's own events come
-from ResponseEvents (response_events.py). The fields follow the openai SDK's types: the contract
-tests check every event against them.
+written once; `wire()` gives the dict the outbox numbers and encodes. A response's events are put in
+order by ResponseEvents (realtime/response_events.py), with the models below. The fields follow the
+openai SDK's types: the contract tests check every event against them.
 """
 
 from __future__ import annotations
@@ -53,8 +53,14 @@ class ItemAdded(ServerEvent):
 
 class ItemDone(ServerEvent):
     type: Literal["conversation.item.done"] = "conversation.item.done"
-    previous_item_id: str | None
+    previous_item_id: str | None = None  # left out of the event when not given (a response's message)
     item: Wire
+
+    def wire(self) -> Event:
+        event = self.model_dump()
+        if "previous_item_id" not in self.model_fields_set:
+            del event["previous_item_id"]
+        return event
 
 
 class ItemRetrieved(ServerEvent):
@@ -153,3 +159,115 @@ class OutputCleared(ServerEvent):
 class RateLimitsUpdated(ServerEvent):
     type: Literal["rate_limits.updated"] = "rate_limits.updated"
     rate_limits: list[Wire]
+
+
+# -- a response's events -------------------------------------------------------------------------------
+
+
+class RealtimeResponse(BaseModel):
+    """The `response` object of response.created and response.done."""
+
+    model_config = ConfigDict(frozen=True)
+    object: Literal["realtime.response"] = "realtime.response"
+    id: str
+    status: str
+    status_details: Wire | None
+    output: list[Wire]
+    conversation_id: str | None
+    output_modalities: list[str]
+    max_output_tokens: int | str
+    audio: Wire
+    usage: Wire | None
+    metadata: dict[str, str] | None
+
+
+class ResponseCreated(ServerEvent):
+    type: Literal["response.created"] = "response.created"
+    response: RealtimeResponse
+
+
+class ResponseDone(ServerEvent):
+    type: Literal["response.done"] = "response.done"
+    response: RealtimeResponse
+
+
+class OutputItemAdded(ServerEvent):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int
+    item: Wire
+
+
+class OutputItemDone(ServerEvent):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int
+    item: Wire
+
+
+class ContentEvent(ServerEvent):
+    """An event about the response message's one content part (its `type` is each subclass's)."""
+
+    type: str
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int = 0
+
+
+class ContentPartAdded(ContentEvent):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: Wire
+
+
+class ContentPartDone(ContentEvent):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: Wire
+
+
+class OutputTextDelta(ContentEvent):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class OutputTextDone(ContentEvent):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
+class OutputAudioTranscriptDelta(ContentEvent):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class OutputAudioTranscriptDone(ContentEvent):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class OutputAudioDelta(ContentEvent):
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: str  # base64, in the session's output format
+
+
+class OutputAudioDone(ContentEvent):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class FunctionCallEvent(ServerEvent):
+    type: str
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+
+
+class FunctionCallArgumentsDelta(FunctionCallEvent):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    delta: str
+
+
+class FunctionCallArgumentsDone(FunctionCallEvent):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str

@@ -1,6 +1,7 @@
 """The event sequence of one Realtime response, as a pure state machine.
 
-Each method returns the server events to send, in order. `finish()` closes whatever was opened,
+Each method returns the server events to send, in order, built with protocol/server_events.py's models
+and given in wire form. `finish()` closes whatever was opened,
 so a response cancelled at any point still ends with a well-formed tail and `response.done`.
 A response's output is its assistant message (`item`, once opened) and the function calls it made,
 each at the output index it was opened at.
@@ -11,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.protocol import server_events as se
+from gateway.protocol.server_events import Event
 from gateway.realtime.conversation import Item
 
 ResponseStatus = Literal["completed", "cancelled", "incomplete", "failed"]
-Event = dict[str, Any]
 
 
 @dataclass
@@ -62,78 +64,77 @@ class ResponseEvents:
     def part_kind(self) -> str:
         return "audio" if self.audio else "text"
 
-    def response_object(self, usage: Usage | None = None, status_details: dict[str, Any] | None = None) -> Event:
-        return {
-            "object": "realtime.response",
-            "id": self.response_id,
-            "status": self.status,
-            "status_details": status_details,
-            "output": [item.to_wire() for item in self._outputs],
-            "conversation_id": self.conversation_id,
-            "output_modalities": ["audio" if self.audio else "text"],
-            "max_output_tokens": self.max_output_tokens,
-            "audio": {"output": {"format": self.audio_format, "voice": self.voice}},
-            "usage": usage.to_wire() if usage else None,
-            "metadata": self.metadata,
-        }
+    def response_object(self, usage: Usage | None = None, status_details: dict[str, Any] | None = None
+                        ) -> se.RealtimeResponse:
+        return se.RealtimeResponse(
+            id=self.response_id,
+            status=self.status,
+            status_details=status_details,
+            output=[item.to_wire() for item in self._outputs],
+            conversation_id=self.conversation_id,
+            output_modalities=["audio" if self.audio else "text"],
+            max_output_tokens=self.max_output_tokens,
+            audio={"output": {"format": self.audio_format, "voice": self.voice}},
+            usage=usage.to_wire() if usage else None,
+            metadata=self.metadata,
+        )
 
-    def _ids(self) -> dict[str, Any]:
-        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": self._index(self.item),
-                "content_index": 0}
+    def _part(self) -> dict[str, Any]:
+        """The ids of an event about the message's content part."""
+        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": self._index(self.item)}
 
     def _index(self, item: Item) -> int:
         return next(i for i, output in enumerate(self._outputs) if output is item)
 
     def created(self) -> list[Event]:
-        return [{"type": "response.created", "response": self.response_object()}]
+        return _wire(se.ResponseCreated(response=self.response_object()))
 
     def open_item(self, previous_item_id: str | None) -> list[Event]:
         """Called once the assistant item is in the conversation (it may stay out of it: conversation 'none')."""
         self._opened = True
         self._outputs.append(self.item)
         self.item.content = [{"type": self.content_kind, "transcript" if self.audio else "text": ""}]
-        index = self._index(self.item)
-        events: list[Event] = [
-            {"type": "response.output_item.added", "response_id": self.response_id, "output_index": index,
-             "item": self.item.to_wire()}
+        events: list[se.ServerEvent] = [
+            se.OutputItemAdded(response_id=self.response_id, output_index=self._index(self.item),
+                               item=self.item.to_wire())
         ]
         if self.conversation_id is not None:
-            events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_wire()})
+            events.append(se.ItemAdded(previous_item_id=previous_item_id, item=self.item.to_wire()))
         part: dict[str, Any] = {"type": self.part_kind, "transcript" if self.audio else "text": ""}
         if self.audio:
             part["audio"] = None
-        events.append({"type": "response.content_part.added", **self._ids(), "part": part})
-        return events
+        events.append(se.ContentPartAdded(**self._part(), part=part))
+        return _wire(*events)
 
     def function_call(self, call: Item, previous_item_id: str | None) -> list[Event]:
         """A whole function call, as the model finished writing it (its arguments in one delta)."""
         assert call.type == "function_call" and call.arguments is not None
+        assert call.call_id is not None and call.name is not None
         self._outputs.append(call)
         index = self._index(call)
         ids = {"response_id": self.response_id, "item_id": call.id, "output_index": index, "call_id": call.call_id}
         call.status = "in_progress"
-        events: list[Event] = [{"type": "response.output_item.added", "response_id": self.response_id,
-                                "output_index": index, "item": call.to_wire()}]
+        events: list[se.ServerEvent] = [
+            se.OutputItemAdded(response_id=self.response_id, output_index=index, item=call.to_wire())]
         if self.conversation_id is not None:
-            events.append({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": call.to_wire()})
-        events.append({"type": "response.function_call_arguments.delta", **ids, "delta": call.arguments})
-        events.append({"type": "response.function_call_arguments.done", **ids, "name": call.name,
-                       "arguments": call.arguments})
+            events.append(se.ItemAdded(previous_item_id=previous_item_id, item=call.to_wire()))
+        events.append(se.FunctionCallArgumentsDelta(**ids, delta=call.arguments))
+        events.append(se.FunctionCallArgumentsDone(**ids, name=call.name, arguments=call.arguments))
         call.status = "completed"
-        events.append({"type": "response.output_item.done", "response_id": self.response_id, "output_index": index,
-                       "item": call.to_wire()})
+        events.append(se.OutputItemDone(response_id=self.response_id, output_index=index, item=call.to_wire()))
         if self.conversation_id is not None:
-            events.append({"type": "conversation.item.done", "previous_item_id": previous_item_id, "item": call.to_wire()})
-        return events
+            events.append(se.ItemDone(previous_item_id=previous_item_id, item=call.to_wire()))
+        return _wire(*events)
 
     def text_delta(self, delta: str) -> list[Event]:
         self._text.append(delta)
         self.item.content[0]["transcript" if self.audio else "text"] = "".join(self._text)
-        kind = "response.output_audio_transcript.delta" if self.audio else "response.output_text.delta"
-        return [{"type": kind, **self._ids(), "delta": delta}]
+        if self.audio:
+            return _wire(se.OutputAudioTranscriptDelta(**self._part(), delta=delta))
+        return _wire(se.OutputTextDelta(**self._part(), delta=delta))
 
     def audio_delta(self, audio_b64: str) -> list[Event]:
-        return [{"type": "response.output_audio.delta", **self._ids(), "delta": audio_b64}]
+        return _wire(se.OutputAudioDelta(**self._part(), delta=audio_b64))
 
     def finish(
         self,
@@ -148,7 +149,7 @@ class ResponseEvents:
         if self.status != "in_progress":
             return []
         self.status = status
-        events: list[Event] = []
+        events: list[se.ServerEvent] = []
         if self._opened:
             text_key = "transcript" if self.audio else "text"
             if final_text is not None:
@@ -156,20 +157,23 @@ class ResponseEvents:
             text = self.item.content[0][text_key]
             self.item.status = "completed" if status == "completed" else "incomplete"
             if self.audio:
-                events.append({"type": "response.output_audio.done", **self._ids()})
-                events.append({"type": "response.output_audio_transcript.done", **self._ids(), "transcript": text})
+                events.append(se.OutputAudioDone(**self._part()))
+                events.append(se.OutputAudioTranscriptDone(**self._part(), transcript=text))
             else:
-                events.append({"type": "response.output_text.done", **self._ids(), "text": text})
-            part = {"type": self.part_kind, text_key: text}
-            events.append({"type": "response.content_part.done", **self._ids(), "part": part})
-            events.append({"type": "response.output_item.done", "response_id": self.response_id,
-                           "output_index": self._index(self.item), "item": self.item.to_wire()})
+                events.append(se.OutputTextDone(**self._part(), text=text))
+            events.append(se.ContentPartDone(**self._part(), part={"type": self.part_kind, text_key: text}))
+            events.append(se.OutputItemDone(response_id=self.response_id, output_index=self._index(self.item),
+                                            item=self.item.to_wire()))
             if self.conversation_id is not None:
-                events.append({"type": "conversation.item.done", "item": self.item.to_wire()})
+                events.append(se.ItemDone(item=self.item.to_wire()))
         details: dict[str, Any] | None = None
         if status != "completed":
             details = {"type": status, "reason": reason}
             if error is not None:  # the GA shape: its type and code (the message goes in the `error` event)
                 details["error"] = {"type": error.get("type"), "code": error.get("code")}
-        events.append({"type": "response.done", "response": self.response_object(usage, details)})
-        return events
+        events.append(se.ResponseDone(response=self.response_object(usage, details)))
+        return _wire(*events)
+
+
+def _wire(*events: se.ServerEvent) -> list[Event]:
+    return [event.wire() for event in events]
