@@ -173,6 +173,14 @@ class ResponseStarted:
 
 
 @dataclass(frozen=True)
+class TokensReserved:
+    """The response reserved its key's tokens: rate_limits.updated says what is left."""
+
+    response_id: str
+    rate_limit: dict[str, object]
+
+
+@dataclass(frozen=True)
 class MessageOpened:
     response_id: str
 
@@ -239,8 +247,8 @@ Input = (
     SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
     | AudioProcessed | TranscriptPartial | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
-    | ResponseStarted | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | ResponseFiltered | ResponseEnded
-    | PlayoutStarted | PlayoutStopped | PlayoutCleared
+    | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | ResponseFiltered
+    | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
 )
 
 
@@ -600,6 +608,10 @@ class RealtimeCore:
         if event.open_message:
             self._send_all(events.open_item(previous))
 
+    def _tokens_reserved(self, event: TokensReserved) -> None:
+        if self._active(event.response_id) is not None:
+            self._send(se.RateLimitsUpdated(rate_limits=[event.rate_limit]))
+
     def _message_opened(self, event: MessageOpened) -> None:
         if (active := self._active(event.response_id)) is not None:
             self._open_message(active)
@@ -769,6 +781,7 @@ _TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
     TranscriptionAbandoned: RealtimeCore._transcription_abandoned,
     TurnReady: RealtimeCore._turn_ready,
     ResponseStarted: RealtimeCore._response_started,
+    TokensReserved: RealtimeCore._tokens_reserved,
     MessageOpened: RealtimeCore._message_opened,
     FunctionCallsMade: RealtimeCore._function_calls,
     TextDelta: RealtimeCore._text_delta,

@@ -1,4 +1,5 @@
-"""Running one Realtime response: prompt, token stream, text deltas, and speech clause by clause."""
+"""Running a session's Realtime responses: the runner of one (prompt, token stream, text deltas, speech clause
+by clause) and the owner of its task (Responses: start, stop, end), both feeding what happens to the core."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,27 +16,51 @@ from gateway.generation.chat_plan import with_tools
 from gateway.generation.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
 from gateway.generation.service import Generator, MemoryRound, Prepared, PromptSpec, Reply
 from gateway.platform import metrics
-from gateway.platform.latency import TurnMarks
+from gateway.platform.config import Settings
+from gateway.platform.event_log import log_event
+from gateway.platform.latency import TurnMarks, now
+from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
-from gateway.protocol import server_events as se
+from gateway.protocol import client_events as ev
 from gateway.protocol.errors import ApiError
 from gateway.realtime.conversation import SpokenSegment
-from gateway.realtime.preemption import AdoptedStream, Preemption
-from gateway.realtime.response_events import Event, ResponseEvents
-from gateway.safety.hooks import Classifier
-from gateway.safety.output import ContentFiltered
-from gateway.safety.policy import SafetyPolicy
-from inference.llm.backend import (
-    GenerationResult,
-    LLMBackend,
-    SamplingParams,
+from gateway.realtime.core import (
+    CreateResponse,
+    FunctionCallsMade,
+    Input,
+    MessageOpened,
+    RealtimeCore,
+    ResponseEnded,
+    ResponseFiltered,
+    ResponseFinished,
+    ResponseStarted,
+    StopResponse,
+    TextDelta,
+    TokensReserved,
 )
+from gateway.realtime.preemption import AdoptedStream, Preemption
+from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
+from gateway.realtime.response_plan import (
+    Accounts,
+    ResponseJob,
+    plan_response,
+    reply_sampling,
+    reply_spec,
+    tools_planner,
+)
+from gateway.safety.output import ContentFiltered
+from inference.llm.backend import GenerationResult, LLMBackend
 from inference.llm.chat import ChatMessage
-from inference.llm.tool_calls import ReplySplitter, ToolCall, ToolSpec, ToolUse, parse_reply
+from inference.llm.tool_calls import ReplySplitter, ToolFormat, ToolUse, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
+from media.playout import PlayoutBuffer
 
 log = logging.getLogger(__name__)
+
+# How long a cancelled response task may take to unwind before the session stops waiting.
+CANCEL_TIMEOUT_S = 2.0
+USAGE_WAIT_S = 0.15  # how long a cancel waits for the engine's token counts before answering
 
 
 class SpeechStream(Protocol):
@@ -46,30 +71,7 @@ class SpeechStream(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class ResponseJob:
-    messages: list[ChatMessage]
-    sampling: SamplingParams
-    conversation_key: str | None = None
-    marks: TurnMarks = field(default_factory=TurnMarks)
-    preemption: Preemption | None = None
-    speech_speed: float = 1.0  # the session's audio.output.speed
-    tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the client's tools the reply may call
-    # The reply's tools with these built-in ones offered too (memory's `remember`): `tool_use` plus those.
-    plan_tools: Callable[[list[ToolSpec]], ToolUse] = lambda builtin: ToolUse([])
-    names_memory_tool: bool = False  # tool_choice names `remember`: refused unless the key's memory is on
-    safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
-    tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
-    classifier: Classifier | None = None  # beside the rules (safety/hooks.py)
-    memory: MemoryAccount | None = None  # the key's memory (gateway/generation/memory.py)
-    classifier_timeout_s: float = 2.0
-
-
-def reply_spec(messages: list[ChatMessage], tool_use: ToolUse) -> PromptSpec:
-    """A reply's prompt, and the grammar of its forced function call."""
-    grammar = f"start: {tool_use.forced_block}" if tool_use.forced_block is not None else None
-    return PromptSpec(messages, tool_use.template_tools, grammar,
-                      grammar_message="A function's parameters cannot be used as a JSON schema")
+SpeechMaker = Callable[[ResponseEvents, TurnMarks], SpeechStream]  # a response's speech, with its latency marks
 
 
 class ResponseRunner:
@@ -80,24 +82,17 @@ class ResponseRunner:
         tts: TtsEngine | None,
         job: ResponseJob,
         events: ResponseEvents,
-        send: Callable[[list[Event]], None],
+        feed: Callable[[Input], None],
         speech: SpeechStream | None,
-        open_message: Callable[[], None],
-        add_calls: Callable[[list[ToolCall]], None],
-        text_delta: Callable[[str], None],
     ) -> None:
-        """`open_message`: puts the assistant message in the conversation (called before its first text, when
-        the session did not open it upfront); `add_calls`: puts the reply's function calls there; `text_delta`:
-        the reply's text as it is released (`send` takes the other events: the rate limits)."""
+        """`feed` takes what the run makes to the session's core, as inputs: the tokens reserved, the assistant
+        message opened (before its first text, when the core did not open it upfront), function calls, text."""
         self.generator = Generator(engine, job.safety, job.classifier, job.classifier_timeout_s)
         self.tts = tts
         self.job = job
         self.events = events
-        self.send = send
+        self.feed = feed
         self.speech = speech
-        self.open_message = open_message
-        self.add_calls = add_calls
-        self.text_delta = text_delta
         self.stream: Reply | None = None
         self._adopted: Preemption | None = None
         self._memory: Recall | None = None  # set when the model is offered the memory tool
@@ -123,7 +118,7 @@ class ResponseRunner:
             raise
         reservation = prepared.reservation
         if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
-            self.send([se.RateLimitsUpdated(rate_limits=[reservation.rate_limit()]).wire()])
+            self.feed(TokensReserved(self.events.response_id, reservation.rate_limit()))
         self.guard.start(next((m.content for m in reversed(job.messages) if m.role == "user"), ""))
         try:
             return await self._generate(prepared)
@@ -173,8 +168,8 @@ class ResponseRunner:
 
         def say(text: str) -> None:
             if not self.events.opened:
-                self.open_message()
-            self.text_delta(text)
+                self.feed(MessageOpened(self.events.response_id))
+            self.feed(TextDelta(self.events.response_id, text))
             if self.speech is not None:
                 for clause in splitter.push(text):
                     job.marks.mark("first_clause")
@@ -203,7 +198,7 @@ class ResponseRunner:
                 if reply is not None and reply.held:
                     parsed = parse_reply(reply.held, tools)
                     if parsed.calls:
-                        self.add_calls(parsed.calls)
+                        self.feed(FunctionCallsMade(self.events.response_id, parsed.calls))
                     if parsed.content:
                         say(parsed.content)
                 for clause in splitter.flush():
@@ -224,7 +219,7 @@ class ResponseRunner:
         reply, goes out as its last delta, so the item holds everything generated before the cancel."""
         if self.speech is None and not self.job.tool_use.tools and self.events.opened:
             if text := self.guard.flush():
-                self.text_delta(text)
+                self.feed(TextDelta(self.events.response_id, text))
 
     def cancel_generation(self) -> None:
         if self.stream is not None:
@@ -257,3 +252,256 @@ class ResponseRunner:
     async def _iterate(chunks: list[np.ndarray]) -> AsyncIterator[np.ndarray]:
         for chunk in chunks:
             yield chunk
+
+
+class ResponseHost(Protocol):
+    """What a session's responses need of it (session.py's RealtimeSession): its core's inputs go through `feed`."""
+
+    id: str
+    request_id: str | None
+    settings: Settings
+    runtime: Runtime
+    core: RealtimeCore
+    tokens: TokenAccount | None
+    memory: MemoryAccount | None
+    last_activity: float
+
+    @property
+    def playout(self) -> PlayoutBuffer | None: ...
+
+    def feed(self, event: Input) -> None: ...
+
+    def send_error(self, error: ApiError) -> None: ...
+
+    def screened(self, text: str) -> str | None: ...
+
+
+@dataclass
+class RunningResponse:
+    """The driver's side of the core's response in progress: what runs it, and its latency marks."""
+
+    events: ResponseEvents
+    runner: ResponseRunner
+    marks: TurnMarks
+    task: asyncio.Task[None] | None = None
+
+
+class Responses:
+    """A session's responses, as the core commands them: CreateResponse plans one and starts its task,
+    StopResponse stops it, and either way its end goes back to the core as ResponseEnded. Owns the
+    response's task and the stoppers that end a cancelled one once it is awaited; also starts a turn's
+    reply ahead of the turn (voice preemption), with the same plan."""
+
+    def __init__(self, host: ResponseHost, speech: SpeechMaker | None) -> None:
+        self.host = host
+        self.speech = speech  # the session's audio out, when it can speak
+        self.count = 0  # responses done
+        self._run: RunningResponse | None = None
+        self._stoppers: set[asyncio.Task[None]] = set()  # each ends a cancelled response once its task is done
+
+    def _accounts(self) -> Accounts:
+        host = self.host
+        return Accounts(host.runtime.safety, host.runtime.classifier, host.settings.safety_classifier_timeout_s,
+                        host.tokens, host.memory)
+
+    # -- starting -----------------------------------------------------------------------------------
+
+    def create(self, command: CreateResponse, marks: TurnMarks, preemption: Preemption | None) -> None:
+        """The core's CreateResponse (a client's response.create, a user turn's reply, or the idle nudge), with
+        the turn's latency marks and its reply generated ahead: refused, it is an `error` event."""
+        try:
+            self._start(command.params, marks, preemption)
+        except ApiError as error:
+            if preemption is not None:
+                preemption.cancel()
+            error.event_id = command.event_id
+            self.host.send_error(error)
+
+    def _start(self, params: ev.ResponseParams, marks: TurnMarks, preemption: Preemption | None) -> None:
+        """Start a response now (synchronously), or raise. ``preemption``: a generation already started for this
+        reply (see preempt_reply); the response takes it over when its prompt is the same, and cancels it otherwise."""
+        host, core = self.host, self.host.core
+        core.ensure_no_response()
+        engine = host.runtime.engine
+        if engine is None:
+            raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
+        plan = plan_response(core.config, host.settings, core.conversation, params, fmt=engine.lm.tool_format,
+                             context_window=engine.lm.context_window, can_speak=core.can_speak,
+                             accounts=self._accounts(), marks=marks, preemption=preemption)
+        events = plan.events
+        speech = self.speech(events, marks) if events.audio and self.speech is not None else None
+        runner = ResponseRunner(engine=engine, tts=host.runtime.tts, job=plan.job, events=events, feed=host.feed,
+                                speech=speech)
+        # With tools, the message opens with its first text: the reply may be calls.
+        host.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.tool_use.tools))
+        run = RunningResponse(events=events, runner=runner, marks=marks)
+        self._run = run
+        run.task = asyncio.create_task(self._run_response(run), name=f"response {events.response_id}")
+
+    async def _run_response(self, run: RunningResponse) -> None:
+        # A cancelled run sends nothing more: whoever cancelled it ends the response (see _stop_run).
+        try:
+            result = await run.runner.run()
+        except ContentFiltered:
+            # Its generation is stopped: the audio not yet played is cleared, as in a barge-in, the item keeps
+            # what was sent (heard, over WebRTC), and the response ends incomplete.
+            self.host.feed(ResponseFiltered(run.events.response_id))
+            self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
+        except ApiError as exc:  # the generation service maps the backend's errors
+            self._end(run, "failed", error=exc)
+        except Exception as exc:
+            log.exception("response %s failed", run.events.response_id)
+            error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
+            self._end(run, "failed", error=error)
+        else:
+            status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"
+            self._end(run, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
+
+    # -- ending ---------------------------------------------------------------------------------------
+
+    def _end(self, run: RunningResponse, status: ResponseStatus, *, reason: str | None = None,
+             result: GenerationResult | None = None, error: ApiError | None = None) -> None:
+        run.marks.mark("done")
+        usage = None
+        if result is not None:
+            usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
+            if result.admitted_at is not None:
+                metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
+        playout = self.host.playout
+        heard_ms = playout.played_ms(run.events.item.id) if playout is not None else None
+        self.host.feed(ResponseEnded(run.events.response_id, status, run.marks.to_wire(), reason=reason, usage=usage,
+                                     error=error, heard_ms=heard_ms))
+
+    def finished(self, done: ResponseFinished) -> None:
+        """The core's ResponseFinished (response.done was sent): count and log it."""
+        run = self._run
+        if run is None or run.events is not done.events:
+            return
+        self._run = None
+        self.host.last_activity = time.monotonic()
+        metrics.RESPONSES.labels(done.status).inc()
+        self._log(run, done)
+        for stage, seconds in run.marks.stage_durations().items():
+            metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+
+    def _log(self, run: RunningResponse, done: ResponseFinished) -> None:
+        """One record per response: ids, status, token counts and latency marks (the answer only with
+        --log-content). With session.tracing, the trace's names and metadata go with it."""
+        host, config = self.host, self.host.core.config
+        tracing = config.tracing
+        named = tracing if tracing is not None and not isinstance(tracing, str) else None
+        events, usage, error = run.events, done.usage, done.error
+        text = events.item.content[0].get("transcript" if events.audio else "text") if events.opened else None
+        self.count += 1
+        log_event(
+            "realtime.response.done", session_id=host.id, request_id=host.request_id, response_id=events.response_id,
+            conversation_id=events.conversation_id, model=config.model, status=done.status, reason=done.reason,
+            error_code=error.get("code") if error else None,
+            input_tokens=usage.input_tokens if usage else None, cached_tokens=usage.cached_tokens if usage else None,
+            output_tokens=usage.output_tokens if usage else None, modality="audio" if events.audio else "text",
+            latency_ms=run.marks.to_wire(),
+            trace={"workflow_name": (named and named.workflow_name) or "Realtime Session",
+                   "group_id": named and named.group_id, "metadata": named and named.metadata} if tracing else None,
+            content={"output_text": text} if text is not None else None,
+        )
+
+    # -- stopping -----------------------------------------------------------------------------------
+
+    def stop(self, command: StopResponse) -> None:
+        """The core's StopResponse."""
+        run = self._run
+        if run is None or run.events.response_id != command.response_id:
+            return
+        stopper = asyncio.create_task(self._stop_run(run, command), name=f"stop {command.response_id}")
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
+
+    async def _stop_run(self, run: RunningResponse, command: StopResponse) -> None:
+        """Stop the response at once and end it with status `cancelled`.
+
+        Order matters: generation is told to stop (next engine step), the task is cancelled and
+        awaited, then this owner (never the cancelled task) feeds the end, whose tail events the core sends.
+        """
+        started = time.perf_counter()
+        await self._stop_task(run)
+        run.runner.release_held()
+        self._end(run, "cancelled", reason=command.reason, result=await self._final_result(run))
+        if command.barge_in:
+            metrics.BARGE_IN_SECONDS.observe(time.perf_counter() - started)
+
+    async def _stop_task(self, run: RunningResponse) -> None:
+        run.runner.cancel_generation()
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+            await asyncio.wait({run.task}, timeout=CANCEL_TIMEOUT_S)
+
+    async def _final_result(self, run: RunningResponse) -> GenerationResult | None:
+        """The cancelled generation's usage; the engine stops within a step, and we wait no longer."""
+        if run.runner.stream is None:
+            return None
+        try:
+            return await asyncio.wait_for(run.runner.stream.result(), timeout=USAGE_WAIT_S)
+        except Exception:  # usage is best effort for a cancelled response
+            return None
+
+    async def settle(self) -> None:
+        """Wait until the responses being stopped have ended (their response.done is sent)."""
+        while self._stoppers:
+            await asyncio.wait(set(self._stoppers))
+
+    async def close(self) -> None:
+        """The session is closing (its outbox is closed): stop the response quietly."""
+        if self._run is not None:
+            await self._stop_task(self._run)
+        if self._stoppers:
+            await asyncio.wait(set(self._stoppers), timeout=CANCEL_TIMEOUT_S + USAGE_WAIT_S)
+        # A finished task keeps its frame (and so this session) in its result or CancelledError: let them go.
+        self._run = None
+        self._stoppers.clear()
+
+    # -- ahead of the turn ------------------------------------------------------------------------------
+
+    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
+        """Start generating the default reply to a user turn that may not be committed yet.
+
+        The voice path calls this with the speculative final transcript while the VAD waits out the
+        silence; the turn's response adopts the stream when its prompt turns out the same. The
+        turn's item, when already added, is replaced by `user_text` at the end. None when no reply
+        can start now (a response is running, no model, the engine is full).
+        """
+        host, core = self.host, self.host.core
+        engine = host.runtime.engine
+        if engine is None or core.response is not None:
+            return None
+        params = ev.ResponseParams()
+        if tools_planner(core.config, params, engine.lm.tool_format)([]).tools:
+            return None  # a reply that may call functions has their instructions and maybe a grammar
+        words = host.screened(user_text)
+        if words is None:
+            return None  # refused: the turn's final transcript will say so
+        history = core.conversation.chat_messages(core.config.instructions, excluding=user_item_id)
+        messages = [*history, ChatMessage("user", words)]
+        sampling = reply_sampling(core.config, host.settings, params, engine.lm.context_window)
+        extra, tools = await self.memory_messages(messages, engine.lm.tool_format)
+        accounts = self._accounts()
+        generator = Generator(engine, accounts.safety, accounts.classifier, accounts.classifier_timeout_s)
+        try:
+            # No tokens reserved: the response that adopts it reserves them.
+            prepared = await generator.prepare(reply_spec([*messages, *extra], tools), sampling)
+            if core.response is not None:
+                return None
+            reply = await generator.start(prepared, conversation_id=core.conversation.id)
+        except ApiError:
+            return None  # the response itself will meet (and report) the same condition
+        return Preemption(prompt_ids=prepared.prompt_ids, sampling=sampling, stream=reply, started_at=now())
+
+    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]:
+        """What a default response to `messages` adds with the key's memory on, so that a reply or prefill made
+        ahead has its prompt: the memories that bear on the last user message (nothing is saved from it, it may
+        be a draft) and the memory tool, as system messages, and the tool's use."""
+        memory = self.host.memory
+        remembered = await memory.recall(messages, save=False) if memory is not None else None
+        if remembered is None:
+            return [], ToolUse([])
+        tools = tools_planner(self.host.core.config, ev.ResponseParams(), fmt)([REMEMBER_TOOL])
+        return [*with_tools([], tools), *remembered.messages()], tools

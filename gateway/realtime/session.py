@@ -1,10 +1,9 @@
 """One Realtime conversation's driver: it feeds what happens to its realtime core and carries out the core's
-commands (the response task, the engine, the TTS, the playout, the outbox).
+commands (events to the outbox, responses to Responses, transcriptions to VoicePipeline, the playout).
 
 Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive()` and drain `outbox`.
-The turn and response state, and the events announcing its changes, come from `RealtimeCore`
-(realtime_core.py) in one step each; this module owns the tasks: the response's, and the stoppers that
-end a cancelled response after awaiting it.
+The turn and response state, and the events announcing its changes, come from `RealtimeCore` (core.py) in
+one step each; the responses' tasks are Responses' (responses.py), the listening side's VoicePipeline's.
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.generation.chat_plan import with_tools
-from gateway.generation.memory import REMEMBER_TOOL, MemoryAccount
-from gateway.generation.service import Generator
+from gateway.generation.memory import MemoryAccount
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -30,15 +26,12 @@ from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol import server_events as se
-from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.codec import decode_client_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
     SessionConfig,
-    ToolChoiceFunction,
     TurnDetection,
     apply_session_update,
-    check_tool_choice,
 )
 from gateway.realtime.conversation import Conversation, Item, item_from_param, new_id, screen_item
 from gateway.realtime.core import (
@@ -48,42 +41,31 @@ from gateway.realtime.core import (
     ConfigChanged,
     CreateResponse,
     DropTurn,
-    FunctionCallsMade,
     Input,
     ItemCreated,
     ItemDelete,
     ItemRetrieve,
     ItemTruncate,
-    MessageOpened,
     Output,
     OutputClearRequested,
     PlayoutCleared,
     PlayoutStarted,
     PlayoutStopped,
     RealtimeCore,
-    ResponseEnded,
-    ResponseFiltered,
     ResponseFinished,
     ResponseRequested,
-    ResponseStarted,
     Send,
     SendError,
     SessionStarted,
     SetProducing,
     StopResponse,
-    TextDelta,
     Transcribe,
 )
 from gateway.realtime.outbox import Outbox, SlowConsumer
-from gateway.realtime.preemption import Preemption
-from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
-from gateway.realtime.responses import ResponseJob, ResponseRunner, SpeechStream, reply_spec
+from gateway.realtime.response_events import Event, ResponseEvents
+from gateway.realtime.responses import Responses, SpeechStream
 from gateway.realtime.store import ConversationRecorder
 from gateway.realtime.voice import VoicePipeline
-from gateway.safety.output import ContentFiltered
-from inference.llm.backend import GenerationResult, SamplingParams
-from inference.llm.chat import ChatMessage
-from inference.llm.tool_calls import ToolCall, ToolFormat, ToolSpec, ToolUse, plan_tool_use
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
@@ -91,23 +73,10 @@ from media.resample import Resampler
 
 log = logging.getLogger(__name__)
 
-# How long a cancelled response task may take to unwind before the session stops waiting.
-CANCEL_TIMEOUT_S = 2.0
-USAGE_WAIT_S = 0.15  # how long a cancel waits for the engine's token counts before answering
 INPUT_RATE = 16000  # what the VAD and Whisper take
 
 TransportKind = Literal["websocket", "webrtc"]
 SpeechFactory = Callable[["RealtimeSession", ResponseEvents, TurnMarks], SpeechStream]
-
-
-@dataclass
-class RunningResponse:
-    """The driver's side of the core's response in progress: what runs it, and its latency marks."""
-
-    events: ResponseEvents
-    runner: ResponseRunner
-    marks: TurnMarks
-    task: asyncio.Task[None] | None = None
 
 
 class RealtimeSession:
@@ -154,14 +123,13 @@ class RealtimeSession:
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self._run: RunningResponse | None = None
-        self._stoppers: set[asyncio.Task[None]] = set()  # each ends a cancelled response once its task is done
+        self.responses = Responses(self, (lambda events, marks: speech_factory(self, events, marks))
+                                   if speech_factory is not None else None)
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
         self._started_at = time.monotonic()
         self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
         self.last_activity = self._started_at  # the last client event or response end: --session-idle-timeout-s
-        self._responses = 0
         self._closed = False
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
@@ -214,16 +182,10 @@ class RealtimeSession:
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
             log_event("realtime.session.ended", session_id=self.id, request_id=self.request_id,
-                      transport=self.transport, responses=self._responses,
+                      transport=self.transport, responses=self.responses.count,
                       duration_s=round(time.monotonic() - self._started_at, 3))
         self.outbox.close()
-        if self._run is not None:
-            await self._stop_task(self._run)
-        if self._stoppers:
-            await asyncio.wait(set(self._stoppers), timeout=CANCEL_TIMEOUT_S + USAGE_WAIT_S)
-        # A finished task keeps its frame (and so this session) in its result or CancelledError: let them go.
-        self._run = None
-        self._stoppers.clear()
+        await self.responses.close()
         if self.voice is not None:
             await self.voice.close()
             # The pipeline and the session refer to each other: without this, only the cycle
@@ -239,10 +201,6 @@ class RealtimeSession:
         self.outbox.send(event)
         if self.recorder is not None:
             self.recorder.observe(event, self.conversation)
-
-    def send_all(self, events: list[Event]) -> None:
-        for event in events:
-            self.send(event)
 
     def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None:
         """Before start(): continue a stored conversation (realtime_store.py). Its branch becomes the
@@ -280,9 +238,12 @@ class RealtimeSession:
             case SendError():
                 self.send_error(output.error)
             case CreateResponse():
-                self._create_for(output)
+                marks, preemption = TurnMarks(), None
+                if output.turn is not None and self.voice is not None:
+                    marks, preemption = self.voice.take_turn(output.turn)
+                self.responses.create(output, marks, preemption)
             case StopResponse():
-                self._stop(output)
+                self.responses.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
                     self.playout.clear()
@@ -299,12 +260,11 @@ class RealtimeSession:
                 if self.voice is not None:
                     self.voice.drop_turn(output.item_id)
             case ResponseFinished():
-                self._response_finished(output)
+                self.responses.finished(output)
 
     async def settle(self) -> None:
         """Wait until the responses being stopped have ended (their response.done is sent)."""
-        while self._stoppers:
-            await asyncio.wait(set(self._stoppers))
+        await self.responses.settle()
 
     # -- client events --------------------------------------------------------------------------
 
@@ -412,269 +372,7 @@ class RealtimeSession:
         screened = self.runtime.safety.screen(text)
         return None if screened.blocked is not None else screened.text
 
-    # -- responses ------------------------------------------------------------------------------
-
-    def _tool_use(self, params: ev.ResponseParams, fmt: ToolFormat) -> ToolUse:
-        """The reply's tools: the client's (the response's own, or the session's)."""
-        return self._tools_planner(params, fmt)([])
-
-    def _tools_planner(self, params: ev.ResponseParams, fmt: ToolFormat) -> Callable[[list[ToolSpec]], ToolUse]:
-        """Plans the reply's tools, as they are now, with the built-in ones given (memory's `remember`). A choice
-        that names a built-in tool not given plans as "auto" (the response refuses it: see ResponseRunner)."""
-        tools = params.tools if params.tools is not None else self.config.tools
-        choice = params.tool_choice or self.config.tool_choice
-        try:
-            check_tool_choice(tools, choice)
-        except ValueError as exc:
-            raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
-        specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
-
-        def plan(builtin: list[ToolSpec]) -> ToolUse:
-            if isinstance(choice, ToolChoiceFunction):
-                if choice.name in {tool.name for tool in [*specs, *builtin]}:
-                    return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt, builtin=builtin)
-                return plan_tool_use(specs, choice="auto", fmt=fmt, builtin=builtin)
-            return plan_tool_use(specs, choice=choice, fmt=fmt, builtin=builtin)
-
-        return plan
-
-    def _names_memory_tool(self, params: ev.ResponseParams) -> bool:
-        tools = params.tools if params.tools is not None else self.config.tools
-        choice = params.tool_choice or self.config.tool_choice
-        return (isinstance(choice, ToolChoiceFunction) and choice.name == MEMORY_TOOL_NAME
-                and all(tool.name != MEMORY_TOOL_NAME for tool in tools))
-
-    def _reply_sampling(self, params: ev.ResponseParams, context_window: int) -> SamplingParams:
-        max_tokens = params.max_output_tokens or self.config.max_output_tokens
-        if max_tokens == "inf":
-            max_tokens = context_window // 2
-        return SamplingParams(
-            temperature=next(t for t in (params.temperature, self.config.temperature, self.settings.realtime_temperature)
-                             if t is not None),
-            max_tokens=int(max_tokens),
-            repetition_penalty=self.settings.repetition_penalty,
-        )
-
-
-    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
-        """Start generating the default reply to a user turn that may not be committed yet.
-
-        The voice path calls this with the speculative final transcript while the VAD waits out the
-        silence; the turn's response adopts the stream when its prompt turns out the same. The
-        turn's item, when already added, is replaced by `user_text` at the end. None when no reply
-        can start now (a response is running, no model, the engine is full).
-        """
-        engine = self.runtime.engine
-        if engine is None or self.active is not None:
-            return None
-        params = ev.ResponseParams()
-        if self._tool_use(params, engine.lm.tool_format).tools:
-            return None  # a reply that may call functions has their instructions and maybe a grammar
-        words = self.screened(user_text)
-        if words is None:
-            return None  # refused: the turn's final transcript will say so
-        history = self.conversation.chat_messages(self.config.instructions, excluding=user_item_id)
-        messages = [*history, ChatMessage("user", words)]
-        sampling = self._reply_sampling(params, engine.lm.context_window)
-        extra, tools = await self.memory_messages(messages, engine.lm.tool_format)
-        runtime = self.runtime
-        generator = Generator(engine, runtime.safety, runtime.classifier, self.settings.safety_classifier_timeout_s)
-        try:
-            # No tokens reserved: the response that adopts it reserves them.
-            prepared = await generator.prepare(reply_spec([*messages, *extra], tools), sampling)
-            if self.active is not None:
-                return None
-            reply = await generator.start(prepared, conversation_id=self.conversation.id)
-        except ApiError:
-            return None  # the response itself will meet (and report) the same condition
-        return Preemption(prompt_ids=prepared.prompt_ids, sampling=sampling, stream=reply, started_at=now())
-
-    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]:
-        """What a default response to `messages` adds with the key's memory on, so that a reply or prefill made
-        ahead has its prompt: the memories that bear on the last user message (nothing is saved from it, it may
-        be a draft) and the memory tool, as system messages, and the tool's use."""
-        remembered = await self.memory.recall(messages, save=False) if self.memory is not None else None
-        if remembered is None:
-            return [], ToolUse([])
-        tools = self._tools_planner(ev.ResponseParams(), fmt)([REMEMBER_TOOL])
-        return [*with_tools([], tools), *remembered.messages()], tools
-
-    def _create_for(self, command: CreateResponse) -> None:
-        """The core's CreateResponse: a client's response.create, a user turn's reply, or the idle nudge."""
-        marks, preemption = TurnMarks(), None
-        if command.turn is not None and self.voice is not None:
-            marks, preemption = self.voice.take_turn(command.turn)
-        try:
-            self.create_response(command.params, marks=marks, preemption=preemption)
-        except ApiError as error:
-            if preemption is not None:
-                preemption.cancel()
-            error.event_id = command.event_id
-            self.send_error(error)
-
-    def create_response(
-        self, params: ev.ResponseParams, *, marks: TurnMarks | None = None, preemption: Preemption | None = None
-    ) -> None:
-        """Start a response now (synchronously), or raise if one is already running.
-
-        ``preemption``: a generation already started for this reply (see preempt_reply); the
-        response takes it over when its prompt is the same, and cancels it otherwise.
-        """
-        self.core.ensure_no_response()
-        engine = self.runtime.engine
-        if engine is None:
-            raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
-        modalities = params.output_modalities or self.config.output_modalities
-        audio = "audio" in modalities
-        if audio and not self.core.can_speak:
-            raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
-        instructions = params.instructions if params.instructions is not None else self.config.instructions
-        plan_tools = self._tools_planner(params, engine.lm.tool_format)  # the tools as they are now
-        tool_use = plan_tools([])
-        if params.conversation not in ("auto", "none", self.conversation.id):
-            raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
-                           f"session's '{self.conversation.id}'.", "response.conversation")
-        writes_conversation = params.conversation != "none"
-        context = self.conversation
-        if params.input is not None:
-            context = Conversation(max_items=self.settings.max_conversation_items,
-                                   max_bytes=self.settings.max_conversation_bytes)
-            for param in params.input:
-                item = item_from_param(param)
-                screen_item(self.runtime.safety, item)
-                context.add(item)
-        if not len(context):
-            raise ApiError("empty_conversation", "There is nothing to respond to: add a message first.")
-        messages = context.chat_messages(instructions)  # the runner adds what the tools need
-        marks = marks or TurnMarks()
-        marks.mark("response_created")
-        item = Item(id=new_id("item"), type="message", role="assistant", status="in_progress")
-        output_format = self.config.audio.output.format
-        events = ResponseEvents(
-            response_id=new_id("resp"),
-            conversation_id=self.conversation.id if writes_conversation else None,
-            item=item,
-            audio=audio,
-            audio_format=output_format.model_dump(),
-            voice=self.config.audio.output.voice,
-            max_output_tokens=params.max_output_tokens or self.config.max_output_tokens,
-            metadata=dict(params.metadata) if params.metadata else None,
-        )
-        job = ResponseJob(
-            messages=messages,
-            sampling=self._reply_sampling(params, engine.lm.context_window),
-            conversation_key=self.conversation.id if writes_conversation else None,
-            marks=marks,
-            preemption=preemption,
-            speech_speed=self.config.audio.output.speed,
-            tool_use=tool_use,
-            plan_tools=plan_tools,
-            names_memory_tool=self._names_memory_tool(params),
-            safety=self.runtime.safety,
-            tokens=self.tokens,
-            memory=self.memory,
-            classifier=self.runtime.classifier,
-            classifier_timeout_s=self.settings.safety_classifier_timeout_s,
-        )
-        speech = self.speech_factory(self, events, marks) if audio and self.speech_factory is not None else None
-        response_id = events.response_id
-
-        def add_calls(calls: list[ToolCall]) -> None:
-            self.feed(FunctionCallsMade(response_id, calls))
-
-        runner = ResponseRunner(engine=engine, tts=self.runtime.tts, job=job, events=events, send=self.send_all,
-                                speech=speech, open_message=lambda: self.feed(MessageOpened(response_id)),
-                                add_calls=add_calls, text_delta=lambda text: self.feed(TextDelta(response_id, text)))
-        # With tools, the message opens with its first text: the reply may be calls.
-        self.feed(ResponseStarted(events, writes_conversation, open_message=not tool_use.tools))
-        run = RunningResponse(events=events, runner=runner, marks=marks)
-        self._run = run
-        run.task = asyncio.create_task(self._run_response(run), name=f"response {response_id}")
-
-    async def _run_response(self, run: RunningResponse) -> None:
-        # A cancelled run sends nothing more: whoever cancelled it ends the response (see _stop_run).
-        try:
-            result = await run.runner.run()
-        except ContentFiltered:
-            # Its generation is stopped: the audio not yet played is cleared, as in a barge-in, the item keeps
-            # what was sent (heard, over WebRTC), and the response ends incomplete.
-            self.feed(ResponseFiltered(run.events.response_id))
-            self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
-        except ApiError as exc:  # the generation service maps the backend's errors
-            self._end(run, "failed", error=exc)
-        except Exception as exc:
-            log.exception("response %s failed", run.events.response_id)
-            error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
-            self._end(run, "failed", error=error)
-        else:
-            status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"
-            self._end(run, status, reason="max_output_tokens" if status == "incomplete" else None, result=result)
-
-    def _end(self, run: RunningResponse, status: ResponseStatus, *, reason: str | None = None,
-             result: GenerationResult | None = None, error: ApiError | None = None) -> None:
-        run.marks.mark("done")
-        usage = None
-        if result is not None:
-            usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
-            if result.admitted_at is not None:
-                metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
-        item_id = run.events.item.id
-        heard_ms = self.playout.played_ms(item_id) if self.playout is not None else None
-        self.feed(ResponseEnded(run.events.response_id, status, run.marks.to_wire(), reason=reason, usage=usage,
-                                error=error, heard_ms=heard_ms))
-
-    def _response_finished(self, done: ResponseFinished) -> None:
-        run = self._run
-        if run is None or run.events is not done.events:
-            return
-        self._run = None
-        self.last_activity = time.monotonic()
-        metrics.RESPONSES.labels(done.status).inc()
-        self._log_response(run, done.status, done.reason, done.usage, done.error)
-        for stage, seconds in run.marks.stage_durations().items():
-            metrics.STAGE_SECONDS.labels(stage).observe(seconds)
-
-    def _log_response(self, run: RunningResponse, status: ResponseStatus, reason: str | None, usage: Usage | None,
-                      error: dict[str, Any] | None) -> None:
-        """One record per response: ids, status, token counts and latency marks (the answer only with
-        --log-content). With session.tracing, the trace's names and metadata go with it."""
-        tracing = self.config.tracing
-        named = tracing if tracing is not None and not isinstance(tracing, str) else None
-        events = run.events
-        text = events.item.content[0].get("transcript" if events.audio else "text") if events.opened else None
-        self._responses += 1
-        log_event(
-            "realtime.response.done", session_id=self.id, request_id=self.request_id, response_id=events.response_id,
-            conversation_id=events.conversation_id, model=self.config.model, status=status, reason=reason,
-            error_code=error.get("code") if error else None,
-            input_tokens=usage.input_tokens if usage else None, cached_tokens=usage.cached_tokens if usage else None,
-            output_tokens=usage.output_tokens if usage else None, modality="audio" if events.audio else "text",
-            latency_ms=run.marks.to_wire(),
-            trace={"workflow_name": (named and named.workflow_name) or "Realtime Session",
-                   "group_id": named and named.group_id, "metadata": named and named.metadata} if tracing else None,
-            content={"output_text": text} if text is not None else None,
-        )
-
-    def _stop(self, command: StopResponse) -> None:
-        run = self._run
-        if run is None or run.events.response_id != command.response_id:
-            return
-        stopper = asyncio.create_task(self._stop_run(run, command), name=f"stop {command.response_id}")
-        self._stoppers.add(stopper)
-        stopper.add_done_callback(self._stoppers.discard)
-
-    async def _stop_run(self, run: RunningResponse, command: StopResponse) -> None:
-        """Stop the response at once and end it with status `cancelled`.
-
-        Order matters: generation is told to stop (next engine step), the task is cancelled and
-        awaited, then this owner (never the cancelled task) feeds the end, whose tail events the core sends.
-        """
-        started = time.perf_counter()
-        await self._stop_task(run)
-        run.runner.release_held()
-        self._end(run, "cancelled", reason=command.reason, result=await self._final_result(run))
-        if command.barge_in:
-            metrics.BARGE_IN_SECONDS.observe(time.perf_counter() - started)
+    # -- playout ------------------------------------------------------------------------------------
 
     def on_playout_event(self, kind: str, item_id: str | None) -> None:
         """The WebRTC track started or finished playing a reply's audio (called on the event loop)."""
@@ -682,18 +380,3 @@ class RealtimeSession:
             self.feed(PlayoutStarted())
         elif kind == "stopped":
             self.feed(PlayoutStopped(item_id))
-
-    async def _stop_task(self, run: RunningResponse) -> None:
-        run.runner.cancel_generation()
-        if run.task is not None and not run.task.done():
-            run.task.cancel()
-            await asyncio.wait({run.task}, timeout=CANCEL_TIMEOUT_S)
-
-    async def _final_result(self, run: RunningResponse) -> GenerationResult | None:
-        """The cancelled generation's usage; the engine stops within a step, and we wait no longer."""
-        if run.runner.stream is None:
-            return None
-        try:
-            return await asyncio.wait_for(run.runner.stream.result(), timeout=USAGE_WAIT_S)
-        except Exception:  # usage is best effort for a cancelled response
-            return None

@@ -55,10 +55,10 @@ from gateway.realtime.core import (
 )
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.preemption import Preemption
+from gateway.realtime.responses import Responses
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript, TranscriptStabilizer
 from inference.llm.chat import ChatMessage, draft_prompt_ids
-from inference.llm.tool_calls import ToolFormat, ToolUse
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
@@ -130,9 +130,8 @@ class VoiceHost(Protocol):
 
     def speaks_by_default(self) -> bool: ...
 
-    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]: ...
-
-    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None: ...
+    @property
+    def responses(self) -> Responses: ...
 
 
 class VoicePipeline:
@@ -436,7 +435,7 @@ class VoicePipeline:
         transcript = await asyncio.shield(speculative)  # cancelled with it when the user goes on speaking
         if transcript is None or not transcript.text.strip():
             return None
-        preemption = await self.session.preempt_reply(item_id, transcript.text)
+        preemption = await self.session.responses.preempt_reply(item_id, transcript.text)
         log.debug("session %s: reply preempted: %s", self.session.id, "started" if preemption is not None else "not possible now")
         if preemption is not None:
             tts = self.runtime.tts if self.session.speaks_by_default() else None
@@ -485,7 +484,7 @@ class VoicePipeline:
         engine = self.runtime.engine
         assert engine is not None
         # With memory on, the reply's prompt has memories and the memory tool (all merged into its first message).
-        extra, _ = await self.session.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
+        extra, _ = await self.session.responses.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
         ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, [*messages, *extra], user_text)
         if ids and len(ids) < engine.lm.context_window:
             with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes
