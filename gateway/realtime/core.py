@@ -25,7 +25,7 @@ from gateway.protocol import server_events as se
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
-from gateway.realtime.conversation import Conversation, Item, new_id
+from gateway.realtime.conversation import Conversation, Item, SpokenSegment, new_id
 from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from gateway.realtime.turns import Action, TurnMachine, TurnPolicy
 from inference.llm.tool_calls import ToolCall
@@ -204,6 +204,30 @@ class AudioDelta:
 
 
 @dataclass(frozen=True)
+class SpeechWritten:
+    """`ms` more of the reply's audio went out (as deltas, or into the WebRTC playout buffer)."""
+
+    response_id: str
+    ms: float
+
+
+@dataclass(frozen=True)
+class ClauseSpoken:
+    """All of a clause's audio went out: the reply's text lines up with its audio there (what truncation keeps)."""
+
+    response_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MetadataAdded:
+    """The response's metadata gains entries (the memories it recalled or saved): response.done lists them."""
+
+    response_id: str
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
 class ResponseFiltered:
     """The reply matched a block rule (generation stopped): its audio stops as in a barge-in."""
 
@@ -247,8 +271,8 @@ Input = (
     SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
     | AudioProcessed | TranscriptPartial | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
-    | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | ResponseFiltered
-    | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
+    | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
+    | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
 )
 
 
@@ -336,6 +360,7 @@ class ActiveResponse:
     writes_conversation: bool
     cancelling: bool = False
     audio_started: bool = False  # its first audio delta was sent (WebSocket): the echo guard starts there
+    clause_start_ms: float = 0.0  # where the clause being spoken starts in the item's audio
 
 
 @dataclass
@@ -642,6 +667,21 @@ class RealtimeCore:
             self.turns.playback_started(self._now_ms())  # the echo guard starts here
         self._send_all(active.events.audio_delta(event.audio_b64))
 
+    def _speech_written(self, event: SpeechWritten) -> None:
+        if (active := self._active(event.response_id)) is not None:
+            active.events.item.audio_ms_sent += event.ms
+
+    def _clause_spoken(self, event: ClauseSpoken) -> None:
+        if (active := self._active(event.response_id)) is None:
+            return
+        item = active.events.item
+        item.spoken.append(SpokenSegment(event.text, active.clause_start_ms, item.audio_ms_sent))
+        active.clause_start_ms = item.audio_ms_sent
+
+    def _metadata_added(self, event: MetadataAdded) -> None:
+        if (active := self._active(event.response_id)) is not None:
+            active.events.metadata = {**(active.events.metadata or {}), **event.metadata}
+
     def _cancel_requested(self, event: CancelRequested) -> None:
         active = self.response
         if active is None or (event.response_id is not None and event.response_id != active.events.response_id):
@@ -786,6 +826,9 @@ _TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
     FunctionCallsMade: RealtimeCore._function_calls,
     TextDelta: RealtimeCore._text_delta,
     AudioDelta: RealtimeCore._audio_delta,
+    SpeechWritten: RealtimeCore._speech_written,
+    ClauseSpoken: RealtimeCore._clause_spoken,
+    MetadataAdded: RealtimeCore._metadata_added,
     ResponseFiltered: RealtimeCore._response_filtered,
     ResponseEnded: RealtimeCore._response_ended,
     PlayoutStarted: RealtimeCore._playout_started,

@@ -23,17 +23,19 @@ from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol.errors import ApiError
-from gateway.realtime.conversation import SpokenSegment
 from gateway.realtime.core import (
+    ClauseSpoken,
     CreateResponse,
     FunctionCallsMade,
     Input,
     MessageOpened,
+    MetadataAdded,
     RealtimeCore,
     ResponseEnded,
     ResponseFiltered,
     ResponseFinished,
     ResponseStarted,
+    SpeechWritten,
     StopResponse,
     TextDelta,
     TokensReserved,
@@ -134,7 +136,7 @@ class ResponseRunner:
         if remembered is None:
             return None
         self._facts = remembered.messages()  # the prompt's last: see Recall.messages
-        self.events.metadata = {**(self.events.metadata or {}), **remembered.metadata()}
+        self.feed(MetadataAdded(self.events.response_id, remembered.metadata()))
         return remembered
 
     def _after_save(self, added: list[ChatMessage]) -> PromptSpec:
@@ -211,7 +213,7 @@ class ResponseRunner:
             raise filtered.exceptions[0] from None
         finally:
             if self._memory is not None:  # what the model saved
-                self.events.metadata = {**(self.events.metadata or {}), **self._memory.metadata()}
+                self.feed(MetadataAdded(self.events.response_id, self._memory.metadata()))
         return await deltas.result()
 
     def release_held(self) -> None:
@@ -229,23 +231,23 @@ class ResponseRunner:
 
     async def _speak(self, clauses: asyncio.Queue[str | None]) -> None:
         assert self.tts is not None and self.speech is not None
-        item = self.events.item
+        response_id = self.events.response_id
+        first = True
         while (clause := await clauses.get()) is not None:
-            start_ms = item.audio_ms_sent
-            first = not item.spoken
             # Only the first clause can have been spoken ahead, by an adopted preemption.
             made_ahead = None
             if first and self._adopted is not None and self._adopted.speech_speed == self.job.speech_speed:
                 made_ahead = await self._adopted.audio_for(clause)
             speed = self.job.speech_speed
             audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first, speed=speed)
+            first = False
             synthesis_started = time.perf_counter()
             async for pcm in audio:
                 self.speech.write(pcm)
-                item.audio_ms_sent += 1000.0 * len(pcm) / self.tts.sample_rate
+                self.feed(SpeechWritten(response_id, 1000.0 * len(pcm) / self.tts.sample_rate))
             if made_ahead is None:
                 metrics.TTS_CLAUSE_SECONDS.observe(time.perf_counter() - synthesis_started)
-            item.spoken.append(SpokenSegment(clause, start_ms, item.audio_ms_sent))
+            self.feed(ClauseSpoken(response_id, clause))
         self.speech.close()
 
     @staticmethod

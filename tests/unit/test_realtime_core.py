@@ -18,11 +18,13 @@ from gateway.realtime.core import (
     AudioDelta,
     AudioProcessed,
     CancelRequested,
+    ClauseSpoken,
     ClearPlayout,
     CreateResponse,
     DropTurn,
     ItemCreated,
     ItemDelete,
+    MetadataAdded,
     Output,
     PlayoutCleared,
     PlayoutStopped,
@@ -36,6 +38,7 @@ from gateway.realtime.core import (
     SetProducing,
     SpeechBegan,
     SpeechEnded,
+    SpeechWritten,
     StopResponse,
     TextDelta,
     Transcribe,
@@ -93,12 +96,12 @@ def start_reply(core: RealtimeCore, response_id: str = "resp_1", *, audio: bool 
     return events
 
 
-def spoken(events: ResponseEvents, *clauses: tuple[str, float]) -> None:
-    """As the runner records speech: each clause and its audio's length in ms."""
-    item = events.item
+def spoken(core: RealtimeCore, events: ResponseEvents, *clauses: tuple[str, float]) -> None:
+    """As the runner reports speech: each clause's audio in two writes, then the clause."""
     for text, ms in clauses:
-        item.spoken.append(SpokenSegment(text, item.audio_ms_sent, item.audio_ms_sent + ms))
-        item.audio_ms_sent += ms
+        assert core.handle(SpeechWritten(events.response_id, ms / 4)) == []
+        assert core.handle(SpeechWritten(events.response_id, 3 * ms / 4)) == []
+        assert core.handle(ClauseSpoken(events.response_id, text)) == []
 
 
 def committed_turn(core: RealtimeCore, item_id: str, text: str = "What is the capital of France?") -> list[Output]:
@@ -131,7 +134,7 @@ def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent(
     core, clock = make_core()
     events = start_reply(core)
     core.handle(TextDelta("resp_1", "Paris is the capital. It is big."))
-    spoken(events, ("Paris is the capital.", 1200), ("It is big.", 800))
+    spoken(core, events, ("Paris is the capital.", 1200), ("It is big.", 800))
     core.handle(AudioDelta("resp_1", "AAAA"))  # the echo guard starts with the first audio
     clock.seconds += 1.0
     outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
@@ -149,6 +152,23 @@ def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent(
     assert core.response is None
 
 
+def test_the_reply_s_speech_and_metadata_are_recorded_by_the_core_for_its_response_only() -> None:
+    core, _ = make_core()
+    events = start_reply(core)
+    spoken(core, events, ("Paris is the capital.", 1200), ("It is big.", 800))
+    assert events.item.audio_ms_sent == 2000
+    assert events.item.spoken == [SpokenSegment("Paris is the capital.", 0, 1200), SpokenSegment("It is big.", 1200, 2000)]
+    assert core.handle(MetadataAdded("resp_1", {"memories_used": "mem_1"})) == []
+    # A stopped response's late writes (another id) change nothing.
+    assert core.handle(SpeechWritten("resp_0", 500)) == [] and core.handle(ClauseSpoken("resp_0", "Old.")) == []
+    assert core.handle(MetadataAdded("resp_0", {"memories_used": "mem_0"})) == []
+    assert events.item.audio_ms_sent == 2000 and len(events.item.spoken) == 2
+    ended = core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert event(ended[-2])["response"]["metadata"]["memories_used"] == "mem_1"
+    assert core.handle(SpeechWritten("resp_1", 500)) == []  # ended: nothing more is its
+    assert events.item.audio_ms_sent == 2000
+
+
 def test_the_echo_guard_defers_a_barge_in_until_speech_outlasts_it() -> None:
     core, clock = make_core()
     start_reply(core)
@@ -164,7 +184,7 @@ def test_the_echo_guard_defers_a_barge_in_until_speech_outlasts_it() -> None:
 def test_webrtc_barge_in_after_generation_truncates_the_reply_to_what_was_played() -> None:
     core, _ = make_core(playout=True)
     events = start_reply(core)
-    spoken(events, ("One two three four.", 2000))
+    spoken(core, events, ("One two three four.", 2000))
     assert SetProducing(False) in core.handle(ResponseEnded("resp_1", "completed", {}))
     assert core.playout_busy  # generated, still playing: the turn machine still counts the bot as speaking
     outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
