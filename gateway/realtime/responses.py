@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -71,9 +72,6 @@ class SpeechStream(Protocol):
     def write(self, pcm: np.ndarray) -> None: ...
 
     def close(self) -> None: ...
-
-
-SpeechMaker = Callable[[ResponseEvents, TurnMarks], SpeechStream]  # a response's speech, with its latency marks
 
 
 class ResponseRunner:
@@ -277,6 +275,10 @@ class ResponseHost(Protocol):
 
     def screened(self, text: str) -> str | None: ...
 
+    def speech_for(self, events: ResponseEvents, marks: TurnMarks) -> SpeechStream | None:
+        """Where the response's audio goes; None when the session has nowhere to send it."""
+        ...
+
 
 @dataclass
 class RunningResponse:
@@ -294,12 +296,19 @@ class Responses:
     response's task and the stoppers that end a cancelled one once it is awaited; also starts a turn's
     reply ahead of the turn (voice preemption), with the same plan."""
 
-    def __init__(self, host: ResponseHost, speech: SpeechMaker | None) -> None:
-        self.host = host
-        self.speech = speech  # the session's audio out, when it can speak
+    def __init__(self, host: ResponseHost) -> None:
+        # The session owns its responses: a strong reference back would make a cycle, which only the cycle
+        # collector's full pass frees (and in a process that holds the models it practically never runs).
+        self._host = weakref.ref(host)
         self.count = 0  # responses done
         self._run: RunningResponse | None = None
         self._stoppers: set[asyncio.Task[None]] = set()  # each ends a cancelled response once its task is done
+
+    @property
+    def host(self) -> ResponseHost:
+        host = self._host()
+        assert host is not None, "a session's responses live no longer than the session"
+        return host
 
     def _accounts(self) -> Accounts:
         host = self.host
@@ -331,7 +340,7 @@ class Responses:
                              context_window=engine.lm.context_window, can_speak=core.can_speak,
                              accounts=self._accounts(), marks=marks, preemption=preemption)
         events = plan.events
-        speech = self.speech(events, marks) if events.audio and self.speech is not None else None
+        speech = host.speech_for(events, marks) if events.audio else None
         runner = ResponseRunner(engine=engine, tts=host.runtime.tts, job=plan.job, events=events, feed=host.feed,
                                 speech=speech)
         # With tools, the message opens with its first text: the reply may be calls.

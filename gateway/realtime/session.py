@@ -123,8 +123,7 @@ class RealtimeSession:
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self.responses = Responses(self, (lambda events, marks: speech_factory(self, events, marks))
-                                   if speech_factory is not None else None)
+        self.responses = Responses(self)
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
         self._started_at = time.monotonic()
@@ -359,6 +358,9 @@ class RealtimeSession:
         self.feed(ConfigChanged(apply_session_update(self.config, update, speech=self.runtime.speech_options)))
         if self.voice is not None:
             self.voice.config_changed()
+
+    def speech_for(self, events: ResponseEvents, marks: TurnMarks) -> SpeechStream | None:
+        return self.speech_factory(self, events, marks) if self.speech_factory is not None else None
 
     def speaks_by_default(self) -> bool:
         """Whether a response created with no parameters has audio."""
