@@ -9,7 +9,8 @@ come out of one call, so no other input sees half of it. Some commands come back
 `StopResponse` as `ResponseEnded` (cancelled), `ClearPlayout` as `PlayoutCleared` (what was heard).
 
 It owns: the conversation, the turn machine (turns.py, driven from here only), the user turn the VAD
-has open, the committed turns still being transcribed, the response in progress (ResponseEvents), the
+has open (its stable words, what is prefilled of it, how long its silence must last with semantic_vad),
+the committed turns still being transcribed, the response in progress (ResponseEvents), the
 reply whose audio is playing, the turn reply waiting for the current one to end, and the idle timer.
 The driver owns the tasks, the models, the buffers and the clock it passes in.
 """
@@ -19,12 +20,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.protocol import server_events as se
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig
+from gateway.protocol.session_config import SemanticVad, SessionConfig, semantic_wait_ms
 from gateway.realtime.conversation import Conversation, Item, SpokenSegment, new_id
 from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from gateway.realtime.turns import Action, TurnMachine, TurnPolicy
@@ -130,9 +131,18 @@ class AudioProcessed:
 
 @dataclass(frozen=True)
 class TranscriptPartial:
+    """A transcription of the open turn's audio so far (the user is still speaking)."""
+
     item_id: str
-    delta: str  # the newly stable words
     text: str  # the whole hypothesis
+
+
+@dataclass(frozen=True)
+class EndOfTurnJudged:
+    """semantic_vad: the LLM's probability that the open turn's words so far end it (a silence is running)."""
+
+    item_id: str
+    probability: float
 
 
 @dataclass(frozen=True)
@@ -270,7 +280,7 @@ class PlayoutCleared:
 Input = (
     SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
-    | AudioProcessed | TranscriptPartial | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
+    | AudioProcessed | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
     | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
     | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
 )
@@ -331,6 +341,23 @@ class Transcribe:
 
 
 @dataclass(frozen=True)
+class PrefillDraft:
+    """Prefill the conversation and the open turn's words so far (`text`) into the engine's cache: the turn's
+    reply starts sooner. Nothing is sent."""
+
+    item_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SetSilence:
+    """semantic_vad: the silence running now in the open turn ends it after `silence_ms`."""
+
+    item_id: str
+    silence_ms: int
+
+
+@dataclass(frozen=True)
 class DropTurn:
     """A committed turn gets no reply: release what was made ahead for it."""
 
@@ -348,7 +375,10 @@ class ResponseFinished:
     error: dict[str, Any] | None
 
 
-Command = CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | DropTurn | ResponseFinished
+Command = (
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence | DropTurn
+    | ResponseFinished
+)
 Output = Send | SendError | Command
 
 
@@ -361,6 +391,22 @@ class ActiveResponse:
     cancelling: bool = False
     audio_started: bool = False  # its first audio delta was sent (WebSocket): the echo guard starts there
     clause_start_ms: float = 0.0  # where the clause being spoken starts in the item's audio
+
+
+class Stabilizer(Protocol):
+    """The words successive partial transcripts agree on (inference.asr.TranscriptStabilizer)."""
+
+    def update(self, partial: str) -> str: ...
+
+
+@dataclass
+class _OpenTurn:
+    """The user turn the VAD is hearing: its stable words so far, and whether their prefill waits."""
+
+    item_id: str
+    stabilizer: Stabilizer
+    prefilled: str = ""  # the stable words already prefilled
+    prefill_due: bool = False  # a response held the engine: the prefill waits for its end
 
 
 @dataclass
@@ -377,12 +423,13 @@ class RealtimeCore:
     config: SessionConfig
     conversation: Conversation
     clock: Callable[[], float]  # seconds, monotonic (gateway.platform.latency.now)
+    stabilizer: Callable[[], Stabilizer]  # one per user turn
     echo_guard_ms: float = 300.0
     can_speak: bool = False  # the session has a TTS and somewhere to send its audio
     has_playout: bool = False  # WebRTC: the audio goes through a playout buffer that reports what was heard
     turns: TurnMachine = field(default_factory=TurnMachine)
     response: ActiveResponse | None = None
-    open_turn: str | None = None  # the user item whose speech the VAD is hearing
+    _open: _OpenTurn | None = None  # the user turn the VAD is hearing
     _committed: dict[str, _Committed] = field(default_factory=dict)
     _deferred: list[ResponseRequested] = field(default_factory=list)  # response.create waiting for transcripts
     _queued_turn: str | None = None  # a turn's reply waiting for the response in progress to end
@@ -404,6 +451,11 @@ class RealtimeCore:
         _TRANSITIONS[type(event)](self, event)
         out, self._out = self._out, []
         return out
+
+    @property
+    def open_turn(self) -> str | None:
+        """The user item whose speech the VAD is hearing."""
+        return self._open.item_id if self._open is not None else None
 
     @property
     def transcribing(self) -> bool:
@@ -479,26 +531,34 @@ class RealtimeCore:
     # -- user audio and turns --------------------------------------------------------------------------
 
     def _audio_committed(self, event: AudioCommitted) -> None:
-        if self.open_turn is not None:  # the commit ends the turn the VAD had started
-            self.open_turn = None
+        if self._open is not None:  # the commit ends the turn the VAD had started
+            self._open = None
             if Action.COMMIT not in self.turns.speech_stopped():
                 return
         self._commit(event.item_id)  # refused (conversation_full): the client's event gets the error
 
     def _audio_cleared(self, event: AudioCleared) -> None:
-        self.open_turn = None
+        self._open = None
         self._send(se.InputCleared())
 
     def _speech_began(self, event: SpeechBegan) -> None:
-        self.open_turn = event.item_id
+        self._open = turn = _OpenTurn(event.item_id, self.stabilizer())
         self._send(se.SpeechStarted(audio_start_ms=event.audio_start_ms, item_id=event.item_id))
         if Action.INTERRUPT in self.turns.speech_started(self._now_ms()):
             self._interrupt("turn_detected")
+        self._prefill(turn)  # the conversation so far: after a barge-in, once the reply has ended
+
+    def _prefill(self, turn: _OpenTurn) -> None:
+        if self.config.transcribes_only:
+            return  # a transcription session never answers: nothing to prefill for
+        turn.prefill_due = self.response is not None  # it holds the engine, and may still add to the conversation
+        if not turn.prefill_due:
+            self._out.append(PrefillDraft(turn.item_id, turn.prefilled))
 
     def _speech_ended(self, event: SpeechEnded) -> None:
         if self.open_turn != event.item_id:
             return
-        self.open_turn = None
+        self._open = None
         self._send(se.SpeechStopped(audio_end_ms=event.audio_end_ms, item_id=event.item_id))
         self._idle_since = self.clock()
         if Action.COMMIT not in self.turns.speech_stopped():
@@ -522,7 +582,7 @@ class RealtimeCore:
         self._out.append(Transcribe(item_id))
 
     def _audio_processed(self, event: AudioProcessed) -> None:
-        if self.open_turn is not None:
+        if self._open is not None:
             if Action.INTERRUPT in self.turns.tick(self._now_ms(), user_speaking=True):
                 self._interrupt("turn_detected")
             return
@@ -542,8 +602,24 @@ class RealtimeCore:
             self._out.append(CreateResponse(ResponseParams(instructions=nudge)))
 
     def _transcript_partial(self, event: TranscriptPartial) -> None:
+        """The words two partials agree on are stable: the new ones are the delta, and are prefilled."""
+        turn = self._open
+        if turn is None or turn.item_id != event.item_id:
+            return  # the turn ended while it was transcribed
+        stable = turn.stabilizer.update(event.text)
+        # A later partial may revise a stable word: nothing new then, until they agree past what was sent.
+        delta = stable[len(turn.prefilled):] if stable.startswith(turn.prefilled) else ""
+        if delta:
+            turn.prefilled = stable
+            self._prefill(turn)
         if self.config.audio.input.transcription is not None:  # null: transcription events are off
-            self._send(se.TranscriptionDelta(item_id=event.item_id, delta=event.delta, text=event.text))
+            self._send(se.TranscriptionDelta(item_id=event.item_id, delta=delta, text=event.text))
+
+    def _end_of_turn_judged(self, event: EndOfTurnJudged) -> None:
+        detection = self.config.audio.input.turn_detection
+        if self.open_turn != event.item_id or not isinstance(detection, SemanticVad):
+            return
+        self._out.append(SetSilence(event.item_id, semantic_wait_ms(detection.eagerness, event.probability)))
 
     def _transcript_final(self, event: TranscriptFinal) -> None:
         turn = self._committed.get(event.item_id)
@@ -726,6 +802,8 @@ class RealtimeCore:
         if not self.playout_busy:
             self._reply_finished()
         self._out.append(ResponseFinished(events, event.status, event.reason, event.usage, error))
+        if self._open is not None and self._open.prefill_due:  # the engine is free for the turn being spoken
+            self._prefill(self._open)
         if self._queued_turn is not None:
             turn, self._queued_turn = self._queued_turn, None
             self._out.append(CreateResponse(ResponseParams(), turn=turn))
@@ -816,6 +894,7 @@ _TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
     SpeechEnded: RealtimeCore._speech_ended,
     AudioProcessed: RealtimeCore._audio_processed,
     TranscriptPartial: RealtimeCore._transcript_partial,
+    EndOfTurnJudged: RealtimeCore._end_of_turn_judged,
     TranscriptFinal: RealtimeCore._transcript_final,
     TranscriptFailed: RealtimeCore._transcript_failed,
     TranscriptionAbandoned: RealtimeCore._transcription_abandoned,

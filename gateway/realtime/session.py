@@ -51,6 +51,7 @@ from gateway.realtime.core import (
     PlayoutCleared,
     PlayoutStarted,
     PlayoutStopped,
+    PrefillDraft,
     RealtimeCore,
     ResponseFinished,
     ResponseRequested,
@@ -58,6 +59,7 @@ from gateway.realtime.core import (
     SendError,
     SessionStarted,
     SetProducing,
+    SetSilence,
     StopResponse,
     Transcribe,
 )
@@ -66,6 +68,7 @@ from gateway.realtime.response_events import Event, ResponseEvents
 from gateway.realtime.responses import Responses, SpeechStream
 from gateway.realtime.store import ConversationRecorder
 from gateway.realtime.voice import VoicePipeline
+from inference.asr import TranscriptStabilizer
 from media.codecs import AudioFormatError, decode_input
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
@@ -118,7 +121,7 @@ class RealtimeSession:
             config = apply_session_update(config, initial_config, speech=speech)
         self.core = RealtimeCore(
             config, Conversation(max_items=settings.max_conversation_items, max_bytes=settings.max_conversation_bytes),
-            clock=now, echo_guard_ms=settings.echo_guard_ms,
+            clock=now, stabilizer=TranscriptStabilizer, echo_guard_ms=settings.echo_guard_ms,
             can_speak=runtime.tts is not None and speech_factory is not None,
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
@@ -255,6 +258,12 @@ class RealtimeSession:
             case Transcribe():
                 assert self.voice is not None  # only committed audio is transcribed
                 self.voice.transcribe(output.item_id)
+            case PrefillDraft():
+                if self.voice is not None:
+                    self.voice.prefill_draft(output.text)
+            case SetSilence():
+                if self.voice is not None:
+                    self.voice.set_silence(output.item_id, output.silence_ms)
             case DropTurn():
                 if self.voice is not None:
                     self.voice.drop_turn(output.item_id)

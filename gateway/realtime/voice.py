@@ -3,8 +3,8 @@
 Audio arrives as 16 kHz chunks (WebRTC reader, or decoded `input_audio_buffer.append`). One
 task per session runs the VAD on a shared worker thread, in order; transcription jobs are tasks
 owned here, cancelled and awaited on close. To shorten the wait after the user stops:
-- partial transcripts run while the user speaks, and their stable words are prefilled into the
-  conversation's KV cache;
+- partial transcripts run while the user speaks; the core takes their stable words, which are
+  prefilled into the conversation's KV cache (PrefillDraft);
 - a speculative final transcript starts after 64 ms of silence, and is used when the
   turn really ends there; so is a partial whose audio already covers the end of speech (partials
   and finals decode the same way, so its text is the final text);
@@ -36,7 +36,6 @@ from gateway.protocol.session_config import (
     SemanticVad,
     SessionConfig,
     TurnDetection,
-    semantic_wait_ms,
 )
 from gateway.realtime.conversation import Conversation, new_id
 from gateway.realtime.core import (
@@ -44,6 +43,7 @@ from gateway.realtime.core import (
     AudioCleared,
     AudioCommitted,
     AudioProcessed,
+    EndOfTurnJudged,
     Input,
     SpeechBegan,
     SpeechEnded,
@@ -57,7 +57,7 @@ from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.preemption import Preemption
 from gateway.realtime.responses import Responses
 from gateway.safety.screening import screen_text
-from inference.asr import Transcript, TranscriptStabilizer
+from inference.asr import Transcript
 from inference.llm.chat import ChatMessage, draft_prompt_ids
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
@@ -79,8 +79,6 @@ SPECULATIVE_SILENCE_MS = 64
 class UserTurn:
     item_id: str
     start: int  # stream index where the committed audio begins (onset minus prefix padding)
-    stabilizer: TranscriptStabilizer = field(default_factory=TranscriptStabilizer)
-    sent_stable: str = ""
     partial_task: asyncio.Task[None] | None = None
     last_partial_at: float = 0.0
     # Every transcription of this turn (partials and the speculative final) with its audio's end.
@@ -269,7 +267,6 @@ class VoicePipeline:
             self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
             self.session.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
             await self.session.settle()  # a barge-in: the reply has ended before more audio is judged
-            self._prefill_draft("")
         elif isinstance(event, SpeechStopped) and self.turn is not None:
             turn = self.turn
             self.turn = None
@@ -307,7 +304,7 @@ class VoicePipeline:
                 if self.session.settings.voice_preemption and self.turn_detection is not None and self.turn_detection.create_response:
                     turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
                 if isinstance(self.turn_detection, SemanticVad):
-                    turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative, self.turn_detection))
+                    turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
         elif probability >= settings.threshold and turn.speculative is not None:
             turn.speculative.cancel()  # the user went on speaking
             turn.speculative = None
@@ -327,11 +324,9 @@ class VoicePipeline:
             turn.jobs.append((self.buffer.end, job))
             turn.partial_task = self._spawn(self._partial(turn, job))
 
-    async def _judge_end(
-        self, turn: UserTurn, speculative: asyncio.Task[Transcript | None], detection: SemanticVad
-    ) -> None:
+    async def _judge_end(self, turn: UserTurn, speculative: asyncio.Task[Transcript | None]) -> None:
         """semantic_vad: once the words so far are transcribed, the LLM's sense of whether they end the
-        turn sets how long this silence must last (it may already have lasted that long)."""
+        turn; the core sets how long this silence must last from it (it may already have lasted that long)."""
         transcript = await asyncio.shield(speculative)
         end_of_turn = self.runtime.end_of_turn
         words = self.session.screened(transcript.text) if transcript is not None else None
@@ -342,9 +337,13 @@ class VoicePipeline:
         except BACKEND_ERRORS:
             return  # the longest wait stands
         if self.turn is turn and self.vad.detector.silence_started_ms is not None:
-            wait_ms = semantic_wait_ms(detection.eagerness, probability)
-            log.debug("session %s: end of turn %.2f: the silence ends it after %d ms", self.session.id, probability, wait_ms)
-            self.vad.detector.settings = self._vad_settings(wait_ms)
+            self.session.feed(EndOfTurnJudged(turn.item_id, probability))
+
+    def set_silence(self, item_id: str, silence_ms: int) -> None:
+        """The core's SetSilence: the silence running now ends the turn after `silence_ms`."""
+        if self.turn is not None and self.turn.item_id == item_id:
+            log.debug("session %s: the silence ends the turn after %d ms", self.session.id, silence_ms)
+            self.vad.detector.settings = self._vad_settings(silence_ms)
 
     # -- transcription ------------------------------------------------------------------------
 
@@ -364,14 +363,8 @@ class VoicePipeline:
             transcript = await asyncio.shield(job)  # the job may outlive this task: it can serve as the final
         finally:
             turn.partial_task = None
-        if transcript is None or self.turn is not turn:
-            return
-        stable = turn.stabilizer.update(transcript.text)
-        delta = stable[len(turn.sent_stable) :] if stable.startswith(turn.sent_stable) else ""
-        if delta:
-            turn.sent_stable = stable
-            self._prefill_draft(stable)
-        self.session.feed(TranscriptPartial(turn.item_id, delta, transcript.text))
+        if transcript is not None:
+            self.session.feed(TranscriptPartial(turn.item_id, transcript.text))
 
     def transcribe(self, item_id: str) -> None:
         """The core's Transcribe: the committed turn's final transcript, then TurnReady."""
@@ -468,12 +461,12 @@ class VoicePipeline:
         task.cancel()
         task.add_done_callback(cancel_stream)  # also when it had already finished
 
-    def _prefill_draft(self, user_text: str) -> None:
-        """Prefill the conversation plus what the user has said so far, so the reply starts sooner."""
+    def prefill_draft(self, user_text: str) -> None:
+        """The core's PrefillDraft: the conversation plus what the user has said so far, so the reply starts sooner."""
         engine = self.runtime.engine
         session = self.session
-        if engine is None or session.active is not None or session.config.transcribes_only:
-            return  # a transcription session never answers: nothing to prefill for
+        if engine is None:
+            return
         draft = session.screened(user_text)
         if draft is None:
             return  # the model never reads a refused message, not even ahead of time

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig, TurnDetection
+from gateway.protocol.session_config import SemanticVad, SessionConfig, TurnDetection
 from gateway.realtime.conversation import Conversation, Item, SpokenSegment
 from gateway.realtime.core import (
     AudioCommitted,
@@ -22,12 +22,14 @@ from gateway.realtime.core import (
     ClearPlayout,
     CreateResponse,
     DropTurn,
+    EndOfTurnJudged,
     ItemCreated,
     ItemDelete,
     MetadataAdded,
     Output,
     PlayoutCleared,
     PlayoutStopped,
+    PrefillDraft,
     RealtimeCore,
     ResponseEnded,
     ResponseFinished,
@@ -36,6 +38,7 @@ from gateway.realtime.core import (
     Send,
     SendError,
     SetProducing,
+    SetSilence,
     SpeechBegan,
     SpeechEnded,
     SpeechWritten,
@@ -44,10 +47,12 @@ from gateway.realtime.core import (
     Transcribe,
     TranscriptFailed,
     TranscriptFinal,
+    TranscriptPartial,
     TurnReady,
 )
 from gateway.realtime.outbox import Outbox, OutboxReader
 from gateway.realtime.response_events import ResponseEvents
+from inference.asr import TranscriptStabilizer
 
 
 class Clock:
@@ -64,6 +69,7 @@ def make_core(*, detection: TurnDetection | None = None, manual: bool = False, p
     settings.audio.input.turn_detection = None if manual else (detection or TurnDetection())
     clock = Clock()
     core = RealtimeCore(settings, Conversation(max_items=max_items, max_bytes=1 << 20), clock=clock,
+                        stabilizer=TranscriptStabilizer,
                         echo_guard_ms=300, can_speak=True, has_playout=playout)
     return core, clock
 
@@ -114,7 +120,8 @@ def committed_turn(core: RealtimeCore, item_id: str, text: str = "What is the ca
 
 def test_a_spoken_turn_is_committed_transcribed_then_answered() -> None:
     core, _ = make_core()
-    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=120))) == ["input_audio_buffer.speech_started"]
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=120))) == [
+        "input_audio_buffer.speech_started", "PrefillDraft"]
     assert types(core.handle(SpeechEnded("item_u", audio_end_ms=900))) == [
         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added", "Transcribe"]
     assert core.conversation.get("item_u").status == "in_progress"
@@ -144,7 +151,8 @@ def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent(
     ended = core.handle(ResponseEnded("resp_1", "cancelled", {}, reason="turn_detected", heard_ms=1500))
     assert types(ended) == ["response.output_audio.done", "response.output_audio_transcript.done",
                             "response.content_part.done", "response.output_item.done", "conversation.item.done",
-                            "response.done", "ResponseFinished"]
+                            "response.done", "ResponseFinished", "PrefillDraft"]
+    assert ended[-1] == PrefillDraft("item_v", "")  # the engine is free: the turn being spoken is prefilled
     done = event(ended[5])["response"]
     assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
     # 1500 ms heard: the first clause and 300 of the second's 800 ms (its first word of three).
@@ -188,7 +196,8 @@ def test_webrtc_barge_in_after_generation_truncates_the_reply_to_what_was_played
     assert SetProducing(False) in core.handle(ResponseEnded("resp_1", "completed", {}))
     assert core.playout_busy  # generated, still playing: the turn machine still counts the bot as speaking
     outputs = core.handle(SpeechBegan("item_u", audio_start_ms=0))
-    assert types(outputs) == ["input_audio_buffer.speech_started", "output_audio_buffer.cleared", "ClearPlayout"]
+    assert types(outputs) == ["input_audio_buffer.speech_started", "output_audio_buffer.cleared", "ClearPlayout",
+                              "PrefillDraft"]
     assert outputs[2] == ClearPlayout(measure_item_id=events.item.id)
     [truncated] = core.handle(PlayoutCleared(events.item.id, played_ms=1000))
     assert event(truncated) == {"type": "conversation.item.truncated", "item_id": events.item.id, "content_index": 0,
@@ -203,7 +212,8 @@ def test_webrtc_playout_stopping_ends_the_bots_turn() -> None:
     core.handle(ResponseEnded("resp_1", "completed", {}))
     assert types(core.handle(PlayoutStopped(events.item.id))) == ["output_audio_buffer.stopped"]
     clock.seconds += 10
-    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == ["input_audio_buffer.speech_started"]
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == [
+        "input_audio_buffer.speech_started", "PrefillDraft"]
 
 
 def test_push_to_talk_response_create_waits_for_the_committed_transcript() -> None:
@@ -334,7 +344,8 @@ def test_a_spoken_turn_past_the_conversation_bound_is_an_error_and_listening_goe
     outputs = core.handle(SpeechEnded("item_u", audio_end_ms=900))
     assert types(outputs) == ["input_audio_buffer.speech_stopped", "DropTurn", "SendError"]
     assert isinstance(outputs[-1], SendError) and outputs[-1].error.code == "conversation_full"
-    assert types(core.handle(SpeechBegan("item_v", audio_start_ms=1000))) == ["input_audio_buffer.speech_started"]
+    assert types(core.handle(SpeechBegan("item_v", audio_start_ms=1000))) == [
+        "input_audio_buffer.speech_started", "PrefillDraft"]
 
 
 def test_the_idle_timeout_adds_an_empty_turn_and_a_nudge() -> None:
@@ -406,3 +417,54 @@ async def test_a_barge_in_while_the_client_is_away_reaches_it_on_resume_once_and
     with pytest.raises(ApiError) as late:
         core.handle(CancelRequested("resp_1"))
     assert late.value.code == "response_cancel_not_active"
+
+
+def test_partial_transcripts_send_their_stable_words_once_and_prefill_them() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    first = core.handle(TranscriptPartial("item_u", "What is the"))
+    assert [event(o)["delta"] for o in first] == [""]  # one partial: nothing agreed on yet
+    second = core.handle(TranscriptPartial("item_u", "What is the capital"))
+    assert types(second) == ["PrefillDraft", "conversation.item.input_audio_transcription.delta"]
+    assert second[0] == PrefillDraft("item_u", "What is the")
+    assert event(second[1])["delta"] == "What is the" and event(second[1])["text"] == "What is the capital"
+    revised = core.handle(TranscriptPartial("item_u", "What was the capital"))  # a stable word revised
+    assert types(revised) == ["conversation.item.input_audio_transcription.delta"] and event(revised[0])["delta"] == ""
+    core.handle(SpeechEnded("item_u", audio_end_ms=900))
+    assert core.handle(TranscriptPartial("item_u", "What was the capital of France")) == []  # the turn has ended
+
+
+def test_with_transcription_off_partials_still_prefill_but_send_nothing() -> None:
+    core, _ = make_core()
+    core.config.audio.input.transcription = None
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(TranscriptPartial("item_u", "Hello there"))
+    assert core.handle(TranscriptPartial("item_u", "Hello there friend")) == [PrefillDraft("item_u", "Hello there")]
+
+
+def test_a_turns_prefill_waits_for_the_reply_holding_the_engine() -> None:
+    core, _ = make_core(detection=TurnDetection(interrupt_response=False))
+    start_reply(core)
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == ["input_audio_buffer.speech_started"]
+    core.handle(TranscriptPartial("item_u", "Tell me"))
+    assert types(core.handle(TranscriptPartial("item_u", "Tell me more"))) == [
+        "conversation.item.input_audio_transcription.delta"]
+    ended = core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert ended[-1] == PrefillDraft("item_u", "Tell me")
+
+
+def test_a_transcription_session_prefills_nothing() -> None:
+    core, _ = make_core(type="transcription")
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == ["input_audio_buffer.speech_started"]
+
+
+def test_semantic_vad_sets_the_silence_from_the_end_of_turn_probability() -> None:
+    core, _ = make_core()
+    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == []  # server_vad: the silence is fixed
+    core.config.audio.input.turn_detection = SemanticVad(type="semantic_vad", eagerness="high")
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == [SetSilence("item_u", 250)]  # finished: the shortest
+    assert core.handle(EndOfTurnJudged("item_u", 0.0)) == [SetSilence("item_u", 1000)]  # cut off: the longest
+    assert core.handle(EndOfTurnJudged("item_v", 0.9)) == []  # not the open turn
+    core.handle(SpeechEnded("item_u", audio_end_ms=900))
+    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == []  # the turn has ended
