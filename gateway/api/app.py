@@ -37,6 +37,7 @@ from gateway.api.transports import (
     conversations_http,
     memories_http,
     realtime_ws,
+    responses_http,
     webrtc,
 )
 from gateway.platform import metrics
@@ -189,6 +190,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
 
     app.include_router(chat_http.router)
     app.include_router(completions_http.router)
+    app.include_router(responses_http.router)
     app.include_router(realtime_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)

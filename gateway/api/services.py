@@ -25,6 +25,7 @@ from gateway.platform.session_seats import Seat, SessionSeats
 from gateway.platform.storage.conversations import ConversationStore
 from gateway.platform.storage.database import open_database, sqlite_url
 from gateway.platform.storage.durable_state import DurableState
+from gateway.platform.storage.responses import ResponseStore
 from gateway.platform.token_quota import TokenAccount, TokenQuota
 from gateway.protocol.errors import ApiError
 from gateway.realtime.conversation import new_id
@@ -33,6 +34,7 @@ from gateway.realtime.session_limits import SessionLimits
 from gateway.realtime.store import hand_off_conversation
 
 if TYPE_CHECKING:
+    from gateway.generation.response_run import ResponseRun
     from gateway.realtime.session import RealtimeSession
     from gateway.realtime.session_hub import Attachment
 
@@ -55,6 +57,9 @@ class Services:
     # Tasks that outlive a request (WebRTC calls); cancelled and awaited at shutdown.
     background: set[asyncio.Task[None]] = field(default_factory=set)
     conversations: ConversationStore | None = None  # opened in the app's lifespan (open_storage)
+    stored_responses: ResponseStore | None = None  # the Responses API's (open_storage)
+    # Responses generating on this replica, by id: what POST /v1/responses/{id}/cancel stops.
+    running_responses: dict[str, ResponseRun] = field(default_factory=dict)
     durable: DurableState | None = None  # client secrets, idempotency, rate limits (open_storage)
     hub: SessionHub = field(init=False)  # sessions by resume token; those waiting for their client
     streams: StreamHub = field(init=False)  # SSE streams, resumable with Last-Event-ID
@@ -116,6 +121,7 @@ class Services:
         url = self.settings.database_url or sqlite_url(self.settings.data_dir)
         engine = await open_database(url, shared_by_replicas=bool(self.settings.redis_url))
         self.conversations = ConversationStore(engine)
+        self.stored_responses = ResponseStore(engine)
         self.durable = DurableState(engine)
         if self.settings.redis_url:
             # Secrets, idempotency answers and buckets live in Redis for every replica, not in this database.
@@ -200,6 +206,12 @@ class Services:
         if self.conversations is None:  # only before the lifespan started: requests come after it
             raise ApiError("storage_unavailable", "The conversation store is not open.", type="server_error", status=503)
         return self.conversations
+
+    @property
+    def responses(self) -> ResponseStore:
+        if self.stored_responses is None:  # as `store`: only before the lifespan started
+            raise ApiError("storage_unavailable", "The response store is not open.", type="server_error", status=503)
+        return self.stored_responses
 
     async def end_session(self, session: RealtimeSession) -> None:
         """The session is over: uncounted, unresumable, closed, and its transport told (a WebRTC call hangs up)."""

@@ -15,12 +15,37 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_schema_grammar, json_value
 from inference.llm.tool_calls import ToolFormat, ToolSpec, ToolUse, plan_tool_use, tool_call_block
+
+ToolChoice = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True)
+class ReplyForm:
+    """What a request asks of its reply's form, whichever API it came through (a chat completion, a response):
+    the client's tools and which it must or may call, and the JSON its text must be."""
+
+    tools: list[ToolSpec]
+    choice: ToolChoice | None = None  # None: "auto" when a tool is offered, else "none"
+    function: str | None = None  # the function that choice "function" names
+    parallel: bool = True
+    json_schema: dict[str, Any] | None = None  # the text is JSON under this schema
+    any_json_object: bool = False  # the text is a JSON object, any (json_object)
+
+    @classmethod
+    def of_chat(cls, chat: ChatCompletionRequest) -> ReplyForm:
+        tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
+        choice = chat.tool_choice
+        response_format = chat.response_format
+        schema = response_format.json_schema.schema_ if response_format and response_format.json_schema else None
+        return cls(tools, "function" if isinstance(choice, NamedToolChoice) else choice,
+                   choice.function.name if isinstance(choice, NamedToolChoice) else None, chat.parallel_tool_calls,
+                   schema, response_format is not None and response_format.type == "json_object")
 
 
 @dataclass
@@ -44,31 +69,30 @@ def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list", *,
     format's instructions (by default the request's own)."""
     if messages is None:
         messages = [message.to_chat() for message in chat.messages]
-    return _plan(chat, tool_format, list(messages), builtin or [])
+    return plan_reply(ReplyForm.of_chat(chat), tool_format, messages=messages, builtin=builtin)
 
 
-def _plan(chat: ChatCompletionRequest, fmt: ToolFormat, messages: list[ChatMessage], builtin: list[ToolSpec]) -> ChatPlan:
-    client_tools = [ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in chat.tools or []]
-    choice = chat.tool_choice or ("auto" if client_tools or builtin else "none")
-    if isinstance(choice, NamedToolChoice):
-        use = plan_tool_use(client_tools, choice="function", name=choice.function.name,
-                            parallel=chat.parallel_tool_calls, fmt=fmt, builtin=builtin)
-    else:
-        use = plan_tool_use(client_tools, choice=choice, parallel=chat.parallel_tool_calls, fmt=fmt, builtin=builtin)
+def plan_reply(form: ReplyForm, fmt: ToolFormat, *, messages: list[ChatMessage],
+               builtin: list[ToolSpec] | None = None) -> ChatPlan:
+    """The plan for `messages` (the prompt before the tools' and the format's instructions) and `form`."""
+    messages, builtin = list(messages), builtin or []
+    client_tools = form.tools
+    choice = form.choice or ("auto" if client_tools or builtin else "none")
+    use = plan_tool_use(client_tools, choice=choice, name=form.function, parallel=form.parallel, fmt=fmt,
+                        builtin=builtin)
     instructions = [use.instructions] if use.instructions else []
     schema = None
-    response_format = chat.response_format
-    if response_format is not None and response_format.type == "json_object":
+    if form.any_json_object:
         schema = {"type": "object"}
         instructions.append("Reply with a JSON object.")
-    elif response_format is not None and response_format.json_schema is not None:
-        schema = response_format.json_schema.schema_
+    elif form.json_schema is not None:
+        schema = form.json_schema
         instructions.append(f"Reply with JSON that matches this schema: {json.dumps(schema, ensure_ascii=False)}")
     grammar = None
     if use.forced_block is not None:
         grammar = f"start: {use.forced_block}"
     elif schema is not None and use.tools:
-        grammar = f"start: {tool_call_block(use.tools, parallel=chat.parallel_tool_calls, fmt=fmt)} | {json_value(schema)}"
+        grammar = f"start: {tool_call_block(use.tools, parallel=form.parallel, fmt=fmt)} | {json_value(schema)}"
     elif schema is not None:
         grammar = json_schema_grammar(schema)
     if instructions:  # merged after the client's own instructions into the one system message

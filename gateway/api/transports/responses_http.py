@@ -1,0 +1,119 @@
+"""/v1/responses: OpenAI's Responses API (create, plain or streamed; get, delete, cancel, input_items), each
+response owned by the API key that made it. The run itself is generation/response_run.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.api.http_bodies import read_json_object
+from gateway.api.openapi import error_responses, json_body
+from gateway.api.services import Services
+from gateway.generation.response_run import ResponseDeps, ResponseRun
+from gateway.platform.token_quota import TokenAccount
+from gateway.protocol.errors import ApiError
+from gateway.protocol.response_objects import sse_event, wire
+from gateway.protocol.responses import ResponseCreateRequest, parse_response_request
+
+router = APIRouter()
+PAGE_LIMIT = Query(20, ge=1, le=100, description="Items per page (1-100).")
+PAGE_AFTER = Query(None, max_length=64, description="The item after which the page starts (the previous page's last_id).")
+PAGE_ORDER = Query("desc", description="desc (the last input item first) or asc.")
+INCLUDE = Query(None, description="Not served: no includable field is produced.")
+
+
+def _refuse_include(include: list[str] | None) -> None:
+    if include:
+        raise ApiError("unsupported_parameter", "'include' is not served by this gateway: none of the includable "
+                       "fields is produced.", "include")
+
+
+def _deps(svc: Services, owner: str) -> ResponseDeps:
+    return ResponseDeps(svc.generator(), svc.store, svc.responses, TokenAccount(svc.quota, owner),
+                        svc.settings.default_max_tokens, svc.settings.repetition_penalty)
+
+
+@router.post("/v1/responses", openapi_extra=json_body(ResponseCreateRequest),
+             responses=error_responses(400, 401, 404, 413, 429, 503))
+async def create_response(request: Request) -> Response:
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    _, payload = await read_json_object(request)
+    body = parse_response_request(payload)
+    svc.require_model(body.model)
+    run = await ResponseRun.prepare(_deps(svc, principal.key_id), body, principal.key_id)
+    if run.reservation_headers:
+        headers = {**headers, **run.reservation_headers}
+    if body.store is not False:
+        svc.running_responses[run.state.id] = run
+    if body.stream:
+        return StreamingResponse(_sse(svc, run), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    try:
+        async for _ in run.events():
+            pass
+    finally:
+        svc.running_responses.pop(run.state.id, None)
+    if run.failure is not None:  # not streamed: the client is told by the status, as for chat
+        raise run.failure
+    return JSONResponse(wire(run.state.object()), headers=headers)
+
+
+async def _sse(svc: Services, run: ResponseRun) -> AsyncIterator[bytes]:
+    try:
+        async for event in run.events():
+            yield sse_event(event)
+    finally:
+        svc.running_responses.pop(run.state.id, None)
+
+
+@router.get("/v1/responses/{response_id}", responses=error_responses(400, 401, 404, 429))
+async def get_response(request: Request, response_id: str, include: list[str] | None = INCLUDE) -> JSONResponse:
+    _refuse_include(include)
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    row = await svc.responses.get(principal.key_id, response_id)
+    return JSONResponse(row.body, headers=headers)
+
+
+@router.delete("/v1/responses/{response_id}", responses=error_responses(401, 404, 429))
+async def delete_response(request: Request, response_id: str) -> JSONResponse:
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    run = svc.running_responses.get(response_id)
+    if run is not None and run.owner == principal.key_id:
+        run.cancel()  # a response deleted while it runs stops
+    await svc.responses.delete(principal.key_id, response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True}, headers=headers)
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=error_responses(400, 401, 404, 429))
+async def cancel_response(request: Request, response_id: str) -> JSONResponse:
+    """Stops a stored response while it generates on this replica (streamed or not) and returns it, cancelled.
+    OpenAI cancels background responses only, which are not served here; a response that has ended is a 400."""
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    run = svc.running_responses.get(response_id)
+    if run is None or run.owner != principal.key_id:
+        row = await svc.responses.get(principal.key_id, response_id)  # 404 when there is none
+        raise ApiError("response_not_in_progress", f"Response '{response_id}' is {row.status}: only a response "
+                       "still generating (on this replica) can be cancelled.", "response_id")
+    run.cancel()
+    await run.ended.wait()
+    return JSONResponse(wire(run.state.object()), headers=headers)
+
+
+@router.get("/v1/responses/{response_id}/input_items", responses=error_responses(400, 401, 404, 429))
+async def list_input_items(request: Request, response_id: str, after: str | None = PAGE_AFTER,
+                           limit: int = PAGE_LIMIT, order: Literal["asc", "desc"] = PAGE_ORDER,
+                           include: list[str] | None = INCLUDE) -> JSONResponse:
+    _refuse_include(include)
+    svc: Services = request.app.state.services
+    principal, headers = await svc.authorize(request.headers.get("authorization"))
+    page = await svc.responses.input_items(principal.key_id, response_id, after=after, limit=limit, order=order)
+    data: list[dict[str, Any]] = list(page.rows)
+    return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": page.has_more}, headers=headers)

@@ -1,0 +1,267 @@
+"""One response of the Responses API, from its request to its stored end, on the one generation path.
+
+- `ResponseRun.prepare` builds the prompt: the instructions, then what comes before the input (the chain of
+  `previous_response_id`, its inputs and outputs; or the stored conversation's current branch), then the input
+  (screened by the safety policy). The tools, tool_choice and text.format become the same plan as a chat
+  completion's (chat_plan.py), memory works as it does for chat, and the prompt is rendered and its tokens
+  reserved (generation/service.py). Every refusal happens here, before anything streams.
+- `events()` runs it: the reply through the output guard, its text and its calls (tool_calls.py) as the
+  stream's events (protocol/response_objects.py), then the terminal event. The response is stored as it starts
+  and as it ends (unless `store` is false); with `conversation`, its input and output items are appended to the
+  conversation when it ends.
+- `cancel()` stops it: the run ends `cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from openai import BaseModel
+
+from gateway.generation.chat_history import chat_message
+from gateway.generation.chat_plan import ChatPlan, ReplyForm, plan_reply
+from gateway.generation.memory import REMEMBER_TOOL, MemoryStore, Recall, memory_off, recall
+from gateway.generation.response_prompt import conversation_message, item_message, items_messages, merge_turns
+from gateway.generation.service import Generator, MemoryRound, PromptSpec, Reply
+from gateway.platform.event_log import log_event
+from gateway.platform.storage.conversations import ConversationStore, MessageStatus
+from gateway.platform.storage.responses import ResponseStore
+from gateway.platform.storage.schema import ConversationRow
+from gateway.platform.token_quota import TokenAccount
+from gateway.protocol.chat import MEMORY_TOOL_NAME
+from gateway.protocol.errors import ApiError
+from gateway.protocol.response_objects import ResponseEvents, ResponseState, Usage, input_items, wire
+from gateway.protocol.responses import FunctionChoice, JsonObjectFormat, JsonSchemaFormat, ResponseCreateRequest
+from gateway.safety.output import CLASSIFIER, guarded, refusal
+from gateway.safety.screening import screen_messages
+from inference.llm.backend import SamplingParams
+from inference.llm.chat import ChatMessage
+from inference.llm.tool_calls import ReplySplitter, ToolSpec, parse_reply
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResponseDeps:
+    """What a response draws on."""
+
+    generator: Generator
+    conversations: ConversationStore
+    responses: ResponseStore
+    tokens: TokenAccount
+    default_max_tokens: int
+    repetition_penalty: float
+
+
+def reply_form(request: ResponseCreateRequest) -> ReplyForm:
+    choice = request.tool_choice
+    text_format = request.text_format
+    return ReplyForm([ToolSpec(tool.name, tool.description, tool.parameters) for tool in request.tools or []],
+                     "function" if isinstance(choice, FunctionChoice) else choice,
+                     choice.name if isinstance(choice, FunctionChoice) else None,
+                     request.parallel_tool_calls is not False,
+                     text_format.schema_ if isinstance(text_format, JsonSchemaFormat) else None,
+                     isinstance(text_format, JsonObjectFormat))
+
+
+def _spec(plan: ChatPlan) -> PromptSpec:
+    """A plan's prompt; a schema that cannot be compiled blames the field it came from."""
+    schema_param = "text.format.schema" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
+    return PromptSpec(plan.messages, plan.template_tools, plan.grammar, param="input", grammar_param=schema_param)
+
+
+def _names_memory_tool(request: ResponseCreateRequest) -> bool:
+    choice = request.tool_choice
+    return (isinstance(choice, FunctionChoice) and choice.name == MEMORY_TOOL_NAME
+            and all(tool.name != MEMORY_TOOL_NAME for tool in request.tools or []))
+
+
+class ResponseRun:
+    def __init__(self, deps: ResponseDeps, request: ResponseCreateRequest, owner: str, state: ResponseState,
+                 items: list[dict[str, Any]], reply: Reply, plan: ChatPlan, question: str,
+                 conversation: ConversationRow | None, remembered: Recall | None) -> None:
+        self.deps = deps
+        self.request = request
+        self.owner = owner
+        self.state = state
+        self.input_items = items
+        self._reply = reply
+        self._plan = plan
+        self._question = question
+        self._conversation = conversation
+        self._remembered = remembered
+        self.failure: ApiError | None = None  # what failed it, when it failed
+        self.reservation_headers = reply.reservation.headers() if reply.reservation is not None else {}
+        self.ended = asyncio.Event()
+        self._cancelled = False
+
+    @classmethod
+    async def prepare(cls, deps: ResponseDeps, request: ResponseCreateRequest, owner: str) -> ResponseRun:
+        """Build, render and reserve the response's prompt, store it as in progress and start its generation.
+        Raises ApiError (a refusal, a missing previous response or conversation, the quota, the context)."""
+        engine = deps.generator.engine
+        items = input_items(request)
+        # Each item's message, screened with the item's index for a refusal to name, then made turns.
+        screened = screen_messages(deps.generator.safety, [item_message(item) for item in items], param="input")
+        history: list[ChatMessage] = []
+        conversation: ConversationRow | None = None
+        state = ResponseState(request, request.max_output_tokens or deps.default_max_tokens, dict(request.metadata or {}))
+        chain_root = state.id
+        if request.previous_response_id is not None:
+            chain = await deps.responses.chain(owner, request.previous_response_id)
+            chain_root = chain[0].id
+            for row in chain:
+                history += items_messages(row.input_items) + items_messages(row.body.get("output") or [])
+        elif request.conversation_id is not None:
+            conversation = await deps.conversations.get(owner, request.conversation_id)
+            history = [chat_message(row) for row in await deps.conversations.branch(conversation)]
+        instructions = [ChatMessage("system", request.instructions)] if request.instructions else []
+        base = merge_turns([*instructions, *history, *screened])
+        remembered = await recall(MemoryStore(deps.conversations.engine), owner, screened)  # None unless opted in
+        if remembered is None and _names_memory_tool(request):
+            raise memory_off()
+        facts = remembered.messages() if remembered is not None else []
+        form = reply_form(request)
+        fmt = engine.lm.tool_format
+        plan = plan_reply(form, fmt, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
+        plan.messages += facts
+        max_tokens = state.max_output_tokens
+        rendered = await deps.generator.render(_spec(plan), max_tokens)
+        if rendered.prompt.dropped_messages and request.truncation != "auto":
+            raise ApiError("context_length_exceeded", "The input is longer than the model's context window; with "
+                           "truncation 'auto' the oldest items are dropped until it fits.", "input")
+        sampling = SamplingParams(temperature=1.0 if request.temperature is None else request.temperature,
+                                  top_p=request.top_p or 1.0, repetition_penalty=deps.repetition_penalty,
+                                  max_tokens=max_tokens)
+        prepared = await deps.generator.reserve(rendered, sampling, deps.tokens)  # 429 past --rate-limit-tpm
+        memory: MemoryRound | None = None
+        if remembered is not None and plan.builtin_offered:
+            form_after = replace(form, choice=None, function=None) if _names_memory_tool(request) else form
+
+            def second(added: list[ChatMessage]) -> PromptSpec:
+                """The reply after the model saved memories: the same request, without the memory tool."""
+                plan_after = plan_reply(form_after, fmt, messages=[*base, *added])
+                plan_after.messages += facts
+                return _spec(plan_after)
+
+            memory = MemoryRound(remembered, plan.tools, second)
+        # Routed by what continues across requests, so that its prefix stays cached where it was.
+        routing_key = request.conversation_id or request.prompt_cache_key or chain_root
+        reply = await deps.generator.start(prepared, routing_key=routing_key, memory=memory)
+        question = next((m.content for m in reversed(screened) if m.role == "user"), "")
+        run = cls(deps, request, owner, state, items, reply, plan, question, conversation, remembered)
+        try:
+            await run._store()
+        except BaseException:
+            await reply.close()
+            raise
+        return run
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._reply.cancel()
+
+    async def events(self) -> AsyncIterator[BaseModel]:
+        """Runs the response: its events, the terminal one last. Closing the iterator early cancels it."""
+        state, plan = self.state, self._plan
+        events = ResponseEvents(state)
+        # What the client reads is constrained to JSON (a forced memory call is not the client's to read).
+        json_output = self.request.text_format.type != "text" or (plan.grammar is not None
+                                                                  and not _names_memory_tool(self.request))
+        guard = self.deps.generator.guard(self._reply.cancel, json_output=json_output)
+        guard.start(self._question)
+        splitter = ReplySplitter() if plan.tools else None
+        finished = False
+        try:
+            for event in events.created():
+                yield event
+            async for safe in guarded(self._reply, guard):
+                if text := splitter.feed(safe) if splitter is not None else safe:
+                    for event in events.text(text):
+                        yield event
+            result = await self._reply.result()
+            if splitter is not None and guard.blocked is None:
+                parsed = parse_reply(splitter.held, plan.tools)
+                if parsed.calls:
+                    for event in events.text(parsed.content) if parsed.content else []:
+                        yield event
+                    for call in parsed.calls:
+                        for event in events.call(call.id, call.name, call.arguments):
+                            yield event
+                elif splitter.held:
+                    for event in events.text(splitter.held):
+                        yield event
+            if guard.blocked is not None:
+                state.status, state.incomplete = "incomplete", "content_filter"
+            elif result.finish_reason == "cancelled" or self._cancelled:
+                state.status = "cancelled"
+            elif result.finish_reason == "length":
+                state.status, state.incomplete = "incomplete", "max_output_tokens"
+            else:
+                state.status = "completed"
+            if guard.blocked is not None:
+                for event in events.refusal(refusal(guard.blocked)):
+                    yield event
+            # A reply the classifier flagged is withheld whole when not streamed; JSON cut short is not JSON.
+            keep_text = not (guard.blocked is CLASSIFIER and not self.request.stream) \
+                and not (guard.blocked is not None and json_output)
+            for event in events.close_message("completed" if state.status == "completed" else "incomplete",
+                                              keep_text=keep_text):
+                yield event
+            state.usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
+            await self._finish()
+            finished = True
+            if state.status == "cancelled":
+                for event in events.error("response_cancelled", "The response was cancelled "
+                                          f"(POST /v1/responses/{state.id}/cancel)."):
+                    yield event
+            else:
+                for event in events.finished():
+                    yield event
+        except ApiError as exc:  # the backend failed, or a memory round's prompt did not fit
+            log.warning("response %s failed: %s", state.id, exc)
+            self.failure = exc
+            state.status = "failed"
+            state.error = ("rate_limit_exceeded" if exc.status == 429 else "server_error", exc.message)
+            if not finished:
+                await self._finish()
+                finished = True
+            for event in events.finished():
+                yield event
+        finally:
+            await self._reply.close()  # frees the engine's slot if the client went away; settles the tokens
+            await guard.close()
+            if not finished:  # the client went away: the response is cancelled with it
+                state.status = "cancelled"
+                await asyncio.shield(self._finish())
+
+    async def _finish(self) -> None:
+        state = self.state
+        if state.status == "completed":
+            state.completed_at = int(time.time())
+        if self._remembered is not None:
+            state.metadata = {**state.metadata, **self._remembered.metadata()}
+        try:
+            await self._store()
+            if self._conversation is not None and state.status != "failed":
+                status: MessageStatus = "completed" if state.status == "completed" else "incomplete"
+                messages = [*(conversation_message(item, "completed") for item in self.input_items),
+                            *(conversation_message(wire(item), status) for item in state.output)]
+                await self.deps.conversations.append(self._conversation.id, self._conversation.current_leaf_id, messages)
+        finally:
+            self.ended.set()
+            usage = state.usage
+            log_event("responses.response", response_id=state.id, model=self.request.model, stream=self.request.stream,
+                      status=state.status, conversation_id=self.request.conversation_id,
+                      input_tokens=usage.input_tokens if usage else None,
+                      cached_tokens=usage.cached_tokens if usage else None,
+                      output_tokens=usage.output_tokens if usage else None)
+
+    async def _store(self) -> None:
+        if self.request.store is not False:
+            await self.deps.responses.put(self.owner, wire(self.state.object()), self.input_items)
