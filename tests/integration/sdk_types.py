@@ -9,16 +9,18 @@ from typing import Any, Literal
 
 from openai import BaseModel
 from openai.types.realtime import RealtimeServerEvent
-from pydantic import ValidationError
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+from pydantic import TypeAdapter, ValidationError
 
 
-def _event_types() -> dict[str, type[BaseModel]]:
-    """The SDK's class for each server event type (the union's members, keyed by their `type` literal)."""
-    union = typing.get_args(RealtimeServerEvent)[0]  # Annotated[Union[...], discriminator]
+def _event_types(events: Any) -> dict[str, type[BaseModel]]:
+    """The SDK's class for each event type of a union (its members, keyed by their `type` literal)."""
+    union = typing.get_args(events)[0]  # Annotated[Union[...], discriminator]
     return {typing.get_args(model.model_fields["type"].annotation)[0]: model for model in typing.get_args(union)}
 
 
-SERVER_EVENT_TYPES = _event_types()
+SERVER_EVENT_TYPES = _event_types(RealtimeServerEvent)
+RESPONSE_EVENT_TYPES = _event_types(ResponseStreamEvent)
 
 # Our documented additions (README, "Our additions"), and what OpenAI's own server sends beyond the SDK's
 # session type (its id, object and expiry); the SDK's types allow extra fields and clients ignore them.
@@ -110,3 +112,38 @@ def assert_valid_conversations_object(model: Any, value: dict[str, Any]) -> None
         raise AssertionError(f"{value} does not validate against the openai SDK's {model}:\n{exc}") from None
     if extras := [extra[1:] for extra in _extra_fields(parsed, "")]:
         raise AssertionError(f"{value} has fields the openai SDK's types do not declare: {extras}")
+
+
+def _wire(value: dict[str, Any] | BaseModel) -> dict[str, Any]:
+    """As it came over the wire: the SDK's parsed objects keep the fields they do not declare (model_extra)."""
+    return value.to_dict(mode="json") if isinstance(value, BaseModel) else value
+
+
+def _strictly(model: Any, value: dict[str, Any] | BaseModel, what: str) -> None:
+    wire = _wire(value)
+    try:
+        parsed = TypeAdapter(model).validate_python(wire)
+    except ValidationError as exc:
+        raise AssertionError(f"{what} does not validate against the openai SDK's types:\n{exc}\n{wire}") from None
+    extras = [extra[1:] for extra in _extra_fields(parsed, "")]
+    if extras:
+        raise AssertionError(f"{what} has fields the openai SDK's types do not declare: {extras}\n{wire}")
+
+
+def assert_valid_response(response: dict[str, Any] | BaseModel) -> None:
+    """A Responses API response object (its output items, usage, ... too)."""
+    _strictly(Response, response, "the response")
+
+
+def assert_valid_response_item(item: dict[str, Any] | BaseModel) -> None:
+    """An item as /v1/responses/{id}/input_items lists it."""
+    _strictly(ResponseItem, item, f"the item {_wire(item).get('type')}")
+
+
+def assert_valid_response_event(event: dict[str, Any] | BaseModel) -> None:
+    """A Responses API stream event."""
+    wire = _wire(event)
+    model = RESPONSE_EVENT_TYPES.get(wire.get("type"))
+    if model is None:
+        raise AssertionError(f"{wire.get('type')!r} is not a Responses stream event type of the openai SDK: {wire}")
+    _strictly(model, wire, str(wire["type"]))
