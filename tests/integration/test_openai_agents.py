@@ -1,7 +1,10 @@
-"""The openai-agents realtime runner, unchanged but for its URL, against the gateway: three text turns,
-three spoken push-to-talk turns, and a cancel (interrupt). It sends what a client written for OpenAI
-sends (semantic_vad, tracing "auto", the gpt-realtime model name) and parses every server event into the
-openai SDK's types."""
+"""openai-agents, unchanged but for its URL, against the gateway.
+
+- Its realtime runner: three text turns, three spoken push-to-talk turns, and a cancel (interrupt). It sends
+  what a client written for OpenAI sends (semantic_vad, tracing "auto", the gpt-realtime model name) and
+  parses every server event into the openai SDK's types.
+- A text agent on its default model, over the Responses API: a function tool called and answered, the same
+  streamed, and two turns chained by previous_response_id."""
 
 from __future__ import annotations
 
@@ -11,13 +14,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, RunHooks, Runner, function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
+from openai import AsyncOpenAI
 
 from inference.tts import TtsEngine
 from media.resample import resample
 from tests.gateway_process import GatewayProcess
+from tests.integration.conftest import MODEL
+from tests.integration.sdk_types import assert_valid_response_event, assert_valid_response_item
 from tests.integration.speech import with_silence
 
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
@@ -105,3 +113,74 @@ async def test_an_interrupt_cancels_the_reply_and_the_session_goes_on(text_sessi
     await text_session.send_message("What is the capital of France?")
     await until_turn_ends(text_session)
     assert len(assistant_texts(text_session)) == 2
+
+
+# -- Text agents over the Responses API: openai-agents' default model (OpenAIResponsesModel), unchanged but for
+# its client's URL. The 135M model seldom calls a tool on its own, and left to "auto" after a call it calls the
+# same tool again: ModelSettings forces the first call, and once the tool has run a hook sets tool_choice
+# "none" for the answer (the runner's own reset would leave it "auto").
+
+class AnswerAfterTheTool(RunHooks[Any]):
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: str) -> None:
+        agent.model_settings = agent.model_settings.resolve(ModelSettings(tool_choice="none"))
+
+
+def responses_agent(gateway: GatewayProcess, tools: list[Any], **settings: Any) -> Agent:
+    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    return Agent(name="Assistant", instructions=INSTRUCTIONS, tools=tools, reset_tool_choice=False,
+                 model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                 model_settings=ModelSettings(max_tokens=200, temperature=0, **settings))
+
+
+def weather_tool(calls: list[str]) -> Any:
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"It is sunny and 25 degrees in {city}."
+
+    return get_weather
+
+
+NO_TRACING = RunConfig(tracing_disabled=True)  # traces would go to OpenAI, which the tests do not reach
+
+
+async def test_an_agent_calls_its_function_tool_and_answers(gateway: GatewayProcess) -> None:
+    calls: list[str] = []
+    agent = responses_agent(gateway, [weather_tool(calls)], tool_choice="get_weather")
+    result = await Runner.run(agent, "What is the weather in Paris?", run_config=NO_TRACING, hooks=AnswerAfterTheTool())
+    assert len(calls) == 1 and calls[0]
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"] and kinds[-1] == "message_output_item"
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+    for response in result.raw_responses:  # as the SDK parsed them: nothing it does not declare
+        for item in response.output:
+            assert_valid_response_item(item)
+
+
+async def test_an_agent_run_streamed(gateway: GatewayProcess) -> None:
+    calls: list[str] = []
+    agent = responses_agent(gateway, [weather_tool(calls)], tool_choice="required")
+    result = Runner.run_streamed(agent, "What is the weather in Rome?", run_config=NO_TRACING, hooks=AnswerAfterTheTool())
+    raw = []
+    async for event in result.stream_events():
+        if event.type == "raw_response_event":
+            assert_valid_response_event(event.data)
+            raw.append(event.data.type)
+    assert len(calls) == 1
+    assert raw.count("response.created") == 2 and raw.count("response.completed") == 2, raw
+    assert "response.function_call_arguments.done" in raw and "response.output_text.delta" in raw
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+
+
+async def test_a_two_turn_agent_with_previous_response_id(gateway: GatewayProcess) -> None:
+    agent = responses_agent(gateway, [])
+    first = await Runner.run(agent, "What is the capital of France?", run_config=NO_TRACING)
+    second = await Runner.run(agent, "And of Italy?", previous_response_id=first.last_response_id,
+                              run_config=NO_TRACING)
+    assert second.final_output.strip()
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        stored = (await http.get(f"/v1/responses/{second.last_response_id}")).json()
+        inputs = (await http.get(f"/v1/responses/{second.last_response_id}/input_items")).json()["data"]
+    assert stored["previous_response_id"] == first.last_response_id
+    assert [item["content"][0]["text"] for item in inputs] == ["And of Italy?"]  # the turn's own input only
