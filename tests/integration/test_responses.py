@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_response, assert_valid_response_event, assert_valid_response_item
@@ -312,3 +312,55 @@ def test_bad_requests_name_the_field(http: httpx.Client, body: dict[str, Any], s
     refused = http.post("/v1/responses", json={"model": MODEL, **body})
     assert refused.status_code == status, refused.text
     assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == (code, param)
+
+
+# -- The safety policy and memory, as for chat ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def safe_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Denies "Paris" (the model's answer to the question, so the reply is stopped) and "secret project"."""
+    folder = tmp_path_factory.mktemp("responses-safety")
+    denylist = folder / "denylist.txt"
+    denylist.write_text("Paris\nsecret project\n", encoding="utf-8")
+    process = start_gateway("--safety-denylist", str(denylist), "--no-load-voice-models", log_path=folder / "gateway.log")
+    yield process
+    process.stop()
+
+
+def test_the_safety_policy_screens_the_input_and_stops_the_reply(safe_gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{safe_gateway.url}/v1", api_key="unused", max_retries=0)
+    with httpx.Client(base_url=safe_gateway.url, timeout=120) as http:
+        refused = http.post("/v1/responses", json={"model": MODEL, "input": [
+            {"role": "user", "content": "Hi"}, {"role": "user", "content": "Tell me about the SECRET project."}]})
+        assert refused.status_code == 400
+        assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("content_policy_violation",
+                                                                                         "input[1].content")
+        stopped = create(client, input="What is the capital of France?", temperature=0, max_output_tokens=40)
+        assert stopped["status"] == "incomplete" and stopped["incomplete_details"] == {"reason": "content_filter"}
+        parts = stopped["output"][0]["content"]
+        assert [part["type"] for part in parts] == ["output_text", "refusal"] and "Paris" not in parts[0]["text"]
+        assert parts[1]["refusal"] == "The reply was stopped by the content policy (rule: denylist)."
+        events = sse_events(http, {"input": "What is the capital of France?", "temperature": 0, "max_output_tokens": 40})
+    kinds = [event["type"] for event in events]
+    assert "response.refusal.done" in kinds and kinds[-1] == "response.incomplete"
+    assert "Paris" not in "".join(event.get("delta", "") for event in events)
+
+
+def test_personal_data_is_redacted_before_the_model_reads_it(client: openai.OpenAI) -> None:
+    def read(text: str) -> int:
+        return int(create(client, input=text, max_output_tokens=1, store=False)["usage"]["input_tokens"])
+
+    assert read("Write to jane.roe@example.org today.") == read("Write to [email] today.")
+
+
+def test_memory_works_as_for_chat(client: openai.OpenAI, http: httpx.Client) -> None:
+    assert http.post("/v1/memories/settings", json={"enabled": True}).status_code == 200
+    try:
+        saved = create(client, input="Remember that my dog is called Rex.", max_output_tokens=8,
+                       metadata={"topic": "pets"})
+        assert saved["metadata"]["topic"] == "pets" and saved["metadata"]["memories_saved"]
+        used = create(client, input="What is my dog called?", max_output_tokens=16, temperature=0)
+        assert used["metadata"]["memories_used"] == saved["metadata"]["memories_saved"]
+    finally:  # the shared gateway's other prompts must not get the memory tool
+        assert http.post("/v1/memories/settings", json={"enabled": False}).status_code == 200
+        assert http.delete("/v1/memories").status_code == 200
