@@ -122,6 +122,9 @@ class ResponseRun:
             history = [chat_message(row) for row in await deps.conversations.branch(conversation)]
         instructions = [ChatMessage("system", request.instructions)] if request.instructions else []
         base = merge_turns([*instructions, *history, *screened])
+        if all(message.role in ("system", "developer") for message in base):
+            raise ApiError("invalid_value", "There is nothing to answer: 'input' holds instructions only, and nothing "
+                           "comes before it.", "input")
         remembered = await recall(MemoryStore(deps.conversations.engine), owner, screened)  # None unless opted in
         if remembered is None and _names_memory_tool(request):
             raise memory_off()

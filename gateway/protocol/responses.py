@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from gateway.protocol.chat import INT32_MAX, MEMORY_TOOL_NAME
 from gateway.protocol.errors import ApiError, invalid_value
@@ -77,6 +77,12 @@ class MessageItem(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.refusal if isinstance(part, RefusalPart) else part.text for part in self.content)
+
+    @model_validator(mode="after")
+    def _has_text(self) -> MessageItem:
+        if not self.text().strip():  # as chat's messages: a prompt of nothing is no question
+            raise ValueError(f"{self.role} message has empty content")
+        return self
 
 
 class FunctionCallItem(BaseModel):
@@ -297,6 +303,8 @@ def parse_response_request(payload: dict[str, Any]) -> ResponseCreateRequest:
         raise invalid_value("tool_choice 'required' needs 'tools'.", "tool_choice")
     if isinstance(request.tool_choice, FunctionChoice) and request.tool_choice.name not in names | {MEMORY_TOOL_NAME}:
         raise invalid_value(f"tool_choice names '{request.tool_choice.name}', which is not in 'tools'.", "tool_choice.name")
+    if isinstance(request.input, str) and not request.input.strip():
+        raise invalid_value("'input' is empty (to go on without new input, give none).", "input")
     if not request.input and request.previous_response_id is None and request.conversation is None:
         raise invalid_value("'input' is empty.", "input")
     return request

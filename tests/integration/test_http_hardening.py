@@ -561,7 +561,7 @@ def test_openapi_documents_request_bodies_and_errors(gateway: GatewayProcess) ->
 
 def test_schemathesis_finds_no_server_error(gateway: GatewayProcess) -> None:
     """Every operation with bodies from its schema, and those with a body also with bodies that break
-    it; chat requests name the served model (with 2 tokens at most), so that they reach the engine."""
+    it; chat requests and responses name the served model (with 2 tokens at most), so that they reach the engine."""
     schemathesis = pytest.importorskip("schemathesis")
     from schemathesis import GenerationMode
 
@@ -590,6 +590,8 @@ def explore(gateway: GatewayProcess, operation: Any, mode: Any) -> None:
         if case.path == "/v1/chat/completions" and mode == GenerationMode.POSITIVE:
             case.body = {**case.body, "model": MODEL, "max_tokens": 2}
             case.body.pop("max_completion_tokens", None)
+        if case.path == "/v1/responses" and case.method == "POST" and mode == GenerationMode.POSITIVE:
+            case.body = {**case.body, "model": MODEL, "max_output_tokens": 2}
         case.call_and_validate(base_url=gateway.url, timeout=60,
                                checks=[not_a_server_error, status_code_conformance, response_schema_conformance])
 
