@@ -159,7 +159,8 @@ class ResponseRun:
         question = next((m.content for m in reversed(screened) if m.role == "user"), "")
         run = cls(deps, request, owner, state, items, reply, plan, question, conversation, remembered)
         try:
-            await run._store()
+            if request.store is not False:
+                await deps.responses.create(owner, wire(state.object()), items)
         except BaseException:
             await reply.close()
             raise
@@ -236,6 +237,16 @@ class ResponseRun:
                 finished = True
             for event in events.finished():
                 yield event
+        except Exception:  # a bug: logged, and the client told in the stream, as chat does
+            log.exception("response %s failed", state.id)
+            self.failure = ApiError("internal_error", "The server failed to generate the response.",
+                                    type="server_error", status=500)
+            state.status, state.error = "failed", ("server_error", self.failure.message)
+            if not finished:
+                await self._finish()
+                finished = True
+            for event in events.error("internal_error", self.failure.message):
+                yield event
         finally:
             await self._reply.close()  # frees the engine's slot if the client went away; settles the tokens
             await guard.close()
@@ -250,7 +261,8 @@ class ResponseRun:
         if self._remembered is not None:
             state.metadata = {**state.metadata, **self._remembered.metadata()}
         try:
-            await self._store()
+            if self.request.store is not False:
+                await self.deps.responses.save(wire(state.object()))
             if self._conversation is not None and state.status != "failed":
                 status: MessageStatus = "completed" if state.status == "completed" else "incomplete"
                 messages = [*(conversation_message(item, "completed") for item in self.input_items),
@@ -265,6 +277,3 @@ class ResponseRun:
                       cached_tokens=usage.cached_tokens if usage else None,
                       output_tokens=usage.output_tokens if usage else None)
 
-    async def _store(self) -> None:
-        if self.request.store is not False:
-            await self.deps.responses.put(self.owner, wire(self.state.object()), self.input_items)

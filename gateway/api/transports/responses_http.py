@@ -3,6 +3,8 @@ response owned by the API key that made it. The run itself is generation/respons
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -19,6 +21,7 @@ from gateway.protocol.response_objects import sse_event, wire
 from gateway.protocol.responses import ResponseCreateRequest, parse_response_request
 
 router = APIRouter()
+CANCEL_WAIT_S = 10.0  # how long a cancel waits for the response's end to be stored
 PAGE_LIMIT = Query(20, ge=1, le=100, description="Items per page (1-100).")
 PAGE_AFTER = Query(None, max_length=64, description="The item after which the page starts (the previous page's last_id).")
 PAGE_ORDER = Query("desc", description="desc (the last input item first) or asc.")
@@ -102,7 +105,8 @@ async def cancel_response(request: Request, response_id: str) -> JSONResponse:
         raise ApiError("response_not_in_progress", f"Response '{response_id}' is {row.status}: only a response "
                        "still generating (on this replica) can be cancelled.", "response_id")
     run.cancel()
-    await run.ended.wait()
+    with contextlib.suppress(TimeoutError):  # its end is stored at once; bounded, as nothing else must hold it
+        await asyncio.wait_for(run.ended.wait(), CANCEL_WAIT_S)
     return JSONResponse(wire(run.state.object()), headers=headers)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from gateway.platform.storage.conversations import Order, Page
@@ -25,19 +25,19 @@ class ResponseStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._session = async_sessionmaker(engine, expire_on_commit=False)
 
-    async def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
-        """Insert the response, or write its new state (`body` is the whole object; its id is the row's)."""
+    async def create(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Store a new response (`body` is the object as returned; its id is the row's)."""
         now = epoch()
         async with self._session.begin() as session:
-            row = await session.get(ResponseRow, body["id"])
-            if row is None:
-                row = ResponseRow(id=body["id"], owner=owner, created_at=now, input_items=input_items)
-                session.add(row)
-            row.previous_response_id = body.get("previous_response_id")
-            row.conversation_id = (body.get("conversation") or {}).get("id")
-            row.status = body.get("status") or "completed"
-            row.body = body
-            row.updated_at = now
+            session.add(ResponseRow(id=body["id"], owner=owner, previous_response_id=body.get("previous_response_id"),
+                                    conversation_id=(body.get("conversation") or {}).get("id"), status=body["status"],
+                                    body=body, input_items=input_items, created_at=now, updated_at=now))
+
+    async def save(self, body: dict[str, Any]) -> None:
+        """Write a stored response's new state; one deleted meanwhile stays deleted."""
+        async with self._session.begin() as session:
+            await session.execute(update(ResponseRow).where(ResponseRow.id == body["id"])
+                                  .values(status=body["status"], body=body, updated_at=epoch()))
 
     async def get(self, owner: str, response_id: str, param: str = "response_id") -> ResponseRow:
         async with self._session() as session:
