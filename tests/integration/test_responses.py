@@ -367,3 +367,32 @@ def test_memory_works_as_for_chat(client: openai.OpenAI, http: httpx.Client) -> 
     finally:  # the shared gateway's other prompts must not get the memory tool
         assert http.post("/v1/memories/settings", json={"enabled": False}).status_code == 200
         assert http.delete("/v1/memories").status_code == 200
+
+
+def test_a_dropped_stream_resumes_with_last_event_id(http: httpx.Client) -> None:
+    body = {"model": MODEL, "stream": True, "input": "Count from one to twenty in words.", "max_output_tokens": 60,
+            "temperature": 0}
+    before: list[dict[str, Any]] = []
+    last_id = None
+    with http.stream("POST", "/v1/responses", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                last_id = line[len("id: "):]
+            elif line.startswith("data: "):
+                before.append(json.loads(line[len("data: "):]))
+                if len(before) == 6:
+                    break  # the connection drops here
+    assert last_id is not None
+    after: list[dict[str, Any]] = []
+    with http.stream("POST", "/v1/responses", json=body, headers={"last-event-id": last_id}) as response:
+        assert response.status_code == 200
+        after = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    events = before + after
+    for event in events:
+        assert_valid_response_event(event)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    text = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert text == output_text(events[-1]["response"])
+    other = http.post("/v1/responses", json={**body, "input": "Something else."}, headers={"last-event-id": last_id})
+    assert other.status_code == 422

@@ -1,5 +1,6 @@
 """/v1/responses: OpenAI's Responses API (create, plain or streamed; get, delete, cancel, input_items), each
-response owned by the API key that made it. The run itself is generation/response_run.py."""
+response owned by the API key that made it. The run itself is generation/response_run.py; a stream is resumable
+with Last-Event-ID, as chat's (stream_hub.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
+from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
 from gateway.generation.response_run import ResponseDeps, ResponseRun
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.errors import ApiError
@@ -44,6 +46,9 @@ def _deps(svc: Services, owner: str) -> ResponseDeps:
 async def create_response(request: Request) -> Response:
     svc: Services = request.app.state.services
     principal, headers = await svc.authorize(request.headers.get("authorization"))
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
+        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
     _, payload = await read_json_object(request)
     body = parse_response_request(payload)
     svc.require_model(body.model)
@@ -53,8 +58,11 @@ async def create_response(request: Request) -> Response:
     if body.store is not False:
         svc.running_responses[run.state.id] = run
     if body.stream:
-        return StreamingResponse(_sse(svc, run), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        # Produced in a task of its own, readable again with Last-Event-ID (stream_hub.py); one whose items go
+        # into a conversation runs to its end without its client, as a chat completion's does.
+        buffer = svc.streams.start(run.state.id, principal.key_id, _sse(svc, run), request=await stream_request(request),
+                                   runs_to_end=body.conversation is not None)
+        return sse_response(svc.streams.read(buffer), headers)
     try:
         async for _ in run.events():
             pass
