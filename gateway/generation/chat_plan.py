@@ -1,5 +1,5 @@
-"""What a chat completion asks of the model: its messages (with the tools described), the grammar its
-output must follow, and which tools its reply may call.
+"""What a chat completion (or a response of the Responses API: its ReplyForm is the same) asks of the model:
+its messages (with the tools described), the grammar its output must follow, and which tools its reply may call.
 
 - `tool_choice` "none": the tools are neither described nor parsed.
 - "auto" (the default with tools): described; the reply is parsed for calls (tool_calls.py).
