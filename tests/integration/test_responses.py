@@ -134,13 +134,21 @@ def test_a_forced_call_its_output_and_the_answer(client: openai.OpenAI, http: ht
     assert answer["previous_response_id"] == called["id"] and answer["output"]
     # Named, and streamed: the arguments arrive as function_call_arguments events.
     events = sse_events(http, {"input": "Weather in Rome?", "tools": [WEATHER], "max_output_tokens": 60,
-                               "tool_choice": {"type": "function", "name": "get_weather"}})
+                               "temperature": 0, "tool_choice": {"type": "function", "name": "get_weather"}})
     kinds = [event["type"] for event in events]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
                      "response.function_call_arguments.delta", "response.function_call_arguments.done",
                      "response.output_item.done", "response.completed"]
     done = events[4]
     assert json.loads(done["arguments"]) == json.loads(events[-1]["response"]["output"][0]["arguments"])
+    # "none": the tools are not offered; parallel_tool_calls false: one call at most.
+    plain = create(client, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="none",
+                   max_output_tokens=8)
+    assert plain["tool_choice"] == "none" and all(item["type"] == "message" for item in plain["output"])
+    single = create(client, input="Weather in Paris and in Rome?", tools=[WEATHER], tool_choice="required",
+                    parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    assert single["parallel_tool_calls"] is False
+    assert [item["type"] for item in single["output"]] == ["function_call"]
     # With the whole history as input instead (what a client without stored responses sends).
     history = [{"role": "user", "content": "What is the weather in Paris?"}, calls[0],
                {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "Sunny, 25 C"}]
@@ -321,11 +329,13 @@ def test_bad_requests_name_the_field(http: httpx.Client, body: dict[str, Any], s
 
 @pytest.fixture(scope="module")
 def safe_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """Denies "Paris" (the model's answer to the question, so the reply is stopped) and "secret project"."""
+    """Denies "Paris" (the model's answer to the question, so the reply is stopped) and "secret project"; its own
+    database, so that turning memory on there changes no other gateway's prompts."""
     folder = tmp_path_factory.mktemp("responses-safety")
     denylist = folder / "denylist.txt"
     denylist.write_text("Paris\nsecret project\n", encoding="utf-8")
-    process = start_gateway("--safety-denylist", str(denylist), "--no-load-voice-models", log_path=folder / "gateway.log")
+    process = start_gateway("--safety-denylist", str(denylist), "--no-load-voice-models", "--data-dir",
+                            str(folder / "data"), log_path=folder / "gateway.log")
     yield process
     process.stop()
 
@@ -356,17 +366,13 @@ def test_personal_data_is_redacted_before_the_model_reads_it(client: openai.Open
     assert read("Write to jane.roe@example.org today.") == read("Write to [email] today.")
 
 
-def test_memory_works_as_for_chat(client: openai.OpenAI, http: httpx.Client) -> None:
-    assert http.post("/v1/memories/settings", json={"enabled": True}).status_code == 200
-    try:
-        saved = create(client, input="Remember that my dog is called Rex.", max_output_tokens=8,
-                       metadata={"topic": "pets"})
-        assert saved["metadata"]["topic"] == "pets" and saved["metadata"]["memories_saved"]
-        used = create(client, input="What is my dog called?", max_output_tokens=16, temperature=0)
-        assert used["metadata"]["memories_used"] == saved["metadata"]["memories_saved"]
-    finally:  # the shared gateway's other prompts must not get the memory tool
-        assert http.post("/v1/memories/settings", json={"enabled": False}).status_code == 200
-        assert http.delete("/v1/memories").status_code == 200
+def test_memory_works_as_for_chat(safe_gateway: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=f"{safe_gateway.url}/v1", api_key="unused", max_retries=0)
+    assert httpx.post(f"{safe_gateway.url}/v1/memories/settings", json={"enabled": True}).status_code == 200
+    saved = create(client, input="Remember that my dog is called Rex.", max_output_tokens=8, metadata={"topic": "pets"})
+    assert saved["metadata"]["topic"] == "pets" and saved["metadata"]["memories_saved"]
+    used = create(client, input="What is my dog called?", max_output_tokens=16, temperature=0)
+    assert used["metadata"]["memories_used"] == saved["metadata"]["memories_saved"]
 
 
 def test_a_dropped_stream_resumes_with_last_event_id(http: httpx.Client) -> None:
