@@ -267,7 +267,10 @@ class ResponseRun:
                 status: MessageStatus = "completed" if state.status == "completed" else "incomplete"
                 messages = [*(conversation_message(item, "completed") for item in self.input_items),
                             *(conversation_message(wire(item), status) for item in state.output)]
-                await self.deps.conversations.append(self._conversation.id, self._conversation.current_leaf_id, messages)
+                try:  # after whatever the conversation got while this ran (its leaf read as it is written)
+                    await self.deps.conversations.append_to_leaf(self.owner, self._conversation.id, messages)
+                except ApiError:  # the conversation was deleted meanwhile: there is nothing to add to
+                    log.info("response %s: its conversation %s is gone", state.id, self._conversation.id)
         finally:
             self.ended.set()
             usage = state.usage
