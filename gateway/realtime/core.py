@@ -3,15 +3,17 @@
 `RealtimeCore.handle(input)` takes one typed input (a parsed client event, a VAD edge, a transcript, an
 engine delta or result, a playout mark, an audio tick) and returns what to do, in order: events to send
 (`Send`, built by protocol/server_events.py and ResponseEvents) and commands for the driver
-(session.py, voice.py) to carry out (`StopResponse`, `CreateResponse`, `ClearPlayout`, `Transcribe`...).
+(session.py, voice.py) to carry out (`StopResponse`, `CreateResponse`, `ClearPlayout`, `Transcribe`,
+`StartSpeculation`...).
 One table (`_TRANSITIONS`) maps each input to its handler; a state change and the events announcing it
 come out of one call, so no other input sees half of it. Some commands come back as inputs when done:
 `StopResponse` as `ResponseEnded` (cancelled), `ClearPlayout` as `PlayoutCleared` (what was heard).
 
 It owns: the conversation, the turn machine (turns.py, driven from here only), the user turn the VAD
-has open (its stable words, what is prefilled of it, how long its silence must last with semantic_vad),
-the committed turns still being transcribed, the response in progress (ResponseEvents), the
-reply whose audio is playing, the turn reply waiting for the current one to end, and the idle timer.
+has open (its stable words, what is prefilled of it, whether its speculative final transcript runs, how
+long its silence must last with semantic_vad), the committed turns still being transcribed, the response
+in progress (ResponseEvents), the reply whose audio is playing, the turn reply waiting for the current one
+to end, and the idle timer.
 The driver owns the tasks, the models, the buffers and the clock it passes in.
 """
 
@@ -31,6 +33,9 @@ from gateway.realtime.response_events import Event, ResponseEvents, ResponseStat
 from gateway.realtime.turns import Action, TurnMachine, TurnPolicy
 from inference.llm.tool_calls import ToolCall
 
+# The speculative final transcript waits for this much silence: Silero drops below its threshold on a
+# word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
+SPECULATIVE_SILENCE_MS = 64
 IDLE_NUDGE = "The user has been silent for a while. Briefly ask whether they are still there."
 
 
@@ -135,6 +140,17 @@ class TranscriptPartial:
 
     item_id: str
     text: str  # the whole hypothesis
+
+
+@dataclass(frozen=True)
+class SilenceHeard:
+    """The VAD took in more of the open turn's audio: the silence running now (None: none), whether its last
+    window was speech, and whether a transcription already running reaches the end of the audio."""
+
+    item_id: str
+    silence_ms: float | None
+    speech: bool
+    covered: bool
 
 
 @dataclass(frozen=True)
@@ -280,7 +296,7 @@ class PlayoutCleared:
 Input = (
     SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
-    | AudioProcessed | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
+    | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
     | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
     | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
 )
@@ -358,6 +374,25 @@ class SetSilence:
 
 
 @dataclass(frozen=True)
+class StartSpeculation:
+    """Transcribe the open turn's audio so far as its final transcript, ahead of the turn's end; with `preempt`,
+    generate its reply from that transcript; with `judge_end` (semantic_vad), judge from it whether the words end
+    the turn (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
+
+    item_id: str
+    preempt: bool
+    judge_end: bool
+
+
+@dataclass(frozen=True)
+class DiscardSpeculation:
+    """The user went on speaking: drop the open turn's speculative transcript, its reply and its end judge
+    (semantic_vad: the next silence is judged afresh, with the longest wait)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
 class DropTurn:
     """A committed turn gets no reply: release what was made ahead for it."""
 
@@ -376,8 +411,8 @@ class ResponseFinished:
 
 
 Command = (
-    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence | DropTurn
-    | ResponseFinished
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence
+    | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
 )
 Output = Send | SendError | Command
 
@@ -407,6 +442,7 @@ class _OpenTurn:
     stabilizer: Stabilizer
     prefilled: str = ""  # the stable words already prefilled
     prefill_due: bool = False  # a response held the engine: the prefill waits for its end
+    speculating: bool = False  # its speculative final transcript (and what follows from it) runs for this silence
 
 
 @dataclass
@@ -427,6 +463,7 @@ class RealtimeCore:
     echo_guard_ms: float = 300.0
     can_speak: bool = False  # the session has a TTS and somewhere to send its audio
     has_playout: bool = False  # WebRTC: the audio goes through a playout buffer that reports what was heard
+    preempts: bool = True  # a turn's reply is generated from its speculative transcript (--voice-preemption)
     turns: TurnMachine = field(default_factory=TurnMachine)
     response: ActiveResponse | None = None
     _open: _OpenTurn | None = None  # the user turn the VAD is hearing
@@ -600,6 +637,22 @@ class RealtimeCore:
         if detection.create_response:
             nudge = f"{self.config.instructions}\n\n{IDLE_NUDGE}".strip()
             self._out.append(CreateResponse(ResponseParams(instructions=nudge)))
+
+    def _silence_heard(self, event: SilenceHeard) -> None:
+        """A silence long enough starts the speculative final transcript, unless one running reaches this far;
+        speech again discards it (and what was started from it)."""
+        turn = self._open
+        if turn is None or turn.item_id != event.item_id:
+            return
+        detection = self.config.audio.input.turn_detection
+        if event.silence_ms is not None and event.silence_ms >= SPECULATIVE_SILENCE_MS:
+            if not turn.speculating and not event.covered:
+                turn.speculating = True
+                preempt = self.preempts and detection is not None and detection.create_response
+                self._out.append(StartSpeculation(turn.item_id, preempt, isinstance(detection, SemanticVad)))
+        elif event.speech and turn.speculating:
+            turn.speculating = False
+            self._out.append(DiscardSpeculation(turn.item_id))
 
     def _transcript_partial(self, event: TranscriptPartial) -> None:
         """The words two partials agree on are stable: the new ones are the delta, and are prefilled."""
@@ -893,6 +946,7 @@ _TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
     SpeechBegan: RealtimeCore._speech_began,
     SpeechEnded: RealtimeCore._speech_ended,
     AudioProcessed: RealtimeCore._audio_processed,
+    SilenceHeard: RealtimeCore._silence_heard,
     TranscriptPartial: RealtimeCore._transcript_partial,
     EndOfTurnJudged: RealtimeCore._end_of_turn_judged,
     TranscriptFinal: RealtimeCore._transcript_final,

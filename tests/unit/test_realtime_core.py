@@ -21,6 +21,7 @@ from gateway.realtime.core import (
     ClauseSpoken,
     ClearPlayout,
     CreateResponse,
+    DiscardSpeculation,
     DropTurn,
     EndOfTurnJudged,
     ItemCreated,
@@ -39,9 +40,11 @@ from gateway.realtime.core import (
     SendError,
     SetProducing,
     SetSilence,
+    SilenceHeard,
     SpeechBegan,
     SpeechEnded,
     SpeechWritten,
+    StartSpeculation,
     StopResponse,
     TextDelta,
     Transcribe,
@@ -468,3 +471,87 @@ def test_semantic_vad_sets_the_silence_from_the_end_of_turn_probability() -> Non
     assert core.handle(EndOfTurnJudged("item_v", 0.9)) == []  # not the open turn
     core.handle(SpeechEnded("item_u", audio_end_ms=900))
     assert core.handle(EndOfTurnJudged("item_u", 0.9)) == []  # the turn has ended
+
+
+def test_a_silence_long_enough_starts_the_speculative_transcript_and_the_reply_ahead_once() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False)) == []
+    assert core.handle(SilenceHeard("item_u", silence_ms=32, speech=False, covered=False)) == []  # a soft word ending
+    started = StartSpeculation("item_u", preempt=True, judge_end=False)
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [started]
+    assert core.handle(SilenceHeard("item_u", silence_ms=96, speech=False, covered=False)) == []  # already running
+    assert core.handle(SilenceHeard("item_v", silence_ms=96, speech=False, covered=False)) == []  # not the open turn
+
+
+def test_no_speculative_transcript_while_a_running_one_reaches_the_end_of_the_audio() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=True)) == []
+    assert core.handle(SilenceHeard("item_u", silence_ms=96, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=True, judge_end=False)]
+
+
+def test_speech_again_discards_the_speculation_and_the_next_silence_starts_another() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False)) == []  # nothing to discard
+    core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False))
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=False, covered=False)) == []  # not speech yet
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False)) == [
+        DiscardSpeculation("item_u")]
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False)) == []
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=True, judge_end=False)]
+
+
+def test_the_committed_turn_keeps_its_speculation_and_its_reply_takes_it() -> None:
+    """The turn ends in the silence that started it: nothing is discarded, and its reply (CreateResponse) takes the
+    head start; a turn that gets no reply releases it (DropTurn)."""
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False))
+    ended = core.handle(SpeechEnded("item_u", audio_end_ms=900))
+    assert not any(isinstance(output, DiscardSpeculation) for output in ended) and ended[-1] == Transcribe("item_u")
+    assert core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False)) == []  # the turn is over
+    core.handle(TranscriptFinal("item_u", "What is the capital of France?", audio_seconds=0.9))
+    assert core.handle(TurnReady("item_u")) == [CreateResponse(ResponseParams(), turn="item_u")]
+
+
+def test_the_reply_ahead_follows_the_preemption_setting_and_create_response() -> None:
+    core, _ = make_core()
+    core.preempts = False
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=False, judge_end=False)]  # the transcript still runs ahead
+    core, _ = make_core(detection=TurnDetection(create_response=False))
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=False, judge_end=False)]
+
+
+def test_semantic_vad_judges_the_end_of_turn_from_the_speculative_transcript() -> None:
+    core, _ = make_core(detection=SemanticVad(type="semantic_vad"))
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=True, judge_end=True)]
+
+
+def test_no_speculation_without_an_open_turn() -> None:
+    core, _ = make_core()
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == []
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(AudioCommitted("item_u"))  # a commit ends the turn (the driver drops what it had started)
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == []
+    core.handle(SpeechBegan("item_v", audio_start_ms=1000))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == []  # not the open turn
+
+
+def test_a_reply_in_progress_does_not_stop_the_speculation() -> None:
+    """With interrupt_response off the reply goes on while the user speaks: the transcript still runs ahead, and
+    the reply ahead is asked for (preempt_reply starts none while a response holds the engine, when it gets there)."""
+    core, _ = make_core(detection=TurnDetection(interrupt_response=False))
+    start_reply(core)
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=False)) == [
+        StartSpeculation("item_u", preempt=True, judge_end=False)]
