@@ -40,6 +40,7 @@ from gateway.realtime.core import (
     ClearPlayout,
     ConfigChanged,
     CreateResponse,
+    DiscardSpeculation,
     DropTurn,
     Input,
     ItemCreated,
@@ -60,6 +61,7 @@ from gateway.realtime.core import (
     SessionStarted,
     SetProducing,
     SetSilence,
+    StartSpeculation,
     StopResponse,
     Transcribe,
 )
@@ -122,7 +124,7 @@ class RealtimeSession:
         self.core = RealtimeCore(
             config, Conversation(max_items=settings.max_conversation_items, max_bytes=settings.max_conversation_bytes),
             clock=now, stabilizer=TranscriptStabilizer, echo_guard_ms=settings.echo_guard_ms,
-            can_speak=runtime.tts is not None and speech_factory is not None,
+            preempts=settings.voice_preemption, can_speak=runtime.tts is not None and speech_factory is not None,
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
@@ -264,6 +266,12 @@ class RealtimeSession:
             case SetSilence():
                 if self.voice is not None:
                     self.voice.set_silence(output.item_id, output.silence_ms)
+            case StartSpeculation():
+                if self.voice is not None:
+                    self.voice.start_speculation(output.item_id, preempt=output.preempt, judge_end=output.judge_end)
+            case DiscardSpeculation():
+                if self.voice is not None:
+                    self.voice.discard_speculation(output.item_id)
             case DropTurn():
                 if self.voice is not None:
                     self.voice.drop_turn(output.item_id)

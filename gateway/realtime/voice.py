@@ -5,12 +5,13 @@ task per session runs the VAD on a shared worker thread, in order; transcription
 owned here, cancelled and awaited on close. To shorten the wait after the user stops:
 - partial transcripts run while the user speaks; the core takes their stable words, which are
   prefilled into the conversation's KV cache (PrefillDraft);
-- a speculative final transcript starts after 64 ms of silence, and is used when the
-  turn really ends there; so is a partial whose audio already covers the end of speech (partials
-  and finals decode the same way, so its text is the final text);
+- a speculative final transcript starts when the core says so (StartSpeculation, after a short
+  silence), and is used when the turn really ends there; so is a partial whose audio already covers
+  the end of speech (partials and finals decode the same way, so its text is the final text);
 - the reply is generated from that speculative transcript while the VAD waits out the silence
   (preemption); the response adopts it when the final transcript is the same, and it is cancelled
-  when the user goes on speaking. Nothing is sent for it before the turn is committed.
+  when the user goes on speaking (DiscardSpeculation). Nothing is sent for it before the turn is
+  committed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from gateway.realtime.core import (
     AudioProcessed,
     EndOfTurnJudged,
     Input,
+    SilenceHeard,
     SpeechBegan,
     SpeechEnded,
     TranscriptFailed,
@@ -70,9 +72,6 @@ MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
-# The speculative final transcript waits for this much silence: Silero drops below its threshold on a
-# word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
-SPECULATIVE_SILENCE_MS = 64
 
 
 @dataclass
@@ -292,30 +291,18 @@ class VoicePipeline:
         await self.session.settle()
         if turn is None or self.turn is not turn:
             return
-        probability = self.vad.last_probability
-        settings = self.vad.detector.settings
+        speech = self.vad.last_probability >= self.vad.detector.settings.threshold
         silence_started = self.vad.detector.silence_started_ms
-        if silence_started is not None and self.vad.position_ms - silence_started >= SPECULATIVE_SILENCE_MS:
-            # Silence began: transcribe now, so the transcript is ready if the turn ends here,
-            # unless a transcription already running reaches this far.
-            if turn.speculative is None and not turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS)):
-                turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
-                turn.jobs.append((self.buffer.end, turn.speculative))
-                if self.session.settings.voice_preemption and self.turn_detection is not None and self.turn_detection.create_response:
-                    turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
-                if isinstance(self.turn_detection, SemanticVad):
-                    turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
-        elif probability >= settings.threshold and turn.speculative is not None:
-            turn.speculative.cancel()  # the user went on speaking
-            turn.speculative = None
-            self._discard_preemption(turn)
-            if turn.end_judge is not None:
-                turn.end_judge.cancel()
-                turn.end_judge = None
-                self.vad.detector.settings = self._vad_settings()  # the next silence is judged afresh
+        # The core starts the speculative final transcript (StartSpeculation) or discards it (DiscardSpeculation).
+        self.session.feed(SilenceHeard(
+            turn.item_id,
+            silence_ms=self.vad.position_ms - silence_started if silence_started is not None else None,
+            speech=speech,
+            covered=bool(turn.covering(self.buffer.end - self.buffer.ms_to_index(ASR_COVER_MS))),
+        ))
         if (
             turn.partial_task is None
-            and probability >= settings.threshold
+            and speech
             and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
             and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
         ):
@@ -323,6 +310,32 @@ class VoicePipeline:
             job = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=False))
             turn.jobs.append((self.buffer.end, job))
             turn.partial_task = self._spawn(self._partial(turn, job))
+
+    def start_speculation(self, item_id: str, *, preempt: bool, judge_end: bool) -> None:
+        """The core's StartSpeculation: transcribe the open turn now, so the transcript is ready if it ends in
+        this silence; from that transcript, its reply ahead (`preempt`) and semantic_vad's end judge."""
+        turn = self.turn
+        if turn is None or turn.item_id != item_id:
+            return
+        turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
+        turn.jobs.append((self.buffer.end, turn.speculative))
+        if preempt:
+            turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
+        if judge_end:
+            turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
+
+    def discard_speculation(self, item_id: str) -> None:
+        """The core's DiscardSpeculation: the user went on speaking."""
+        turn = self.turn
+        if turn is None or turn.item_id != item_id or turn.speculative is None:
+            return
+        turn.speculative.cancel()
+        turn.speculative = None
+        self._discard_preemption(turn)
+        if turn.end_judge is not None:
+            turn.end_judge.cancel()
+            turn.end_judge = None
+            self.vad.detector.settings = self._vad_settings()  # the next silence is judged afresh
 
     async def _judge_end(self, turn: UserTurn, speculative: asyncio.Task[Transcript | None]) -> None:
         """semantic_vad: once the words so far are transcribed, the LLM's sense of whether they end the
