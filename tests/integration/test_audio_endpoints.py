@@ -363,6 +363,7 @@ def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayP
 # -- translation ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks translations.create so
 def test_translation_is_refused_by_the_english_only_model(client: OpenAI, gateway: GatewayProcess,
                                                           spoken: tuple[bytes, str]) -> None:
     """The embedded tiny.en transcribes English and cannot translate: 400, OpenAI's error body, saying so."""

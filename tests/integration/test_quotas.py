@@ -100,7 +100,8 @@ def test_429_when_the_tokens_run_out_and_other_keys_go_on(quota_gateway: Gateway
     assert chat(quota_gateway, key, 80, "Count from one to fifty.").status_code == 200
 
 
-def test_completions_and_conversation_messages_draw_on_the_same_tokens(quota_gateway: GatewayProcess) -> None:
+def test_completions_responses_and_conversation_messages_draw_on_the_same_tokens(
+        quota_gateway: GatewayProcess) -> None:
     key = KEYS[0]
     headers = {"authorization": f"Bearer {key}"}
     url = quota_gateway.url
@@ -124,6 +125,17 @@ def test_completions_and_conversation_messages_draw_on_the_same_tokens(quota_gat
     streamed = httpx.post(message_url, headers=headers, timeout=120, json={"model": MODEL, "content": "Hi.",
                                                                            "max_tokens": 8})
     assert streamed.status_code == 200 and 0 <= remaining(streamed) < TPM - 8
+
+    def response(max_output_tokens: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/responses", headers=headers, timeout=120,
+                          json={"model": MODEL, "input": "Say hi.", "max_output_tokens": max_output_tokens})
+
+    too_large = response(TPM)
+    assert too_large.status_code == 429 and too_large.json()["error"]["type"] == "tokens"
+    before = remaining(chat(quota_gateway, key, 1))
+    answered = response(40)
+    assert answered.status_code == 200 and answered.headers["x-ratelimit-limit-tokens"] == str(TPM)
+    assert remaining(answered) <= before - answered.json()["usage"]["input_tokens"] - 40 + 30
 
 
 async def test_realtime_rate_limits_updated(quota_gateway: GatewayProcess) -> None:
