@@ -195,6 +195,17 @@ def test_get_delete_and_input_items(client: openai.OpenAI, http: httpx.Client) -
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
 
 
+def test_idempotency_key_replays_the_first_answer(http: httpx.Client) -> None:
+    body = {"model": MODEL, "input": "Say a random word.", "temperature": 1.5, "max_output_tokens": 8}
+    headers = {"idempotency-key": "responses-key-1"}
+    first = http.post("/v1/responses", json=body, headers=headers)
+    second = http.post("/v1/responses", json=body, headers=headers)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() and second.headers.get("idempotent-replayed") == "true"
+    other = http.post("/v1/responses", json={**body, "max_output_tokens": 9}, headers=headers)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+
+
 def test_store_false_is_not_kept(client: openai.OpenAI, http: httpx.Client) -> None:
     response = create(client, input="Hi", store=False, max_output_tokens=4)
     assert http.get(f"/v1/responses/{response['id']}").status_code == 404

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from gateway.api.http_bodies import read_json_object
+from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
 from gateway.api.stream_hub import request_fingerprint
@@ -25,7 +26,6 @@ from gateway.generation.service import MemoryRound, PromptSpec, Reply
 from gateway.generation.titles import title_later
 from gateway.platform import metrics
 from gateway.platform.event_log import log_event
-from gateway.platform.idempotency import StoredResponse
 from gateway.platform.storage.conversations import MessageStatus
 from gateway.platform.storage.writer import MessageWriter
 from gateway.platform.token_quota import TokenAccount
@@ -95,29 +95,8 @@ async def chat_completions(request: Request) -> Response:
         raise api_error_from_validation(exc) from None
     svc.require_model(chat.model)
     svc.require_ready()
-
-    idempotency_key = request.headers.get("idempotency-key")
-    if idempotency_key:
-        stored = await svc.idempotency.begin(principal.key_id, idempotency_key, body)
-        if stored is not None:
-            return Response(stored.body, stored.status, {**stored.headers, "idempotent-replayed": "true"}, stored.media_type)
-
-    try:
-        response = await _complete(svc, chat, headers, request, principal.key_id)
-    except BaseException:
-        if idempotency_key:
-            await svc.idempotency.finish(principal.key_id, idempotency_key, None)
-        raise
-    if idempotency_key and not isinstance(response, StreamingResponse):
-        await svc.idempotency.finish(
-            principal.key_id,
-            idempotency_key,
-            StoredResponse(response.status_code, "application/json", bytes(response.body), headers),
-        )
-    elif idempotency_key:
-        # A stream cannot be replayed byte for byte once sent; a retry after it runs again.
-        await svc.idempotency.finish(principal.key_id, idempotency_key, None)
-    return response
+    return await idempotent(svc, request, principal.key_id, body, headers,
+                            lambda: _complete(svc, chat, headers, request, principal.key_id))
 
 
 def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.api.http_bodies import read_json_object
+from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
@@ -49,10 +50,16 @@ async def create_response(request: Request) -> Response:
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
         return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
-    _, payload = await read_json_object(request)
+    raw, payload = await read_json_object(request)
     body = parse_response_request(payload)
     svc.require_model(body.model)
-    run = await ResponseRun.prepare(_deps(svc, principal.key_id), body, principal.key_id)
+    return await idempotent(svc, request, principal.key_id, raw, headers,
+                            lambda: _respond(svc, request, body, principal.key_id, headers))
+
+
+async def _respond(svc: Services, request: Request, body: ResponseCreateRequest, owner: str,
+                   headers: dict[str, str]) -> Response:
+    run = await ResponseRun.prepare(_deps(svc, owner), body, owner)
     if run.reservation_headers:
         headers = {**headers, **run.reservation_headers}
     if body.store is not False:
@@ -60,7 +67,7 @@ async def create_response(request: Request) -> Response:
     if body.stream:
         # Produced in a task of its own, readable again with Last-Event-ID (stream_hub.py); one whose items go
         # into a conversation runs to its end without its client, as a chat completion's does.
-        buffer = svc.streams.start(run.state.id, principal.key_id, _sse(svc, run), request=await stream_request(request),
+        buffer = svc.streams.start(run.state.id, owner, _sse(svc, run), request=await stream_request(request),
                                    runs_to_end=body.conversation is not None)
         return sse_response(svc.streams.read(buffer), headers)
     try:
