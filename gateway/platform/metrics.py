@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from inference.cpu import core_seconds
 
 REGISTRY = CollectorRegistry()
 
@@ -88,3 +90,22 @@ ENGINE = StatsCollector("gateway_engine_", "LLM engine")  # prefix cache hits, q
 ASR = StatsCollector("gateway_asr_", "ASR")  # short-window decodes and their retries over 30 s
 REGISTRY.register(ENGINE)
 REGISTRY.register(ASR)
+
+
+class CoreSecondsCollector(Collector):
+    """The core-seconds each kind of model work has held (inference/cpu.py): `gateway bench --sessions 1,2,4`
+    divides their growth over a level by its turns, beside the process's own CPU seconds."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("gateway_core_seconds", "Core-seconds held by model work (a call's wall time "
+                                     "times the cores it runs on), by kind of work", labels=["work"])
+        for work, seconds in sorted(core_seconds().items()):
+            family.add_metric([work], seconds)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+REGISTRY.register(CoreSecondsCollector())
+ProcessCollector(registry=REGISTRY)  # process_cpu_seconds_total, resident memory, open files

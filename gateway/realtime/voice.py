@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -60,6 +61,7 @@ from gateway.realtime.preemption import Preemption
 from gateway.realtime.responses import Responses
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
+from inference.cpu import charge
 from inference.llm.chat import ChatMessage, draft_prompt_ids
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
@@ -252,13 +254,22 @@ class VoicePipeline:
             return
         try:
             events = await asyncio.get_running_loop().run_in_executor(
-                self.runtime.vad_executor, self.vad.process, AudioChunk(pcm, RATE))
+                self.runtime.vad_executor, self._vad_process, AudioChunk(pcm, RATE))
         except Exception:
             log.exception("VAD failed in session %s", self.session.id)
             return
         for event in events:
             await self._on_vad(event)
         await self._after_audio()
+
+    def _vad_process(self, chunk: AudioChunk) -> list[VadEvent]:
+        """On the VAD's worker thread; its time is charged to the VAD (not declared busy: it never makes the
+        LLM engine give up a core, being short and constant)."""
+        started = time.perf_counter()
+        try:
+            return self.vad.process(chunk)
+        finally:
+            charge("vad", time.perf_counter() - started)
 
     async def _on_vad(self, event: VadEvent) -> None:
         if isinstance(event, SpeechStarted):
@@ -317,7 +328,8 @@ class VoicePipeline:
         turn = self.turn
         if turn is None or turn.item_id != item_id:
             return
-        turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True))
+        turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True,
+                                                        work="asr_speculative"))
         turn.jobs.append((self.buffer.end, turn.speculative))
         if preempt:
             turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
@@ -360,11 +372,11 @@ class VoicePipeline:
 
     # -- transcription ------------------------------------------------------------------------
 
-    async def _transcribe(self, audio: np.ndarray, *, final: bool) -> Transcript | None:
+    async def _transcribe(self, audio: np.ndarray, *, final: bool, work: str | None = None) -> Transcript | None:
         assert self.runtime.asr is not None
         pcm = AudioChunk(audio, RATE).to_float32()
         prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
-        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id)
+        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id, work=work)
         if transcript is not None:
             metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
             log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session.id,

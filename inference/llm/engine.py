@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from inference.cpu import wait_for_exclusive_work
+from inference.cpu import charge, wait_for_exclusive_work
 
 from .backend import (
     DEFAULT_SAMPLING,
@@ -464,13 +464,16 @@ class LLMEngine:
         before a pass completes, so re-running a segment is safe); the culprits fail, the others go on.
         """
         rows_n = plan.rows
-        self.threads.before_step(rows_n)
+        threads = self.threads.before_step(rows_n)
         t0 = time.perf_counter()
         try:
             logits = self.runner.execute(plan)
             if logits.device.type != "cpu":
                 torch.cuda.synchronize(logits.device)
-            self.threads.after_step(rows_n, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.threads.after_step(rows_n, seconds)
+            if logits.device.type == "cpu":
+                charge("llm", threads * seconds)
             return logits, set()
         except Exception as exc:
             if len(plan.segments) == 1:
