@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import sys
 import threading
 import time
 import zlib
@@ -105,6 +107,29 @@ class LongTranscription:
 T = TypeVar("T")
 
 
+def import_ctranslate2(threads: int) -> Any:
+    """CTranslate2, with the copy of libgomp its wheel carries started at `threads` OpenMP threads.
+
+    `cpu_threads` does not bound the OpenMP team of CTranslate2's kernels: with cpu_threads=1 on a 2-core
+    CPU a tiny.en call of a 3 s question kept both cores busy (0.22 CPU-s a call for 0.12 s of wall time,
+    measured) and ran no faster than on one (OMP_NUM_THREADS=1: 0.10-0.11 s for 0.10 CPU-s), taking a core
+    from the LLM and Piper for nothing. libgomp reads OMP_NUM_THREADS once, when it loads, so the variable
+    is set around the first import only and put back: torch's libgomp and the engine's kernels keep theirs.
+    Once CTranslate2 is imported (by anything), this changes nothing."""
+    if "ctranslate2" in sys.modules:
+        return sys.modules["ctranslate2"]
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
+    try:
+        import ctranslate2
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+    return ctranslate2
+
+
 @dataclass(eq=False)
 class _Call:
     """Background work: runs after every live final and partial."""
@@ -120,6 +145,7 @@ class _Job:
     final: bool
     prompt: str | None
     stream: str
+    work: str  # what its core-seconds are charged to (inference/cpu.py)
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Transcript | None]
     submitted: float = field(default_factory=time.perf_counter)
@@ -180,6 +206,7 @@ class AsrEngine:
         warmup: bool = True,
     ) -> AsrEngine:
         """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
+        import_ctranslate2(threads)
         from inference.whisper_fallback import KeepingWhisperModel
 
         started = time.perf_counter()
@@ -198,15 +225,18 @@ class AsrEngine:
         return engine
 
     async def transcribe(
-        self, audio: np.ndarray, *, final: bool, prompt: str | None = None, stream: str = ""
+        self, audio: np.ndarray, *, final: bool, prompt: str | None = None, stream: str = "",
+        work: str | None = None,
     ) -> Transcript | None:
-        """audio: float32 mono 16 kHz. None for a partial superseded before it ran, or a job still queued at close()."""
+        """audio: float32 mono 16 kHz. None for a partial superseded before it ran, or a job still queued at close().
+        `work`: what the call's core-seconds are charged to (default asr_final or asr_partial)."""
         if self._closed:
             raise RuntimeError("AsrEngine is closed")
         if audio.ndim != 1:
             raise ValueError(f"ASR takes mono audio, got shape {audio.shape}")
         loop = asyncio.get_running_loop()
-        job = _Job(np.asarray(audio, dtype=np.float32), final, prompt, stream, loop, loop.create_future())
+        work = work or ("asr_final" if final else "asr_partial")
+        job = _Job(np.asarray(audio, dtype=np.float32), final, prompt, stream, work, loop, loop.create_future())
         with self._lock:
             if final:
                 self._finals.append(job)
@@ -281,7 +311,7 @@ class AsrEngine:
         temperatures = FALLBACK_TEMPERATURES if temperature == 0.0 else (temperature,)
 
         def start() -> tuple[Iterator[Any], Any]:
-            with using_cores(self.threads):
+            with using_cores(self.threads, work="asr_file"):
                 return model.transcribe(  # type: ignore[no-any-return]
                     np.asarray(audio, dtype=np.float32), language=language or self.language, beam_size=self.final_beam_size,
                     best_of=1, temperature=temperatures, initial_prompt=prompt or None, word_timestamps=word_timestamps,
@@ -293,7 +323,7 @@ class AsrEngine:
 
     async def _segments(self, segments: Iterator[Any]) -> AsyncGenerator[Segment, None]:
         def step() -> Any:
-            with using_cores(self.threads):
+            with using_cores(self.threads, work="asr_file"):
                 return next(segments, None)
 
         try:
@@ -325,7 +355,7 @@ class AsrEngine:
             return
         waited = time.perf_counter() - job.submitted
         try:
-            with using_cores(self.threads):
+            with using_cores(self.threads, work=job.work):
                 text, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")

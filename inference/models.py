@@ -109,12 +109,16 @@ def load_on(wanted: str, device: Literal["cpu", "cuda"], load: Callable[[Literal
         return load("cpu")
 
 
-def asr_device(wanted: str) -> Literal["cpu", "cuda"]:
-    """faster-whisper's device: CUDA where both torch and CTranslate2 (its runtime) see a GPU."""
+def asr_device(wanted: str, threads: int = 1) -> Literal["cpu", "cuda"]:
+    """faster-whisper's device: CUDA where both torch and CTranslate2 (its runtime) see a GPU. `threads`: the ASR's
+    CPU threads, which CTranslate2's OpenMP runtime is started with if this imports it first (inference/asr.py)."""
     if wanted == "cpu":
         return "cpu"
-    import ctranslate2
     import torch
+
+    from inference.asr import import_ctranslate2
+
+    ctranslate2 = import_ctranslate2(threads)
 
     cuda = torch.cuda.is_available() and ctranslate2.get_cuda_device_count() > 0
     return choose_device(wanted, cuda=cuda, option="--asr-device", missing="torch or CTranslate2 sees no CUDA device")

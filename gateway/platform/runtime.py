@@ -219,7 +219,7 @@ class Runtime:
 
         assert self.paths is not None
         paths, settings = self.paths, self.settings
-        self.asr = load_on(settings.asr_device, asr_device(settings.asr_device), lambda device: AsrEngine.load(
+        self.asr = load_on(settings.asr_device, asr_device(settings.asr_device, settings.asr_threads), lambda device: AsrEngine.load(
             paths.asr, device=device, threads=settings.asr_threads, window_s=settings.asr_window_s), "faster-whisper")
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
