@@ -231,18 +231,25 @@ class ResponseRunner:
         assert self.tts is not None and self.speech is not None
         response_id = self.events.response_id
         first = True
+        # When the audio written so far will have played (time.monotonic()), were the listener to play it as it
+        # comes: a later clause is due then, and the TTS worker serves other replies' first clauses before it.
+        plays_until: float | None = None
         while (clause := await clauses.get()) is not None:
             # Only the first clause can have been spoken ahead, by an adopted preemption.
             made_ahead = None
             if first and self._adopted is not None and self._adopted.speech_speed == self.job.speech_speed:
                 made_ahead = await self._adopted.audio_for(clause)
             speed = self.job.speech_speed
-            audio = self._iterate(made_ahead) if made_ahead is not None else self.tts.synthesize(clause, first_clause=first, speed=speed)
+            audio = (self._iterate(made_ahead) if made_ahead is not None else
+                     self.tts.synthesize(clause, first_clause=first, speed=speed, deadline=plays_until))
             first = False
             synthesis_started = time.perf_counter()
             async for pcm in audio:
                 self.speech.write(pcm)
-                self.feed(SpeechWritten(response_id, 1000.0 * len(pcm) / self.tts.sample_rate))
+                seconds = len(pcm) / self.tts.sample_rate
+                written = time.monotonic()
+                plays_until = max(plays_until or written, written) + seconds
+                self.feed(SpeechWritten(response_id, 1000.0 * seconds))
             if made_ahead is None:
                 metrics.TTS_CLAUSE_SECONDS.observe(time.perf_counter() - synthesis_started)
             self.feed(ClauseSpoken(response_id, clause))

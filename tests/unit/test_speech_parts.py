@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,30 @@ def test_live_hops_run_before_queued_background_hops() -> None:
     finally:
         worker.shutdown()
     assert order == ["live1", "live2", "bg1", "bg2"]
+
+
+def test_live_hops_run_earliest_deadline_first() -> None:
+    """A reply's later clause is due when the audio already sent has played; a first clause (no deadline) is due
+    now, so it goes before later clauses of other replies, but not before a later clause already overdue."""
+    worker = PriorityWorker("test-tts")
+    release, started = threading.Event(), threading.Event()
+    order: list[str] = []
+    now = time.monotonic()
+    try:
+        busy = worker.submit("live", lambda: started.set() or release.wait())
+        assert started.wait(5)
+        futures = [worker.submit("live", lambda name=name: order.append(name), deadline)
+                   for name, deadline in (("later, due in 3 s", now + 3), ("later, due in 1 s", now + 1),
+                                          ("first clause", None), ("overdue", now - 1), ("background", None))]
+        futures.append(worker.submit("background", lambda: order.append("speech endpoint"), now - 10))
+        release.set()
+        busy.result(5)
+        for future in futures:
+            future.result(5)
+    finally:
+        worker.shutdown()
+    assert order == ["overdue", "first clause", "background", "later, due in 1 s", "later, due in 3 s",
+                     "speech endpoint"]
 
 
 def test_shutdown_cancels_queued_hops() -> None:
