@@ -37,6 +37,28 @@ def test_first_chunk_may_end_at_a_clause_once_it_has_four_words() -> None:
     ]
 
 
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_first_chunk_without_punctuation_ends_before_a_phrase_past_eight_words(step: int) -> None:
+    assert feed("The tallest mountain on Earth is Mount Everest which rises far above the clouds.", step) == [
+        "The tallest mountain on Earth is Mount Everest",
+        "which rises far above the clouds.",
+    ]
+    # No phrase opener within reach: after the eighth word.
+    assert feed("Red green blue yellow purple orange pink brown black white.", step) == [
+        "Red green blue yellow purple orange pink brown",
+        "black white.",
+    ]
+
+
+def test_a_short_first_chunk_waits_for_its_last_word_and_leaves_later_sentences_whole() -> None:
+    s = ClauseSplitter()
+    assert s.push("one two three four five six seven eight nine") == []  # "nine" may go on: "ninety"
+    assert s.push(" ten") == ["one two three four five six seven eight"]
+    later = "nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen"
+    assert s.push(f" {later} ") == []  # only a first chunk is cut short
+    assert s.flush() == [f"nine ten {later}"]
+
+
 def test_later_chunks_cut_clauses_only_when_long() -> None:
     long_clause = "this clause keeps going on and on with many words that make it long enough to pass the limit of one hundred and twenty characters"
     text = f"Short start here. Then {long_clause}, and more words. Done."
@@ -49,7 +71,7 @@ def test_later_chunks_cut_clauses_only_when_long() -> None:
     [
         ("Ask Dr. Smith about it. He knows.", ["Ask Dr. Smith about it.", "He knows."]),
         ("Bring fruit, e.g. apples, and i.e. nothing else. Thanks.", ["Bring fruit, e.g. apples,", "and i.e. nothing else.", "Thanks."]),
-        ("Pi is about 3.14 and e is 2.72 or so. Right.", ["Pi is about 3.14 and e is 2.72 or so.", "Right."]),
+        ("Yes. Pi is about 3.14 and e is 2.72 or so. Right.", ["Yes.", "Pi is about 3.14 and e is 2.72 or so.", "Right."]),
         ("J. R. R. Tolkien wrote it. Yes.", ["J. R. R. Tolkien wrote it.", "Yes."]),
         ("It costs 5. Then we go.", ["It costs 5.", "Then we go."]),
         ("Wait... what? Oh!", ["Wait...", "what?", "Oh!"]),
@@ -99,3 +121,16 @@ def test_clean_for_speech() -> None:
     assert clean_for_speech("  **bold**   and __under__  ") == "bold and under"
     assert clean_for_speech("***") == ""
     assert clean_for_speech("?!") == ""
+
+
+@pytest.mark.parametrize("text", [
+    "One two three four five six seven eight nine ten, eleven twelve.",
+    "Well, I think so.",
+    "A mountain is a large landform that rises above the land around it, usually with a peak.",
+    "Sure! Here are three colours: red, green and blue.",
+])
+def test_the_chunks_do_not_depend_on_how_the_text_is_split_into_deltas(text: str) -> None:
+    """A reply generated ahead (token by token) and its replay (one delta) must give the same first chunk."""
+    chunks = feed(text, 1000)
+    for step in (1, 2, 3, 5):
+        assert feed(text, step) == chunks
