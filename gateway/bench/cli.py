@@ -11,9 +11,11 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 
 from gateway.bench.clients import BenchError
-from gateway.bench.runner import QUESTIONS, BenchConfig, run, run_compare
+from gateway.bench.ladder import parse_sessions
+from gateway.bench.runner import QUESTIONS, BenchConfig, run, run_compare, run_ladder
 
 DEFAULT_TURNS = 3
+MAX_SESSIONS = 10_000
 
 
 class Bench(BaseModel):
@@ -26,7 +28,10 @@ class Bench(BaseModel):
         "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel).")
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
-    sessions: int = Field(4, ge=1, le=10_000, description="Sessions (chat: conversations) run at once.")
+    sessions: str = Field("4", description="Sessions (chat: conversations) run at once; several counts, as "
+                          "1,2,4,8, run a capacity ladder: one run per count, in turn, each in --out/sessions-N/, "
+                          "and ladder.json and ladder.png in --out (latency, stages, turns lost and the server's "
+                          "core-seconds per turn, level by level).")
     turns: int | None = Field(None, ge=1, le=100_000, description=f"Turns per session (default {DEFAULT_TURNS}; "
                               "with --duration: no limit but the duration's).")
     ramp: float = Field(0.0, ge=0, description="Sessions started per second (0: all at once).")
@@ -70,12 +75,16 @@ class Bench(BaseModel):
                 raise BenchError("--barge-in-after-ms needs --barge-in")
             if self.audio is not None and self.prompt_file is not None:
                 raise BenchError("--audio gives the spoken questions: --prompt-file has no use with it")
-            asyncio.run(run(self._config(), console))
+            levels = parse_sessions(self.sessions)
+            if any(level > MAX_SESSIONS for level in levels):
+                raise BenchError(f"--sessions counts are at most {MAX_SESSIONS}")
+            config = self._config(levels[0])
+            asyncio.run(run(config, console) if len(levels) == 1 else run_ladder(config, levels, console))
         except (BenchError, ValueError) as exc:
             print(f"gateway bench: {exc}", file=sys.stderr)
             sys.exit(2)
 
-    def _config(self) -> BenchConfig:
+    def _config(self, sessions: int) -> BenchConfig:
         prompts: tuple[str, ...] = QUESTIONS
         if self.prompt_file is not None:
             try:
@@ -85,7 +94,7 @@ class Bench(BaseModel):
             if not prompts:
                 raise BenchError(f"--prompt-file {self.prompt_file} holds no question")
         return BenchConfig(url=self.url or "", mode=self.mode, model=self.model, api_key=self.api_key,
-                           sessions=self.sessions, turns=self._turns(), ramp=self.ramp, duration=self.duration,
+                           sessions=sessions, turns=self._turns(), ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
                            max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio,
                            barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms)

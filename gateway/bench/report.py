@@ -23,7 +23,8 @@ COMPARED = (*METRICS, "tokens_per_s", "audio_rtf")  # the summaries --compare pu
 
 
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
-                 overhead: dict[str, Any], interrupted: bool, clock: ClockOffset | None) -> dict[str, Any]:
+                 overhead: dict[str, Any], interrupted: bool, clock: ClockOffset | None,
+                 core_seconds_per_turn: dict[str, float] | None = None) -> dict[str, Any]:
     ok = [turn for turn in turns if turn.error is None]
     rates = [rate for turn in ok if (rate := turn.tokens_per_s) is not None]
     stages = {stage: summarize(values) for stage in STAGES if (values := stage_values(turns, stage))}
@@ -40,6 +41,9 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         # The server's latency marks per stage (stages.py), and the clock offset behind the cross-clock ones.
         "server_stages_ms": stages,
         "clock_offset": clock.public() if clock is not None else None,
+        # The server's core-seconds per turn by kind of work, and its process's CPU seconds (ladder.py); None
+        # where the server has no such /metrics.
+        "server_core_seconds_per_turn": core_seconds_per_turn,
         "overhead": overhead,
     }
 

@@ -27,6 +27,7 @@ from rich.live import Live
 
 from gateway.bench.audio import spoken_questions, wav_questions
 from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target, probe_clock
+from gateway.bench.ladder import build_ladder, host_cpu, per_turn, print_ladder, read_core_seconds, write_ladder
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
 from gateway.bench.voice import VOICE_RATE, RealtimeVoiceClient, SpokenClient
@@ -329,6 +330,24 @@ async def run(config: BenchConfig, console: Console) -> dict[str, Any]:
         loop.remove_signal_handler(signal.SIGINT)
 
 
+async def run_ladder(config: BenchConfig, levels: list[int], console: Console) -> dict[str, Any]:
+    """The same workload at each session count in turn, each level's report in `sessions-N/` of --out, and the
+    ladder's (ladder.json, ladder.png) in --out. Ctrl-C ends the level under way as a run's, and the ladder there."""
+    reports = []
+    for sessions in levels:
+        console.print(f"ladder: {sessions} session{'s' if sessions > 1 else ''}")
+        report = await run(dataclasses.replace(config, sessions=sessions, out=config.out / f"sessions-{sessions}"),
+                           console)
+        reports.append(report)
+        if report["interrupted"]:
+            break
+    ladder = build_ladder(reports, host_cpu())
+    print_ladder(ladder, console)
+    write_ladder(config.out, ladder)
+    console.print(f"ladder: {config.out / 'ladder.json'}, {config.out / 'ladder.png'}")
+    return ladder
+
+
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -340,14 +359,19 @@ async def _run(config: BenchConfig, target: Target, interrupt: Interrupt, consol
         prepared = await _unless_stopped(interrupt.stop, _prepare(config, target, http))
         cpu_before = _cpu_s()  # the run's own CPU, not the questions' synthesis
         progress = Progress(spoken=config.spoken)
+        server_before = server_after = None
         if prepared is not None:
             target, questions = prepared
+            server_before = await read_core_seconds(http, target.url, target.headers)
             await _drive(config, target, http, questions, progress, interrupt, console)
+            server_after = await read_core_seconds(http, target.url, target.headers)
     elapsed = progress.elapsed()
     overhead = {"loop_lag_ms": summarize(progress.lags_ms),
                 "cpu_percent": round(100 * (_cpu_s() - cpu_before) / max(elapsed, 1e-9), 1)}
+    turns_ok = sum(1 for turn in progress.turns if turn.error is None)
     report = build_report(progress.turns, config=config.public(), version=_version(), duration_s=elapsed,
-                          overhead=overhead, interrupted=interrupt.stop.is_set(), clock=target.clock)
+                          overhead=overhead, interrupted=interrupt.stop.is_set(), clock=target.clock,
+                          core_seconds_per_turn=per_turn(server_before, server_after, turns_ok))
     write_outputs(config.out, report, progress.turns, progress.concurrency)
     print_table(report, console)
     console.print(f"report: {config.out / 'report.json'}, {config.out / 'turns.csv'}, {config.out / 'report.html'}")
