@@ -77,11 +77,25 @@ def check_stages(out: Path, report: dict, stages: tuple[str, ...], measured: str
     return summaries
 
 
-def chat_ttft_totals(url: str) -> tuple[float, float]:
+def chat_ttft_count(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    total = float(re.search(r"^gateway_chat_time_to_first_token_seconds_sum (\S+)", text, re.M).group(1))
-    count = float(re.search(r"^gateway_chat_time_to_first_token_seconds_count (\S+)", text, re.M).group(1))
-    return total, count
+    return float(re.search(r"^gateway_chat_time_to_first_token_seconds_count (\S+)", text, re.M).group(1))
+
+
+def served_chat_ttfts_ms(log_path: Path, after_bytes: int, count: int) -> list[float]:
+    """The gateway's own TTFT (submitted to the engine -> first token) of each streamed chat completion it
+    logged after the first `after_bytes` of its log, once there are `count` of them (a record may be written
+    just after its stream's last chunk went out)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with log_path.open("rb") as f:
+            f.seek(after_bytes)
+            lines = f.read().decode(errors="replace").splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{") and line.endswith("}")]
+        found = [r["ttft_ms"] for r in records if r.get("event") == "chat.completion" and r.get("stream")]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def test_text_and_chat_runs_write_their_report_and_compare(gateway: GatewayProcess, tmp_path: Path) -> None:
@@ -95,7 +109,7 @@ def test_text_and_chat_runs_write_their_report_and_compare(gateway: GatewayProce
     # Loopback, clock-corrected: well under a second (a busy 2-core machine's event loops add hundreds of ms).
     assert stages["uplink"]["max"] < 1000 and stages["downlink"]["max"] < 1000
 
-    before = chat_ttft_totals(gateway.url)
+    before, log_size = chat_ttft_count(gateway.url), gateway.log_path.stat().st_size
     chat = bench("--url", gateway.url, "--mode", "chat", "--model", MODEL, "--sessions", "2", "--turns", "2",
                  "--system-prompt-tokens", "200", "--out", str(tmp_path / "chat"))
     assert chat.returncode == 0, chat.stderr
@@ -103,12 +117,22 @@ def test_text_and_chat_runs_write_their_report_and_compare(gateway: GatewayProce
     # Chat Completions carry no latency marks: no stages, no clock, no plot of them.
     assert report["server_stages_ms"] == {} and report["clock_offset"] is None
     assert not (tmp_path / "chat" / "stages.png").exists()
-    # The independent measurement: the server's own TTFT of the same requests (the run's 4 turns and its
-    # preflight request), from /metrics. The client's is that plus the HTTP round trip on loopback.
-    after = chat_ttft_totals(gateway.url)
-    server_mean_ms = 1000 * (after[0] - before[0]) / (after[1] - before[1])
-    assert after[1] - before[1] == 5
-    assert server_mean_ms - 5 <= report["ttft_ms"]["mean"] <= server_mean_ms + 100, (server_mean_ms, report["ttft_ms"])
+    # The independent measurement: the server's own TTFT of the same requests (the run's 4 streamed turns; its
+    # preflight request is not streamed), from the gateway's log. Each client's TTFT spans its request's on the
+    # server (sent before it was submitted, its first delta read after the first token was made), so, sorted,
+    # each of the client's is at least the server's of the same rank, however busy the machine is. How much
+    # more is the loopback and the two processes' scheduling: a benchmark's figure, not asserted here.
+    served = sorted(served_chat_ttfts_ms(gateway.log_path, log_size, 4))
+    assert chat_ttft_count(gateway.url) - before == 5  # the 4 turns and the preflight
+    with (tmp_path / "chat" / "turns.csv").open() as f:
+        turns = list(csv.DictReader(f))
+    measured = sorted(float(row["ttft_ms"]) for row in turns)
+    assert len(served) == 4 and all(c >= s - 1 for c, s in zip(measured, served, strict=True)), (measured, served)
+    assert report["ttft_ms"]["mean"] == pytest.approx(sum(measured) / 4, abs=0.1)
+    # TTFT is the first delta's time: that and the gaps after it fit in the turn's total time.
+    for row in turns:
+        gaps = float(row["itl_ms"] or 0) * (int(row["output_tokens"]) - 1)
+        assert 0 < float(row["ttft_ms"]) and float(row["ttft_ms"]) + gaps <= float(row["total_ms"]) + 1, row
 
     compared = bench("--compare", str(tmp_path / "text" / "report.json"), str(tmp_path / "chat" / "report.json"),
                      "--out", str(tmp_path / "compare"))
