@@ -4,6 +4,7 @@ tool results), output stopped mid-stream (chat, Realtime text and voice), and lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import os
@@ -317,15 +318,23 @@ async def test_logs_hold_no_personal_data(which: str, request: pytest.FixtureReq
 
 
 class Moderation(http.server.BaseHTTPRequestHandler):
-    """OpenAI's /v1/moderations shape, slowly: flags any text with "dragon" in it after DELAY_S."""
+    """OpenAI's /v1/moderations shape, slowly: flags any text with "dragon" in it after DELAY_S; or, while a test
+    holds the verdicts (held_verdicts), only once the test lets them go."""
 
     DELAY_S = 0.6
+    HOLD_S = 30.0  # a held verdict goes out by itself after this, and is counted in `held_too_long`
     inputs: list[str] = []
+    hold: threading.Event | None = None
+    held_too_long: list[str] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         Moderation.inputs.append(body["input"])
-        time.sleep(self.DELAY_S)
+        hold = Moderation.hold
+        if hold is None:
+            time.sleep(self.DELAY_S)
+        elif not hold.wait(self.HOLD_S):
+            Moderation.held_too_long.append(body["input"])
         flagged = "dragon" in body["input"].lower()
         answer = json.dumps({"id": "modr-1", "model": "test", "results": [
             {"flagged": flagged, "categories": {"violence": flagged}, "category_scores": {"violence": 0.9 * flagged}}]})
@@ -339,14 +348,31 @@ class Moderation(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def held_verdicts() -> Iterator[threading.Event]:
+    """No verdict goes out until the test sets the event it is given. A test that sets it once it has seen the
+    reply's first text knows, whatever the machine's speed, that the reply did not wait for the classifier
+    (one that waited would show no text until HOLD_S ran out: `held_too_long`)."""
+    release = threading.Event()
+    Moderation.inputs.clear()
+    Moderation.held_too_long.clear()
+    Moderation.hold = release
+    try:
+        yield release
+    finally:
+        Moderation.hold = None
+        release.set()
+
+
 @pytest.fixture(scope="module")
 def moderated_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Moderation)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/moderations"
-    process = start_gateway("--safety-classifier", url, "--no-load-voice-models",
-                            log_path=tmp_path_factory.mktemp("moderated") / "gateway.log")
+    # A verdict held by a test is not given up on (fail open) before the test lets it go.
+    process = start_gateway("--safety-classifier", url, "--safety-classifier-timeout-s", str(2 * Moderation.HOLD_S),
+                            "--no-load-voice-models", log_path=tmp_path_factory.mktemp("moderated") / "gateway.log")
     warm = httpx.post(f"{process.url}/v1/chat/completions", timeout=60,  # a fresh engine's first steps are slow
                       json={"model": MODEL, "max_tokens": 4, "messages": ask("Hello!")})
     assert warm.status_code == 200
@@ -358,17 +384,16 @@ def moderated_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
 
 def test_a_slow_classifier_runs_beside_and_stops_the_reply(moderated_gateway: GatewayProcess) -> None:
     client = openai.OpenAI(base_url=f"{moderated_gateway.url}/v1", api_key="unused", max_retries=0)
-    Moderation.inputs.clear()
-    started = time.monotonic()
-    first_text = None
     chunks = []
-    for chunk in client.chat.completions.create(model=MODEL, messages=ask("Tell me a long story about a dragon."),
-                                                temperature=0, max_tokens=400, stream=True,
-                                                stream_options={"include_usage": True}):
-        chunks.append(chunk)
-        if first_text is None and chunk.choices and chunk.choices[0].delta.content:
-            first_text = time.monotonic() - started
-    assert first_text is not None and first_text < Moderation.DELAY_S  # the first token never waited for it
+    with held_verdicts() as release:
+        for chunk in client.chat.completions.create(model=MODEL, messages=ask("Tell me a long story about a dragon."),
+                                                    temperature=0, max_tokens=400, stream=True,
+                                                    stream_options={"include_usage": True}):
+            chunks.append(chunk)
+            if chunk.choices and chunk.choices[0].delta.content:
+                release.set()  # text came while the verdict on the question was held: it did not wait for it
+        held_too_long = list(Moderation.held_too_long)
+    assert release.is_set() and held_too_long == []  # the first token never waited for the classifier
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert reasons == ["content_filter"]
     usage = chunks[-1].usage
@@ -389,13 +414,22 @@ async def test_realtime_reply_stopped_by_the_classifier(moderated_gateway: Gatew
     client = await RealtimeClient.connect(f"{moderated_gateway.ws_url}/v1/realtime?model={MODEL}")
     await client.wait_for("session.created")
     await client.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
-    done = await client.ask("Tell me a long story about a dragon.", max_output_tokens=400)
+    with held_verdicts() as release:
+        await client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a long story about a dragon."}]}})
+        await client.send({"type": "response.create", "response": {"max_output_tokens": 400}})
+        await client.wait_for("response.output_text.delta")
+        release.set()  # the reply's text came while the verdict on the question was held
+        done = await client.wait_for("response.done")
+        held_too_long = list(Moderation.held_too_long)
     await client.close()
+    assert held_too_long == [] and Moderation.inputs[0] == "Tell me a long story about a dragon."
     response = done["response"]
     assert response["status"] == "incomplete" and response["status_details"]["reason"] == "content_filter"
-    assert response["usage"]["output_tokens"] < 400
+    assert 0 < response["usage"]["output_tokens"] < 400  # begun before the verdict, stopped by it
+    assert response["output"][0]["content"][0]["text"]
     marks = json.loads(response["metadata"]["gateway_latency"])
-    assert marks["classifier_done_ms"] >= Moderation.DELAY_S * 1000 > marks["first_token_ms"]
+    assert marks["first_token_ms"] < marks["classifier_done_ms"]
 
 
 def test_streaming_conversation_api(safe_gateway: GatewayProcess) -> None:
