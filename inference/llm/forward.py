@@ -458,6 +458,10 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp32 = self.dtype == torch.float32
+        # Logits leave the forward in float32, or float64 for a float64 model: rounding them to float32
+        # would put a float32 unit (6e-8 of a logit) on differences that float64 keeps at 1e-16, so a
+        # float64 comparison could no longer tell a defect from a kernel chosen by the number of rows.
+        self.logits_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self._silu_mlp = getattr(config, "hidden_act", None) in ("silu", "swish")
         # A step's layers in one C call where every part of them runs on the engine's kernels
         # (layer_stack.py); the loop in forward() otherwise.
@@ -666,7 +670,8 @@ class LeanForward:
         segments: Sequence[Segment],
         logit_rows: Sequence[int] | torch.Tensor,
     ) -> torch.Tensor:
-        """Run one step over ``T`` new tokens and return float32 logits for ``logit_rows``.
+        """Run one step over ``T`` new tokens and return the logits of ``logit_rows`` (float32; float64
+        for a float64 model: ``logits_dtype``).
 
         ``token_ids``/``positions`` (``[T]``, on the model's device) list the new tokens segment by
         segment. Single-token segments (decoding) come first, in increasing slot order; prompt chunks
@@ -732,11 +737,11 @@ class LeanForward:
             rows = logit_rows
         else:
             if len(logit_rows) == 0:
-                return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+                return torch.empty((0, self.vocab_size), dtype=self.logits_dtype, device=self.device)
             rows = torch.tensor(list(logit_rows), dtype=torch.long, device=self.device)
         hs = self._norm(x.index_select(0, rows), self.final_norm, self.final_eps)
         logits = self._lin_head(hs, self.head)
-        return logits.float()
+        return logits.to(self.logits_dtype)
 
     @torch.inference_mode()
     def decode_static(self, kv: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
@@ -749,7 +754,7 @@ class LeanForward:
         ``write_slots[i]`` (a padding row writes the pool's scratch slot and reads one position).
         Nothing reads a host value, and every shape depends only on ``(B, length)``. ``kv`` is the
         pool's tensor; positions ``[0, length)`` of slots ``0..B-1`` must hold finite numbers. Returns
-        float32 logits ``[B, vocab]``; the caller records the slots' new lengths."""
+        logits ``[B, vocab]`` in ``logits_dtype``; the caller records the slots' new lengths."""
         if self._attention_lib is not None:
             raise ValueError("decode_static runs on sdpa; this forward attends on the engine's kernels")
         H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
@@ -775,4 +780,4 @@ class LeanForward:
             gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
             x = self._residual_lin(x, gu, L.down, gate=L.act)
         hs = self._norm(x, self.final_norm, self.final_eps)
-        return self._lin_head(hs, self.head).float()
+        return self._lin_head(hs, self.head).to(self.logits_dtype)

@@ -141,7 +141,7 @@ class ModelRunner:
 
     # -- a step ----------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """The float32 logits of ``plan.logit_rows``, in that order. A step that raises may be run again,
+        """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``). A step that raises may be run again,
         whole or a request at a time (the engine's fallback): each row writes its KV at its own
         position, and a slot's length only grows to what was written."""
         pool = self.kv.pool
@@ -166,7 +166,7 @@ class ModelRunner:
                                            torch.tensor(plan.positions[n_dec:], dtype=torch.long, device=dev),
                                            plan.segments[n_dec:], local))
         if not pieces:
-            return torch.empty((0, self.fwd.vocab_size), dtype=torch.float32, device=dev)
+            return torch.empty((0, self.fwd.vocab_size), dtype=self.fwd.logits_dtype, device=dev)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def _decode(self, plan: StepPlan, n_dec: int) -> torch.Tensor:

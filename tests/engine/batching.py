@@ -45,7 +45,8 @@ def _pool(fwd: LeanForward, slots: int, longest: int) -> KVPool:
 
 
 def run_solo(fwd: LeanForward, work: Workload, i: int) -> torch.Tensor:
-    """Request ``i`` alone: its prompt in one step, then one token a step. ``[steps + 1, vocab]``."""
+    """Request ``i`` alone: its prompt in one step, then one token a step. ``[steps + 1, vocab]``, in the
+    forward's ``logits_dtype`` (float64 stays float64)."""
     prompt, feed = work.prompts[i], work.feeds[i]
     dev = fwd.device
     pool = _pool(fwd, 1, len(prompt) + len(feed))
@@ -54,7 +55,7 @@ def run_solo(fwd: LeanForward, work: Workload, i: int) -> torch.Tensor:
     for t in range(len(feed)):
         pos = torch.tensor([n + t], device=dev)
         out.append(fwd.forward(pool, feed[t : t + 1].to(dev), pos, [Segment(0, n + t, 1)], [0])[0])
-    return torch.stack(out).float().cpu()
+    return torch.stack(out).cpu()
 
 
 def run_batched(fwd: LeanForward, work: Workload, position_offset: int = 0) -> list[torch.Tensor]:
@@ -103,7 +104,7 @@ def run_batched(fwd: LeanForward, work: Workload, position_offset: int = 0) -> l
         logits = fwd.forward(pool, torch.cat(ids).to(dev), torch.cat(positions).to(dev), segments, rows)
         for r, i in enumerate(owners):
             outs[i].append(logits[r])
-    return [torch.stack(o).float().cpu() for o in outs]
+    return [torch.stack(o).cpu() for o in outs]
 
 
 def reference_logits(model: torch.nn.Module, work: Workload, i: int) -> torch.Tensor:
@@ -112,7 +113,7 @@ def reference_logits(model: torch.nn.Module, work: Workload, i: int) -> torch.Te
     seq = torch.cat([work.prompts[i], work.feeds[i]]).unsqueeze(0).to(model.device)
     with torch.inference_mode():
         logits = model(seq).logits[0]
-    return logits[len(work.prompts[i]) - 1 :].float().cpu()
+    return logits[len(work.prompts[i]) - 1 :].double().cpu()
 
 
 def agreeing_prefix(a: list[int], b: list[int]) -> int:

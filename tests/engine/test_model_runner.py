@@ -95,12 +95,17 @@ def _run(fwd: LeanForward, static: bool, steps) -> tuple[list[torch.Tensor], tor
     for _ in range(5):
         kv.allocate()
     runner = ModelRunner(fwd, kv, static_decode=static)
-    logits = [runner.execute(StepPlan(segments=segs, token_ids=ids, positions=pos, logit_rows=rows)).float().cpu()
-              for segs, ids, pos, rows in steps]
+    logits = []
+    for segs, ids, pos, rows in steps:
+        out = runner.execute(StepPlan(segments=segs, token_ids=ids, positions=pos, logit_rows=rows))
+        # float64 logits for a float64 model, static or eager: rounded to float32 they would differ
+        # by a float32 unit wherever a GPU's kernels differ in the last bits.
+        assert out.dtype == (torch.float64 if fwd.dtype == torch.float64 else torch.float32)
+        logits.append(out.double().cpu())
     pool = kv.pool
     assert pool.data is not None
     written = torch.cat([pool.data[:, :, slot, :, : pool.lengths[slot]].flatten() for slot in range(5)])
-    return logits, written.float().cpu(), runner
+    return logits, written.double().cpu(), runner
 
 
 def _forward(device: str, dtype: torch.dtype, shape: str = "smollm2-135m") -> LeanForward:
