@@ -13,7 +13,11 @@ Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 - a queued partial of a stream is replaced by a newer one of the same stream (the old one
   resolves to None): a partial is only worth having while it is the latest;
 - background work (POST /v1/audio/transcriptions: `transcribe_long`) runs last, one 30 s window of
-  the file per hop, so a live turn waits for one window's decode at most.
+  the file per hop, so a live turn waits for one window's decode at most;
+- partials are optional work: one due to run while `partials_yield_to()` says that work a user is
+  waiting for is queued elsewhere (a reply's first clause or an overdue clause in Piper, a reply
+  waiting for its first token in the LLM) is dropped instead (it resolves to None, as a superseded one
+  does), so that under load the cores go to the critical path first (`partials_skipped` counts them).
 """
 
 from __future__ import annotations
@@ -118,6 +122,8 @@ def import_ctranslate2(threads: int) -> Any:
     Once CTranslate2 is imported (by anything), this changes nothing."""
     if "ctranslate2" in sys.modules:
         return sys.modules["ctranslate2"]
+    import torch  # noqa: F401  (its libgomp, which the LLM's kernels share, loads first, with the process's setting)
+
     before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
     try:
@@ -176,6 +182,9 @@ class AsrEngine:
         self.compute_type = compute_type  # CTranslate2's: int8 on a CPU, float16 on CUDA
         self.windowed_calls = 0
         self.full_window_retries = 0
+        self.partials_skipped = 0
+        # Whether work a user waits for is queued elsewhere (the runtime wires the TTS and LLM engines' probes).
+        self.partials_yield_to: Callable[[], bool] | None = None
         self._tokenizer: Any = None
         self._suppress: list[int] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
@@ -191,7 +200,8 @@ class AsrEngine:
         return bool(self._model.model.is_multilingual)  # type: ignore[attr-defined]
 
     def stats(self) -> dict[str, float]:
-        return {"windowed_calls": self.windowed_calls, "full_window_retries": self.full_window_retries}
+        return {"windowed_calls": self.windowed_calls, "full_window_retries": self.full_window_retries,
+                "partials_skipped": self.partials_skipped}
 
     @classmethod
     def load(
@@ -264,12 +274,14 @@ class AsrEngine:
         with self._lock:
             if self._finals:
                 return self._finals.popleft()
-            if self._partials:
-                stream = next(iter(self._partials))
-                return self._partials.pop(stream)
-            if self._background:
-                return self._background.popleft()
+            if not self._partials:
+                return self._background.popleft() if self._background else None
+            partial = self._partials.pop(next(iter(self._partials)))
+        if self.partials_yield_to is not None and self.partials_yield_to():
+            self.partials_skipped += 1
+            self._resolve(partial, None)
             return None
+        return partial
 
     async def _in_background(self, call: Callable[[], T]) -> T:
         """Run `call` on the worker once no live job is queued."""

@@ -89,6 +89,11 @@ class PriorityWorker:
             self._ready.notify()
         return future
 
+    def overdue(self) -> bool:
+        """Whether a live hop whose audio is due by now waits in the queue (a first clause always is)."""
+        with self._ready:
+            return bool(self._queue) and self._queue[0].rank == 0 and self._queue[0].deadline <= time.monotonic()
+
     def _loop(self) -> None:
         while True:
             with self._ready:
@@ -154,6 +159,10 @@ class TtsEngine:
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
         self._worker = PriorityWorker("tts")
+
+    def speech_overdue(self) -> bool:
+        """Whether a live session's speech waits for the worker past its deadline: a listener hears silence."""
+        return self._worker.overdue()
 
     @property
     def voice_names(self) -> list[str]:

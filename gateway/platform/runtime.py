@@ -118,6 +118,11 @@ class Runtime:
             self.paths = resolve_model_paths(self.settings.llm_model, self.settings.asr_model, self.settings.tts_voice)
             from inference.llm.threads import run_in_own_thread
 
+            if self.settings.load_voice_models:
+                # Before the loads run side by side: it sets OMP_NUM_THREADS for a moment (inference/asr.py).
+                from inference.asr import import_ctranslate2
+
+                await asyncio.to_thread(import_ctranslate2, self.settings.asr_threads)
             # Its own thread, which exits: torch work there must not leave an OpenMP pool behind.
             loads = [run_in_own_thread(self._load_llm)]
             if self.settings.load_voice_models:
@@ -131,6 +136,7 @@ class Runtime:
             log.exception("model loading failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
+        self._yield_partials()
         self.load_times.total_s = time.monotonic() - started
         log.info(
             "models ready in %.1f s (llm %.1f s%s, asr %.1f s, tts %.1f s) on %s",  # llm cpu, asr cpu/int8, ...
@@ -142,6 +148,18 @@ class Runtime:
             ", ".join(f"{model} {device}" for model, device in self.devices.items()),
         )
         self.ready.set()
+
+    def _yield_partials(self) -> None:
+        """Partial transcripts are optional work: the ASR drops one that is due while a listener waits for speech
+        or a reply waits for its first token (inference/asr.py)."""
+        from inference.llm.engine import LLMEngine
+
+        asr, tts, engine = self.asr, self.tts, self.engine
+        if asr is None:
+            return
+        llm_waits = engine.awaiting_first_token if isinstance(engine, LLMEngine) else None
+        speech_waits = tts.speech_overdue if tts is not None else None
+        asr.partials_yield_to = lambda: bool((speech_waits and speech_waits()) or (llm_waits and llm_waits()))
 
     def _load_llm(self) -> None:
         if self.settings.llm_backend:

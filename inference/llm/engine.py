@@ -219,6 +219,12 @@ class LLMEngine:
             self.scheduler.waiting.append(req)
             self._cond.notify_all()
 
+    def awaiting_first_token(self) -> bool:
+        """Whether a live request that samples still waits for its first token (queued, or in its prefill)."""
+        with self._lock:
+            requests = (*self.scheduler.waiting, *self.scheduler.running)
+        return any(r.generates and not r.background and r.first_token_at is None for r in requests)
+
     def _retry_after(self) -> float:
         per_slot = self._avg_request_s / max(1, self.config.max_batch_size)
         return float(min(30.0, max(0.5, per_slot * (len(self.scheduler.waiting) + 1))))

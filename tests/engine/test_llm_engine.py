@@ -659,3 +659,18 @@ async def test_background_work_waits_for_live_requests_and_runs_one_at_a_time(ma
     first_result, second_result, live_result = [await s.result() for s in (first, second, live)]
     assert live_result.admitted_at < second_result.admitted_at
     assert second_result.admitted_at >= first_result.finished_at, "one background request at a time"
+
+
+async def test_a_reply_awaits_its_first_token_while_queued_and_prefilling_only(make_engine, chat_ids, collect):
+    """What the ASR reads to drop a partial transcript under load: a live reply still without its first token."""
+    engine = make_engine(start=False)
+    assert not engine.awaiting_first_token()
+    reply = asyncio.create_task(collect(engine, chat_ids(("user", "Hi")), SamplingParams(temperature=0.0, max_tokens=3)))
+    for _ in range(100):
+        if engine.awaiting_first_token():
+            break
+        await asyncio.sleep(0.01)
+    assert engine.awaiting_first_token()
+    engine.start()
+    await reply
+    assert not engine.awaiting_first_token()

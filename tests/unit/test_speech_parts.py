@@ -58,6 +58,26 @@ def test_live_hops_run_earliest_deadline_first() -> None:
                      "speech endpoint"]
 
 
+def test_a_worker_is_overdue_while_a_live_hop_past_its_deadline_waits() -> None:
+    worker = PriorityWorker("test-tts")
+    release, started = threading.Event(), threading.Event()
+    try:
+        busy = worker.submit("live", lambda: started.set() or release.wait())
+        assert started.wait(5)
+        assert not worker.overdue()  # running is not waiting
+        later = worker.submit("live", lambda: None, time.monotonic() + 60)
+        background = worker.submit("background", lambda: None)
+        assert not worker.overdue()  # due in a minute, and a background hop is never overdue
+        first_clause = worker.submit("live", lambda: None)
+        assert worker.overdue()
+        release.set()
+        for future in (busy, first_clause, later, background):
+            future.result(5)
+        assert not worker.overdue()
+    finally:
+        worker.shutdown()
+
+
 def test_shutdown_cancels_queued_hops() -> None:
     worker = PriorityWorker("test-tts")
     release, started = threading.Event(), threading.Event()

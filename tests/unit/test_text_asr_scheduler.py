@@ -134,3 +134,26 @@ def test_stabilizer_returns_the_words_two_partials_agree_on() -> None:
     assert s.update("What was the capital") == "What"
     s.reset()
     assert s.stable == "" and s.update("Hello") == ""
+
+
+async def test_a_partial_due_while_a_listener_waits_elsewhere_is_dropped_and_finals_never_are(model_engine) -> None:
+    model, engine = model_engine
+    waiting = True
+    engine.partials_yield_to = lambda: waiting
+    busy = asyncio.create_task(engine.transcribe(audio(1), final=True))
+    await started(model)  # the worker is busy: what follows queues
+    partial = asyncio.create_task(engine.transcribe(audio(2), final=False))
+    final = asyncio.create_task(engine.transcribe(audio(3), final=True))
+    await asyncio.sleep(0.05)
+    model.gate.release()  # busy ends; the final runs first, then the partial would: it is dropped
+    await busy
+    await started(model)
+    model.gate.release()
+    assert (await final).text == "n3"
+    assert await partial is None
+    assert engine.stats()["partials_skipped"] == 1 and model.calls == [1, 3]
+    waiting = False  # nothing waits elsewhere: partials run again
+    later = asyncio.create_task(engine.transcribe(audio(4), final=False))
+    await started(model)
+    model.gate.release()
+    assert (await later).text == "n4" and engine.stats()["partials_skipped"] == 1
