@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import difflib
+import re
 
 import numpy as np
 
@@ -35,3 +37,28 @@ async def transcribe(asr: AsrEngine, audio: AudioChunk) -> str:
     transcript = await asr.transcribe(AudioChunk(pcm16k, 16000).to_float32(), final=True)
     assert transcript is not None
     return transcript.text
+
+
+# Whisper tiny.en mishears a word now and then, and which word depends on the CPU: its kernels round differently
+# on AVX512 and on AVX2 ("What is the capital of France?" was heard as "... of friends?" on an AMD AVX2 host).
+# A test compares what was heard with what was said within this margin, and never asserts that one word was heard.
+HEARD_AS_SAID = 0.75  # one word in six wrong still passes (0.83); half the words wrong or missing do not
+
+
+def words(text: str) -> list[str]:
+    """The words of a text, lowercase, without punctuation."""
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def heard_as(heard: str, said: str) -> float:
+    """How closely `heard` follows `said`, word for word and in order: difflib's ratio of the two word lists
+    (1.0: the same words; 0.0: none in common)."""
+    return difflib.SequenceMatcher(a=words(said), b=words(heard), autojunk=False).ratio()
+
+
+def heard_within(heard: str, said: str) -> float:
+    """The share of `heard`'s words found in `said`, in order (0.0 when nothing was heard): for audio that may
+    hold only part of a long text (Whisper hears its first 30 s)."""
+    heard_words = words(heard)
+    blocks = difflib.SequenceMatcher(a=words(said), b=heard_words, autojunk=False).get_matching_blocks()
+    return sum(block.size for block in blocks) / len(heard_words) if heard_words else 0.0
