@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,6 +14,11 @@ from inference.tts import TtsEngine
 from media.resample import resample
 
 QUESTION = "What is the capital of France?"
+
+# Admission by measured capacity refuses new sessions while voice turns run slow: on a loaded test machine that
+# says nothing about the test at hand, so every gateway of the suite (in process or started by it) has no bound,
+# but those of tests/integration/test_admission.py, which set their own.
+os.environ.setdefault("GATEWAY_ADMISSION_LATENCY_MS", "0")
 
 
 @pytest.fixture(scope="session")

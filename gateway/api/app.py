@@ -174,6 +174,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             # on its own timeline: NTP-style, from the probe with the shortest round trip.
             "time_ms": round(time.time() * 1000, 1),
         }
+        body["admission"] = runtime.admission.snapshot()  # whether new sessions are taken (platform/admission.py)
         if runtime.engine is not None:
             body["llm"] = runtime.engine.describe()  # what each part of a step runs on (see --llm-kernels)
         if runtime.load_error:

@@ -94,12 +94,14 @@ class Services:
         return principal, await self.limiter.check(principal.key_id)
 
     async def take_seat(self, key_id: str) -> Seat:
-        """Room for a new session of this key, before it is set up: 503 while draining or when the replica is
-        full (--max-sessions), 429 past --max-sessions-per-key. Given back by end_session once the session is
-        open (open_session), by the caller (seats.give_back) when its set-up fails first."""
+        """Room for a new session of this key, before it is set up: 503 while draining, while its voice turns run
+        slow (--admission-latency-ms) or when the replica is full (--max-sessions), 429 past
+        --max-sessions-per-key. Given back by end_session once the session is open (open_session), by the caller
+        (seats.give_back) when its set-up fails first."""
         if self.draining:
             raise ApiError("replica_draining", "This replica is shutting down; open the session on another one.",
                            type="server_error", status=503, retry_after_s=1.0)
+        self.runtime.admission.check()
         return await self.seats.take(key_id)
 
     async def open_session(self, session: RealtimeSession, principal: Principal, seat: Seat) -> Attachment:

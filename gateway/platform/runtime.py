@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from gateway.platform import metrics
+from gateway.platform.admission import VoiceAdmission
 from gateway.platform.config import Settings
 from gateway.platform.heap import HeapTrimmer
 from gateway.platform.model_names import ModelNames, openai_transcription_names
@@ -70,6 +71,7 @@ class Runtime:
     voices: VoiceCatalog = field(init=False)  # the installed voices' names, known before they load
     safety: SafetyPolicy = field(init=False)  # the rules on input and output (gateway/safety/)
     classifier: Classifier | None = field(init=False)  # --safety-classifier, beside the rules (safety/hooks.py)
+    admission: VoiceAdmission = field(init=False)  # new sessions refused while voice turns run slow (admission.py)
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -79,6 +81,7 @@ class Runtime:
         self.classifier = (load_classifier(settings.safety_classifier, settings.safety_classifier_api_key,
                                            settings.safety_classifier_timeout_s)
                            if settings.safety and settings.safety_classifier else None)
+        self.admission = VoiceAdmission(settings.admission_latency_ms / 1000, settings.admission_window_s)
 
     @property
     def speech_options(self) -> SpeechOptions:

@@ -401,6 +401,8 @@ class Responses:
         self._log(run, done)
         for stage, seconds in run.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+            if stage == "voice_to_voice":
+                self.host.runtime.admission.record(seconds)
 
     def _log(self, run: RunningResponse, done: ResponseFinished) -> None:
         """One record per response: ids, status, token counts and latency marks (the answer only with
