@@ -15,13 +15,16 @@ from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
+from tests.conftest import QUESTION
+from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, words
 
 LEAD_MS = 1000
 TRAIL_MS = 1200
 
 
-def contains_words(text: str, *words: str) -> bool:
-    return all(word.lower() in text.lower() for word in words)
+def heard_the_question(text: str) -> bool:
+    """Whisper heard the question, give or take a word (which word it mishears depends on the CPU)."""
+    return heard_as(text, QUESTION) >= HEARD_AS_SAID
 
 
 def with_silence(pcm16k: np.ndarray) -> np.ndarray:
@@ -57,7 +60,7 @@ async def test_vad_finds_one_turn_and_whisper_transcribes_it(silero: SileroVad, 
     segment = audio[16 * started.padded_start_ms : 16 * stopped.audio_end_ms + 16 * 200]
     transcript = await asr.transcribe(AudioChunk(segment, 16000).to_float32(), final=True)
     assert transcript is not None and transcript.final
-    assert contains_words(transcript.text, "capital", "France"), transcript.text
+    assert heard_the_question(transcript.text), transcript.text
 
 
 def question_audio(question_16k: np.ndarray) -> np.ndarray:
@@ -81,7 +84,7 @@ async def test_short_window_matches_the_full_window(asr: AsrEngine, question_16k
     # The short window's own output was used (no retry over 30 s), and it says what 30 s says.
     assert (asr.windowed_calls, asr.full_window_retries) == (calls + 1, retries)
     assert short is not None and reference is not None
-    assert short.text == reference.text and contains_words(short.text, "capital", "France"), (short, reference)
+    assert short.text == reference.text and heard_the_question(short.text), (short, reference)
 
 
 async def test_a_3s_window_still_gives_the_right_words(asr: AsrEngine, question_16k: np.ndarray) -> None:
@@ -92,7 +95,7 @@ async def test_a_3s_window_still_gives_the_right_words(asr: AsrEngine, question_
     finally:
         tiny_window.close()
     assert tiny_window.windowed_calls == 1
-    assert transcript is not None and contains_words(transcript.text, "capital", "France"), transcript
+    assert transcript is not None and heard_the_question(transcript.text), transcript
 
 
 async def test_degenerate_window_output_is_decoded_again_over_30s(
@@ -106,7 +109,7 @@ async def test_degenerate_window_output_is_decoded_again_over_30s(
     finally:
         engine.close()
     assert (engine.windowed_calls, engine.full_window_retries) == (1, 1)
-    assert transcript is not None and contains_words(transcript.text, "capital", "France"), transcript
+    assert transcript is not None and heard_the_question(transcript.text), transcript
 
 
 async def test_partials_on_a_growing_buffer(asr: AsrEngine, question_16k: np.ndarray) -> None:
@@ -119,9 +122,10 @@ async def test_partials_on_a_growing_buffer(asr: AsrEngine, question_16k: np.nda
         partials.append(result.text)
         stabilizer.update(result.text)
         assert result.seconds < 2.0
-    assert contains_words(partials[-1], "capital"), partials
+    # The first 2 s of the question, heard as its words; the stable words are some of them.
+    assert words(partials[-1]) and heard_within(partials[-1], QUESTION) >= HEARD_AS_SAID, partials
     assert len(partials[0]) < len(partials[-1])
-    assert stabilizer.stable.lower().startswith("what is"), partials
+    assert words(stabilizer.stable) and heard_within(stabilizer.stable, QUESTION) >= HEARD_AS_SAID, partials
 
 
 async def test_a_final_is_not_delayed_behind_queued_partials(asr: AsrEngine, question_16k: np.ndarray) -> None:
@@ -143,9 +147,10 @@ async def test_a_final_is_not_delayed_behind_queued_partials(asr: AsrEngine, que
     await asyncio.gather(*queued)
     assert order[:2] == ["running", "final"], order
     assert first is not None and result is not None
-    # It waited for the call in progress only, not for the three partials queued before it.
-    assert result.waited_seconds < first.seconds + 0.3
-    assert contains_words(result.text, "capital", "France")
+    # It waited for the call in progress only, not for the three partials queued before it (each as long as
+    # that call: behind them it would have waited about four times as long).
+    assert result.waited_seconds < 2 * first.seconds, (result.waited_seconds, first.seconds)
+    assert heard_the_question(result.text), result.text
 
 
 async def test_tts_streams_and_cancels_between_chunks(tts: TtsEngine) -> None:
@@ -176,7 +181,7 @@ async def test_tts_streams_and_cancels_between_chunks(tts: TtsEngine) -> None:
     t0 = time.perf_counter()
     task = asyncio.create_task(speak())
     first_at = await first_chunk
-    assert first_at - t0 < 1.0
+    assert first_at - t0 < whole_seconds / 2, whole_seconds  # the first clause, not the whole text
     assert got[0].dtype == np.int16 and got[0].size > tts.sample_rate // 2
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -223,4 +228,4 @@ async def test_first_clause_voice_holds_every_core_and_says_the_same(
     levels = [np.sqrt(np.mean(first[i : i + frame].astype(np.float64) ** 2)) for i in range(0, 8 * frame, frame)]
     assert next(i for i, level in enumerate(levels) if level > 100) <= 3  # sound within 15 ms
     heard = await asr.transcribe(AudioChunk(resample(first, two.sample_rate, 16000), 16000).to_float32(), final=True)
-    assert heard is not None and contains_words(heard.text, "capital", "Paris"), heard
+    assert heard is not None and heard_as(heard.text, text) >= HEARD_AS_SAID, heard
