@@ -32,6 +32,72 @@ class Workload:
                    [torch.randint(0, vocab, (steps,), generator=g) for _ in PROMPT_LENGTHS])
 
 
+def with_clear_steps(fwd: LeanForward, work: Workload, bound: float, *, batch: int = 4, rounds: int = 4,
+                     margin: float = 1.25, seed: int = 2) -> Workload:
+    """``work`` with tokens replaced so that each request's solo run on ``fwd`` has clear steps.
+
+    A step is clear where its top two logits lie more than ``2 * bound`` of the logits' scale apart:
+    a difference of ``bound`` in each cannot swap them, so the greedy tokens alone and batched must
+    agree there. Random weights give flat logits, the top two of the vocabulary's draws close
+    together, and the larger the vocabulary, the fewer clear steps random tokens give: of the 44
+    steps of ``Workload.random`` at the bfloat16 bound (2^-5) on this CPU, 19 for the 135M shape, 12
+    for the 3B one and 8 for the 1.5B one. So each token that decides a step (the prompt's last, then
+    each fed one) is run as ``run_solo`` runs it; where its step is not clear by ``margin`` times that
+    (the scale may still grow), up to ``rounds`` batches of ``batch`` random tokens are tried in one
+    step each, over copies of the request's KV, and the first clear one (else the clearest) is run
+    alone in its place. So the solo run of the result is the one whose steps were judged."""
+    g = torch.Generator().manual_seed(seed)
+    picked = [_pick_clear_tokens(fwd, torch.cat([p, f]), len(p), bound * margin, g, batch, rounds)
+              for p, f in zip(work.prompts, work.feeds)]
+    return Workload([seq[: len(p)] for seq, p in zip(picked, work.prompts)],
+                    [seq[len(p) :] for seq, p in zip(picked, work.prompts)])
+
+
+def _solo_step(fwd: LeanForward, pool: KVPool, tokens: torch.Tensor, n: int, pos: int) -> torch.Tensor:
+    """The logits of position ``pos`` of a request alone in slot 0, as run_solo computes them: the
+    whole prompt (``n`` tokens) in one step at ``n - 1``, one token a step after it."""
+    dev = fwd.device
+    if pos == n - 1:
+        return fwd.forward(pool, tokens[:n].to(dev), torch.arange(n, device=dev), [Segment(0, 0, n)], [n - 1]).cpu()
+    return fwd.forward(pool, tokens[pos : pos + 1].to(dev), torch.tensor([pos], device=dev),
+                       [Segment(0, pos, 1)], [0]).cpu()
+
+
+def _apart(logits: torch.Tensor, scale: float, bound: float) -> torch.Tensor:
+    """Each row's top two logits' distance in units of ``2 * bound`` of its scale (at least ``scale``)."""
+    top2 = logits.topk(2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]) / logits.abs().amax(-1).clamp(min=scale) / (2 * bound)
+
+
+def _pick_clear_tokens(fwd: LeanForward, tokens: torch.Tensor, n: int, bound: float, g: torch.Generator,
+                       batch: int, rounds: int) -> torch.Tensor:
+    """A copy of one request's sequence (its prompt's ``n`` tokens, then its fed ones) whose tokens
+    from position ``n - 1`` on are replaced where their step was not clear (see with_clear_steps)."""
+    tokens = tokens.clone()
+    dev = fwd.device
+    pool = _pool(fwd, 1 + batch, len(tokens))
+    scale = 0.0
+    for pos in range(n - 1, len(tokens)):
+        logits = _solo_step(fwd, pool, tokens, n, pos)
+        best, best_apart = int(tokens[pos]), _apart(logits, scale, bound).item()
+        if best_apart <= 1:
+            for _ in range(rounds):
+                for slot in range(1, 1 + batch):
+                    pool.write(slot, 0, pool.view(0, 0, pos))
+                tried = torch.randint(0, fwd.vocab_size, (batch,), generator=g)
+                out = fwd.forward(pool, tried.to(dev), torch.full((batch,), pos, device=dev),
+                                  [Segment(1 + j, pos, 1) for j in range(batch)], range(batch)).cpu()
+                score = _apart(out, scale, bound)
+                if score.max().item() > best_apart:
+                    best, best_apart = int(tried[int(score.argmax())]), score.max().item()
+                if best_apart > 1:
+                    break
+            tokens[pos] = best
+            logits = _solo_step(fwd, pool, tokens, n, pos)
+        scale = max(scale, logits.abs().max().item())
+    return tokens
+
+
 def full_pool(fwd: LeanForward, slots: int, capacity: int = 256) -> KVPool:
     """A KV pool whose ``slots`` slots are all taken (slot i for request i)."""
     pool = KVPool(fwd.kv_layout, slots, max_capacity=2048, capacity=capacity)
