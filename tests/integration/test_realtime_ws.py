@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 
 import openai
@@ -33,7 +32,7 @@ async def test_text_turn_with_the_full_event_sequence(client: RealtimeClient) ->
     response = done["response"]
     assert response["status"] == "completed"
     text = response["output"][0]["content"][0]["text"]
-    assert "Paris" in text
+    assert text.strip()  # whatever the model says (the deltas are checked against it below)
     assert response["usage"]["output_tokens"] > 0 and response["usage"]["input_tokens"] > 0
     types = [event["type"] for event in client.events]
     order = [
@@ -77,15 +76,20 @@ async def test_cancel_mid_stream_keeps_the_partial_text(client: RealtimeClient) 
     await client.send({"type": "response.create", "response": {"max_output_tokens": 400}})
     for _ in range(5):
         await client.wait_for("response.output_text.delta")
-    sent_at = time.monotonic()
+    before = len(client.of_type("response.output_text.delta"))
     await client.send({"type": "response.cancel", "event_id": "cancel-1"})
     done = await client.wait_for("response.done")
-    assert done["_received_at"] - sent_at < 0.2
     response = done["response"]
     assert response["status"] == "cancelled"
     assert response["status_details"]["reason"] == "client_cancelled"
+    # Stopped at the next token once the cancel was read: the tokens after it are those made while it was on its
+    # way (counted in tokens, not milliseconds: a busy machine slows the reply and the cancel alike), not the
+    # rest of a 400-token story.
+    deltas = client.of_type("response.output_text.delta")
+    assert len(deltas) - before <= 20 and response["usage"]["output_tokens"] < 100, (before, len(deltas), response["usage"])
     item = response["output"][0]
-    assert item["status"] == "incomplete" and item["content"][0]["text"]
+    streamed = "".join(e["delta"] for e in deltas)
+    assert item["status"] == "incomplete" and streamed and item["content"][0]["text"].startswith(streamed)
     # The partial reply is in the conversation, marked incomplete.
     await client.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
     kept = (await client.wait_for("conversation.item.retrieved"))["item"]
@@ -94,7 +98,8 @@ async def test_cancel_mid_stream_keeps_the_partial_text(client: RealtimeClient) 
     await client.send({"type": "response.cancel", "event_id": "cancel-2"})
     error = await client.wait_for("error")
     assert (error["error"]["code"], error["error"]["event_id"]) == ("response_cancel_not_active", "cancel-2")
-    assert "Paris" in (await client.ask("What is the capital of France?"))["response"]["output"][0]["content"][0]["text"]
+    answered = (await client.ask("What is the capital of France?"))["response"]
+    assert answered["status"] == "completed" and answered["output"][0]["content"][0]["text"].strip()
 
 
 async def test_second_response_create_while_active_is_refused(client: RealtimeClient) -> None:
@@ -176,7 +181,7 @@ async def test_official_sdk_realtime_client(gateway: GatewayProcess) -> None:
                 break
             elif event.type == "error":
                 pytest.fail(f"error event: {event.error}")
-    assert "Paris" in text
+    assert text.strip() and text == event.response.output[0].content[0].text
 
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -242,7 +247,8 @@ async def test_official_sdk_three_turns_push_to_talk_and_cancel(
     import numpy as np
 
     from media.resample import resample
-    from tests.integration.speech import with_silence
+    from tests.conftest import QUESTION
+    from tests.integration.speech import HEARD_AS_SAID, heard_as, with_silence
 
     sdk = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused")
     async with sdk.realtime.connect(model="gpt-realtime") as connection:
@@ -273,9 +279,9 @@ async def test_official_sdk_three_turns_push_to_talk_and_cancel(
             await connection.response.create()
             events = await until("response.done")
             transcript = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
-            # "capital": the word Whisper tiny.en always hears here; with AVX2-only kernels it once heard
-            # "France" as "friends" (the test is about the client, not the ASR).
-            assert "capital" in transcript.transcript.lower()
+            # The question, give or take a word (with AVX2-only kernels Whisper once heard "France" as
+            # "friends"): the test is about the client, not the ASR.
+            assert heard_as(transcript.transcript, QUESTION) >= HEARD_AS_SAID, transcript.transcript
             assert events[-1].response.status == "completed" and events[-1].response.output[0].content[0].transcript
             assert sum(len(e.delta) for e in events if e.type == "response.output_audio.delta") > 24000
         await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
