@@ -346,10 +346,9 @@ class LLMEngine:
         if self.fwd.device.type != "cpu":
             self.threads = ThreadPolicy(1, fixed=max(1, self.config.threads or torch.get_num_threads()))
         if self.runner.capture:
-            # Before any request: a capture mid-reply would stall every stream of that step.
-            t0 = time.perf_counter()
-            graphs = self.runner.capture_all(GRAPH_LENGTH_AT_START)
-            log.info("captured %d CUDA graphs of the decode step in %.2f s", graphs, time.perf_counter() - t0)
+            # Before any request: a capture mid-reply would stall every stream of that step. The runner
+            # logs the graphs, the time and the memory they took, and warns of each bucket that failed.
+            self.runner.capture_all(GRAPH_LENGTH_AT_START)
         while True:
             with self._cond:
                 while (self._running and not self.scheduler.waiting and not self.scheduler.running

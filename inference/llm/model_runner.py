@@ -21,7 +21,9 @@ its key and value to the pool's scratch slot; its logits are dropped.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +77,30 @@ class _Graph:
     logits: torch.Tensor  # the captured step's output buffer
 
 
+MAX_LISTED_FAILURES = 8
+
+
+@dataclass
+class CaptureReport:
+    """What capturing the decode step's graphs gave and cost (in the log, ``/healthz``'s ``llm`` and
+    ``stats()``): a bucket whose capture failed runs uncaptured, slower, and must not do so silently."""
+
+    captured: int = 0
+    failed: int = 0
+    seconds: float = 0.0  # spent capturing (the warm-up run before each capture included)
+    # Memory the captures added: torch's caching allocator's (the graphs' private pool), and the device's
+    # as the driver counts it (the graphs' own objects too; another process or model loading meanwhile
+    # counts in it as well).
+    memory_bytes: int = 0
+    device_memory_bytes: int = 0
+    failures: list[str] = field(default_factory=list)  # "<rows>x<positions>: reason", the first few
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"captured": self.captured, "failed": self.failed, "capture_s": round(self.seconds, 3),
+                "memory_mib": round(self.memory_bytes / 2**20, 1),
+                "device_memory_mib": round(self.device_memory_bytes / 2**20, 1), "failures": list(self.failures)}
+
+
 class ModelRunner:
     def __init__(self, fwd: LeanForward, kv: KVManager, *, static_decode: bool | None = None,
                  capture: bool | None = None) -> None:
@@ -112,21 +138,28 @@ class ModelRunner:
         self._pool_generation = kv.pool.generation
         self.graph_replays = 0
         self.padded_rows = 0
+        self.capture_report = CaptureReport()
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, Any]:
         if not self.static_decode:
             return {"decode": "eager"}
-        return {"decode": "cuda-graphs" if self.capture else "static",
-                "batch_buckets": ",".join(map(str, self.buckets))}
+        out: dict[str, Any] = {"decode": "cuda-graphs" if self.capture else "static",
+                               "batch_buckets": ",".join(map(str, self.buckets))}
+        if self.capture:
+            out["cuda_graphs"] = self.capture_report.as_dict()
+        return out
 
     def stats(self) -> dict[str, float]:
-        return {"cuda_graphs": len(self._graphs), "graph_replays": self.graph_replays,
-                "padded_rows": self.padded_rows}
+        report = self.capture_report
+        return {"cuda_graphs": len(self._graphs), "cuda_graph_failures": report.failed,
+                "cuda_graph_capture_seconds": report.seconds, "cuda_graph_memory_bytes": report.memory_bytes,
+                "cuda_graph_device_memory_bytes": report.device_memory_bytes,
+                "graph_replays": self.graph_replays, "padded_rows": self.padded_rows}
 
     def capture_all(self, max_length: int) -> int:
         """Capture every batch bucket over every length bucket up to ``max_length`` (before any request
-        runs: the warm-up before each capture computes rows whose writes go to the scratch slot).
-        Returns the graphs captured."""
+        runs: the warm-up before each capture computes rows whose writes go to the scratch slot), and
+        log what that gave and cost (``capture_report``). Returns the graphs captured."""
         if not self.capture:
             return 0
         pool = self.kv.pool
@@ -134,10 +167,25 @@ class ModelRunner:
         self._seq_lens.fill_(1)
         self._ids.zero_()
         self._positions.zero_()
+        lengths = length_buckets(max_length, pool.capacity)
         for B in reversed(self.buckets):  # the largest first: the others reuse its memory pool
-            for L in length_buckets(max_length, pool.capacity):
+            for L in lengths:
                 self._graph_for(B, L)
+        r = self.capture_report
+        log.info("captured %d CUDA graphs of the decode step (%d batch x %d length buckets, up to %d positions) "
+                 "in %.2f s, using %.0f MiB of GPU memory (%.0f MiB on the device)%s", r.captured, len(self.buckets),
+                 len(lengths), lengths[-1], r.seconds, r.memory_bytes / 2**20, r.device_memory_bytes / 2**20,
+                 f"; {r.failed} failed and run uncaptured" if r.failed else "")
         return len(self._graphs)
+
+    def _memory_in_use(self) -> tuple[int, int]:
+        """GPU memory in use on the forward's device: torch's caching allocator's (reserved), and the
+        device's as the driver counts it; zeros off CUDA."""
+        dev = self.fwd.device
+        if dev.type != "cuda":
+            return 0, 0
+        free, total = torch.cuda.mem_get_info(dev)
+        return torch.cuda.memory_reserved(dev), total - free
 
     # -- a step ----------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> torch.Tensor:
@@ -215,12 +263,26 @@ class ModelRunner:
         found = self._graphs.get((B, L))
         if found is not None or (B, L) in self._uncapturable:
             return found
+        report = self.capture_report
+        t0, before = time.perf_counter(), self._memory_in_use()
         try:
-            return self._capture(B, L)
-        except Exception:
-            log.exception("capturing the decode step for %d rows over %d positions failed; it runs uncaptured", B, L)
+            found = self._capture(B, L)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log.warning("capturing the decode step for %d rows over %d positions failed (%s); that bucket runs "
+                        "uncaptured", B, L, reason)
             self._uncapturable.add((B, L))
-            return None
+            report.failed += 1
+            if len(report.failures) < MAX_LISTED_FAILURES:
+                report.failures.append(f"{B}x{L}: {reason}")
+        else:
+            report.captured += 1
+        finally:
+            report.seconds += time.perf_counter() - t0
+            after = self._memory_in_use()
+            report.memory_bytes += after[0] - before[0]
+            report.device_memory_bytes += after[1] - before[1]
+        return found
 
     def _capture(self, B: int, L: int) -> _Graph:
         pool = self.kv.pool

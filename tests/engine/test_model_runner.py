@@ -9,6 +9,8 @@ does not) must not break a step, so the CPU tests make sdpa return one.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,14 @@ from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.forward import LeanForward, Segment
 from inference.llm.kv_manager import KVManager
-from inference.llm.model_runner import ModelRunner, batch_buckets, bucket_for, length_bucket, length_buckets
+from inference.llm.model_runner import (
+    ModelRunner,
+    _Graph,
+    batch_buckets,
+    bucket_for,
+    length_bucket,
+    length_buckets,
+)
 from inference.llm.scheduler import StepPlan
 from tests.engine.batching import Workload, run_batched, run_solo
 
@@ -164,6 +173,52 @@ def test_a_non_contiguous_attention_output_does_not_break_a_step(monkeypatch):
         assert torch.equal(got, want)
     for got, want in zip(_run(fwd, True, steps)[0], static_expected):
         assert torch.equal(got, want)
+
+
+def test_a_failed_capture_is_a_warning_and_counted(monkeypatch, caplog):
+    """A bucket whose capture fails runs uncaptured (slower, never wrong), and says so: a warning with
+    its reason, and the graphs captured, the time and the memory they took in describe() (/healthz's
+    ``llm``) and stats(). On the CPU with the capture itself replaced; the GPU tests capture for real."""
+    fwd = _forward("cpu", torch.float64)
+    kv = KVManager(fwd.kv_layout, 4, max_capacity=512, prefix_cache_bytes=0, capacity=256)
+    for _ in range(2):
+        kv.allocate()
+    runner = ModelRunner(fwd, kv, static_decode=True)
+    runner.capture = True  # as on CUDA; the capture below stands in for torch.cuda.graph
+    captures = []
+
+    def capture(B, L):
+        captures.append((B, L))
+        if (B, L) == (2, 128):
+            raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
+        runner._graphs[(B, L)] = _Graph(graph=None, logits=torch.zeros(B, fwd.vocab_size))  # type: ignore[arg-type]
+        return runner._graphs[(B, L)]
+
+    in_use = iter(range(0, 10**9, 2**20))
+    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(runner, "_memory_in_use", lambda: (next(in_use), 0), raising=False)
+    with caplog.at_level(logging.INFO, logger="inference.llm.model_runner"):
+        assert runner.capture_all(128) == 5  # batch buckets 1, 2, 4 over lengths 64, 128: one failed
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 rows over 128 positions" in warnings[0].getMessage()
+    assert "RuntimeError: CUDA error: out of memory" in warnings[0].getMessage()
+    assert any("captured 5 CUDA graphs" in r.getMessage() and "1 failed" in r.getMessage() for r in caplog.records)
+    report = runner.describe()["cuda_graphs"]
+    assert report["captured"] == 5 and report["failed"] == 1 and report["capture_s"] >= 0
+    assert report["memory_mib"] == 6.0  # each capture's memory after less before: 1 MiB here
+    assert report["failures"] == ["2x128: RuntimeError: CUDA error: out of memory"]
+    stats = runner.stats()
+    assert stats["cuda_graphs"] == 5 and stats["cuda_graph_failures"] == 1
+    # That bucket's steps run uncaptured, without trying to capture it again (or warning again).
+    caplog.clear()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, fwd.vocab_size, (n,), generator=g).tolist() for n in (90, 70)]
+    runner.execute(StepPlan(segments=[Segment(0, 0, 90), Segment(1, 0, 70)], token_ids=prompts[0] + prompts[1],
+                            positions=list(range(90)) + list(range(70)), logit_rows=[89, 159]))
+    logits = runner.execute(StepPlan(segments=[Segment(0, 90, 1), Segment(1, 70, 1)], token_ids=[5, 6],
+                                     positions=[90, 70], logit_rows=[0, 1]))
+    assert logits.shape == (2, fwd.vocab_size) and logits.abs().max() > 0 and runner.graph_replays == 0
+    assert captures.count((2, 128)) == 1 and not caplog.records
 
 
 @pytest.mark.asyncio
