@@ -14,10 +14,12 @@ Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
   resolves to None): a partial is only worth having while it is the latest;
 - background work (POST /v1/audio/transcriptions: `transcribe_long`) runs last, one 30 s window of
   the file per hop, so a live turn waits for one window's decode at most;
-- partials are optional work: one due to run while `partials_yield_to()` says that work a user is
-  waiting for is queued elsewhere (a reply's first clause or an overdue clause in Piper, a reply
-  waiting for its first token in the LLM) is dropped instead (it resolves to None, as a superseded one
-  does), so that under load the cores go to the critical path first (`partials_skipped` counts them).
+- partials are optional work, dropped (resolved to None, as a superseded one is; `partials_skipped`
+  counts them) when they are due to run but the partials of the last seconds already took their share
+  of a core (`partial_budget`: at 8 sessions speaking at once they asked for a whole core, measured),
+  or while `partials_yield_to()` says that work a user is waiting for is queued elsewhere (a reply's
+  first clause or an overdue clause in Piper, a reply waiting for its first token in the LLM): under
+  load the cores go to the critical path first, and each session's partials come less often.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 ASR_RATE = 16000
 FULL_WINDOW_S = 30.0  # Whisper's own input length
 DEFAULT_WINDOW_S = 15.0
+DEFAULT_PARTIAL_BUDGET = 0.3  # of a core: one session's partials take ~0.12 (a 0.1 s call every 0.9 s of speech)
+PARTIAL_BURST_S = 0.5  # core-seconds of partials that may run back to back after a quiet while
 TOKENS_PER_SECOND = 8  # token budget of a windowed decode: speech runs at ~3-4 tokens a second
 LOOP_COMPRESSION_RATIO = 2.4  # Whisper's own threshold for repetitive output
 MAX_PROMPT_TOKENS = 223  # Whisper gives a prompt at most half of its 448-token context
@@ -169,9 +173,12 @@ class AsrEngine:
         threads: int = 1,
         device: Literal["cpu", "cuda"] = "cpu",
         compute_type: str = "int8",
+        partial_budget: float = DEFAULT_PARTIAL_BUDGET,
     ) -> None:
         if not 1.0 <= window_s <= FULL_WINDOW_S:
             raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
+        if partial_budget <= 0:
+            raise ValueError(f"partial_budget must be above 0 (a share of a core), not {partial_budget}")
         self._model = model  # faster_whisper.WhisperModel
         self.language = language
         self.final_beam_size = final_beam_size
@@ -185,6 +192,10 @@ class AsrEngine:
         self.partials_skipped = 0
         # Whether work a user waits for is queued elsewhere (the runtime wires the TTS and LLM engines' probes).
         self.partials_yield_to: Callable[[], bool] | None = None
+        # A token bucket of core-seconds: refilled at `partial_budget` a second, spent by each partial run.
+        self.partial_budget = partial_budget
+        self._partial_credit = PARTIAL_BURST_S
+        self._credit_at = time.monotonic()
         self._tokenizer: Any = None
         self._suppress: list[int] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
@@ -214,6 +225,7 @@ class AsrEngine:
         final_beam_size: int = 1,
         window_s: float = DEFAULT_WINDOW_S,
         warmup: bool = True,
+        partial_budget: float = DEFAULT_PARTIAL_BUDGET,
     ) -> AsrEngine:
         """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
         import_ctranslate2(threads)
@@ -226,7 +238,7 @@ class AsrEngine:
             language = "en"
         engine = cls(
             model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads,
-            device=device, compute_type=compute_type,
+            device=device, compute_type=compute_type, partial_budget=partial_budget,
         )
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
@@ -277,11 +289,19 @@ class AsrEngine:
             if not self._partials:
                 return self._background.popleft() if self._background else None
             partial = self._partials.pop(next(iter(self._partials)))
-        if self.partials_yield_to is not None and self.partials_yield_to():
+        over_budget = self.device == "cpu" and self._partial_credit_left() <= 0  # a GPU's time is not the cores'
+        if over_budget or (self.partials_yield_to is not None and self.partials_yield_to()):
             self.partials_skipped += 1
             self._resolve(partial, None)
             return None
         return partial
+
+    def _partial_credit_left(self) -> float:
+        """The bucket's core-seconds now (the worker's thread alone reads and spends it)."""
+        now = time.monotonic()
+        self._partial_credit = min(PARTIAL_BURST_S, self._partial_credit + (now - self._credit_at) * self.partial_budget)
+        self._credit_at = now
+        return self._partial_credit
 
     async def _in_background(self, call: Callable[[], T]) -> T:
         """Run `call` on the worker once no live job is queued."""
@@ -373,6 +393,8 @@ class AsrEngine:
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)
             return
+        if not job.final:
+            self._partial_credit -= seconds * self.threads
         audio_ms = 1000.0 * job.audio.shape[0] / ASR_RATE
         self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited))
 

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
         description="CPU threads for faster-whisper. With 2, merely loading CTranslate2 halved the LLM's decoding "
         "speed on a 2-core CPU, and a 15 s window decodes as fast on 1.",
     )
+    asr_partial_budget: float = Field(
+        0.3, gt=0, le=64, description="The share of a core that partial transcripts may take, all sessions together "
+        "(a token bucket): past it a partial is dropped, so under load each session's partials come less often "
+        "and the final transcripts, the LLM and Piper keep the cores (one session's partials take about 0.12).")
     asr_window_s: float = Field(
         15.0,
         ge=1.0,

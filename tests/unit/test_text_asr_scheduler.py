@@ -157,3 +157,27 @@ async def test_a_partial_due_while_a_listener_waits_elsewhere_is_dropped_and_fin
     await started(model)
     model.gate.release()
     assert (await later).text == "n4" and engine.stats()["partials_skipped"] == 1
+
+
+async def test_partials_past_their_share_of_a_core_are_dropped_and_finals_still_run() -> None:
+    model = GatedModel()
+    # 0.01 of a core: the burst's 0.5 core-seconds, then a partial every 100 s.
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, partial_budget=0.01)
+    try:
+        first = asyncio.create_task(engine.transcribe(audio(1), final=False))
+        await started(model)
+        await asyncio.sleep(0.6)  # this partial holds the worker longer than the burst allows
+        model.gate.release()
+        assert (await first).text == "n1"
+        assert await engine.transcribe(audio(2), final=False) is None  # over the budget
+        assert engine.stats()["partials_skipped"] == 1
+        final = asyncio.create_task(engine.transcribe(audio(3), final=True))
+        await started(model)
+        model.gate.release()
+        assert (await final).text == "n3" and model.calls == [1, 3]
+    finally:
+        for _ in range(5):
+            model.gate.release()
+        engine.close()
+    with pytest.raises(ValueError):
+        AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, partial_budget=0.0)
