@@ -45,7 +45,7 @@ from tests.integration.sdk_types import (
     _extra_fields,
     assert_valid_speech_event,
 )
-from tests.integration.speech import with_silence
+from tests.integration.speech import HEARD_AS_SAID, heard_as, with_silence
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -93,7 +93,7 @@ def test_speech_transcribes_back_to_its_text(client: OpenAI) -> None:
                                        stream_format="audio").content
     assert audio[:4] == b"RIFF"
     transcript = client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio))
-    assert norm(transcript.text) == norm(text)
+    assert heard_as(transcript.text, text) >= HEARD_AS_SAID, transcript.text
     assert transcript.usage is not None and transcript.usage.type == "duration" and transcript.usage.seconds > 3
 
 
@@ -113,7 +113,7 @@ def test_speech_formats(client: OpenAI, fmt: str) -> None:
         assert 1.0 < duration < 5.0, duration
         file = (f"speech.{fmt}", data)
     transcript = client.audio.transcriptions.create(model="whisper-1", file=file)
-    assert norm(transcript.text) == norm(SENTENCES[1])
+    assert heard_as(transcript.text, SENTENCES[1]) >= HEARD_AS_SAID, transcript.text
 
 
 def test_speech_streams_clause_by_clause(client: OpenAI) -> None:
@@ -162,7 +162,8 @@ def test_speech_as_sse_events(client: OpenAI, fmt: str) -> None:
         seconds = decode_file(audio, max_seconds=60).shape[0] / 16000
         file = ("speech.mp3", audio)
     assert 4.0 < seconds < 12.0, seconds  # three sentences, spoken
-    assert norm(client.audio.transcriptions.create(model="whisper-1", file=file).text) == norm(text)
+    heard = client.audio.transcriptions.create(model="whisper-1", file=file).text
+    assert heard_as(heard, text) >= HEARD_AS_SAID, heard
     # Piper reads phoneme ids (one or two a character) and makes samples, not tokens.
     assert len(text) / 2 < done.usage.input_tokens < 4 * len(text), done.usage  # type: ignore[union-attr]
     assert done.usage.output_tokens == 0 and done.usage.total_tokens == done.usage.input_tokens  # type: ignore[union-attr]
@@ -217,11 +218,13 @@ def test_transcription_formats(client: OpenAI, gateway: GatewayProcess, spoken: 
     file = ("speech.wav", audio)
     raw = httpx.post(f"{gateway.url}/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"file": file}).json()
     assert_sdk_type(Transcription, raw)
-    assert norm(raw["text"]) == norm(text)
+    # What Whisper heard, give or take a word (which word varies with the CPU's kernels); every other format
+    # of the same greedy decode says the same words.
+    assert heard_as(raw["text"], text) >= HEARD_AS_SAID, raw["text"]
 
     plain = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="text", language="en",
                                                prompt="Notes about a fox, a phone call and a train.", temperature=0.0)
-    assert norm(plain) == norm(text)
+    assert heard_as(plain, text) >= HEARD_AS_SAID, plain
     sampled = client.audio.transcriptions.create(model="whisper-tiny.en", file=file, temperature=0.3)
     assert len(norm(sampled.text)) >= len(norm(text)) // 2  # sampled at 0.3: words may differ, it still transcribes
 
@@ -229,7 +232,7 @@ def test_transcription_formats(client: OpenAI, gateway: GatewayProcess, spoken: 
     blocks = srt.strip().split("\n\n")
     assert blocks[0].split("\n")[0] == "1"
     assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", blocks[0].split("\n")[1])
-    assert norm(" ".join(block.split("\n", 2)[2] for block in blocks)) == norm(text)
+    assert norm(" ".join(block.split("\n", 2)[2] for block in blocks)) == norm(raw["text"])
 
     vtt = client.audio.transcriptions.create(model="whisper-1", file=file, response_format="vtt")
     assert vtt.startswith("WEBVTT\n\n")
@@ -239,10 +242,10 @@ def test_transcription_formats(client: OpenAI, gateway: GatewayProcess, spoken: 
                          data={"model": "whisper-1", "response_format": "verbose_json",
                                "timestamp_granularities[]": ["word", "segment"]}).json()
     assert_sdk_type(TranscriptionVerbose, verbose)
-    assert verbose["language"] == "english" and norm(verbose["text"]) == norm(text)
+    assert verbose["language"] == "english" and norm(verbose["text"]) == norm(raw["text"])
     assert verbose["segments"] and verbose["segments"][0]["start"] < 1.0
     words = verbose["words"]
-    assert [norm(w["word"])[0] for w in words if norm(w["word"])] == norm(text)
+    assert [norm(w["word"])[0] for w in words if norm(w["word"])] == norm(verbose["text"])
     assert all(a["start"] <= b["start"] for a, b in zip(words, words[1:]))
     assert words[-1]["end"] <= verbose["duration"] + 0.1
 
@@ -264,7 +267,7 @@ def test_transcription_of_a_stereo_m4a(client: OpenAI, tts: TtsEngine) -> None:
         for packet in [*stream.encode(frame), *stream.encode(None)]:
             container.mux(packet)
     transcript = client.audio.transcriptions.create(model="whisper-1", file=("memo.m4a", out.getvalue()))
-    assert norm(transcript.text) == norm(SENTENCES[2])
+    assert heard_as(transcript.text, SENTENCES[2]) >= HEARD_AS_SAID, transcript.text
 
 
 def test_transcription_stream(client: OpenAI, gateway: GatewayProcess, spoken: tuple[bytes, str]) -> None:
@@ -272,7 +275,8 @@ def test_transcription_stream(client: OpenAI, gateway: GatewayProcess, spoken: t
     events = list(client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio), stream=True))
     assert [type(event) for event in events[:-1]] == [TranscriptionTextDeltaEvent] * (len(events) - 1)
     assert isinstance(events[-1], TranscriptionTextDoneEvent)
-    assert norm("".join(event.delta for event in events[:-1])) == norm(text) == norm(events[-1].text)
+    assert norm("".join(event.delta for event in events[:-1])) == norm(events[-1].text)
+    assert heard_as(events[-1].text, text) >= HEARD_AS_SAID, events[-1].text
     # Each event on the wire, checked against the SDK's own types (the SDK itself parses leniently).
     with httpx.stream("POST", f"{gateway.url}/v1/audio/transcriptions", files={"file": ("speech.wav", audio)},
                       data={"model": "whisper-1", "stream": "true"}, timeout=60) as response:
