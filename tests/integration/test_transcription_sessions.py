@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from typing import Any
 
@@ -23,15 +22,11 @@ from tests.conftest import QUESTION
 from tests.gateway_process import GatewayProcess
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
-from tests.integration.speech import encode_chunks, with_silence
+from tests.integration.speech import HEARD_AS_SAID, encode_chunks, heard_as, with_silence
 from tests.integration.test_webrtc_call import RATE, Caller, hangups, loopback_ice  # noqa: F401
 from tests.peers import PacedClipTrack
 
 TRANSCRIPTION = {"model": "gpt-4o-transcribe", "language": "en"}
-
-
-def norm(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +60,7 @@ async def test_sdk_transcription_session_over_websocket(gateway: GatewayProcess,
         for payload in encode_chunks(question_24k, 24000, "audio/pcm"):
             await connection.send({"type": "input_audio_buffer.append", "audio": payload})
         completed = await until(connection, "conversation.item.input_audio_transcription.completed")
-        assert norm(completed["transcript"]) == norm(QUESTION)
+        assert heard_as(completed["transcript"], QUESTION) >= HEARD_AS_SAID, completed["transcript"]
         assert completed["usage"]["type"] == "duration" and completed["usage"]["seconds"] > 1
         await until(connection, "conversation.item.done")
         await connection.send({"type": "response.create"})
@@ -110,7 +105,7 @@ async def test_client_secret_for_a_transcription_session(gateway: GatewayProcess
         for payload in encode_chunks(question_24k, 24000, "audio/pcm"):
             await realtime.send({"type": "input_audio_buffer.append", "audio": payload})
         completed = await realtime.wait_for("conversation.item.input_audio_transcription.completed")
-        assert norm(completed["transcript"]) == norm(QUESTION)
+        assert heard_as(completed["transcript"], QUESTION) >= HEARD_AS_SAID, completed["transcript"]
         await asyncio.sleep(1.0)
         while True:  # what else arrived: never a response
             try:
@@ -171,7 +166,7 @@ async def test_transcription_call_over_webrtc(
     hangups.append(caller)
     assert (await caller.wait_for("session.created"))["session"]["type"] == "transcription"
     completed = await caller.wait_for("conversation.item.input_audio_transcription.completed")
-    assert norm(completed["transcript"]) == norm(QUESTION)
+    assert heard_as(completed["transcript"], QUESTION) >= HEARD_AS_SAID, completed["transcript"]
     await asyncio.sleep(1.5)
     kinds = [event["type"] for event in caller.events]
     assert not [kind for kind in kinds if kind.startswith(("response.", "output_audio_buffer."))], kinds
