@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +178,33 @@ class ModelRunner:
                  len(lengths), lengths[-1], r.seconds, r.memory_bytes / 2**20, r.device_memory_bytes / 2**20,
                  f"; {r.failed} failed and run uncaptured" if r.failed else "")
         return len(self._graphs)
+
+    def padding_step(self, B: int, L: int) -> tuple[Callable[[], torch.Tensor], bool]:
+        """Bucket ``(B, L)``'s decoding step for a measurement, while no request runs: every row reads
+        ``L`` positions of its slot and writes only the scratch slot. Returns a function that runs it
+        (the graph's replay where this bucket is captured, else the same step uncaptured) and whether
+        it replays a graph. (``benchmarks/gpu.py`` times it against the engine's own step.)"""
+        if not self.static_decode:
+            raise ValueError("the static decode path is off (an eager runner has no buckets)")
+        B = bucket_for(B, self.buckets)
+        pool = self.kv.pool
+        pool.ensure_capacity(L)
+        for slot in range(B):
+            pool.sanitize(slot, L)
+        self._ids[:B].zero_()
+        self._positions[:B].fill_(L - 1)
+        self._write_slots[:B].fill_(pool.scratch_slot)
+        self._seq_lens[:B].fill_(L)
+        graph = self._graph_for(B, L) if self.capture else None
+        if graph is not None:
+            def replay() -> torch.Tensor:
+                graph.graph.replay()
+                return graph.logits
+            return replay, True
+        data = pool.data
+        assert data is not None
+        args = (data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L)
+        return lambda: self.fwd.decode_static(*args), False
 
     def _memory_in_use(self) -> tuple[int, int]:
         """GPU memory in use on the forward's device: torch's caching allocator's (reserved), and the
