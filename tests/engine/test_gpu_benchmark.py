@@ -5,6 +5,10 @@ is a JSON line as soon as it exists; one that raises is recorded and the others 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ import torch
 from benchmarks import gpu
 
 SMALL = ["--layers", "2", "--tokens", "8", "--repeats", "1"]
+GPU_CHECK = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
 
 
 def _sections(text: str) -> dict[str, dict]:
@@ -112,3 +117,16 @@ def test_a_failed_transformers_comparison_is_recorded_not_fatal(tmp_path, capsys
     versus = _sections(capsys.readouterr().out)["3_versus_transformers"]["result"]
     assert versus["ratio_8_streams_vs_generate"] == round(
         streams["streams_8"]["aggregate_tok_s"] / versus["generate_8_streams_tok_s"], 2)
+
+
+def test_gpu_check_calls_the_benchmark_with_arguments_it_takes():
+    """benchmarks/gpu_check.sh runs where it cannot be tried first: each of its benchmarks.gpu command
+    lines parses here (sections and buckets included)."""
+    assert subprocess.run(["bash", "-n", str(GPU_CHECK)], capture_output=True).returncode == 0
+    script = GPU_CHECK.read_text().replace("\\\n", " ")  # continued lines joined
+    calls = re.findall(r"-m benchmarks\.gpu ([^\n>|&]*)", script)
+    assert len(calls) >= 3, calls
+    for call in calls:
+        args = [a for a in shlex.split(call.replace("$out", "/tmp/out")) if not a.startswith("$")]
+        parsed = gpu.build_parser().parse_args(args)
+        assert parsed.out is not None, call  # every section's line lands in the output folder
