@@ -100,6 +100,10 @@ def level_row(report: dict[str, Any]) -> dict[str, Any]:
         "stages_ms": {stage: {"p50": s["p50"], "p95": s["p95"]}
                       for stage, s in report["server_stages_ms"].items()},
         "core_seconds_per_turn": report.get("server_core_seconds_per_turn"),
+        # --barge-in: from the onset of the interrupting speech to the answer stopped (VAD's 160 ms included).
+        "barge_in_ms": ({"p50": report["barge_in_ms"]["p50"], "p95": report["barge_in_ms"]["p95"],
+                         "missed": report.get("barge_in_missed", 0)}
+                        if report.get("barge_in_ms", {}).get("count") else None),
         "duration_s": report["duration_s"],
     }
 
@@ -136,6 +140,10 @@ def print_ladder(ladder: dict[str, Any], console: Console) -> None:
         table.add_column(f"{level['sessions']} sessions", justify="right")
     table.add_row(f"{metric} p50 / p95", *(f"{_ms(level['p50_ms'])} / {_ms(level['p95_ms'])}" for level in levels))
     table.add_row("turns ok / lost", *(f"{level['turns_ok']} / {level['turns_lost']}" for level in levels))
+    if any(level["barge_in_ms"] for level in levels):
+        table.add_row("barge_in_ms p50 / p95 (missed)", *(
+            f"{_ms(b['p50'])} / {_ms(b['p95'])} ({b['missed']})" if (b := level["barge_in_ms"]) else "-"
+            for level in levels))
     for stage in stages:
         table.add_row(f"stage {stage} p50 / p95", *(
             f"{_ms(s['p50'])} / {_ms(s['p95'])}" if (s := level["stages_ms"].get(stage)) else "-" for level in levels))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from gateway.bench.ladder import (
     PROCESS,
@@ -15,6 +17,7 @@ from gateway.bench.ladder import (
     level_row,
     parse_sessions,
     per_turn,
+    print_ladder,
     write_ladder,
 )
 
@@ -54,7 +57,9 @@ def test_core_seconds_are_read_from_prometheus_text_and_divided_by_the_turns() -
 def _report(sessions: int, ok: int, turns: int, p50: float | None, mode: str = "voice") -> dict[str, Any]:
     metric = {"count": ok, "p50": p50, "p95": None if p50 is None else p50 * 2, "max": p50}
     empty = {"count": 0, "p50": None, "p95": None, "max": None}
+    barge_in = {"count": 2, "p50": 210.0, "p95": 250.0, "max": 260.0} if mode == "voice" else empty
     return {"config": {"mode": mode, "url": "http://127.0.0.1:1", "sessions": sessions, "turns": 3},
+            "barge_in_ms": barge_in, "barge_in_missed": 1,
             "turns": turns, "turns_ok": ok, "errors": {"timeout": turns - ok} if turns > ok else {},
             "voice_to_voice_ms": metric if mode == "voice" else empty, "ttft_ms": metric if mode != "voice" else empty,
             "server_stages_ms": {"asr": {"p50": 10.0, "p95": 20.0, "count": ok}}, "duration_s": 9.0,
@@ -67,7 +72,9 @@ def test_a_level_counts_turns_never_started_as_lost_and_reads_its_modes_metric()
     assert (row["p50_ms"], row["p95_ms"]) == (300.0, 600.0)
     assert row["stages_ms"] == {"asr": {"p50": 10.0, "p95": 20.0}}
     assert row["core_seconds_per_turn"] == {"tts": 0.5}
-    assert level_row(_report(sessions=1, ok=3, turns=3, p50=80.0, mode="text"))["metric"] == "ttft_ms"
+    assert row["barge_in_ms"] == {"p50": 210.0, "p95": 250.0, "missed": 1}
+    text = level_row(_report(sessions=1, ok=3, turns=3, p50=80.0, mode="text"))
+    assert text["metric"] == "ttft_ms" and text["barge_in_ms"] is None
 
 
 def test_the_ladder_writes_its_json_and_plot(tmp_path: Path) -> None:
@@ -77,3 +84,12 @@ def test_the_ladder_writes_its_json_and_plot(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "ladder.json").read_text())
     assert [level["sessions"] for level in written["levels"]] == [1, 2, 4]
     assert written["cpu"] == "a CPU" and written["levels"][2]["turns_lost"] == 12
+
+
+def test_the_ladders_table_has_a_column_per_level_and_a_row_per_stage_and_work() -> None:
+    out = io.StringIO()
+    print_ladder(build_ladder([_report(1, 3, 3, 300.0), _report(2, 6, 6, 400.0)], "a CPU"), Console(file=out, width=200))
+    table = out.getvalue()
+    assert "1 sessions" in table and "2 sessions" in table and "a CPU" in table
+    assert "300 / 600" in table and "stage asr p50 / p95" in table and "core-s / turn tts" in table
+    assert "210 / 250 (1)" in table
