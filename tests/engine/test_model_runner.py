@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gpu import decode_step_kernels
 from benchmarks.synthetic_lm import SHAPES, random_loaded_lm, random_model
 from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
@@ -243,6 +244,22 @@ async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path):
         if static:
             assert engine.describe()["decode"] == "static" and engine.stats()["padded_rows"] > 0
     assert tokens[True] == tokens[False]
+
+
+# The kernels one decoding step issues per layer, counted where no GPU is, on the path a CUDA graph
+# captures (decode_static): the aten operations that launch one (benchmarks.gpu.decode_step_kernels;
+# on CUDA, `python -m benchmarks.gpu --count-kernels` counts the device's kernels too). Each is a launch
+# in the replayed graph, a few microseconds however small: 28 layers of the 1.5B shape run 22 a layer in
+# bfloat16, 616 a step, for weights read in about a millisecond. This bound must not grow.
+KERNELS_PER_LAYER = {torch.float32: 16, torch.bfloat16: 22, torch.float16: 22}
+
+
+@pytest.mark.parametrize("dtype", list(KERNELS_PER_LAYER))
+def test_a_decoding_step_issues_no_more_kernels_per_layer(dtype):
+    fwd = _forward("cpu", dtype)
+    for batch, length in ((1, 64), (8, 256)):
+        counted = decode_step_kernels(fwd, batch, length)["aten_ops"]
+        assert counted["per_layer"] <= KERNELS_PER_LAYER[dtype], counted
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
