@@ -457,7 +457,7 @@ class LeanForward:
             sin = sin[0].to(self.dtype)
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
-        self._fp32 = self.dtype == torch.float32
+        self._fp64 = self.dtype == torch.float64
         # Logits leave the forward in float32, or float64 for a float64 model: rounding them to float32
         # would put a float32 unit (6e-8 of a logit) on differences that float64 keeps at 1e-16, so a
         # float64 comparison could no longer tell a defect from a kernel chosen by the number of rows.
@@ -566,10 +566,22 @@ class LeanForward:
 
     # -- the step -------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        if self._fp32:
+        """RMSNorm in one kernel: F.rms_norm with the weight, in the activations' dtype (it sums in
+        float32; LlamaRMSNorm casts back before the weight, one rounding more in bfloat16, and three
+        kernels more). float64 normalizes in float32 as LlamaRMSNorm does: the float64 tests compare
+        with transformers' forward to 1e-9."""
+        if not self._fp64:
             return F.rms_norm(x, (self.hidden,), w, eps)
-        # As LlamaRMSNorm: normalise in float32, cast back, then scale.
         return w * F.rms_norm(x.float(), (self.hidden,), None, eps).to(self.dtype)
+
+    def _residual_add(self, x: torch.Tensor, inp: torch.Tensor, weights: tuple) -> torch.Tensor:
+        """``x += lin(inp)`` in place: for native weights one GEMM that adds into ``x`` (addmm_), the
+        stream's own tensor in decode_static."""
+        if self.weight_format == "native":
+            w_t, b = weights
+            x.addmm_(inp, w_t)
+            return x if b is None else x.add_(b)
+        return x.add_(self._lin(inp, weights))
 
     def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
         """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
@@ -762,22 +774,27 @@ class LeanForward:
         x = F.embedding(token_ids, self.embed)
         if self._cast_embed:
             x = x.to(self.dtype)
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
+        # Every launch counts in a replayed graph (tests/engine/test_model_runner.py bounds them per layer),
+        # so a layer runs the forward's arithmetic in 12 kernels instead of 22: each RMSNorm one kernel
+        # (_norm), RoPE one batched matmul by each row's rotation (built here once a step: cos on the
+        # diagonal, the signed sin D/2 off it, as torch.roll placed it), and the residual adds inside the
+        # GEMMs (addmm_ into the stream).
+        rot = torch.diag_embed(self.cos.index_select(0, positions))
+        rot.add_(torch.diag_embed(self.sin_signed.index_select(0, positions)).roll(D // 2, -2))
         keep = torch.arange(length, device=self.device).unsqueeze(0) < seq_lens.unsqueeze(1)
         mask = self._additive(keep).view(B, 1, 1, length)
         for li, L in enumerate(self.layers):
-            qkv = self._norm_lin(x, L.ln1, L.eps1, L.qkv).view(B, H + 2 * KVH, D)
-            qk = qkv[:, : H + KVH]
-            rot = torch.roll(qk, D // 2, -1).mul_(sin)
-            qk.mul_(cos).add_(rot)
+            qkv = self._lin(self._norm(x, L.ln1, L.eps1), L.qkv).view(B, H + 2 * KVH, D)
+            qk = torch.bmm(qkv[:, : H + KVH], rot)  # [B, H + KVH, D]: the rotated queries and keys
             layer = kv[li]  # [2, slots + 1, KVH, cap, D]
-            layer[:, write_slots, :, positions] = qkv[:, H:].view(B, 2, KVH, D)
-            q = qkv[:, :H].view(B, KVH, G, D)
+            layer[0, write_slots, :, positions] = qk[:, H:]
+            layer[1, write_slots, :, positions] = qkv[:, H + KVH :]
+            q = qk[:, :H].view(B, KVH, G, D)
             o = F.scaled_dot_product_attention(q, layer[0, :B, :, :length], layer[1, :B, :, :length],
                                                attn_mask=mask, scale=self.scaling)
-            x = self._residual_lin(x, o.reshape(B, H * D), L.o)
-            gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
-            x = self._residual_lin(x, gu, L.down, gate=L.act)
+            x = self._residual_add(x, o.reshape(B, H * D), L.o)
+            gu = self._lin(self._norm(x, L.ln2, L.eps2), L.gu)
+            inter = gu.shape[1] // 2
+            x = self._residual_add(x, L.act(gu[:, :inter]).mul_(gu[:, inter:]), L.down)
         hs = self._norm(x, self.final_norm, self.final_eps)
         return self._lin_head(hs, self.head).to(self.logits_dtype)
