@@ -90,6 +90,11 @@ class PriorityWorker:
             self._ready.notify()
         return future
 
+    def live_waiting(self) -> int:
+        """Live hops queued behind the one running."""
+        with self._ready:
+            return sum(1 for hop in self._queue if hop.rank == 0)
+
     def overdue(self) -> bool:
         """Whether a live hop whose audio is due by now waits in the queue (a first clause always is)."""
         with self._ready:
@@ -239,7 +244,9 @@ class TtsEngine:
         self, text: str, first_clause: bool, speed: float, voice_name: str | None = None,
         on_phonemes: Callable[[int], None] | None = None, work: str = "tts",
     ) -> Generator[np.ndarray, None, None]:
-        voice = self._pick(voice_name, first_clause=first_clause)
+        # Runs on the worker at the first hop. Every core for a first clause only while no other live speech
+        # waits: then the LLM stalls for it and the queue behind waits longer (the cores do more work on one).
+        voice = self._pick(voice_name, first_clause=first_clause and not self._worker.live_waiting())
         config = self._config
         if speed != 1.0:  # Piper's length scale stretches phoneme durations: speed 2 halves it
             config = dataclasses.replace(config, length_scale=(voice.piper.config.length_scale or 1.0) / speed)
@@ -275,7 +282,8 @@ class TtsEngine:
         `first_clause`: the reply's first words, which the user waits for in silence. They start
         without Piper's lead-in silence, and with a first-clause voice loaded they are synthesized
         on its threads while the LLM engine waits (inference/cpu.py): the rest of the reply has the
-        whole clause's playing time to catch up.
+        whole clause's playing time to catch up. Not while other live speech waits for the worker:
+        then they go on one thread like the rest.
 
         `on_phonemes`: called on the worker with each sentence's count of phoneme ids, Piper's input tokens.
 

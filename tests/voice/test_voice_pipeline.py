@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -17,6 +19,10 @@ from media.resample import resample
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
 from tests.conftest import QUESTION
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, words
+
+
+async def collect(chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
+    return np.concatenate([pcm async for pcm in chunks])
 
 LEAD_MS = 1000
 TRAIL_MS = 1200
@@ -206,9 +212,9 @@ async def test_first_clause_voice_holds_every_core_and_says_the_same(
     declared: list[tuple[int, bool]] = []
     real = inference.tts.using_cores
 
-    def spy(cores: int = 1, *, exclusive: bool = False):  # type: ignore[no-untyped-def]
+    def spy(cores: int = 1, *, exclusive: bool = False, work: str | None = None):  # type: ignore[no-untyped-def]
         declared.append((cores, exclusive))
-        return real(cores, exclusive=exclusive)
+        return real(cores, exclusive=exclusive, work=work)
 
     monkeypatch.setattr(inference.tts, "using_cores", spy)
     try:
@@ -217,6 +223,18 @@ async def test_first_clause_voice_holds_every_core_and_says_the_same(
         assert declared and set(declared) == {(2, True)}
         declared.clear()
         rest = np.concatenate([pcm async for pcm in two.synthesize(text)])
+        assert declared and set(declared) == {(1, False)}
+        # Other live speech queued behind it: the first clause goes on one thread, and the LLM does not wait.
+        declared.clear()
+        release = threading.Event()
+        blocker = two._worker.submit("live", release.wait)
+        first_clause = asyncio.create_task(collect(two.synthesize(text, first_clause=True)))
+        await asyncio.sleep(0.05)
+        other = asyncio.create_task(collect(two.synthesize(text)))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.wrap_future(blocker)
+        assert (await first_clause).size == first.size and (await other).size == rest.size
         assert declared and set(declared) == {(1, False)}
     finally:
         two.close()
