@@ -22,6 +22,12 @@ Sections (``--sections``, in this order whatever the order given; the default is
 - ``steps``: for each ``--buckets`` (batch x length), one step replayed (the captured graph on CUDA),
   timed with CUDA events, with the kernels the profiler sees in one replay, against the engine's own
   step at that batch and context (its decoding steps while every stream decodes);
+- ``host``: the engine's host time per decoding step at 1, 8 and 32 streams (``--host-batches``):
+  the step's wall time (scheduling, staging, the forward, sampling, detokenizing, delivery) less the
+  forward's own call (``decode_static``, timed inside the step), split into the runner's staging around
+  it, ``sample_rows`` and the rest; greedy with ``--host-repetition-penalty`` (the gateway's default
+  1.1). On the CPU the forward runs uncaptured and synchronously, so the rest is the host's own work;
+  on CUDA it also holds the wait for the device at the step's one synchronization;
 - ``prefill``: the forward alone over a 762-token prompt against the engine's TTFT of it (cold);
 - ``1_ttft`` *: TTFT of a ~762-token prompt (a system prompt and a question) seen for the first
   time, and of the same system prompt with another question (the prefix cache);
@@ -82,7 +88,7 @@ from inference.models import embedded_llm
 
 H100_SXM_GBS = 3350.0  # HBM3 bandwidth of an H100 SXM (80 GB)
 PROMPT_TOKENS = 762
-ENGINE_SECTIONS = ("capture", "kernels", "steps", "prefill", "1_ttft", "2_streams", "4_batched_equals_solo")
+ENGINE_SECTIONS = ("capture", "kernels", "steps", "host", "prefill", "1_ttft", "2_streams", "4_batched_equals_solo")
 SECTIONS = (*ENGINE_SECTIONS, "3_versus_transformers")
 SHORT_NAMES = {"ttft": "1_ttft", "streams": "2_streams", "solo": "4_batched_equals_solo",
                "transformers": "3_versus_transformers"}
@@ -380,6 +386,85 @@ async def steps_section(engine: LLMEngine, buckets: list[tuple[int, int]]) -> li
     return out
 
 
+class _Timed:
+    """Wraps a callable: its calls' seconds, summed."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.seconds = 0.0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repetition_penalty: float) -> list[dict]:
+    """The host's time per decoding step at each batch: ``batch`` greedy streams of a 64-token random
+    prompt decode ``tokens`` tokens. Each step of exactly ``batch`` decoding rows (no prompt in it) is
+    timed whole (the engine's ``_step``: scheduling to delivery) and in parts: the forward's call
+    (``decode_static``), the runner's work around it (``execute`` less the forward), ``sample_rows``,
+    and the rest (scheduling, accepting tokens, detokenizing, delivery). Medians over the steps: the
+    host figures are tenths of a millisecond beside a forward of tens on a CPU, where one preemption
+    by another process outweighs them."""
+    from inference.llm import engine as engine_module
+
+    fwd, runner = engine.fwd, engine.runner
+    forward, eager, execute = _Timed(fwd.decode_static), _Timed(fwd.forward), _Timed(runner.execute)
+    sample = _Timed(engine_module.sample_rows)
+    step_fn = engine._step
+    rows: list[int] = []
+    steps: list[tuple[int, float, float, float, float]] = []  # rows, step, forward, execute, sample
+
+    def step() -> None:
+        before = (forward.seconds, eager.seconds, execute.seconds, sample.seconds)
+        rows.clear()
+        t0 = time.perf_counter()
+        step_fn()
+        wall = time.perf_counter() - t0
+        if rows and eager.seconds == before[1] and forward.seconds > before[0]:  # decoding rows alone
+            steps.append((rows[0], wall, forward.seconds - before[0], execute.seconds - before[2],
+                          sample.seconds - before[3]))
+
+    observer = engine.step_observer
+    engine.step_observer = rows.append
+    fwd.decode_static, fwd.forward, runner.execute = forward, eager, execute  # type: ignore[method-assign]
+    engine_module.sample_rows = sample
+    engine._step = step  # type: ignore[method-assign]
+    out = []
+    try:
+        for batch in batches:
+            if batch > runner.buckets[-1]:
+                out.append({"batch": batch, "skipped": f"past the engine's {runner.buckets[-1]} rows"})
+                continue
+            params = SamplingParams(temperature=0, repetition_penalty=repetition_penalty, max_tokens=tokens,
+                                    ignore_eos=True)
+            engine.clear_prefix_cache()
+            steps.clear()
+            streams = [engine.submit(p, params) for p in random_prompts(fwd.vocab_size, batch, 64, seed=batch)]
+            await asyncio.gather(*(s.result() for s in streams))
+            mine = [s for s in steps if s[0] == batch]
+            if not mine:
+                out.append({"batch": batch, "steps": 0})
+                continue
+
+            def ms(values: list[float]) -> float:
+                return round(statistics.median(values) * 1000.0, 4)
+
+            out.append({"batch": batch, "steps": len(mine), "step_ms": ms([s[1] for s in mine]),
+                        "forward_ms": ms([s[2] for s in mine]), "host_ms": ms([s[1] - s[2] for s in mine]),
+                        "host_min_ms": round(min(s[1] - s[2] for s in mine) * 1000.0, 4),
+                        "runner_host_ms": ms([s[3] - s[2] for s in mine]), "sample_rows_ms": ms([s[4] for s in mine]),
+                        "rest_ms": ms([s[1] - s[3] - s[4] for s in mine]), "repetition_penalty": repetition_penalty})
+    finally:
+        del fwd.decode_static, fwd.forward, runner.execute, engine._step
+        engine_module.sample_rows = sample.fn
+        engine.step_observer = observer
+    return out
+
+
 async def prefill_section(engine: LLMEngine, repeats: int) -> dict:
     """The forward alone over a 762-token prompt (one chunk, over a pool of its own) against the
     engine's TTFT of the same prompt with an empty prefix cache: the engine's own cost around it
@@ -498,6 +583,9 @@ async def main_async(args, em: Emitter) -> None:
                     await _section(em, "kernels", lambda: _kernels(engine.fwd, args.buckets))
                 if "steps" in sections:
                     await _section(em, "steps", lambda: steps_section(engine, args.buckets))
+                if "host" in sections:
+                    await _section(em, "host", lambda: host_section(engine, args.host_batches, args.tokens,
+                                                                    args.host_repetition_penalty))
                 if "prefill" in sections:
                     await _section(em, "prefill", lambda: prefill_section(engine, args.repeats))
                 if "1_ttft" in sections:
@@ -557,10 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=None, help="decoder layers of random weights (default: the shape's)")
     ap.add_argument("--sections", type=parse_sections, default=parse_sections(DEFAULT_SECTIONS),
                     help=f"comma-separated, run in the documented order (default {DEFAULT_SECTIONS}; also "
-                         "kernels, steps, prefill)")
+                         "kernels, steps, host, prefill)")
     ap.add_argument("--count-kernels", action="store_true", help="run the kernels section alone")
     ap.add_argument("--buckets", type=parse_buckets, default=parse_buckets(DEFAULT_BUCKETS),
                     help=f"<batch>x<length>,... for the steps and kernels sections (default {DEFAULT_BUCKETS})")
+    ap.add_argument("--host-batches", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8, 32],
+                    help="streams for the host section (default 1,8,32)")
+    ap.add_argument("--host-repetition-penalty", type=float, default=1.1, help="for the host section")
     ap.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens per engine step")
