@@ -472,9 +472,9 @@ class LLMEngine:
         threads = self.threads.before_step(rows_n)
         t0 = time.perf_counter()
         try:
+            # No synchronization with a GPU here: the step's one wait is the copy of the sampled ids back
+            # (sampling.py), which comes after the work queued behind the forward.
             logits = self.runner.execute(plan)
-            if logits.device.type != "cpu":
-                torch.cuda.synchronize(logits.device)
             seconds = time.perf_counter() - t0
             self.threads.after_step(rows_n, seconds)
             if logits.device.type == "cpu":

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .forward import LeanForward
@@ -125,14 +126,18 @@ class ModelRunner:
         self.buckets = batch_buckets(kv.pool.slots)
         n = self.buckets[-1]
         dev = fwd.device
-        # The static input buffers: every graph reads their first B entries.
-        self._ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self._positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self._write_slots = torch.zeros(n, dtype=torch.long, device=dev)
-        self._seq_lens = torch.ones(n, dtype=torch.long, device=dev)
-        # Host staging: one copy to the device a step (pinned memory lets it run asynchronously).
+        # The static input buffers, rows of one tensor: every graph reads their first B entries. Row 4
+        # holds the decoding rows' logits to return, in the plan's order.
+        self._inputs = torch.zeros((5, n), dtype=torch.long, device=dev)
+        self._ids, self._positions, self._write_slots, self._seq_lens, self._take = self._inputs
+        self._seq_lens.fill_(1)
+        # Host staging, filled through numpy: one copy to the device a step (pinned memory lets it run
+        # asynchronously; the step's copy of the sampled ids back waits for it before the next step
+        # writes here again).
         pin = on_cuda
-        self._host = torch.zeros((4, n), dtype=torch.long, pin_memory=pin)
+        self._host = torch.zeros((5, n), dtype=torch.long, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self.input_copies = 0  # host-to-device copies of the static path's inputs (one a step)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._uncapturable: set[tuple[int, int]] = set()
         self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
@@ -231,42 +236,48 @@ class ModelRunner:
         while n_dec < len(plan.segments) and plan.segments[n_dec].n == 1:
             n_dec += 1
         pieces = []
-        wanted_dec = [r for r in plan.logit_rows if r < n_dec]
         if n_dec:
-            dec = self._decode(plan, n_dec)
+            wanted_dec = [r for r in plan.logit_rows if r < n_dec]
+            dec = self._decode(plan, n_dec, wanted_dec)
             if wanted_dec:
-                pieces.append(dec.index_select(0, torch.tensor(wanted_dec, dtype=torch.long, device=dev)))
+                pieces.append(dec)
         if n_dec < len(plan.segments):
             local = [r - n_dec for r in plan.logit_rows if r >= n_dec]
-            pieces.append(self.fwd.forward(pool, torch.tensor(plan.token_ids[n_dec:], dtype=torch.long, device=dev),
-                                           torch.tensor(plan.positions[n_dec:], dtype=torch.long, device=dev),
-                                           plan.segments[n_dec:], local))
+            # The prompt rows' ids and positions in one copy to the device.
+            rows = torch.tensor([plan.token_ids[n_dec:], plan.positions[n_dec:]], dtype=torch.long).to(dev)
+            pieces.append(self.fwd.forward(pool, rows[0], rows[1], plan.segments[n_dec:], local))
         if not pieces:
             return torch.empty((0, self.fwd.vocab_size), dtype=self.fwd.logits_dtype, device=dev)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
-    def _decode(self, plan: StepPlan, n_dec: int) -> torch.Tensor:
-        """The single-token rows of ``plan`` on the static path: logits ``[n_dec, vocab]`` in their order."""
+    def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int]) -> torch.Tensor:
+        """The single-token rows of ``plan`` on the static path: the logits of its rows ``wanted``
+        (indices into its first ``n_dec``), in that order. The inputs are staged on the host in numpy
+        and reach the device in one copy; the rows to return travel in the same copy (or, where they
+        are slots ``0..k-1`` in order, the usual case, the logits' first rows are returned as they are)."""
         pool = self.kv.pool
         segs = plan.segments[:n_dec]
-        slots = [s.slot for s in segs]
-        B = bucket_for(max(slots) + 1, self.buckets)
-        L = length_bucket(max(s.start for s in segs) + 1, pool.capacity)
-        host = self._host[:, :B]
-        host[0].zero_()
-        host[1].zero_()
-        host[2].fill_(pool.scratch_slot)
-        host[3].fill_(1)
-        for seg, tok in zip(segs, plan.token_ids[:n_dec]):
-            i = seg.slot
-            host[0, i] = tok
-            host[1, i] = seg.start
-            host[2, i] = i
-            host[3, i] = seg.start + 1
-        for buf, row in zip((self._ids, self._positions, self._write_slots, self._seq_lens), host):
-            buf[:B].copy_(row, non_blocking=True)
+        slots = np.fromiter((s.slot for s in segs), dtype=np.int64, count=n_dec)
+        starts = np.fromiter((s.start for s in segs), dtype=np.int64, count=n_dec)
+        B = bucket_for(int(slots.max()) + 1, self.buckets)
+        L = length_bucket(int(starts.max()) + 1, pool.capacity)
+        host = self._host_np
+        host[:2, :B] = 0
+        host[2, :B] = pool.scratch_slot
+        host[3, :B] = 1
+        host[0, slots] = plan.token_ids[:n_dec]
+        host[1, slots] = starts
+        host[2, slots] = slots
+        host[3, slots] = starts + 1
+        take = slots[wanted]
+        k = len(take)
+        host[4, :k] = take
+        self._inputs[:, :B].copy_(self._host[:, :B], non_blocking=True)
+        self.input_copies += 1
+        clean = pool.clean
         for slot in range(B):  # every position a row reads must be finite (a no-op on a zero-filled pool)
-            pool.sanitize(slot, L)
+            if clean[slot] < L:
+                pool.sanitize(slot, L)
         self.padded_rows += B - n_dec
         assert pool.data is not None
         graph = self._graph_for(B, L) if self.capture else None
@@ -279,7 +290,9 @@ class ModelRunner:
                                             self._seq_lens[:B], L)
         for seg in segs:
             pool.commit(seg.slot, seg.start + 1)
-        return logits.index_select(0, torch.tensor(slots, dtype=torch.long, device=logits.device))
+        if bool((take == np.arange(k)).all()):
+            return logits[:k]
+        return logits.index_select(0, self._take[:k])
 
     def _graph_for(self, B: int, L: int) -> _Graph | None:
         """The captured step for this bucket, captured now if it is not yet; None where its capture

@@ -151,6 +151,42 @@ def test_static_decode_sees_a_wrong_slot_mapping(monkeypatch):
     assert worst > 1e-3
 
 
+def _runner_ops(runner: ModelRunner, plan: StepPlan) -> list[str]:
+    """The aten operations a step of ``plan`` issues around the forward (which returns fixed logits)."""
+    logits = torch.zeros((runner.buckets[-1], runner.fwd.vocab_size))
+    runner.fwd.decode_static = lambda *args: logits[: args[1].shape[0]]  # type: ignore[method-assign]
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            runner.execute(plan)
+    finally:
+        del runner.fwd.decode_static
+    return [e.name for e in prof.events() if e.name.startswith("aten::")]
+
+
+def test_a_decoding_step_stages_its_inputs_in_one_copy():
+    """The static path's inputs (ids, positions, write slots, lengths and the logits' rows to return)
+    go from the host to the device in one copy a step, and decoding slots 0..k-1 return the forward's
+    logits without a gather (4 copies and a gather, with a tensor made from a list, before)."""
+    fwd = _forward("cpu", torch.float32)
+    kv = KVManager(fwd.kv_layout, 8, max_capacity=512, prefix_cache_bytes=0, capacity=256)
+    for _ in range(8):
+        kv.allocate()
+    runner = ModelRunner(fwd, kv, static_decode=True)
+    compact = StepPlan(segments=[Segment(s, 10 + s, 1) for s in range(6)], token_ids=[5, 6, 7, 8, 9, 10],
+                       positions=[10 + s for s in range(6)], logit_rows=list(range(6)))
+    ops = _runner_ops(runner, compact)
+    assert ops.count("aten::copy_") == 1 and "aten::index_select" not in ops and runner.input_copies == 1
+    assert runner._ids[:6].tolist() == [5, 6, 7, 8, 9, 10] and runner._seq_lens[:8].tolist() == [11, 12, 13, 14,
+                                                                                                   15, 16, 1, 1]
+    assert runner._write_slots[:8].tolist() == [0, 1, 2, 3, 4, 5, kv.pool.scratch_slot, kv.pool.scratch_slot]
+    # Slots 1 and 4 decoding, their logits wanted in the plan's order: one gather by the staged rows.
+    gaps = StepPlan(segments=[Segment(4, 30, 1), Segment(1, 20, 1)], token_ids=[3, 4], positions=[30, 20],
+                    logit_rows=[1, 0])
+    ops = _runner_ops(runner, gaps)
+    assert ops.count("aten::copy_") == 1 and ops.count("aten::index_select") == 1 and runner.input_copies == 2
+    assert runner._take[:2].tolist() == [1, 4] and runner._ids[:8].tolist() == [0, 4, 0, 0, 3, 0, 0, 0]
+
+
 def _non_contiguous_sdpa(monkeypatch):
     """sdpa as CUDA's float32/float64 kernels return it: the same values, non-contiguous strides."""
     real = F.scaled_dot_product_attention
