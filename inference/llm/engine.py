@@ -56,7 +56,7 @@ from .kv_manager import KVManager
 from .loader import LoadedLM
 from .model_runner import ModelRunner
 from .request import Request, RequestStatus
-from .sampling import IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+from .sampling import IncrementalDetokenizer, PenaltyMasks, RowSampler, StopChecker, sample_rows
 from .scheduler import Scheduler, StepPlan
 from .threads import ThreadPolicy
 
@@ -114,6 +114,8 @@ class LLMEngine:
         self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
                             prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
+        # The static path's greedy rows take their penalties from masks on the device (sampling.py).
+        self._masks = PenaltyMasks(config.max_batch_size, self.fwd.vocab_size, self.fwd.device) if static else None
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,
                                     probe_weight=self.fwd.layers[0].gu[0] if self.fwd.weight_format == "native"
                                     else None)
@@ -442,7 +444,7 @@ class LLMEngine:
             sample_reqs = [r for r in sample_reqs if id(r) not in failed]
         if sample_reqs:
             samplers = [r.sampler for r in sample_reqs]
-            for req, tok in zip(sample_reqs, sample_rows(logits, samplers)):  # type: ignore[arg-type]
+            for req, tok in zip(sample_reqs, sample_rows(logits, samplers, self._masks)):  # type: ignore[arg-type]
                 if isinstance(tok, Exception):
                     log.error("sampling for %s failed: %r", req.id, tok)
                     self._fail(req, tok)
@@ -562,6 +564,8 @@ class LLMEngine:
         return self.kv.cache_prefix(req.kv, req.tokens, upto, pin=pin)
 
     def _release(self, req: Request) -> None:
+        if self._masks is not None and req.sampler is not None:
+            self._masks.release(req.sampler)
         if req.kv is not None:
             self.kv.free(req.kv)
             req.kv = None

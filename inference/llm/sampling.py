@@ -27,7 +27,7 @@ class RowSampler:
 
     __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids",
                  "suppress_ids", "_suppress", "presence_penalty", "frequency_penalty", "generated_counts",
-                 "constraint", "probe_ids", "probed")
+                 "constraint", "probe_ids", "probed", "observed", "mask_row", "mask_marked")
 
     def __init__(
         self,
@@ -74,6 +74,10 @@ class RowSampler:
         self._seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long, device=device)
         self.suppress_ids = tuple(int(t) for t in suppress_ids)  # never sampled (e.g. EOS with ignore_eos)
         self._suppress: torch.Tensor | None = None
+        self.observed = 0  # tokens observed
+        # Its row of a PenaltyMasks (the static path's greedy rows), and how many observed tokens it holds.
+        self.mask_row: int | None = None
+        self.mask_marked = 0
 
     @property
     def greedy(self) -> bool:
@@ -86,6 +90,7 @@ class RowSampler:
                 or (bool(self.probe_ids) and self.probed is None))
 
     def observe(self, token_id: int) -> None:
+        self.observed += 1
         if self.constraint is not None:
             self.constraint.advance(token_id)
         if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0:
@@ -150,17 +155,22 @@ class RowSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[int | Exception]:
+def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler],
+                masks: PenaltyMasks | None = None) -> list[int | Exception]:
     """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler, or the
     exception that row's sampling raised (the other rows still get theirs). On the CPU, the greedy
-    rows of ``logits`` are overwritten with their penalized scores."""
+    rows of ``logits`` are overwritten with their penalized scores. With ``masks`` (the static path's,
+    a GPU's), the greedy rows' penalties come from their masks on the device."""
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
     out: list[int | Exception] = [0] * len(samplers)
     greedy = [i for i, s in enumerate(samplers) if s.greedy and not s.per_row]
     if greedy:
         try:
-            for i, t in zip(greedy, _greedy_tokens(logits, greedy, [samplers[i] for i in greedy])):
+            rows = [samplers[i] for i in greedy]
+            picked = masks.greedy_tokens(logits, greedy, rows) if masks is not None else _greedy_tokens(
+                logits, greedy, rows)
+            for i, t in zip(greedy, picked):
                 out[i] = t
         except Exception as exc:
             for i in greedy:
@@ -241,6 +251,82 @@ def _greedy_tokens_on_device(logits: torch.Tensor, rows: list[int], samplers: li
         values = picked[at[0], at[1]]
         picked[at[0], at[1]] = torch.where(values < 0, values * factor, values / factor)
     return picked.argmax(dim=-1).tolist()
+
+
+class PenaltyMasks:
+    """The greedy rows' penalties as masks on the logits' device, for the static path (a GPU's): each
+    sampler that comes here gets a row of ``seen`` (its prompt's ids where it has a repetition penalty,
+    and every token it samples) and of ``suppressed``; a step gathers its rows' masks, applies both
+    with elementwise operations (the same float32 arithmetic as :meth:`RowSampler.process`), takes the
+    argmax and marks the picked ids in ``seen`` on the device. The host does the same few operations
+    whatever the rows have seen: no list of seen ids is built or copied a step (they were, each step,
+    for every row). A sampler's row is written from the host once, when it first comes (and again only
+    if it observed tokens another path sampled); the rows' indices and penalties are copied again only
+    when the batch changes. :meth:`release` hands a finished request's row back."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device | str) -> None:
+        self.vocab = vocab
+        self.device = torch.device(device)
+        self.seen = torch.zeros((rows, vocab), dtype=torch.bool, device=self.device)
+        self.suppressed = torch.zeros((rows, vocab), dtype=torch.bool, device=self.device)
+        self._free = list(range(rows - 1, -1, -1))
+        self._key: tuple[int, ...] | None = None
+        self._index = self._factor = torch.empty(0)
+        self._any_suppressed = self._any_penalty = False
+        self.host_writes = 0  # rows written from the host (a sampler's first step, or a resync)
+        self._true = torch.ones((), dtype=torch.bool, device=self.device)
+
+    def release(self, sampler: RowSampler) -> None:
+        if sampler.mask_row is not None:
+            self._free.append(sampler.mask_row)
+            sampler.mask_row = None
+            self._key = None
+
+    def _attach(self, s: RowSampler) -> None:
+        if s.mask_row is None:
+            if not self._free:  # more samplers than rows (none released yet): twice the rows
+                n = self.seen.shape[0]
+                self.seen = torch.cat([self.seen, torch.zeros_like(self.seen)])
+                self.suppressed = torch.cat([self.suppressed, torch.zeros_like(self.suppressed)])
+                self._free = list(range(2 * n - 1, n - 1, -1))
+            s.mask_row = self._free.pop()
+            self._key = None
+        row = s.mask_row
+        self.seen[row].zero_()
+        self.suppressed[row].zero_()
+        if s.repetition_penalty != 1.0 and s.seen:
+            self.seen[row].index_fill_(0, s.seen_ids(torch.device("cpu")).to(self.device), True)
+        if s.suppress_ids:
+            self.suppressed[row].index_fill_(0, torch.tensor(s.suppress_ids, dtype=torch.long).to(self.device),
+                                             True)
+        s.mask_marked = s.observed
+        self.host_writes += 1
+
+    def greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+        for s in samplers:
+            if s.mask_row is None or s.mask_marked != s.observed:
+                self._attach(s)
+        key = tuple(s.mask_row for s in samplers if s.mask_row is not None)  # every one has its row now
+        if key != self._key:
+            self._key = key
+            self._index = torch.tensor(key, dtype=torch.long).to(self.device, non_blocking=True)
+            self._factor = torch.tensor([[s.repetition_penalty] for s in samplers], dtype=torch.float32).to(
+                self.device, non_blocking=True)
+            self._any_suppressed = any(s.suppress_ids for s in samplers)
+            self._any_penalty = any(s.repetition_penalty != 1.0 for s in samplers)
+        picked = logits if len(rows) == logits.shape[0] else logits[rows]
+        width = picked.shape[-1]
+        if self._any_suppressed:
+            picked = picked.masked_fill(self.suppressed.index_select(0, self._index)[:, :width], float("-inf"))
+        if self._any_penalty:
+            factor = self._factor.to(picked.dtype)
+            penalized = torch.where(picked < 0, picked * factor, picked / factor)
+            picked = torch.where(self.seen.index_select(0, self._index)[:, :width], penalized, picked)
+        ids = picked.argmax(dim=-1)
+        self.seen.index_put_((self._index, ids), self._true)
+        for s in samplers:  # the engine observes each picked token next
+            s.mask_marked = s.observed + 1
+        return ids.tolist()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

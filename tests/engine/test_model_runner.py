@@ -259,11 +259,13 @@ def test_a_failed_capture_is_a_warning_and_counted(monkeypatch, caplog):
 
 
 @pytest.mark.asyncio
-async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path):
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
+async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path, repetition_penalty):
     """The engine with static decoding (what a GPU runs, here without capture) against the eager
-    engine: the same greedy tokens for requests that come and go at different times."""
+    engine: the same greedy tokens for requests that come and go at different times (with a repetition
+    penalty too: the static path's masks on the device against the eager path's seen-id lists)."""
     lm = random_loaded_lm(tmp_path, layers=LAYERS, dtype=torch.float64, kernels="torch")
-    params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, repetition_penalty=repetition_penalty, max_tokens=12, ignore_eos=True)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 3, 75, 12, 50)]
     tokens = {}

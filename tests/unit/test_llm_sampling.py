@@ -12,6 +12,7 @@ from transformers.generation.logits_process import (
 
 from inference.llm.sampling import (
     IncrementalDetokenizer,
+    PenaltyMasks,
     RowSampler,
     StopChecker,
     _greedy_tokens,
@@ -119,6 +120,43 @@ def test_greedy_rows_on_the_device_path_pick_what_the_host_path_picks():
         for rows in ([0, 1, 2], [0, 1, 3]):
             want = _greedy_tokens(logits.clone(), rows, samplers)
             assert _greedy_tokens_on_device(logits.clone(), rows, samplers) == want, (step, rows)
+
+
+def test_penalty_masks_on_the_device_pick_what_the_seen_id_lists_pick():
+    """The static path's penalties as per-row masks on the device, marked with each sampled token,
+    give the tokens of the host path, which builds every row's seen ids a step: over 40 steps of rows
+    that come and go (a finished row's mask goes to the next), a penalty above and below 1, suppressed
+    ids, rows without either, a row sampled elsewhere for a step (its mask written again), more rows
+    than the masks had, and logits that make repeating a token tempting. Its rows are written from the
+    host once each, not every step."""
+    torch.manual_seed(11)
+    V = 300
+    masks = PenaltyMasks(2, V, "cpu")
+    specs = [dict(repetition_penalty=1.3, prompt_ids=list(range(0, 300, 7))), dict(suppress_ids=[7, 9]),
+             dict(repetition_penalty=0.7, prompt_ids=[1, 2, 3], suppress_ids=[4]), dict(),
+             dict(repetition_penalty=1.1, prompt_ids=[5, 5, 6])]
+    pairs = [(sampler(temperature=0, **kw), sampler(temperature=0, **kw)) for kw in specs[:3]]
+    writes = 0
+    for step in range(40):
+        if step == 10:  # a row finishes, two come
+            masks.release(pairs.pop(1)[0])
+            pairs += [(sampler(temperature=0, **kw), sampler(temperature=0, **kw)) for kw in specs[3:]]
+        logits = torch.randn(len(pairs) + 1, V) * 2
+        logits[:, 40 + step % 3] += 4.0  # a few tokens come back again and again: the penalty decides
+        rows = list(range(len(pairs))) if step % 2 else list(range(1, len(pairs) + 1))
+        if step == 20:  # the first row is sampled on its own path this step (not through the masks)
+            mine = masks.greedy_tokens(logits.clone(), rows[1:], [p[0] for p in pairs[1:]])
+            mine.insert(0, int(torch.argmax(pairs[0][0].process(logits[rows[0]].clone()))))
+        else:
+            mine = masks.greedy_tokens(logits.clone(), rows, [p[0] for p in pairs])
+        want = _greedy_tokens(logits.clone(), rows, [p[1] for p in pairs])
+        assert mine == want, step
+        for (a, b), tok in zip(pairs, want):
+            a.observe(tok)
+            b.observe(tok)
+        writes = masks.host_writes
+    assert masks.seen.shape[0] == 4  # 4 rows at once: the masks grew
+    assert writes == len(specs) + 1  # each sampler's first step, and the row sampled elsewhere
 
 
 def test_a_failing_row_gets_its_exception_and_the_others_their_tokens():
