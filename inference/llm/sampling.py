@@ -342,10 +342,17 @@ class IncrementalDetokenizer:
 
     A delta is released only once the decoded text no longer ends in a replacement character (the
     start of a multi-byte character whose other bytes are in later tokens). Text is decoded from a
-    short window of recent tokens, so each step costs O(1), not O(length).
+    short window of recent tokens, so each step costs O(1), not O(length): the window's released
+    part's text is kept, so a token costs one decode (the window with it), and the window moves on
+    past what was released once it holds more than ``WINDOW`` tokens, which costs one decode more of
+    the part it keeps (every ``WINDOW`` tokens or so, fewer where a character spans tokens; before,
+    every token cost two decodes).
     """
 
-    __slots__ = ("tokenizer", "ids", "prefix_offset", "read_offset", "skip_special_tokens")
+    WINDOW = 16
+
+    __slots__ = ("tokenizer", "ids", "prefix_offset", "read_offset", "skip_special_tokens", "_prefix_text",
+                 "_last_read")
 
     def __init__(self, tokenizer, *, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
@@ -353,6 +360,8 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
         self.skip_special_tokens = skip_special_tokens
+        self._prefix_text = ""  # the text of ids[prefix_offset:read_offset]
+        self._last_read = 0  # read_offset before the last delta was released
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
@@ -360,20 +369,27 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         self.ids.append(int(token_id))
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
+        prefix_text = self._prefix_text
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             delta = new_text[len(prefix_text) :]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
+            self._last_read, self.read_offset = self.read_offset, len(self.ids)
+            if self.read_offset - self.prefix_offset > self.WINDOW:
+                # Start the window at the last delta's tokens (their text decoded alone, as the window's
+                # first tokens always are: a tokenizer may drop a leading space there).
+                self.prefix_offset = self._last_read
+                self._prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            else:
+                self._prefix_text = new_text
             return delta
         return ""
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end), decoded as is."""
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        prefix_text = self._prefix_text
         new_text = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
+        self._prefix_text = ""
         if len(new_text) > len(prefix_text):
             return new_text[len(prefix_text) :].rstrip("\ufffd")
         return ""

@@ -225,6 +225,73 @@ def test_incremental_detokenizer_never_splits_characters():
     assert deltas[i : i + 3] == ["", "", ""] and deltas[i + 3] == "🙂"
 
 
+class CountingTokenizer:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.decodes = 0
+
+    def decode(self, ids, **kw):
+        self.decodes += 1
+        return self.inner.decode(ids, **kw)
+
+
+def _two_decode_deltas(tokenizer, ids: list[int]) -> list[str]:
+    """The detokenizer as it was: every token decoded twice (the released window, and it with the new tokens)."""
+    def dec(part):
+        return tokenizer.decode(part, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    out, prefix, read = [], 0, 0
+    for n in range(1, len(ids) + 1):
+        prefix_text, new_text = dec(ids[prefix:read]), dec(ids[prefix:n])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            out.append(new_text[len(prefix_text):])
+            prefix, read = read, n
+        else:
+            out.append("")
+    prefix_text, new_text = dec(ids[prefix:read]), dec(ids[prefix:])
+    out.append(new_text[len(prefix_text):].rstrip("\ufffd") if len(new_text) > len(prefix_text) else "")
+    return out
+
+
+def _metaspace_tokenizer():
+    """A sentencepiece-like tokenizer (Llama 2's, Mistral's): words carry a leading '▁' that decoding
+    turns into a space, except at the start of what is decoded."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "▁Hello", "▁world", "!", "▁", "é", "▁a", "b", "▁🙂", "<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]
+    tok = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok), len(pieces)
+
+
+def test_detokenizer_decodes_each_token_once_with_the_same_deltas():
+    """A token costs one decode (and the window's move one more every WINDOW tokens or so: under
+    2 x pushes / WINDOW), where it cost two, and the deltas are the two-decode detokenizer's: byte-level text with multi-byte
+    characters split across tokens, and a sentencepiece-like tokenizer that drops a leading space
+    where decoding starts."""
+    import random
+
+    from benchmarks.synthetic_lm import byte_tokenizer
+
+    rng = random.Random(3)
+    text = "héllo → wörld 🙂! 日本語のテキスト, ça va? " * 6
+    byte_level = byte_tokenizer(400)
+    byte_ids = byte_level.encode(text, add_special_tokens=False)
+    meta, n_meta = _metaspace_tokenizer()
+    cases = [(ByteTokenizer(), list(text.encode())), (byte_level, byte_ids),
+             (byte_level, [rng.randrange(256) for _ in range(300)])]
+    cases += [(meta, [rng.randrange(1, n_meta) for _ in range(200)]) for _ in range(3)]
+    for tokenizer, ids in cases:
+        counting = CountingTokenizer(tokenizer)
+        d = IncrementalDetokenizer(counting)
+        deltas = [d.push(t) for t in ids] + [d.flush()]
+        assert deltas == _two_decode_deltas(tokenizer, ids)
+        pushes = len(ids)
+        assert counting.decodes <= pushes + 2 * pushes // IncrementalDetokenizer.WINDOW + 2, (counting.decodes, pushes)
+
+
 def test_detokenizer_flush_drops_incomplete_tail():
     d = IncrementalDetokenizer(ByteTokenizer())
     out = [d.push(b) for b in b"ab" + "🙂".encode()[:2]]
