@@ -299,7 +299,8 @@ class AsrEngine:
     def _partial_credit_left(self) -> float:
         """The bucket's core-seconds now (the worker's thread alone reads and spends it)."""
         now = time.monotonic()
-        self._partial_credit = min(PARTIAL_BURST_S, self._partial_credit + (now - self._credit_at) * self.partial_budget)
+        most = max(PARTIAL_BURST_S, self.partial_budget)  # a second's worth of a large budget
+        self._partial_credit = min(most, self._partial_credit + (now - self._credit_at) * self.partial_budget)
         self._credit_at = now
         return self._partial_credit
 

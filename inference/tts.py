@@ -13,8 +13,13 @@ another's reply, which has seconds of audio queued at the listener (FIFO did: at
 first audio came 0.38 s (p50) to 1.4 s (p95) after its first clause, of which Piper's own time is
 0.06-0.33 s).
 
+The worker has `workers` threads (2 by default) taking hops from that one queue: at 8 sessions on 2
+cores, Piper's work (0.8 core-seconds a turn) kept a single thread 85% busy while the process used 61%
+of the cores, and the first clauses queued behind it. onnxruntime runs one session from several threads
+at once; espeak-ng, which turns text into phonemes, is one global state, so that step is serialized.
+
 One default voice (live sessions speak with it; a second onnxruntime session of it serves first
-clauses) and any number of other installed voices, each on one onnxruntime session, one worker.
+clauses) and any number of other installed voices, each on one onnxruntime session.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Any, Literal
 import numpy as np
 
 from inference.cpu import using_cores
+
+_PHONEMIZER = threading.Lock()  # espeak-ng keeps one global state: one text at a time, whichever worker asks
 
 # Piper starts every sentence with 30-60 ms of near silence. A reply's first words go out without it
 # (the user is waiting), keeping a few ms so that the first sound does not start abruptly.
@@ -69,16 +76,20 @@ class _Hop:
 
 
 class PriorityWorker:
-    """One thread that runs submitted calls one at a time: the lowest rank first, the earliest deadline
+    """`threads` threads that run submitted calls from one queue: the lowest rank first, the earliest deadline
     first within a rank (time.monotonic() seconds; None: due now), FIFO among equal deadlines."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError(f"a worker needs at least one thread, not {threads}")
         self._queue: list[_Hop] = []
         self._seq = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._running = 0
+        self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, priority: Priority, call: Callable[[], Any], deadline: float | None = None) -> Future[Any]:
         future: Future[Any] = Future()
@@ -90,10 +101,10 @@ class PriorityWorker:
             self._ready.notify()
         return future
 
-    def live_waiting(self) -> int:
-        """Live hops queued behind the one running."""
+    def others_busy(self) -> int:
+        """Hops running besides the caller's (called from a hop) and live hops queued."""
         with self._ready:
-            return sum(1 for hop in self._queue if hop.rank == 0)
+            return self._running - 1 + sum(1 for hop in self._queue if hop.rank == 0)
 
     def overdue(self) -> bool:
         """Whether a live hop whose audio is due by now waits in the queue (a first clause always is)."""
@@ -107,15 +118,19 @@ class PriorityWorker:
                 if not self._queue:
                     return
                 hop = heapq.heappop(self._queue)
-            if not hop.future.set_running_or_notify_cancel():
-                continue
+                if not hop.future.set_running_or_notify_cancel():
+                    continue
+                self._running += 1
             try:
                 hop.future.set_result(hop.call())
             except BaseException as exc:  # delivered to whoever awaits the hop
                 hop.future.set_exception(exc)
+            finally:
+                with self._ready:
+                    self._running -= 1
 
     def shutdown(self) -> None:
-        """Queued hops are cancelled; the one running finishes in the background."""
+        """Queued hops are cancelled; those running finish in the background."""
         with self._ready:
             self._closed = True
             pending, self._queue = self._queue, []
@@ -145,6 +160,7 @@ class TtsEngine:
         voice_name: str = "default",
         other_voices: dict[str, object] | None = None,
         device: Literal["cpu", "cuda"] = "cpu",
+        workers: int = 1,
     ) -> None:
         from piper import SynthesisConfig
 
@@ -164,7 +180,8 @@ class TtsEngine:
             self._config.noise_w_scale = 0.0
         self.sample_rate: int = voice.config.sample_rate  # type: ignore[attr-defined]
         self.load_seconds = load_seconds
-        self._worker = PriorityWorker("tts")
+        self.workers = workers
+        self._worker = PriorityWorker("tts", workers)
 
     def speech_overdue(self) -> bool:
         """Whether a live session's speech waits for the worker past its deadline: a listener hears silence."""
@@ -203,6 +220,7 @@ class TtsEngine:
         voice_name: str = "default",
         other_voices: Sequence[tuple[str, Path]] = (),
         device: Literal["cpu", "cuda"] = "cpu",
+        workers: int = 1,
     ) -> TtsEngine:
         """Blocking. volume < 1 leaves headroom: Piper peaks every sentence at full scale and resampling overshoots.
 
@@ -211,7 +229,7 @@ class TtsEngine:
         the same audio (test and benchmark speech: a run does not depend on the take). `other_voices`:
         more installed voices (name, .onnx with its .onnx.json beside it), for POST /v1/audio/speech.
         `device` "cuda": onnxruntime's CUDA provider (onnxruntime-gpu), where threads do not matter: no
-        first-clause session."""
+        first-clause session. `workers`: the threads that synthesize side by side (see the module's docstring)."""
         started = time.perf_counter()
         config = _config(Path(config_path) if config_path else Path(f"{model_path}.json"))
         voice = _piper(model_path, config, threads, device)
@@ -230,6 +248,7 @@ class TtsEngine:
             voice_name=voice_name,
             other_voices=dict(others),
             device=device,
+            workers=workers,
         )
         if warmup:
             engine.synthesize_blocking("Hello.")  # also loads espeak-ng's data once
@@ -244,24 +263,27 @@ class TtsEngine:
         self, text: str, first_clause: bool, speed: float, voice_name: str | None = None,
         on_phonemes: Callable[[int], None] | None = None, work: str = "tts",
     ) -> Generator[np.ndarray, None, None]:
-        # Runs on the worker at the first hop. Every core for a first clause only while no other live speech
-        # waits: then the LLM stalls for it and the queue behind waits longer (the cores do more work on one).
-        voice = self._pick(voice_name, first_clause=first_clause and not self._worker.live_waiting())
+        # Runs on the worker at the first hop. Every core for a first clause only while no other speech runs
+        # or waits: else the LLM stalls for it and the others wait longer (the cores do more work on one).
+        voice = self._pick(voice_name, first_clause=first_clause and not self._worker.others_busy())
         config = self._config
         if speed != 1.0:  # Piper's length scale stretches phoneme durations: speed 2 halves it
             config = dataclasses.replace(config, length_scale=(voice.piper.config.length_scale or 1.0) / speed)
-        sentences = iter(voice.piper.synthesize(text, syn_config=config))
+        piper = voice.piper
+        with _PHONEMIZER:
+            sentences = piper.phonemize(text)
         lead_in = first_clause
-        while True:
-            with using_cores(voice.threads, exclusive=voice.exclusive, work=work):  # the synthesis is in next()
-                chunk = next(sentences, None)
-            if chunk is None:
-                return
+        for phonemes in sentences:
+            if not phonemes:
+                continue
+            ids = piper.phonemes_to_ids(phonemes)
+            with using_cores(voice.threads, exclusive=voice.exclusive, work=work):
+                audio = piper.phoneme_ids_to_audio(ids, config)
             if on_phonemes is not None:
-                on_phonemes(len(chunk.phoneme_ids))
-            pcm = chunk.audio_int16_array
+                on_phonemes(len(ids))
+            pcm = _to_int16(audio, config)
             if lead_in:
-                pcm, lead_in = trim_lead_in(pcm, voice.piper.config.sample_rate), False
+                pcm, lead_in = trim_lead_in(pcm, piper.config.sample_rate), False
             yield pcm
 
     async def synthesize(
@@ -294,9 +316,11 @@ class TtsEngine:
         chunks = self._chunks(text, first_clause, speed, voice, on_phonemes, work)
         rate = self.sample_rate_of(voice)
         due = deadline
+        hop: Future[Any] | None = None
         try:
             while True:
-                pcm = await asyncio.wrap_future(self._worker.submit(priority, lambda: next(chunks, None), due))
+                hop = self._worker.submit(priority, lambda: next(chunks, None), due)
+                pcm = await asyncio.wrap_future(hop)
                 if pcm is None:
                     return
                 made = time.monotonic()
@@ -304,11 +328,18 @@ class TtsEngine:
                 due += len(pcm) / rate
                 yield pcm
         finally:
-            # A hop may still be running: closing on the same single worker waits for it, on no one's loop.
-            try:
-                self._worker.submit("live", chunks.close)
-            except RuntimeError:
-                pass  # closed engine: the generator is simply dropped
+            # A hop may still be running (on any of the worker's threads): the generator is closed on the worker
+            # once that hop is over, on no one's loop.
+            def close(_: object = None) -> None:
+                try:
+                    self._worker.submit("live", chunks.close)
+                except RuntimeError:
+                    pass  # closed engine: the generator is simply dropped
+
+            if hop is not None:
+                hop.add_done_callback(close)
+            else:
+                close()
 
     def synthesize_blocking(
         self, text: str, *, first_clause: bool = False, speed: float = 1.0, voice: str | None = None
@@ -319,6 +350,18 @@ class TtsEngine:
 
     def close(self) -> None:
         self._worker.shutdown()
+
+
+def _to_int16(audio: np.ndarray, config: Any) -> np.ndarray:
+    """A sentence's float audio as PiperVoice.synthesize gives it (normalized to its peak, at the volume, clipped),
+    in int16."""
+    if config.normalize_audio:
+        peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+        audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
+    if config.volume != 1.0:
+        audio = audio * config.volume
+    audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
+    return np.clip(audio * 32767.0, -32767.0, 32767.0).astype(np.int16)
 
 
 def _config(path: Path) -> Any:

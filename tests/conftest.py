@@ -23,7 +23,8 @@ os.environ.setdefault("GATEWAY_ADMISSION_LATENCY_MS", "0")
 
 @pytest.fixture(scope="session")
 def asr() -> Iterator[AsrEngine]:
-    engine = AsrEngine.load(embedded_asr(), "cpu", threads=2)
+    # Every partial runs: the tests of partials are about their words and order (the budget has its own tests).
+    engine = AsrEngine.load(embedded_asr(), "cpu", threads=2, partial_budget=64)
     yield engine
     engine.close()
 

@@ -264,6 +264,7 @@ class Runtime:
             voice_name=voices.default,
             other_voices=list(zip(voices.installed[1:], settings.tts_voices)),
             device=device,
+            workers=settings.tts_workers,
         ), "Piper")
         self.load_times.tts_s = self.tts.load_seconds
 

@@ -58,6 +58,28 @@ def test_live_hops_run_earliest_deadline_first() -> None:
                      "speech endpoint"]
 
 
+def test_a_worker_of_two_threads_runs_two_hops_at_once_and_the_rest_by_deadline() -> None:
+    worker = PriorityWorker("test-tts", threads=2)
+    release = threading.Event()
+    both = threading.Barrier(3, timeout=5)
+    order: list[str] = []
+    now = time.monotonic()
+    try:
+        busy = [worker.submit("live", lambda: both.wait() is not None and release.wait()) for _ in range(2)]
+        both.wait()  # two hops running together
+        assert worker.others_busy() == 1  # as a running hop sees it: the other one
+        futures = [worker.submit("live", lambda name=name: order.append(name), now + offset)
+                   for name, offset in (("later", 2.0), ("sooner", 1.0))]
+        release.set()
+        for future in (*busy, *futures):
+            future.result(5)
+    finally:
+        worker.shutdown()
+    assert sorted(order) == ["later", "sooner"]
+    with pytest.raises(ValueError):
+        PriorityWorker("test-tts", threads=0)
+
+
 def test_a_worker_is_overdue_while_a_live_hop_past_its_deadline_waits() -> None:
     worker = PriorityWorker("test-tts")
     release, started = threading.Event(), threading.Event()

@@ -247,3 +247,32 @@ async def test_first_clause_voice_holds_every_core_and_says_the_same(
     assert next(i for i, level in enumerate(levels) if level > 100) <= 3  # sound within 15 ms
     heard = await asr.transcribe(AudioChunk(resample(first, two.sample_rate, 16000), 16000).to_float32(), final=True)
     assert heard is not None and heard_as(heard.text, text) >= HEARD_AS_SAID, heard
+
+
+async def test_piper_speaks_as_its_own_synthesize_and_two_workers_speak_side_by_side() -> None:
+    """The sentences go through Piper's phonemes and model one hop each, with Piper's own normalization; two
+    worker threads synthesize two texts at the same time and each says what one worker says."""
+    from piper import SynthesisConfig
+
+    texts = ("The capital of France is Paris. It is a big city.", "Two plus two is four, and four plus four is eight.")
+    two = TtsEngine.load(embedded_tts(), threads=1, variation=False, workers=2)
+    try:
+        config = SynthesisConfig(normalize_audio=True, volume=0.9, noise_scale=0.0, noise_w_scale=0.0)
+        own = np.concatenate([chunk.audio_int16_array for chunk in two._voice.piper.synthesize(texts[0], syn_config=config)])
+        alone = [two.synthesize_blocking(text) for text in texts]
+        assert np.array_equal(alone[0], own)
+        running: list[int] = []
+        real = two._chunks
+
+        def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+            for pcm in real(*args, **kwargs):
+                running.append(two._worker._running)
+                yield pcm
+
+        two._chunks = watched  # type: ignore[method-assign]
+        together = await asyncio.gather(*(collect(two.synthesize(text)) for text in texts))
+        assert max(running) == 2  # both threads were synthesizing at once
+        for made, expected in zip(together, alone):
+            assert made.shape == expected.shape and np.abs(made.astype(np.int32) - expected).max() <= 2
+    finally:
+        two.close()
