@@ -56,7 +56,7 @@ from .kv_manager import KVManager
 from .loader import LoadedLM
 from .model_runner import ModelRunner
 from .request import Request, RequestStatus
-from .sampling import IncrementalDetokenizer, PenaltyMasks, RowSampler, StopChecker, sample_rows
+from .sampling import DevicePenalties, IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
 from .scheduler import Scheduler, StepPlan
 from .threads import ThreadPolicy
 
@@ -114,8 +114,8 @@ class LLMEngine:
         self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
                             prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
-        # The static path's greedy rows take their penalties from masks on the device (sampling.py).
-        self._masks = PenaltyMasks(config.max_batch_size, self.fwd.vocab_size, self.fwd.device) if static else None
+        # The static path's greedy rows keep their penalties' ids on the device (sampling.py).
+        self._masks = DevicePenalties(config.max_batch_size, self.fwd.device) if static else None
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,
                                     probe_weight=self.fwd.layers[0].gu[0] if self.fwd.weight_format == "native"
                                     else None)

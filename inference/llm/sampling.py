@@ -75,7 +75,7 @@ class RowSampler:
         self.suppress_ids = tuple(int(t) for t in suppress_ids)  # never sampled (e.g. EOS with ignore_eos)
         self._suppress: torch.Tensor | None = None
         self.observed = 0  # tokens observed
-        # Its row of a PenaltyMasks (the static path's greedy rows), and how many observed tokens it holds.
+        # Its row of a DevicePenalties (the static path's greedy rows), and how many observed tokens it holds.
         self.mask_row: int | None = None
         self.mask_marked = 0
 
@@ -156,11 +156,11 @@ class RowSampler:
 
 
 def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler],
-                masks: PenaltyMasks | None = None) -> list[int | Exception]:
+                masks: DevicePenalties | None = None) -> list[int | Exception]:
     """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler, or the
     exception that row's sampling raised (the other rows still get theirs). On the CPU, the greedy
     rows of ``logits`` are overwritten with their penalized scores. With ``masks`` (the static path's,
-    a GPU's), the greedy rows' penalties come from their masks on the device."""
+    a GPU's), the greedy rows' penalties come from the state it keeps on the device."""
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
     out: list[int | Exception] = [0] * len(samplers)
@@ -253,28 +253,32 @@ def _greedy_tokens_on_device(logits: torch.Tensor, rows: list[int], samplers: li
     return picked.argmax(dim=-1).tolist()
 
 
-class PenaltyMasks:
-    """The greedy rows' penalties as masks on the logits' device, for the static path (a GPU's): each
-    sampler that comes here gets a row of ``seen`` (its prompt's ids where it has a repetition penalty,
-    and every token it samples) and of ``suppressed``; a step gathers its rows' masks, applies both
-    with elementwise operations (the same float32 arithmetic as :meth:`RowSampler.process`), takes the
-    argmax and marks the picked ids in ``seen`` on the device. The host does the same few operations
-    whatever the rows have seen: no list of seen ids is built or copied a step (they were, each step,
-    for every row). A sampler's row is written from the host once, when it first comes (and again only
-    if it observed tokens another path sampled); the rows' indices and penalties are copied again only
-    when the batch changes. :meth:`release` hands a finished request's row back."""
+class DevicePenalties:
+    """The greedy rows' penalties kept on the logits' device, for the static path (a GPU's). Each
+    sampler that comes here gets a row of ``ids``: the ids it has seen (its prompt's where it has a
+    repetition penalty), then every token it samples, appended on the device by the step that samples
+    it; the rest of the row repeats its first entry (0 where it has none: a factor of 1 writes the
+    value back), and a row's suppressed ids are a row of ``suppressed`` likewise. A step gathers its rows' logits at those ids, penalizes them (the same
+    float32 arithmetic as :meth:`RowSampler.process`; a repeated id gets the same value twice) and
+    scatters them back, takes the argmax and appends it: a fixed dozen operations on the host whatever
+    the rows have seen, over rows x seen ids on the device (not the vocabulary). Before, every row's
+    seen ids were gathered into lists and copied to the device each step. A sampler's row is written
+    from the host once, when it first comes (again only if it observed a token another path sampled);
+    the batch's row indices and penalties are copied again only when the batch changes. :meth:`release`
+    hands a finished request's row back."""
 
-    def __init__(self, rows: int, vocab: int, device: torch.device | str) -> None:
-        self.vocab = vocab
+    def __init__(self, rows: int, device: torch.device | str, width: int = 256) -> None:
         self.device = torch.device(device)
-        self.seen = torch.zeros((rows, vocab), dtype=torch.bool, device=self.device)
-        self.suppressed = torch.zeros((rows, vocab), dtype=torch.bool, device=self.device)
+        self.ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
+        self.filled = torch.zeros(rows, dtype=torch.long, device=self.device)  # entries of each row
+        self.fill = [0] * rows  # the same, as the host knows it
+        self.suppressed = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
+        self.suppressing = torch.zeros((rows, 1), dtype=torch.bool, device=self.device)  # entry is an id
         self._free = list(range(rows - 1, -1, -1))
         self._key: tuple[int, ...] | None = None
-        self._index = self._factor = torch.empty(0)
+        self._index = self._factor = self._ones = self._sup_ids = self._sup_real = torch.empty(0)
         self._any_suppressed = self._any_penalty = False
         self.host_writes = 0  # rows written from the host (a sampler's first step, or a resync)
-        self._true = torch.ones((), dtype=torch.bool, device=self.device)
 
     def release(self, sampler: RowSampler) -> None:
         if sampler.mask_row is not None:
@@ -282,51 +286,93 @@ class PenaltyMasks:
             sampler.mask_row = None
             self._key = None
 
+    def _grow(self, rows: int = 0, width: int = 0, suppressed: int = 0) -> None:
+        """Room for ``rows`` more rows, ``width`` ids a row and ``suppressed`` suppressed ids a row."""
+        if rows:
+            n = self.ids.shape[0]
+            self.ids = torch.cat([self.ids, torch.zeros_like(self.ids[:rows])])
+            self.filled = torch.cat([self.filled, torch.zeros_like(self.filled[:rows])])
+            self.suppressed = torch.cat([self.suppressed, torch.zeros_like(self.suppressed[:rows])])
+            self.suppressing = torch.cat([self.suppressing, torch.zeros_like(self.suppressing[:rows])])
+            self.fill += [0] * rows
+            self._free = list(range(n + rows - 1, n - 1, -1)) + self._free
+        while width > self.ids.shape[1]:  # new columns repeat each row's first id
+            self.ids = torch.cat([self.ids, self.ids[:, :1].expand(-1, self.ids.shape[1])], dim=1)
+        if suppressed > self.suppressed.shape[1]:
+            extra = suppressed - self.suppressed.shape[1]
+            self.suppressed = torch.cat([self.suppressed, self.suppressed[:, :1].expand(-1, extra)], dim=1)
+            self.suppressing = torch.cat([self.suppressing, self.suppressing[:, :1].expand(-1, extra)], dim=1)
+        self._key = None
+
     def _attach(self, s: RowSampler) -> None:
         if s.mask_row is None:
-            if not self._free:  # more samplers than rows (none released yet): twice the rows
-                n = self.seen.shape[0]
-                self.seen = torch.cat([self.seen, torch.zeros_like(self.seen)])
-                self.suppressed = torch.cat([self.suppressed, torch.zeros_like(self.suppressed)])
-                self._free = list(range(2 * n - 1, n - 1, -1))
+            if not self._free:  # more samplers than rows (none released yet)
+                self._grow(rows=self.ids.shape[0])
             s.mask_row = self._free.pop()
             self._key = None
         row = s.mask_row
-        self.seen[row].zero_()
-        self.suppressed[row].zero_()
-        if s.repetition_penalty != 1.0 and s.seen:
-            self.seen[row].index_fill_(0, s.seen_ids(torch.device("cpu")).to(self.device), True)
-        if s.suppress_ids:
-            self.suppressed[row].index_fill_(0, torch.tensor(s.suppress_ids, dtype=torch.long).to(self.device),
-                                             True)
+        seen = s.seen_ids(torch.device("cpu")) if s.repetition_penalty != 1.0 else torch.empty(0, dtype=torch.long)
+        n = int(seen.shape[0])
+        self._grow(width=n + 1, suppressed=len(s.suppress_ids))
+        line = torch.full((self.ids.shape[1],), int(seen[0]) if n else 0, dtype=torch.long)
+        line[:n] = seen
+        self.ids[row].copy_(line.to(self.device))
+        self.filled[row] = n
+        self.fill[row] = n
+        sup = torch.full((self.suppressed.shape[1],), s.suppress_ids[0] if s.suppress_ids else 0, dtype=torch.long)
+        sup[: len(s.suppress_ids)] = torch.tensor(s.suppress_ids, dtype=torch.long)
+        # A row with suppressed ids repeats its first one (and suppresses it again: one value per id).
+        real = torch.full((self.suppressed.shape[1],), bool(s.suppress_ids), dtype=torch.bool)
+        self.suppressed[row].copy_(sup.to(self.device))
+        self.suppressing[row].copy_(real.to(self.device))
         s.mask_marked = s.observed
         self.host_writes += 1
+        self._key = None
 
     def greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+        with torch.inference_mode():  # the forward's logits are inference tensors, changed in place here
+            return self._greedy_tokens(logits, rows, samplers)
+
+    def _greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
         for s in samplers:
             if s.mask_row is None or s.mask_marked != s.observed:
                 self._attach(s)
         key = tuple(s.mask_row for s in samplers if s.mask_row is not None)  # every one has its row now
+        width = max(self.fill[r] for r in key)
+        if width + 1 > self.ids.shape[1]:
+            self._grow(width=width + 1)
         if key != self._key:
             self._key = key
             self._index = torch.tensor(key, dtype=torch.long).to(self.device, non_blocking=True)
             self._factor = torch.tensor([[s.repetition_penalty] for s in samplers], dtype=torch.float32).to(
                 self.device, non_blocking=True)
+            self._ones = torch.ones(len(key), dtype=torch.long, device=self.device)
             self._any_suppressed = any(s.suppress_ids for s in samplers)
             self._any_penalty = any(s.repetition_penalty != 1.0 for s in samplers)
+            if self._any_suppressed:
+                self._sup_ids = self.suppressed.index_select(0, self._index)
+                self._sup_real = self.suppressing.index_select(0, self._index)
+        # In place where every row is greedy (no copy of the logits), as the host path does.
         picked = logits if len(rows) == logits.shape[0] else logits[rows]
-        width = picked.shape[-1]
         if self._any_suppressed:
-            picked = picked.masked_fill(self.suppressed.index_select(0, self._index)[:, :width], float("-inf"))
-        if self._any_penalty:
+            values = picked.gather(1, self._sup_ids)
+            picked.scatter_(1, self._sup_ids, values.masked_fill(self._sup_real, float("-inf")))
+        if self._any_penalty and width:
+            at = self.ids[:, :width].index_select(0, self._index)
+            score = picked.gather(1, at)
             factor = self._factor.to(picked.dtype)
-            penalized = torch.where(picked < 0, picked * factor, picked / factor)
-            picked = torch.where(self.seen.index_select(0, self._index)[:, :width], penalized, picked)
-        ids = picked.argmax(dim=-1)
-        self.seen.index_put_((self._index, ids), self._true)
+            picked.scatter_(1, at, torch.where(score < 0, score * factor, score / factor))
+        if picked.device.type == "cpu":  # numpy's vectorized argmax (see argmax_rows)
+            host = picked.numpy().argmax(axis=-1)
+            ids = torch.from_numpy(host)
+        else:
+            ids = picked.argmax(dim=-1)
+        self.ids.index_put_((self._index, self.filled.index_select(0, self._index)), ids)
+        self.filled.index_add_(0, self._index, self._ones)
         for s in samplers:  # the engine observes each picked token next
+            self.fill[s.mask_row] += 1  # type: ignore[index]
             s.mask_marked = s.observed + 1
-        return ids.tolist()
+        return host.tolist() if picked.device.type == "cpu" else ids.tolist()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

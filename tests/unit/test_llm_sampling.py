@@ -11,8 +11,8 @@ from transformers.generation.logits_process import (
 )
 
 from inference.llm.sampling import (
+    DevicePenalties,
     IncrementalDetokenizer,
-    PenaltyMasks,
     RowSampler,
     StopChecker,
     _greedy_tokens,
@@ -122,16 +122,16 @@ def test_greedy_rows_on_the_device_path_pick_what_the_host_path_picks():
             assert _greedy_tokens_on_device(logits.clone(), rows, samplers) == want, (step, rows)
 
 
-def test_penalty_masks_on_the_device_pick_what_the_seen_id_lists_pick():
-    """The static path's penalties as per-row masks on the device, marked with each sampled token,
+def test_penalties_kept_on_the_device_pick_what_the_seen_id_lists_pick():
+    """The static path's penalties as per-row ids on the device, each sampled token appended there,
     give the tokens of the host path, which builds every row's seen ids a step: over 40 steps of rows
-    that come and go (a finished row's mask goes to the next), a penalty above and below 1, suppressed
-    ids, rows without either, a row sampled elsewhere for a step (its mask written again), more rows
-    than the masks had, and logits that make repeating a token tempting. Its rows are written from the
-    host once each, not every step."""
+    that come and go (a finished row's ids go to the next), a penalty above and below 1, suppressed
+    ids, rows without either, a row sampled elsewhere for a step (its row written again), more rows
+    and more ids than it had room for, and logits that make repeating a token tempting. Its rows are
+    written from the host once each, not every step."""
     torch.manual_seed(11)
     V = 300
-    masks = PenaltyMasks(2, V, "cpu")
+    masks = DevicePenalties(2, "cpu", width=8)
     specs = [dict(repetition_penalty=1.3, prompt_ids=list(range(0, 300, 7))), dict(suppress_ids=[7, 9]),
              dict(repetition_penalty=0.7, prompt_ids=[1, 2, 3], suppress_ids=[4]), dict(),
              dict(repetition_penalty=1.1, prompt_ids=[5, 5, 6])]
@@ -155,7 +155,7 @@ def test_penalty_masks_on_the_device_pick_what_the_seen_id_lists_pick():
             a.observe(tok)
             b.observe(tok)
         writes = masks.host_writes
-    assert masks.seen.shape[0] == 4  # 4 rows at once: the masks grew
+    assert masks.ids.shape[0] == 4 and masks.ids.shape[1] >= 64  # 4 rows at once, 43 prompt ids: it grew
     assert writes == len(specs) + 1  # each sampler's first step, and the row sampled elsewhere
 
 
