@@ -22,7 +22,8 @@ Sections (``--sections``, in this order whatever the order given; the default is
 - ``steps``: for each ``--buckets`` (batch x length), one step replayed (the captured graph on CUDA),
   timed with CUDA events, with the kernels the profiler sees in one replay, against the engine's own
   step at that batch and context (its decoding steps while every stream decodes);
-- ``host``: the engine's host time per decoding step at 1, 8 and 32 streams (``--host-batches``):
+- ``host``: the engine's host time per decoding step at 1, 8 and 32 streams (``--host-batches``), with
+  the model's forward and with a stub returning fixed logits (the host's caches as beside a GPU):
   the step's wall time (scheduling, staging, the forward, sampling, detokenizing, delivery) less the
   forward's own call (``decode_static``, timed inside the step), split into the runner's staging around
   it, ``sample_rows`` and the rest; greedy with ``--host-repetition-penalty`` (the gateway's default
@@ -401,18 +402,29 @@ class _Timed:
             self.seconds += time.perf_counter() - t0
 
 
-async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repetition_penalty: float) -> list[dict]:
+async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repetition_penalty: float,
+                       forwards: tuple[str, ...] = ("model", "stub")) -> list[dict]:
     """The host's time per decoding step at each batch: ``batch`` greedy streams of a 64-token random
     prompt decode ``tokens`` tokens. Each step of exactly ``batch`` decoding rows (no prompt in it) is
     timed whole (the engine's ``_step``: scheduling to delivery) and in parts: the forward's call
     (``decode_static``), the runner's work around it (``execute`` less the forward), ``sample_rows``,
     and the rest (scheduling, accepting tokens, detokenizing, delivery). Medians over the steps: the
     host figures are tenths of a millisecond beside a forward of tens on a CPU, where one preemption
-    by another process outweighs them."""
+    by another process outweighs them. ``forwards``: ``model`` runs the model's forward; ``stub``
+    returns a copy of fixed random logits instead, so that the host's code runs as it would beside a
+    GPU, with its caches not emptied by a forward of tens of milliseconds on the same cores (the
+    tokens are then those logits', penalized)."""
     from inference.llm import engine as engine_module
 
     fwd, runner = engine.fwd, engine.runner
     forward, eager, execute = _Timed(fwd.decode_static), _Timed(fwd.forward), _Timed(runner.execute)
+    model_forward = forward.fn
+    fixed = torch.randn((runner.buckets[-1], fwd.vocab_size), generator=torch.Generator().manual_seed(0)).to(
+        dtype=fwd.logits_dtype, device=fwd.device)
+
+    def stub(kv, ids, *args):
+        return fixed[: ids.shape[0]].clone()
+
     sample = _Timed(engine_module.sample_rows)
     step_fn = engine._step
     rows: list[int] = []
@@ -435,7 +447,8 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     engine._step = step  # type: ignore[method-assign]
     out = []
     try:
-        for batch in batches:
+        for kind, batch in [(k, b) for k in forwards for b in batches]:
+            forward.fn = stub if kind == "stub" else model_forward
             if batch > runner.buckets[-1]:
                 out.append({"batch": batch, "skipped": f"past the engine's {runner.buckets[-1]} rows"})
                 continue
@@ -447,13 +460,13 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
             await asyncio.gather(*(s.result() for s in streams))
             mine = [s for s in steps if s[0] == batch]
             if not mine:
-                out.append({"batch": batch, "steps": 0})
+                out.append({"forward": kind, "batch": batch, "steps": 0})
                 continue
 
             def ms(values: list[float]) -> float:
                 return round(statistics.median(values) * 1000.0, 4)
 
-            out.append({"batch": batch, "steps": len(mine), "step_ms": ms([s[1] for s in mine]),
+            out.append({"forward": kind, "batch": batch, "steps": len(mine), "step_ms": ms([s[1] for s in mine]),
                         "forward_ms": ms([s[2] for s in mine]), "host_ms": ms([s[1] - s[2] for s in mine]),
                         "host_min_ms": round(min(s[1] - s[2] for s in mine) * 1000.0, 4),
                         "runner_host_ms": ms([s[3] - s[2] for s in mine]), "sample_rows_ms": ms([s[4] for s in mine]),

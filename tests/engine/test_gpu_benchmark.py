@@ -130,3 +130,16 @@ def test_gpu_check_calls_the_benchmark_with_arguments_it_takes():
         args = [a for a in shlex.split(call.replace("$out", "/tmp/out")) if not a.startswith("$")]
         parsed = gpu.build_parser().parse_args(args)
         assert parsed.out is not None, call  # every section's line lands in the output folder
+
+
+def test_host_section_reports_the_host_time_per_step(capsys):
+    """The host section times the engine's decoding steps of each batch, with the model's forward and
+    with the stub that returns fixed logits; every part it reports is a time, the host's below the step's."""
+    assert gpu.main(["--device", "cpu", "--layers", "2", "--sections", "host", "--tokens", "8",
+                     "--host-batches", "1,4"]) == 0
+    report = _sections(capsys.readouterr().out)["host"]["result"]
+    assert [(r["forward"], r["batch"]) for r in report] == [("model", 1), ("model", 4), ("stub", 1), ("stub", 4)]
+    for row in report:
+        assert row["steps"] >= 5, row
+        assert 0 < row["host_ms"] < row["step_ms"] and row["forward_ms"] > 0
+        assert min(row["runner_host_ms"], row["sample_rows_ms"], row["rest_ms"]) > 0
