@@ -288,6 +288,9 @@ def test_detokenizer_decodes_each_token_once_with_the_same_deltas():
         d = IncrementalDetokenizer(counting)
         deltas = [d.push(t) for t in ids] + [d.flush()]
         assert deltas == _two_decode_deltas(tokenizer, ids)
+        direct = IncrementalDetokenizer(tokenizer)  # a transformers fast tokenizer: its Rust decode, called directly
+        assert (direct._fast is not None) == (tokenizer is not cases[0][0])
+        assert [direct.push(t) for t in ids] + [direct.flush()] == deltas
         pushes = len(ids)
         assert counting.decodes <= pushes + 2 * pushes // IncrementalDetokenizer.WINDOW + 2, (counting.decodes, pushes)
 
