@@ -131,12 +131,14 @@ class ModelRunner:
         self._inputs = torch.zeros((5, n), dtype=torch.long, device=dev)
         self._ids, self._positions, self._write_slots, self._seq_lens, self._take = self._inputs
         self._seq_lens.fill_(1)
-        # Host staging, filled through numpy: one copy to the device a step (pinned memory lets it run
-        # asynchronously; the step's copy of the sampled ids back waits for it before the next step
-        # writes here again).
+        # Host staging, filled through numpy: one copy of the whole buffer to the device a step (contiguous,
+        # so it is one asynchronous copy from pinned memory; a slice's rows would be copied through
+        # temporaries). The next step waits for it before writing here again (the copy of the sampled ids
+        # back usually has already).
         pin = on_cuda
         self._host = torch.zeros((5, n), dtype=torch.long, pin_memory=pin)
         self._host_np = self._host.numpy()
+        self._copied = torch.cuda.Event() if on_cuda else None
         self.input_copies = 0  # host-to-device copies of the static path's inputs (one a step)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._uncapturable: set[tuple[int, int]] = set()
@@ -261,6 +263,8 @@ class ModelRunner:
         starts = np.fromiter((s.start for s in segs), dtype=np.int64, count=n_dec)
         B = bucket_for(int(slots.max()) + 1, self.buckets)
         L = length_bucket(int(starts.max()) + 1, pool.capacity)
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copy has read the buffer
         host = self._host_np
         host[:2, :B] = 0
         host[2, :B] = pool.scratch_slot
@@ -272,7 +276,9 @@ class ModelRunner:
         take = slots[wanted]
         k = len(take)
         host[4, :k] = take
-        self._inputs[:, :B].copy_(self._host[:, :B], non_blocking=True)
+        self._inputs.copy_(self._host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         self.input_copies += 1
         clean = pool.clean
         for slot in range(B):  # every position a row reads must be finite (a no-op on a zero-filled pool)
