@@ -16,7 +16,8 @@ Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
   the file per hop, so a live turn waits for one window's decode at most;
 - partials are optional work, dropped (resolved to None, as a superseded one is; `partials_skipped`
   counts them) when they are due to run but the partials of the last seconds already took their share
-  of a core (`partial_budget`: at 8 sessions speaking at once they asked for a whole core, measured),
+  of a core (`partial_budget`: 8 sessions speaking at once would ask for a whole core, a 0.1 s call
+  every 0.9 s each),
   or while `partials_yield_to()` says that work a user is waiting for is queued elsewhere (a reply's
   first clause or an overdue clause in Piper, a reply waiting for its first token in the LLM): under
   load the cores go to the critical path first, and each session's partials come less often.
