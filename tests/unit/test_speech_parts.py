@@ -12,50 +12,44 @@ from gateway.api.audio_requests import srt, vtt
 from gateway.platform.voices import OPENAI_VOICES, VoiceCatalog, piper_voice_name
 from gateway.protocol.errors import ApiError
 from inference.asr import Segment
-from inference.tts import PriorityWorker
+from inference.tts import Priority, PriorityWorker
 
 
-def test_live_hops_run_before_queued_background_hops() -> None:
+def order_run(busy: Priority, hops: list[tuple[str, Priority, float | None]]) -> list[str]:
+    """The order in which a one-thread worker runs `hops` (name, priority, deadline), all queued while a hop of
+    priority `busy` holds it."""
     worker = PriorityWorker("test-tts")
     release, started = threading.Event(), threading.Event()
     order: list[str] = []
     try:
-        busy = worker.submit("background", lambda: started.set() or release.wait())  # running when the others arrive
+        running = worker.submit(busy, lambda: started.set() or release.wait())
         assert started.wait(5)
-        futures = [worker.submit(priority, lambda name=name: order.append(name))
-                   for name, priority in (("bg1", "background"), ("live1", "live"), ("bg2", "background"),
-                                          ("live2", "live"))]
+        futures = [worker.submit(priority, lambda name=name: order.append(name), deadline)
+                   for name, priority, deadline in hops]
         release.set()
-        busy.result(5)
+        running.result(5)
         for future in futures:
             future.result(5)
     finally:
         worker.shutdown()
-    assert order == ["live1", "live2", "bg1", "bg2"]
+    return order
+
+
+def test_live_hops_run_before_queued_background_hops() -> None:
+    hops: list[tuple[str, Priority, float | None]] = [
+        ("bg1", "background", None), ("live1", "live", None), ("bg2", "background", None), ("live2", "live", None)]
+    assert order_run("background", hops) == ["live1", "live2", "bg1", "bg2"]
 
 
 def test_live_hops_run_earliest_deadline_first() -> None:
     """A reply's later clause is due when the audio already sent has played; a first clause (no deadline) is due
     now, so it goes before later clauses of other replies, but not before a later clause already overdue."""
-    worker = PriorityWorker("test-tts")
-    release, started = threading.Event(), threading.Event()
-    order: list[str] = []
     now = time.monotonic()
-    try:
-        busy = worker.submit("live", lambda: started.set() or release.wait())
-        assert started.wait(5)
-        futures = [worker.submit("live", lambda name=name: order.append(name), deadline)
-                   for name, deadline in (("later, due in 3 s", now + 3), ("later, due in 1 s", now + 1),
-                                          ("first clause", None), ("overdue", now - 1), ("background", None))]
-        futures.append(worker.submit("background", lambda: order.append("speech endpoint"), now - 10))
-        release.set()
-        busy.result(5)
-        for future in futures:
-            future.result(5)
-    finally:
-        worker.shutdown()
-    assert order == ["overdue", "first clause", "background", "later, due in 1 s", "later, due in 3 s",
-                     "speech endpoint"]
+    hops: list[tuple[str, Priority, float | None]] = [
+        ("later, due in 3 s", "live", now + 3), ("later, due in 1 s", "live", now + 1), ("first clause", "live", None),
+        ("overdue", "live", now - 1), ("another first clause", "live", None), ("speech endpoint", "background", now - 10)]
+    assert order_run("live", hops) == ["overdue", "first clause", "another first clause", "later, due in 1 s",
+                                       "later, due in 3 s", "speech endpoint"]
 
 
 def test_a_worker_of_two_threads_runs_two_hops_at_once_and_the_rest_by_deadline() -> None:
