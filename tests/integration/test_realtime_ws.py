@@ -99,7 +99,11 @@ async def test_cancel_mid_stream_keeps_the_partial_text(client: RealtimeClient) 
     error = await client.wait_for("error")
     assert (error["error"]["code"], error["error"]["event_id"]) == ("response_cancel_not_active", "cancel-2")
     answered = (await client.ask("What is the capital of France?"))["response"]
-    assert answered["status"] == "completed" and answered["output"][0]["content"][0]["text"].strip()
+    # With a dragon story's start in context the model may run to the session's 60-token cap: either ending is a
+    # reply that ran to its end, not one cut short by the earlier cancel.
+    ended = (answered["status"], (answered.get("status_details") or {}).get("reason"))
+    assert ended in (("completed", None), ("incomplete", "max_output_tokens")), ended
+    assert answered["output"][0]["content"][0]["text"].strip()
 
 
 async def test_second_response_create_while_active_is_refused(client: RealtimeClient) -> None:
