@@ -104,6 +104,9 @@ def level_row(report: dict[str, Any]) -> dict[str, Any]:
         "barge_in_ms": ({"p50": report["barge_in_ms"]["p50"], "p95": report["barge_in_ms"]["p95"],
                          "missed": report.get("barge_in_missed", 0)}
                         if report.get("barge_in_ms", {}).get("count") else None),
+        # Voice over the WebSocket: the silence a listener would hear within an answer (voice.py).
+        "audio_stall_ms": ({"p95": stall["p95"], "max": stall["max"]}
+                           if (stall := report.get("audio_stall_ms", {})).get("count") else None),
         "duration_s": report["duration_s"],
     }
 
@@ -144,6 +147,9 @@ def print_ladder(ladder: dict[str, Any], console: Console) -> None:
         table.add_row("barge_in_ms p50 / p95 (missed)", *(
             f"{_ms(b['p50'])} / {_ms(b['p95'])} ({b['missed']})" if (b := level["barge_in_ms"]) else "-"
             for level in levels))
+    if any(level["audio_stall_ms"] for level in levels):
+        table.add_row("audio stall ms p95 / max", *(
+            f"{_ms(s['p95'])} / {_ms(s['max'])}" if (s := level["audio_stall_ms"]) else "-" for level in levels))
     for stage in stages:
         table.add_row(f"stage {stage} p50 / p95", *(
             f"{_ms(s['p50'])} / {_ms(s['p95'])}" if (s := level["stages_ms"].get(stage)) else "-" for level in levels))

@@ -19,7 +19,7 @@ from gateway.bench.stats import METRICS, TurnRecord, metric_values, stage_values
 
 TABLE_COLUMNS = ("count", "p50", "p90", "p95", "p99", "max", "mean")
 OVER_TIME = ("ttft_ms", "voice_to_voice_ms")  # the metrics of latency_over_time.png
-COMPARED = (*METRICS, "tokens_per_s", "audio_rtf")  # the summaries --compare puts side by side
+COMPARED = (*METRICS, "tokens_per_s", "audio_rtf", "audio_stall_ms")  # the summaries --compare puts side by side
 
 
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
@@ -37,6 +37,7 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         **{metric: summarize(metric_values(turns, metric)) for metric in METRICS},
         "tokens_per_s": summarize(rates),
         "audio_rtf": summarize([rtf for turn in ok if (rtf := turn.audio_rtf) is not None]),
+        "audio_stall_ms": summarize([stall for turn in ok if (stall := turn.audio_stall_ms) is not None]),
         "barge_in_missed": sum(turn.barge_in_missed for turn in ok),
         # The server's latency marks per stage (stages.py), and the clock offset behind the cross-clock ones.
         "server_stages_ms": stages,
@@ -66,7 +67,7 @@ def print_table(report: dict[str, Any], console: Console) -> None:
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The table's rows: the client's metrics, then the server's stages."""
-    rows = [(metric, report[metric]) for metric in (*METRICS, "tokens_per_s", "audio_rtf") if report[metric]["count"]]
+    rows = [(metric, report[metric]) for metric in COMPARED if report.get(metric, {}).get("count")]
     return rows + [(f"stage {stage}", summary) for stage, summary in report["server_stages_ms"].items()]
 
 

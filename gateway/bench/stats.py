@@ -23,6 +23,9 @@ class TurnRecord:
     barge_in_missed: bool = False  # --barge-in: the answer was over (or not stopped) before the interruption
     total_ms: float | None = None  # -> the turn's last event
     audio_rtf: float | None = None  # how long the answer audio took to arrive, per second of it
+    # The silence a listener playing the answer from its first audio would hear within it: audio that came after
+    # the audio before it had played out (WebSocket; voice.py's playback_stall_ms).
+    audio_stall_ms: float | None = None
     output_tokens: int = 0  # text deltas received (a delta is a token on the servers measured here)
     itl_ms: list[float] = field(default_factory=list)  # gaps between consecutive text deltas
     error: str | None = None  # an error code, when the turn failed

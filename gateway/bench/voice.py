@@ -231,6 +231,19 @@ class SessionLog:
         return heard
 
 
+def playback_stall_ms(audio_at: dict[float, float]) -> float:
+    """The silence within an answer for a listener who plays it from its first audio on, chunk after chunk as they
+    arrive (arrival -> seconds of audio): each chunk that came after the audio before it had played out. A server
+    that sends its audio just in time, not all at once, must keep this at 0."""
+    stalled = 0.0
+    plays_until: float | None = None
+    for at, seconds in sorted(audio_at.items()):
+        if plays_until is not None and at > plays_until:
+            stalled += at - plays_until
+        plays_until = max(plays_until if plays_until is not None else at, at) + seconds
+    return round(1000.0 * stalled, 1)
+
+
 class SpokenTurn:
     """One spoken turn's bookkeeping, fed what arrives; the client drives it (SpokenClient.turn). No I/O.
 
@@ -311,6 +324,7 @@ class SpokenTurn:
             record.first_audio_ms = record.voice_to_voice_ms = elapsed_ms(end, answer.first_audio)
             if not self.plays_out and answer.last_audio is not None and answer.audio_s > 0:
                 record.audio_rtf = round((answer.last_audio - answer.first_audio) / answer.audio_s, 3)
+                record.audio_stall_ms = playback_stall_ms(answer.audio_at)
         if answer.done is not None:
             record.total_ms = elapsed_ms(end, answer.done)
         record.stages = turn_stages(answer.marks, VOICE_CHAIN, start=end, end=answer.first_audio, clock=clock)

@@ -472,6 +472,7 @@ def test_voice_mode_times_voice_to_voice_from_wav_files(gateway: GatewayProcess,
     v2v = report["voice_to_voice_ms"]
     assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000 and report["first_audio_ms"]["count"] == 4
     assert report["audio_rtf"]["count"] == 4 and 0 < report["audio_rtf"]["p50"] < 1  # faster than real time
+    assert report["audio_stall_ms"]["count"] == 4 and report["audio_stall_ms"]["max"] >= 0
     stages = check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
     # The VAD waits out its silence (400 ms, less the speech's own trailing quiet) before speech_stopped.
     assert 100 < stages["uplink_vad"]["p50"] < 1000 and stages["downlink"]["max"] < 1000

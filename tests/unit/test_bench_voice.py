@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gateway.bench.stats import TurnRecord
-from gateway.bench.voice import QUIET_S, AudioIn, Microphone, SessionLog, SpokenTurn, Utterance
+from gateway.bench.voice import QUIET_S, AudioIn, Microphone, SessionLog, SpokenTurn, Utterance, playback_stall_ms
 from gateway.bench.webrtc import TAIL_S, Playback
 
 RATE = 1000  # 20 samples a chunk
@@ -76,6 +76,14 @@ def test_a_websocket_turn_is_timed_from_the_end_of_speech() -> None:
     assert (record.ttft_ms, record.voice_to_voice_ms, record.total_ms) == (500.0, 600.0, 800.0)
     assert record.audio_rtf == 0.05 and record.output_tokens == 1 and record.barge_in_ms is None
     assert not record.barge_in_missed
+    assert record.audio_stall_ms == 0.0  # the second second came while the first played
+
+
+def test_a_listener_hears_the_silence_of_audio_that_came_after_the_audio_before_it_played_out() -> None:
+    # 1 s at 0 (plays to 1.0), 1 s at 0.5 (to 2.0), 0.5 s at 3.0: a 1 s gap; 1 s at 3.2 (to 4.5), 1 s at 4.6.
+    assert playback_stall_ms({0.0: 1.0, 0.5: 1.0, 3.0: 0.5, 3.2: 1.0, 4.6: 1.0}) == 1100.0
+    assert playback_stall_ms({2.0: 3.0, 2.1: 0.2, 4.9: 1.0}) == 0.0
+    assert playback_stall_ms({}) == 0.0
 
 
 def test_a_websocket_barge_in_lasts_until_the_server_ends_the_answer() -> None:
