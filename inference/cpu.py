@@ -6,7 +6,8 @@ cores, a 2-thread step stalls on a core Piper holds, and Piper waits for the ste
 
 Some work is worth every core: a reply's first clause, which the user is waiting to hear while
 nothing plays yet. It is declared `exclusive`, and the engine does not step while it runs (up to a
-bound), so Piper can use all the cores.
+bound), so Piper can use all the cores. And an engine whose every reply is ahead of its listener (paced)
+does not step while Whisper or Piper runs at all (`wait_for_idle_cores`), until one of them is due.
 
 It also keeps the core-seconds each kind of work has held (`charge`, `core_seconds`): the wall time of
 each model call times the cores it runs on. That is what a voice turn costs the machine, stage by
@@ -64,6 +65,16 @@ def using_cores(cores: int = 1, *, exclusive: bool = False, work: str | None = N
 
 def cores_in_use() -> int:
     return _busy
+
+
+def wait_for_idle_cores(timeout: float) -> float:
+    """Block while other model work holds any core, at most `timeout` seconds; returns the seconds waited."""
+    if not _busy:
+        return 0.0
+    started = time.monotonic()
+    with _changed:
+        _changed.wait_for(lambda: not _busy, timeout)
+    return time.monotonic() - started
 
 
 def wait_for_exclusive_work(timeout: float) -> float:

@@ -31,6 +31,8 @@ class Generation(Protocol):
 
     def cancel(self) -> None: ...
 
+    def pace(self, not_needed_before: float) -> None: ...
+
 
 # The second round: the messages to add to the first round's (its calls and their results), and its max_tokens.
 FollowUp = Callable[[list[ChatMessage], int], Awaitable[GenerationStream]]
@@ -109,6 +111,9 @@ class MemoryToolStream:
     def cancel(self) -> None:
         self.cancelled = True
         self._rounds[-1].cancel()
+
+    def pace(self, not_needed_before: float) -> None:
+        self._rounds[-1].pace(not_needed_before)
 
 
 ReplyStream = Generation | MemoryToolStream  # what the transports read a reply from

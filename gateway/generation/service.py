@@ -139,6 +139,10 @@ class Reply:
     def cancel(self) -> None:
         self._stream.cancel()
 
+    def pace(self, not_needed_before: float) -> None:
+        """No token is needed before this time.monotonic() (GenerationStream.pace)."""
+        self._stream.pace(not_needed_before)
+
     async def close(self) -> None:
         self._stream.cancel()  # a no-op once finished
         if self.reservation is not None:

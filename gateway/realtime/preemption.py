@@ -106,3 +106,6 @@ class AdoptedStream:
 
     def cancel(self) -> None:
         self.preemption.stream.cancel()
+
+    def pace(self, not_needed_before: float) -> None:
+        self.preemption.stream.pace(not_needed_before)

@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 # How long a cancelled response task may take to unwind before the session stops waiting.
 CANCEL_TIMEOUT_S = 2.0
 USAGE_WAIT_S = 0.15  # how long a cancel waits for the engine's token counts before answering
+# A spoken reply whose audio made so far plays on for more than this needs no token now: the engine leaves
+# it out of steps that other replies' prompts and first words need (Scheduler.schedule). It covers the next
+# clause's ~10 tokens and its synthesis on a busy CPU (0.3-0.5 s each at 8 sessions) with room to spare.
+SPEECH_LEAD_S = 2.0
 
 
 class SpeechStream(Protocol):
@@ -249,6 +253,8 @@ class ResponseRunner:
                 seconds = len(pcm) / self.tts.sample_rate
                 written = time.monotonic()
                 plays_until = max(plays_until or written, written) + seconds
+                if self.stream is not None:  # the reply's next words are not needed yet: see SPEECH_LEAD_S
+                    self.stream.pace(plays_until - SPEECH_LEAD_S)
                 self.feed(SpeechWritten(response_id, 1000.0 * seconds))
             if made_ahead is None:
                 metrics.TTS_CLAUSE_SECONDS.observe(time.perf_counter() - synthesis_started)

@@ -107,12 +107,14 @@ class GenerationStream:
     :meth:`deliver` on the stream's loop and learns of a cancel through ``on_cancel``."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
-                 on_cancel: Callable[[], object] | None = None) -> None:
+                 on_cancel: Callable[[], object] | None = None,
+                 on_pace: Callable[[float], object] | None = None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self._result: asyncio.Future = loop.create_future()
         self._on_cancel = on_cancel
+        self._on_pace = on_pace
         self.cancelled = False
 
     # Called on the event loop.
@@ -156,6 +158,13 @@ class GenerationStream:
         self.cancelled = True
         if self._on_cancel is not None:
             self._on_cancel()
+
+    def pace(self, not_needed_before: float) -> None:
+        """The reader needs no further token before this ``time.monotonic()`` (a spoken reply whose audio
+        already made plays until later): the in-process engine leaves the request out of steps that other
+        requests need sooner, until then. A remote server generates at its own rate (no ``on_pace``)."""
+        if self._on_pace is not None and not self._result.done():
+            self._on_pace(not_needed_before)
 
 
 class PromptModel(Protocol):

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from inference.cpu import charge, wait_for_exclusive_work
+from inference.cpu import charge, wait_for_exclusive_work, wait_for_idle_cores
 
 from .backend import (
     DEFAULT_SAMPLING,
@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
+# How long a paced engine waits on Whisper or Piper before it looks at its queue again: a new reply waits
+# at most this long for its first step (a step itself takes 5-20 ms here).
+PACED_POLL_S = 0.02
 # CUDA graphs captured when the engine starts: every batch bucket over contexts up to this length;
 # longer length buckets are captured when first needed.
 GRAPH_LENGTH_AT_START = 4096
@@ -149,6 +152,7 @@ class LLMEngine:
         self._avg_request_s = 2.0
         self._last_free_latency = 0.0
         self._exclusive_wait_seconds = 0.0
+        self._paced_wait_seconds = 0.0
         # Calls to make on event loops, gathered during a step and sent once per loop at its end.
         self._deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Request, object, tuple]]] | None = None
 
@@ -258,7 +262,8 @@ class LLMEngine:
         )
         req.detok = IncrementalDetokenizer(self.lm.tokenizer)
         req.stopper = StopChecker(tuple(params.stop))
-        stream = GenerationStream(rid, loop, on_cancel=lambda: self._cancel(req))
+        stream = GenerationStream(rid, loop, on_cancel=lambda: self._cancel(req),
+                                  on_pace=lambda until: setattr(req, "not_needed_before", until))
         req.stream = stream
         self._enqueue(req)
         return stream
@@ -339,6 +344,8 @@ class LLMEngine:
             last_cancel_free_ms=self._last_free_latency * 1000.0,
             exclusive_wait_seconds_total=self._exclusive_wait_seconds,
             requests_waited_for_shared_prefix=self.scheduler.requests_waited_for_prefix,
+            decode_rows_paced=self.scheduler.rows_paced,
+            paced_wait_seconds_total=self._paced_wait_seconds,
         )
         return s
 
@@ -365,6 +372,8 @@ class LLMEngine:
                 self._admit()
                 if self.scheduler.running:
                     self._yield_to_exclusive_work()
+                    if self._yield_while_paced():
+                        continue
                     self._deliveries = {}
                     try:
                         self._step()
@@ -384,6 +393,19 @@ class LLMEngine:
         """Let work that needs every core (a reply's first clause in Piper) have them; see inference/cpu.py."""
         if self.fwd.device.type == "cpu":
             self._exclusive_wait_seconds += wait_for_exclusive_work(EXCLUSIVE_WAIT_MAX_S)
+
+    def _yield_while_paced(self) -> bool:
+        """While every reply is ahead of its listener and Whisper or Piper runs, let them have the cores: wait a
+        little (new work and cancels are looked at again after it), until they end or a reply is due."""
+        if self.fwd.device.type != "cpu":
+            return False
+        now = time.monotonic()
+        due = self.scheduler.paced_until(now)
+        if due is None:
+            return False
+        waited = wait_for_idle_cores(min(due - now, PACED_POLL_S))
+        self._paced_wait_seconds += waited
+        return waited > 0.0
 
     def _apply_conv_ops(self) -> None:
         while True:

@@ -29,7 +29,7 @@ class Request:
         "id", "status", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
         "kv", "cached", "generated", "sampler", "detok", "stopper", "emitted_text", "cancel_requested",
         "submitted_at", "first_token_at", "max_new", "admitted_at", "cancel_at", "waited_for_prefix",
-        "background",
+        "background", "not_needed_before",
     )
 
     def __init__(self, rid: str, prompt: list[int], params: SamplingParams | None, conversation_id: str | None,
@@ -58,6 +58,9 @@ class Request:
         self.first_token_at: float | None = None
         self.max_new = 0
         self.waited_for_prefix = False  # held in the queue for another request's prefill of a shared prefix
+        # Its reader needs no token before this time.monotonic() (GenerationStream.pace): the scheduler
+        # leaves it out of steps shared with requests needed sooner. Written by the event loop only.
+        self.not_needed_before = 0.0
 
     @property
     def generates(self) -> bool:

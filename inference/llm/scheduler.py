@@ -76,6 +76,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests_waited_for_prefix = 0
+        self.rows_paced = 0  # decode rows left out of a step for requests needed sooner (see schedule)
 
     # -- queue (callers hold the lock for ``waiting``) -------------------------------------------------
     def drop_cancelled(self) -> list[Request]:
@@ -166,9 +167,23 @@ class Scheduler:
                 return True
         return False
 
+    def paced_until(self, now: float) -> float | None:
+        """When the first running request is needed, if each one is a decode whose reader needs no token yet
+        (GenerationStream.pace); None when any must run now."""
+        if not self.running or any(r.status is not RequestStatus.DECODING or r.not_needed_before <= now
+                                   for r in self.running):
+            return None
+        return min(r.not_needed_before for r in self.running)
+
     # -- the step --------------------------------------------------------------------------------------
-    def schedule(self) -> StepPlan | None:
-        """The next step: one token per decoding request, prompt chunks within the chunk budget."""
+    def schedule(self, now: float | None = None) -> StepPlan | None:
+        """The next step: one token per decoding request, prompt chunks within the chunk budget.
+
+        A decoding request whose reader needs no token before a later time (``not_needed_before``: a spoken
+        reply whose audio plays on for a while) sits out the steps that other requests need now, a new
+        reply's prompt or first words above all: a step of fewer rows is shorter, and the cores it leaves go
+        to the speech of those replies. It runs in every other step, so the engine never idles for it."""
+        now = time.monotonic() if now is None else now
         budget = self.prefill_chunk_tokens
         parts: list[tuple[Request, int, int, list[int]]] = []
         for req in self.running:
@@ -182,6 +197,10 @@ class Scheduler:
                 parts.append((req, p, n, req.prompt[p : p + n]))
         if not parts:
             return None
+        needed = [x for x in parts if x[0].status is not RequestStatus.DECODING or x[0].not_needed_before <= now]
+        if needed and len(needed) < len(parts):
+            self.rows_paced += len(parts) - len(needed)
+            parts = needed
         # Single-token segments first, by slot (they share one batched attention call), then chunks.
         singles = sorted((x for x in parts if x[2] == 1), key=lambda x: _slot(x[0]))
         chunks = [x for x in parts if x[2] > 1]

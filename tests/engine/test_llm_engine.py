@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 import torch
@@ -674,3 +675,70 @@ async def test_a_reply_awaits_its_first_token_while_queued_and_prefilling_only(m
     engine.start()
     await reply
     assert not engine.awaiting_first_token()
+
+
+async def test_a_paced_reply_sits_out_the_steps_another_needs_and_keeps_its_tokens(make_engine, chat_ids, collect):
+    """A reply whose reader needs no token for a while (a spoken reply ahead of its playback) gets none while
+    another request runs, then goes on alone to exactly its solo tokens; unpaced, the two share every step."""
+    story = chat_ids(("user", "Tell me about the sea."))
+    long = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=60, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=20, ignore_eos=True)
+    question = chat_ids(("user", QUESTIONS[0]))
+
+    async def tokens_beside_another(engine: LLMEngine, pace: bool) -> tuple[int, list[int]]:
+        """How many deltas the long reply got while the short one ran, and the long reply's tokens."""
+        ahead = engine.submit(story, long)
+        deltas: list[str] = []
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for delta in ahead:
+                deltas.append(delta)
+                first.set()
+
+        reader = asyncio.create_task(read())
+        await first.wait()
+        if pace:
+            ahead.pace(time.monotonic() + 60.0)
+        before = len(deltas)
+        await collect(engine, question, short)
+        during = len(deltas) - before
+        await reader
+        return during, (await ahead.result()).token_ids
+
+    solo = (await collect(make_engine(prefix_cache_bytes=0), story, long)).token_ids
+    engine = make_engine(prefix_cache_bytes=0)
+    during, paced = await tokens_beside_another(engine, pace=True)
+    assert during <= 2, during  # the step running when the pace came, and one after the short reply's last
+    assert paced == solo
+    assert engine.stats()["decode_rows_paced"] >= 19  # the short reply's prefill and 20 tokens, less a step
+    during, unpaced = await tokens_beside_another(make_engine(prefix_cache_bytes=0), pace=False)
+    assert during >= 10, during
+    assert unpaced == solo
+
+
+async def test_a_paced_reply_waits_while_whisper_or_piper_runs_until_it_is_due(make_engine, chat_ids, collect):
+    """Every reply ahead of its listener: no step while other model work holds a core, until the reply is due."""
+    from inference.cpu import using_cores
+
+    story = chat_ids(("user", "Tell me about the sea."))
+    long = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=40, ignore_eos=True)
+    solo = (await collect(make_engine(prefix_cache_bytes=0), story, long)).token_ids
+    engine = make_engine(prefix_cache_bytes=0)
+    stream = engine.submit(story, long)
+    reader = stream.__aiter__()
+    await reader.__anext__()
+    with using_cores(1):
+        due = time.monotonic() + 2.0
+        stream.pace(due)
+        while engine.stats()["paced_wait_seconds_total"] == 0 and time.monotonic() < due:  # after the running step
+            await asyncio.sleep(0.01)
+        steps = engine.stats()["steps"]
+        await asyncio.sleep(0.5)
+        assert time.monotonic() < due and engine.stats()["steps"] == steps  # not due, and a core is taken
+        await asyncio.sleep(due + 0.5 - time.monotonic())
+        assert engine.stats()["steps"] > steps  # due: it runs though the core is still taken
+    assert engine.stats()["paced_wait_seconds_total"] >= 1.0
+    async for _ in reader:
+        pass
+    assert (await stream.result()).token_ids == solo

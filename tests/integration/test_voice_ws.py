@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import time
@@ -297,6 +298,38 @@ async def test_barge_in_cancels_and_truncates(
     # The interruption itself is a turn: it is transcribed and answered.
     await client.wait_for("conversation.item.input_audio_transcription.completed", timeout=30)
     assert (await client.wait_for("response.done", timeout=60))["response"]["status"] in ("completed", "incomplete")
+
+
+async def test_a_spoken_reply_ahead_of_its_playback_leaves_the_engine_to_another_sessions_reply(
+    gateway: GatewayProcess, client: RealtimeClient
+) -> None:
+    """Once a spoken reply's audio plays on for seconds, its next words wait while another session's reply needs
+    the engine (the engine counts the rows it left out); it then runs to its end, its transcript whole."""
+    await client.send({"type": "session.update", "session": {"temperature": 0, "max_output_tokens": 400}})
+    await client.wait_for("session.updated")
+    await client.send(
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}}
+    )
+    await client.send({"type": "response.create"})
+    audio_s = 0.0
+    while audio_s < 3.0:  # 24 kHz 16-bit mono: what a listener would still be hearing for seconds
+        audio_s += len(base64.b64decode((await client.wait_for("response.output_audio.delta"))["delta"])) / 48000
+    other = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        before = sample((await http.get("/metrics")).text, "gateway_engine_decode_rows_paced")
+        try:
+            assert (await other.recv())["type"] == "session.created"
+            await text_turn_settings(other, silence_ms=500)
+            answered = await other.ask("What is the capital of France?")
+        finally:
+            await other.close()
+        paced = sample((await http.get("/metrics")).text, "gateway_engine_decode_rows_paced") - before
+    assert answered["response"]["output"][0]["content"][0]["text"].strip()
+    assert paced > 0
+    done = await client.wait_for("response.done", timeout=120)
+    assert done["response"]["status"] in ("completed", "incomplete"), done["response"]["status_details"]
+    streamed = "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta"))
+    assert done["response"]["output"][0]["content"][0]["transcript"] == streamed
 
 
 async def test_push_to_talk_commit_then_response_create_at_once(
