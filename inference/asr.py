@@ -9,7 +9,9 @@ the full 30 s, so the window does not cost correctness. Audio longer than the wi
 faster-whisper's own long-form transcription.
 
 Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
-- finals run before any queued partial;
+- finals run before any queued partial, and with `workers` above 1 beside them: the first worker takes
+  every kind of job, the others take finals only (each on a model replica of its own), so a final waits
+  neither for a partial already running nor for another session's final;
 - a queued partial of a stream is replaced by a newer one of the same stream (the old one
   resolves to None): a partial is only worth having while it is the latest;
 - background work (POST /v1/audio/transcriptions: `transcribe_long`) runs last, one 30 s window of
@@ -175,11 +177,14 @@ class AsrEngine:
         device: Literal["cpu", "cuda"] = "cpu",
         compute_type: str = "int8",
         partial_budget: float = DEFAULT_PARTIAL_BUDGET,
+        workers: int = 1,
     ) -> None:
         if not 1.0 <= window_s <= FULL_WINDOW_S:
             raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
         if partial_budget <= 0:
             raise ValueError(f"partial_budget must be above 0 (a share of a core), not {partial_budget}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
         self._model = model  # faster_whisper.WhisperModel
         self.language = language
         self.final_beam_size = final_beam_size
@@ -200,6 +205,9 @@ class AsrEngine:
         self._tokenizer: Any = None
         self._suppress: list[int] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        # The other workers, for finals only (see the module's docstring); None with one worker.
+        self._finals_executor = (ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="asr-final")
+                                 if workers > 1 else None)
         self._lock = threading.Lock()
         self._finals: deque[_Job] = deque()
         self._partials: dict[str, _Job] = {}  # insertion order = submission order
@@ -227,6 +235,7 @@ class AsrEngine:
         window_s: float = DEFAULT_WINDOW_S,
         warmup: bool = True,
         partial_budget: float = DEFAULT_PARTIAL_BUDGET,
+        workers: int = 1,
     ) -> AsrEngine:
         """Blocking: call it at start-up or in an executor. language None means "en" for .en models."""
         import_ctranslate2(threads)
@@ -234,12 +243,14 @@ class AsrEngine:
 
         started = time.perf_counter()
         compute_type = "float16" if device == "cuda" else "int8"
-        model = KeepingWhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads, num_workers=1)
+        # A replica per worker: CTranslate2 runs one call at a time on each.
+        model = KeepingWhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads,
+                                    num_workers=workers)
         if language is None and not model.model.is_multilingual:
             language = "en"
         engine = cls(
             model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads,
-            device=device, compute_type=compute_type, partial_budget=partial_budget,
+            device=device, compute_type=compute_type, partial_budget=partial_budget, workers=workers,
         )
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
@@ -269,6 +280,8 @@ class AsrEngine:
                     self._resolve(old, None)
                 self._partials[stream] = job
         self._executor.submit(self._run_next)
+        if final and self._finals_executor is not None:
+            self._finals_executor.submit(self._run_next, finals_only=True)  # whichever worker is free first
         try:
             return await job.future
         finally:
@@ -283,10 +296,12 @@ class AsrEngine:
             if self._partials.get(job.stream) is job:
                 del self._partials[job.stream]
 
-    def _take(self) -> _Job | _Call | None:
+    def _take(self, finals_only: bool = False) -> _Job | _Call | None:
         with self._lock:
             if self._finals:
                 return self._finals.popleft()
+            if finals_only:
+                return None
             if not self._partials:
                 return self._background.popleft() if self._background else None
             partial = self._partials.pop(next(iter(self._partials)))
@@ -298,7 +313,7 @@ class AsrEngine:
         return partial
 
     def _partial_credit_left(self) -> float:
-        """The bucket's core-seconds now (the worker's thread alone reads and spends it)."""
+        """The bucket's core-seconds now (the first worker's thread alone reads and spends it)."""
         now = time.monotonic()
         most = max(PARTIAL_BURST_S, self.partial_budget)  # a second's worth of a large budget
         self._partial_credit = min(most, self._partial_credit + (now - self._credit_at) * self.partial_budget)
@@ -375,9 +390,10 @@ class AsrEngine:
                 with contextlib.suppress(RuntimeError):  # a closed engine: the generator is simply dropped
                     self._executor.submit(close)
 
-    def _run_next(self) -> None:
-        """Runs on the worker: one submit per job, but superseded jobs leave some calls with nothing to do."""
-        job = self._take()
+    def _run_next(self, finals_only: bool = False) -> None:
+        """Runs on a worker: one submit per job (a final's on each kind of worker), but superseded jobs and finals
+        another worker took leave some calls with nothing to do."""
+        job = self._take(finals_only)
         if job is None:
             return
         if isinstance(job, _Call):
@@ -476,6 +492,8 @@ class AsrEngine:
         for call in background:
             _deliver(call, _set_exception, RuntimeError("AsrEngine is closed"))
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._finals_executor is not None:
+            self._finals_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _deliver(job: _Job | _Call, setter: Callable[[asyncio.Future[Any], Any], None], value: Any) -> None:

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
         description="CPU threads for faster-whisper. With 2, merely loading CTranslate2 halved the LLM's decoding "
         "speed on a 2-core CPU, and a 15 s window decodes as fast on 1.",
     )
+    asr_workers: int = Field(
+        2, ge=1, le=16, description="Whisper calls that may run at once, each on a model replica of its own: the "
+        "first worker takes every kind of job, the others final transcripts only, so a session's final waits "
+        "neither for a partial transcript already running nor for another session's final.")
     asr_partial_budget: float = Field(
         0.3, gt=0, le=64, description="The share of a core that partial transcripts may take, all sessions together "
         "(a token bucket): past it a partial is dropped, so under load each session's partials come less often "

@@ -71,6 +71,32 @@ async def test_final_jumps_ahead_of_queued_partials_and_partials_are_superseded(
     assert results[1].audio_ms == pytest.approx(4 / 16)
 
 
+async def test_with_two_workers_a_final_runs_beside_a_partial_and_a_partial_never_takes_the_second() -> None:
+    model = GatedModel()
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, workers=2)
+    try:
+        busy = asyncio.create_task(engine.transcribe(audio(1), final=False, stream="a"))
+        await started(model)  # the first worker holds partial 1
+        final = asyncio.create_task(engine.transcribe(audio(2), final=True, stream="b"))
+        await started(model)  # ... and the second took the final at once
+        other = asyncio.create_task(engine.transcribe(audio(3), final=False, stream="c"))
+        await asyncio.sleep(0.05)
+        assert model.calls == [1, 2]  # the second worker, though its final is blocked too, is not for partials
+        model.gate.release()
+        await asyncio.sleep(0.05)
+        assert sum(task.done() for task in (busy, final)) == 1 and not other.done()
+        for _ in range(2):
+            model.gate.release()
+        assert [r.text for r in await asyncio.gather(busy, final, other)] == ["n1", "n2", "n3"]
+        assert sorted(model.calls) == [1, 2, 3] and model.calls[2] == 3
+    finally:
+        for _ in range(5):
+            model.gate.release()
+        engine.close()
+    with pytest.raises(ValueError, match="workers"):
+        AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, workers=0)
+
+
 async def test_partials_of_different_streams_do_not_replace_each_other(model_engine) -> None:
     model, engine = model_engine
     busy = asyncio.create_task(engine.transcribe(audio(1), final=False, stream="x"))
