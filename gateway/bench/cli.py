@@ -51,6 +51,9 @@ class Bench(BaseModel):
                                               "and time how long the answer's audio goes on (barge_in_ms).")
     barge_in_after_ms: int = Field(300, ge=0, le=60_000,
                                    description="--barge-in: start speaking this long after the answer's first audio.")
+    listen: bool = Field(False, description="--mode voice: each session listens to its answers, the next question "
+                                            "once the answer's audio would have played out for a listener who "
+                                            "played it from its first audio (--mode webrtc always does).")
     out: Path = Field(Path("bench-out"), description="Where report.json, turns.csv, the plots and report.html go.")
     compare: list[Path] = Field(default_factory=list,
                                 description="report.json files to print side by side (no run); compare.png goes to --out.")
@@ -71,6 +74,8 @@ class Bench(BaseModel):
             for option, given in (("--barge-in", self.barge_in), ("--audio", self.audio is not None)):
                 if given and self.mode not in ("voice", "webrtc"):
                     raise BenchError(f"{option} needs --mode voice or --mode webrtc")
+            if self.listen and self.mode != "voice":
+                raise BenchError("--listen needs --mode voice (--mode webrtc waits for each answer's playout anyway)")
             if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:
                 raise BenchError("--barge-in-after-ms needs --barge-in")
             if self.audio is not None and self.prompt_file is not None:
@@ -97,7 +102,7 @@ class Bench(BaseModel):
                            sessions=sessions, turns=self._turns(), ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
                            max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio,
-                           barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms)
+                           barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms, listen=self.listen)
 
     def _turns(self) -> int | None:
         """Turns per session; None: as many as --duration allows."""

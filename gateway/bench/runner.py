@@ -67,6 +67,7 @@ class BenchConfig:
     audio: Path | None = None  # spoken modes: a folder of WAV questions (default: the text ones, spoken by Piper)
     barge_in: bool = False  # spoken modes: speak the next question over each answer
     barge_in_after_ms: int = 300  # ... this long after the answer's first audio
+    listen: bool = False  # voice: a session's next turn waits until its answer's audio would have played
 
     @property
     def spoken(self) -> bool:
@@ -79,7 +80,7 @@ class BenchConfig:
                 "prompts": len(self.prompts), "system_prompt_tokens": self.system_prompt_tokens,
                 "max_tokens": self.max_tokens, "seed": self.seed, "api_key": "set" if self.api_key else None,
                 "audio": str(self.audio) if self.audio else None, "barge_in": self.barge_in,
-                "barge_in_after_ms": self.barge_in_after_ms if self.barge_in else None}
+                "barge_in_after_ms": self.barge_in_after_ms if self.barge_in else None, "listen": self.listen}
 
 
 def system_prompt(tokens: int) -> str | None:
@@ -167,7 +168,7 @@ async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient) ->
     if config.mode == "chat":
         return ChatClient(target, http, prompt)
     if config.mode == "voice":
-        return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s)
+        return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s, listens=config.listen)
     if config.mode == "webrtc":
         return await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
     return await RealtimeTextClient.open(target, prompt)

@@ -231,17 +231,23 @@ class SessionLog:
         return heard
 
 
-def playback_stall_ms(audio_at: dict[float, float]) -> float:
-    """The silence within an answer for a listener who plays it from its first audio on, chunk after chunk as they
-    arrive (arrival -> seconds of audio): each chunk that came after the audio before it had played out. A server
-    that sends its audio just in time, not all at once, must keep this at 0."""
+def playback(audio_at: dict[float, float]) -> tuple[float, float | None]:
+    """A listener who plays an answer from its first audio on, chunk after chunk as they arrive (arrival -> seconds
+    of audio): the seconds of silence within it (each chunk that came after the audio before it had played out),
+    and when the last chunk has played (None without audio)."""
     stalled = 0.0
     plays_until: float | None = None
     for at, seconds in sorted(audio_at.items()):
         if plays_until is not None and at > plays_until:
             stalled += at - plays_until
         plays_until = max(plays_until if plays_until is not None else at, at) + seconds
-    return round(1000.0 * stalled, 1)
+    return stalled, plays_until
+
+
+def playback_stall_ms(audio_at: dict[float, float]) -> float:
+    """The silence within an answer for its listener (see playback). A server that sends its audio just in time,
+    not all at once, must keep this at 0."""
+    return round(1000.0 * playback(audio_at)[0], 1)
 
 
 class SpokenTurn:
@@ -254,10 +260,11 @@ class SpokenTurn:
     """
 
     def __init__(self, record: TurnRecord, question: Utterance, *, plays_out: bool,
-                 barge_in_after_s: float | None) -> None:
+                 barge_in_after_s: float | None, listens: bool = False) -> None:
         self.record = record
         self.question = question
         self.plays_out = plays_out
+        self.listens = listens  # a response that sent audio is over once its listener has heard it (see over)
         self.barge_in_after_s = barge_in_after_s
         self.timer = DeltaTimer()
         self.log = SessionLog()
@@ -299,9 +306,12 @@ class SpokenTurn:
     def over(self, heard: Heard | None, now: float) -> bool:
         if heard is None or heard.done is None:
             return False
-        if not self.plays_out or heard.played:
-            return True
-        return now - max(heard.done, heard.last_audio or heard.done) >= QUIET_S
+        if self.plays_out:
+            return heard.played or now - max(heard.done, heard.last_audio or heard.done) >= QUIET_S
+        if self.listens:  # its audio came faster than it plays: the turn ends when it would have played out
+            _, plays_until = playback(heard.audio_at)
+            return plays_until is None or now >= plays_until
+        return True
 
     def finished(self, now: float) -> bool:
         if self.interruption is None:
@@ -310,7 +320,7 @@ class SpokenTurn:
 
     def wake_at(self, now: float, deadline: float) -> float:
         wake = min(deadline, self.interrupt_at if self.interrupt_at is not None else deadline)
-        return min(wake, now + POLL_S) if self.plays_out else wake
+        return min(wake, now + POLL_S) if self.plays_out or self.listens else wake
 
     def measure(self, clock: ClockOffset | None) -> None:
         """Fill the record: the answer's timings from the end of the question's speech, and the barge-in."""
@@ -347,6 +357,7 @@ class SpokenClient(ABC):
     ValueError when the server sent what is not the protocol (the turn fails with bad_response)."""
 
     plays_out: bool  # the answer's audio plays at real-time pace after its response.done (WebRTC)
+    listens = False  # a turn lasts until its answer's audio would have played (--listen, WebSocket)
 
     def __init__(self, target: Target, mic: Microphone, barge_in_after_s: float | None) -> None:
         self.target = target
@@ -360,7 +371,7 @@ class SpokenClient(ABC):
     async def turn(self, record: TurnRecord, question: np.ndarray, interrupter: np.ndarray | None,
                    timeout_s: float = 120) -> None:
         """`interrupter`: with --barge-in, what to say over the answer."""
-        spoken = SpokenTurn(record, self.say(question), plays_out=self.plays_out,
+        spoken = SpokenTurn(record, self.say(question), plays_out=self.plays_out, listens=self.listens,
                             barge_in_after_s=self.barge_in_after_s if interrupter is not None else None)
         deadline = time.perf_counter() + timeout_s
         try:
@@ -436,10 +447,12 @@ class RealtimeVoiceClient(SpokenClient):
 
     plays_out = False
 
-    def __init__(self, socket: RealtimeTextClient, barge_in_after_s: float | None, always_on: bool = False) -> None:
+    def __init__(self, socket: RealtimeTextClient, barge_in_after_s: float | None, always_on: bool = False,
+                 listens: bool = False) -> None:
         mic = Microphone(VOICE_RATE, 0, always_on=True) if always_on else Microphone(VOICE_RATE, TAIL_SILENCE_S)
         super().__init__(socket.target, mic, barge_in_after_s)
         self.socket = socket
+        self.listens = listens
         self._speaking = asyncio.Event()
         if always_on:
             self._speaking.set()
@@ -447,11 +460,13 @@ class RealtimeVoiceClient(SpokenClient):
 
     @classmethod
     async def open(cls, target: Target, system_prompt: str | None, barge_in_after_s: float | None,
-                   timeout_s: float = 30, *, configure: bool = True, always_on: bool = False) -> RealtimeVoiceClient:
+                   timeout_s: float = 30, *, configure: bool = True, always_on: bool = False,
+                   listens: bool = False) -> RealtimeVoiceClient:
         """`configure`: False keeps the server's session defaults. `always_on`: the microphone sends silence
-        between clips, as a real one does (the server's input audio clock then runs with the wall clock)."""
+        between clips, as a real one does (the server's input audio clock then runs with the wall clock).
+        `listens`: each turn lasts until its answer would have played out (--listen)."""
         socket = await RealtimeTextClient.open(target, system_prompt, timeout_s, spoken=True, configure=configure)
-        return cls(socket, barge_in_after_s, always_on)
+        return cls(socket, barge_in_after_s, always_on, listens)
 
     def say(self, pcm: np.ndarray, speech: tuple[int, int] | None = None) -> Utterance:
         utterance = super().say(pcm, speech)

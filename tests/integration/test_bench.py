@@ -191,6 +191,7 @@ def test_bad_input_is_one_line_and_exit_2(secured_gateway: GatewayProcess, tmp_p
         (["--url", secured_gateway.url, "--mode", "webrtc", "--model", MODEL, "--api-key", "sk-wrong"], "refused the key"),
         (["--url", secured_gateway.url, "--mode", "text", "--barge-in"], "--barge-in needs --mode voice"),
         (["--url", secured_gateway.url, "--mode", "voice", "--barge-in-after-ms", "100"], "needs --barge-in"),
+        (["--url", secured_gateway.url, "--mode", "webrtc", "--listen"], "--listen needs --mode voice"),
         (["--url", secured_gateway.url, "--mode", "chat", "--audio", str(tmp_path)], "--audio needs --mode voice"),
         (["--url", CLOSED, "--mode", "voice", "--audio", str(unreadable)], f"cannot read {unreadable / 'bad.wav'}"),
         (["--url", CLOSED, "--mode", "voice", "--audio", str(unreadable), "--prompt-file", str(tmp_path / "prompts.txt")],

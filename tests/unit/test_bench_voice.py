@@ -200,3 +200,20 @@ def test_playback_gives_loud_frames_to_the_oldest_response_playing_and_holds_its
     silent = done("r3")
     playback.event(3.0, created("r3"))
     assert playback.event(3.1, silent) == [(3.1, silent)]  # no audio went to the playout: handed on at once
+
+
+def test_a_listening_session_s_turn_lasts_until_its_answer_would_have_played_out() -> None:
+    turn = SpokenTurn(TurnRecord(session=0, turn=0, started_at=0), Utterance(onset=0.5, end=2.0), plays_out=False,
+                      barge_in_after_s=None, listens=True)
+    turn.feed(2.4, created("r1"))
+    turn.feed(2.6, AudioIn(1.0, "r1"))
+    turn.feed(2.7, AudioIn(1.0, "r1"))
+    turn.feed(2.8, done("r1"))
+    assert not turn.finished(2.8) and not turn.finished(4.5)  # the second second plays until 4.6
+    assert turn.finished(4.6)
+    assert turn.wake_at(2.8, 100.0) < 2.9  # it looks again soon, not at the turn's deadline
+    silent = SpokenTurn(TurnRecord(session=0, turn=1, started_at=0), Utterance(onset=0.5, end=2.0), plays_out=False,
+                        barge_in_after_s=None, listens=True)
+    silent.feed(2.4, created("r2"))
+    silent.feed(2.8, done("r2"))
+    assert silent.finished(2.8)  # an answer without audio (a failed one) is not waited for
