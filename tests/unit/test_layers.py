@@ -3,7 +3,8 @@
     api -> realtime -> generation -> platform, safety, protocol
 
 A module imports nothing from a layer above its own, even for type checking; the HTTP framework is
-imported in api/ only, and the database toolkit in platform/storage/ only. Read from the sources."""
+imported in api/ only, and the database toolkit in platform/storage/ only. Below the gateway, the models
+(inference/) and the media (media/) import nothing of it. Read from the sources."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def _imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append(node.module)
     return found
+
+
+def _below_the_gateway() -> list[Path]:
+    root = GATEWAY.parent
+    return sorted(p for folder in ("inference", "media") for p in (root / folder).rglob("*.py"))
 
 
 def _modules() -> list[Path]:
@@ -51,3 +57,9 @@ def test_frameworks_stay_in_their_layer(path: Path) -> None:
         assert "sqlalchemy" not in names, "the database toolkit is imported in gateway/platform/storage/ only"
     if rel[0] not in ("api", "bench"):
         assert "aiortc" not in names, "aiortc is imported by the WebRTC transport (and media/) only"
+
+
+@pytest.mark.parametrize("path", _below_the_gateway(), ids=lambda p: str(p.relative_to(GATEWAY.parent)))
+def test_the_models_and_the_media_import_nothing_of_the_gateway(path: Path) -> None:
+    found = [name for name in _imports(path) if name == "gateway" or name.startswith("gateway.")]
+    assert not found, f"{path.relative_to(GATEWAY.parent)} imports the gateway: {found}"
