@@ -31,11 +31,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +44,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from inference.cpu import using_cores
+from inference.transcript_checks import looks_degenerate
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +54,8 @@ DEFAULT_WINDOW_S = 15.0
 DEFAULT_PARTIAL_BUDGET = 0.3  # of a core: one session's partials take ~0.12 (a 0.1 s call every 0.9 s of speech)
 PARTIAL_BURST_S = 0.5  # core-seconds of partials that may run back to back after a quiet while
 TOKENS_PER_SECOND = 8  # token budget of a windowed decode: speech runs at ~3-4 tokens a second
-LOOP_COMPRESSION_RATIO = 2.4  # Whisper's own threshold for repetitive output
 MAX_PROMPT_TOKENS = 223  # Whisper gives a prompt at most half of its 448-token context
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # Whisper's long-form decoding (and faster-whisper's default)
-
-
-def repeats_a_sentence(text: str) -> bool:
-    """The same sentence twice back to back: what a decoder loop writes."""
-    sentences = [part.strip().lower() for part in re.split(r"[.?!]+", text) if part.strip()]
-    return any(a == b for a, b in zip(sentences, sentences[1:]))
-
-
-def looks_degenerate(text: str, tokens: int, budget: int) -> bool:
-    """A decode that used its whole token budget, repeats a sentence back to back, or compresses like
-    a repetition loop. (A user who really repeats a sentence only costs a decode over 30 s.)"""
-    if tokens >= budget or repeats_a_sentence(text):
-        return True
-    data = text.encode()
-    return len(data) > 24 and len(data) / len(zlib.compress(data)) > LOOP_COMPRESSION_RATIO
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from faster_whisper import WhisperModel
 
-from inference.asr import repeats_a_sentence
+from inference.transcript_checks import repeats_a_sentence
 
 log = logging.getLogger(__name__)
 

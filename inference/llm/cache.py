@@ -1,6 +1,6 @@
 """Shared prefix KV cache: a token-granular radix tree keyed by token ids, over one token KV store.
 
-Each node holds the *indices* of its edge's tokens in a :class:`~.kv_manager.TokenKVStore` (one
+Each node holds the *indices* of its edge's tokens in a :class:`~.token_store.TokenKVStore` (one
 tensor for all cached KV), as SGLang's radix cache holds indices into its token pool: splitting an
 edge slices its index run, eviction hands indices back, and no node owns a tensor of its own. A
 lookup returns the longest common prefix between a token sequence and the tree, at token granularity
@@ -23,12 +23,10 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .kv_manager import TokenKVStore, TokenRun
+from .token_store import TokenKVStore, TokenRun
 
 KVSource = Callable[[int, int], torch.Tensor]
 """``source(start, stop)`` returns the KV of tokens [start, stop) (it is copied into the store)."""

@@ -8,7 +8,7 @@ Two stores of KV, one layout each:
   decoding rows of a step attend in one call over slots ``0..n-1``. So slots stay compact: freeing a
   slot moves the last slot's KV into it. The extra last slot is scratch: padding rows of a
   fixed-size decode step (``model_runner.py``) write their keys and values there.
-- :class:`TokenKVStore`: the prefix cache's KV, token by token in one tensor
+- :class:`~.token_store.TokenKVStore`: the prefix cache's KV, token by token in one tensor
   ``[layers, 2, kv_heads, tokens, head_dim]``, handed out by index. The radix tree (``cache.py``)
   keeps index runs into it, as SGLang's radix cache keeps indices into its token pool: a split is a
   slice of an index run, eviction returns indices, and no KV tensor is cloned per node.
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import PrefixCache, PrefixMatch, RadixNode
+from .token_store import TokenKVStore
 
 
 @dataclass(frozen=True)
@@ -173,79 +174,6 @@ class KVPool:
             self.lengths[slot] = end
         if end > self.clean[slot]:
             self.clean[slot] = end
-
-
-class TokenKVStore:
-    """KV token by token, handed out by index: ``data`` is ``token_shape`` with a tokens axis inserted
-    at ``token_dim``. Allocated at first use; the lowest free indices go first, so a store that is
-    never full touches only its start (on a CPU the rest is never committed)."""
-
-    def __init__(self, token_shape: Sequence[int], token_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
-        self.token_shape = tuple(int(s) for s in token_shape)
-        self.token_dim = int(token_dim)
-        self.capacity = max(0, int(capacity))
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self.data: torch.Tensor | None = None
-        self._free = list(range(self.capacity - 1, -1, -1))  # a stack: pops give 0, 1, 2, ...
-
-    @property
-    def bytes_per_token(self) -> int:
-        n = 1
-        for s in self.token_shape:
-            n *= s
-        return n * torch.finfo(self.dtype).bits // 8
-
-    @property
-    def free_tokens(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> TokenRun | None:
-        """``n`` indices, or None when fewer are free."""
-        if n > len(self._free):
-            return None
-        if self.data is None:
-            shape = list(self.token_shape)
-            shape.insert(self.token_dim, self.capacity)
-            self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
-        taken = [self._free.pop() for _ in range(n)]
-        start = taken[0] if taken == list(range(taken[0], taken[0] + n)) else -1
-        return TokenRun(torch.tensor(taken, dtype=torch.long, device=self.device), start)
-
-    def free(self, run: TokenRun) -> None:
-        self._free.extend(reversed(run.indices.tolist()))
-
-    def write(self, run: TokenRun, kv: torch.Tensor) -> None:
-        assert self.data is not None
-        if run.start >= 0:  # consecutive (the usual case): a plain copy, faster than index_copy_
-            self.data.narrow(self.token_dim, run.start, len(run)).copy_(kv)
-        else:
-            self.data.index_copy_(self.token_dim, run.indices, kv.to(self.dtype))
-
-    def read(self, run: TokenRun) -> torch.Tensor:
-        """A run's KV: a view where it is consecutive (copy it before the store changes), else a gather."""
-        assert self.data is not None
-        if run.start >= 0:
-            return self.data.narrow(self.token_dim, run.start, len(run))
-        return self.data.index_select(self.token_dim, run.indices)
-
-
-@dataclass(frozen=True)
-class TokenRun:
-    """Indices into a :class:`TokenKVStore`; ``start`` >= 0 when they are ``start, start + 1, ...``."""
-
-    indices: torch.Tensor
-    start: int = -1
-
-    def __len__(self) -> int:
-        return int(self.indices.shape[0])
-
-    def head(self, n: int) -> TokenRun:
-        return TokenRun(self.indices[:n], self.start)
-
-    def tail(self, n: int) -> TokenRun:
-        return TokenRun(self.indices[n:], self.start + n if self.start >= 0 else -1)
 
 
 class SlotHandle:
