@@ -27,7 +27,7 @@ from inference.tts import TtsEngine
 class Preemption:
     prompt_ids: list[int]
     sampling: SamplingParams
-    stream: Generation  # the engine's, or the generation service's Reply (generation.py)
+    stream: Generation  # the engine's, or the generation service's Reply (gateway/generation/service.py)
     started_at: float  # monotonic
     deltas: list[str] = field(default_factory=list)  # the text so far, taken from the stream by run_ahead
     first_clause: str | None = None

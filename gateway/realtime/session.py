@@ -207,7 +207,7 @@ class RealtimeSession:
             self.recorder.observe(event, self.conversation)
 
     def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None:
-        """Before start(): continue a stored conversation (realtime_store.py). Its branch becomes the
+        """Before start(): continue a stored conversation (store.py's ConversationRecorder). Its branch becomes the
         first items, announced after session.created, and what the session adds is stored."""
         conversation = Conversation(max_items=self.settings.max_conversation_items,
                                     max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
