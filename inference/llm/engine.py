@@ -173,7 +173,7 @@ class LLMEngine:
                 return
             self._closed = True
             self._running = False
-            for r in list(self.scheduler.waiting) + list(self.scheduler.running):
+            for r in self.scheduler.requests():
                 r.cancel_requested = True
             self._cond.notify_all()
         t = self._thread
@@ -219,21 +219,21 @@ class LLMEngine:
         with self._cond:
             if self._closed:
                 raise EngineClosed("engine is closed")
-            if len(self.scheduler.waiting) >= self.config.max_queued_requests:
+            if self.scheduler.queued >= self.config.max_queued_requests:
                 self._requests_rejected += 1
                 raise EngineOverloaded(self._retry_after())
-            self.scheduler.waiting.append(req)
+            self.scheduler.add(req)
             self._cond.notify_all()
 
     def awaiting_first_token(self) -> bool:
         """Whether a live request that samples still waits for its first token (queued, or in its prefill)."""
         with self._lock:
-            requests = (*self.scheduler.waiting, *self.scheduler.running)
+            requests = self.scheduler.requests()
         return any(r.generates and not r.background and r.first_token_at is None for r in requests)
 
     def _retry_after(self) -> float:
         per_slot = self._avg_request_s / max(1, self.config.max_batch_size)
-        return float(min(30.0, max(0.5, per_slot * (len(self.scheduler.waiting) + 1))))
+        return float(min(30.0, max(0.5, per_slot * (self.scheduler.queued + 1))))
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = DEFAULT_SAMPLING, *,
@@ -326,8 +326,8 @@ class LLMEngine:
         s.update(self.runner.stats())
         steps = self._steps
         s.update(
-            queue_depth=len(self.scheduler.waiting),
-            active=len(self.scheduler.running),
+            queue_depth=self.scheduler.queued,
+            active=self.scheduler.active,
             conversations_pinned=len(self._pins),
             steps=steps,
             tokens_generated=self._tokens_generated,
@@ -360,7 +360,7 @@ class LLMEngine:
             self.runner.capture_all(GRAPH_LENGTH_AT_START)
         while True:
             with self._cond:
-                while (self._running and not self.scheduler.waiting and not self.scheduler.running
+                while (self._running and not self.scheduler.queued and not self.scheduler.active
                        and not self._conv_ops):
                     self._cond.wait()
                 if not self._running:
@@ -370,7 +370,7 @@ class LLMEngine:
                 for r in self.scheduler.drop_cancelled():
                     self._finish(r, "cancelled")
                 self._admit()
-                if self.scheduler.running:
+                if self.scheduler.active:
                     self._yield_to_exclusive_work()
                     if self._yield_while_paced():
                         continue
@@ -381,10 +381,7 @@ class LLMEngine:
                         self._flush_deliveries()
             except Exception as exc:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("LLM engine step failed")
-                with self._lock:
-                    broken = list(self.scheduler.running)
-                    self.scheduler.running = []
-                for r in broken:
+                for r in self.scheduler.take_running():
                     self._fail(r, exc)
         self._finish_leftovers()
         log.debug("LLM engine thread stopped")
@@ -416,8 +413,7 @@ class LLMEngine:
             if op == "end":
                 self.kv.cache.release(self._pins.pop(conv, None))
                 with self._lock:
-                    in_flight = any(r.conversation_id == conv
-                                    for r in (*self.scheduler.waiting, *self.scheduler.running))
+                    in_flight = any(r.conversation_id == conv for r in self.scheduler.requests())
                 if in_flight:
                     self._ended_in_flight.add(conv)
             elif op == "clear":
@@ -605,8 +601,7 @@ class LLMEngine:
         ended = conv is not None and conv in self._ended_in_flight
         if ended:
             with self._lock:
-                others = any(r is not req and r.conversation_id == conv
-                             for r in (*self.scheduler.waiting, *self.scheduler.running))
+                others = any(r is not req and r.conversation_id == conv for r in self.scheduler.requests())
             if not others:
                 self._ended_in_flight.discard(conv)  # its last request: nothing more to keep unpinned
         try:

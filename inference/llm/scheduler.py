@@ -73,32 +73,54 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._lock = lock  # the engine's: submit() appends to ``waiting`` on the event loop
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
         self.requests_waited_for_prefix = 0
         self.rows_paced = 0  # decode rows left out of a step for requests needed sooner (see schedule)
 
-    # -- queue (callers hold the lock for ``waiting``) -------------------------------------------------
+    # -- queue: the scheduler's own; ``add`` and ``requests`` under the caller's hold of the lock ----------
+    def add(self, req: Request) -> None:
+        """Queue a request (the engine's submit, on the event loop, holding the lock)."""
+        self._waiting.append(req)
+
+    def requests(self) -> tuple[Request, ...]:
+        """Every request queued or running (the caller holds the lock, or is the scheduler thread)."""
+        return (*self._waiting, *self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    def take_running(self) -> list[Request]:
+        """Take every running request out (a step that failed: the engine fails them)."""
+        with self._lock:
+            taken, self._running = self._running, []
+        return taken
+
     def drop_cancelled(self) -> list[Request]:
         """Take every request whose cancel was asked out of the queue and the running list."""
         with self._lock:
-            queued = [r for r in self.waiting if r.cancel_requested]
+            queued = [r for r in self._waiting if r.cancel_requested]
             for r in queued:
-                self.waiting.remove(r)
-            running = [r for r in self.running if r.cancel_requested]
+                self._waiting.remove(r)
+            running = [r for r in self._running if r.cancel_requested]
             if running:
-                self.running = [r for r in self.running if not r.cancel_requested]
+                self._running = [r for r in self._running if not r.cancel_requested]
         return queued + running
 
     def remove_finished(self) -> None:
         with self._lock:
-            self.running = [r for r in self.running if not r.finished]
+            self._running = [r for r in self._running if not r.finished]
 
     def take_all(self) -> list[Request]:
         with self._lock:
-            out = list(self.waiting) + list(self.running)
-            self.waiting.clear()
-            self.running = []
+            out = list(self._waiting) + list(self._running)
+            self._waiting.clear()
+            self._running = []
         return out
 
     # -- admission -------------------------------------------------------------------------------------
@@ -106,21 +128,21 @@ class Scheduler:
         admitted: list[Admitted] = []
         while True:
             with self._lock:
-                if len(self.running) >= self.max_batch_size:
+                if len(self._running) >= self.max_batch_size:
                     return admitted
-                queued = list(self.waiting)
+                queued = list(self._waiting)
             # The oldest request that need not wait; the waiting ones keep their place. Judged outside
             # the lock, which submit() takes on the event loop; only this thread removes from the queue.
             req = next((r for r in queued if not r.background and not self._should_wait_for_shared_prefix(r)), None)
             if req is None and not any(not r.background for r in queued):
                 # Background work (titles, pre-warms) only when no live request waits, one at a time:
                 # it may share a step with live replies but never takes a slot one of them wants.
-                busy = any(r.background for r in self.running)
+                busy = any(r.background for r in self._running)
                 req = None if busy else next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
             if req is None:
                 return admitted
             with self._lock:
-                self.waiting.remove(req)
+                self._waiting.remove(req)
             admitted.append(self._start(req))
 
     def _start(self, req: Request) -> Admitted:
@@ -141,7 +163,7 @@ class Scheduler:
         if not req.generates and match.length == len(req.prompt):
             return Admitted(req, complete=True)  # every token was cached already
         with self._lock:
-            self.running.append(req)
+            self._running.append(req)
         return Admitted(req)
 
     def _should_wait_for_shared_prefix(self, req: Request) -> bool:
@@ -149,7 +171,7 @@ class Scheduler:
             return False
         limit = req.prefix_limit
         cached = -1
-        for other in self.running:
+        for other in self._running:
             if other.status is not RequestStatus.PREFILLING or other.kv is None:
                 continue
             shared = _shared_length(req.prompt, other.prompt, limit)
@@ -170,10 +192,10 @@ class Scheduler:
     def paced_until(self, now: float) -> float | None:
         """When the first running request is needed, if each one is a decode whose reader needs no token yet
         (GenerationStream.pace); None when any must run now."""
-        if not self.running or any(r.status is not RequestStatus.DECODING or r.not_needed_before <= now
-                                   for r in self.running):
+        if not self._running or any(r.status is not RequestStatus.DECODING or r.not_needed_before <= now
+                                   for r in self._running):
             return None
-        return min(r.not_needed_before for r in self.running)
+        return min(r.not_needed_before for r in self._running)
 
     # -- the step --------------------------------------------------------------------------------------
     def schedule(self, now: float | None = None) -> StepPlan | None:
@@ -186,7 +208,7 @@ class Scheduler:
         now = time.monotonic() if now is None else now
         budget = self.prefill_chunk_tokens
         parts: list[tuple[Request, int, int, list[int]]] = []
-        for req in self.running:
+        for req in self._running:
             assert req.kv is not None
             p = self.kv.length(req.kv)
             if req.status is RequestStatus.DECODING:

@@ -382,7 +382,7 @@ async def test_bad_requests_do_not_stop_the_engine(lm, make_engine, chat_ids, co
 
     p = chat_ids(("user", QUESTIONS[0]))
     bad = eng.submit(p, SamplingParams(temperature=1.0, max_tokens=5))
-    eng.scheduler.waiting[-1].sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
+    eng.scheduler.requests()[-1].sampler = Boom(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=0, prompt_ids=p)
     good = eng.submit(p, GREEDY)
     eng.start()
     with pytest.raises(RuntimeError, match="boom"):
