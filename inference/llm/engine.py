@@ -49,7 +49,6 @@ from .backend import (
     GenerationStream,
     SamplingParams,
 )
-from .cache import RadixNode
 from .constraints import TokenConstraint
 from .forward import LeanForward
 from .kv_manager import KVManager
@@ -126,7 +125,6 @@ class LLMEngine:
         self._cond = threading.Condition(self._lock)
         self.scheduler = Scheduler(self.kv, max_batch_size=config.max_batch_size,
                                    prefill_chunk_tokens=config.prefill_chunk_tokens, lock=self._lock)
-        self._pins: dict[str, RadixNode] = {}
         # Conversations ended while a request of theirs was still queued or running: that request's
         # KV is not cached when it finishes (a pin would never be released, and nobody will reuse it).
         self._ended_in_flight: set[str] = set()
@@ -321,14 +319,13 @@ class LLMEngine:
             self._apply_conv_ops()
 
     def stats(self) -> dict[str, float]:
-        s = dict(self.kv.cache.snapshot())
+        s = self.kv.stats()
         s.update(self.threads.snapshot())
         s.update(self.runner.stats())
         steps = self._steps
         s.update(
             queue_depth=self.scheduler.queued,
             active=self.scheduler.active,
-            conversations_pinned=len(self._pins),
             steps=steps,
             tokens_generated=self._tokens_generated,
             prefill_tokens=self._prefill_tokens,
@@ -337,8 +334,6 @@ class LLMEngine:
             requests_failed=self._requests_failed,
             requests_rejected=self._requests_rejected,
             step_seconds_total=self._step_seconds,
-            kv_pool_capacity_tokens=self.kv.pool.capacity,
-            kv_pool_slots_used=self.kv.pool.used,
             avg_step_ms=(self._step_seconds / steps * 1000.0) if steps else 0.0,
             avg_batch_size=(self._step_rows / steps) if steps else 0.0,  # requests per step
             last_cancel_free_ms=self._last_free_latency * 1000.0,
@@ -411,16 +406,13 @@ class LLMEngine:
                     return
                 op, conv = self._conv_ops.popleft()
             if op == "end":
-                self.kv.cache.release(self._pins.pop(conv, None))
+                self.kv.end_conversation(conv)
                 with self._lock:
                     in_flight = any(r.conversation_id == conv for r in self.scheduler.requests())
                 if in_flight:
                     self._ended_in_flight.add(conv)
             elif op == "clear":
-                for node in self._pins.values():
-                    self.kv.cache.unpin(node)
-                self._pins.clear()
-                self.kv.cache.clear()
+                self.kv.clear()
 
     def _admit(self) -> None:
         for admitted in self.scheduler.admit():
@@ -452,7 +444,7 @@ class LLMEngine:
             req.status = RequestStatus.DECODING
             # The prompt's KV goes to the shared cache as soon as it exists: concurrent requests with
             # the same prefix (system prompt) reuse it without waiting for this one to finish.
-            self._cache_insert(req, len(req.prompt), pin=False)
+            self._cache_insert(req, len(req.prompt))
             if not req.generates:
                 self._finish(req, "stop")
         now = time.monotonic()
@@ -576,10 +568,9 @@ class LLMEngine:
             for req, _, _ in calls:
                 req.cancel_requested = True
 
-    def _cache_insert(self, req: Request, upto: int, *, pin: bool) -> RadixNode | None:
-        if req.kv is None or upto <= 0:
-            return None
-        return self.kv.cache_prefix(req.kv, req.tokens, upto, pin=pin)
+    def _cache_insert(self, req: Request, upto: int, *, conversation_id: str | None = None) -> None:
+        if req.kv is not None and upto > 0:
+            self.kv.cache_prefix(req.kv, req.tokens, upto, conversation_id=conversation_id)
 
     def _release(self, req: Request) -> None:
         if self._masks is not None and req.sampler is not None:
@@ -606,12 +597,7 @@ class LLMEngine:
                 self._ended_in_flight.discard(conv)  # its last request: nothing more to keep unpinned
         try:
             if computed > 0 and not ended:
-                node = self._cache_insert(req, computed, pin=conv is not None)
-                if conv is not None:
-                    old = self._pins.pop(conv, None)
-                    if node is not None:
-                        self._pins[conv] = node
-                    self.kv.cache.unpin(old)
+                self._cache_insert(req, computed, conversation_id=conv)
         except Exception:  # pragma: no cover - caching is best effort
             log.exception("caching the KV of %s failed", req.id)
         self._release(req)  # the slot is free from here on

@@ -203,6 +203,8 @@ class KVManager:
                              max(0, prefix_cache_bytes) // layout.bytes_per_token, layout.dtype, layout.device)
         self.cache = PrefixCache(store)
         self._handles: list[SlotHandle | None] = [None] * slots
+        # Each conversation's last KV, pinned in the cache until its next request caches more or it ends.
+        self._pins: dict[str, RadixNode] = {}
 
     # -- slots ---------------------------------------------------------------------------------------
     def allocate(self) -> SlotHandle:
@@ -243,10 +245,37 @@ class KVManager:
             self.pool.write(handle.slot, pos, piece)
             pos += piece.shape[3]
 
-    def cache_prefix(self, handle: SlotHandle, tokens: Sequence[int], upto: int, *, pin: bool) -> RadixNode | None:
-        """Put the KV of ``tokens[:upto]`` (what ``handle``'s slot holds) in the prefix cache."""
+    def cache_prefix(self, handle: SlotHandle, tokens: Sequence[int], upto: int, *,
+                     conversation_id: str | None = None) -> None:
+        """Put the KV of ``tokens[:upto]`` (what ``handle``'s slot holds) in the prefix cache; with a
+        conversation, pinned for it in place of what was pinned for it before."""
         upto = min(upto, self.pool.lengths[handle.slot])
         if upto <= 0:
-            return None
+            return
         pool, slot = self.pool, handle.slot
-        return self.cache.insert(tokens[:upto], lambda a, b: pool.view(slot, a, b), pin=pin)
+        node = self.cache.insert(tokens[:upto], lambda a, b: pool.view(slot, a, b), pin=conversation_id is not None)
+        if conversation_id is not None:
+            old = self._pins.pop(conversation_id, None)
+            if node is not None:
+                self._pins[conversation_id] = node
+            self.cache.unpin(old)
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.cache.max_bytes > 0
+
+    # -- conversations ---------------------------------------------------------------------------------
+    def end_conversation(self, conversation_id: str) -> None:
+        """Unpin the conversation's KV and drop the part of it no other sequence shares."""
+        self.cache.release(self._pins.pop(conversation_id, None))
+
+    def clear(self) -> None:
+        """Drop every cached prefix, pins included."""
+        for node in self._pins.values():
+            self.cache.unpin(node)
+        self._pins.clear()
+        self.cache.clear()
+
+    def stats(self) -> dict[str, float]:
+        return {**self.cache.snapshot(), "conversations_pinned": len(self._pins),
+                "kv_pool_capacity_tokens": self.pool.capacity, "kv_pool_slots_used": self.pool.used}

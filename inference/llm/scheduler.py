@@ -167,7 +167,7 @@ class Scheduler:
         return Admitted(req)
 
     def _should_wait_for_shared_prefix(self, req: Request) -> bool:
-        if self.kv.cache.max_bytes <= 0:
+        if not self.kv.caches_prefixes:
             return False
         limit = req.prefix_limit
         cached = -1
