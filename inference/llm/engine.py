@@ -54,8 +54,9 @@ from .forward import LeanForward
 from .kv_manager import KVManager
 from .loader import LoadedLM
 from .model_runner import ModelRunner
+from .output import TextOutput
 from .request import Request, RequestStatus
-from .sampling import DevicePenalties, IncrementalDetokenizer, RowSampler, StopChecker, sample_rows
+from .sampling import DevicePenalties, RowSampler, sample_rows
 from .scheduler import Scheduler, StepPlan
 from .threads import ThreadPolicy
 
@@ -258,8 +259,8 @@ class LLMEngine:
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty, constraint=constraint,
             probe_ids=params.probe_ids,
         )
-        req.detok = IncrementalDetokenizer(self.lm.tokenizer)
-        req.stopper = StopChecker(tuple(params.stop))
+        req.output = TextOutput(self.lm.tokenizer, stop=params.stop, max_new=req.max_new,
+                                eos_ids=frozenset() if params.ignore_eos else self._eos)
         stream = GenerationStream(rid, loop, on_cancel=lambda: self._cancel(req),
                                   on_pace=lambda until: setattr(req, "not_needed_before", until))
         req.stream = stream
@@ -518,27 +519,16 @@ class LLMEngine:
         return logits, set(failed)
 
     def _accept_token(self, req: Request, tok: int, now: float) -> FinishReason | None:
-        assert req.params is not None and req.sampler is not None and req.detok is not None
-        assert req.stopper is not None
+        assert req.sampler is not None and req.output is not None
         if req.first_token_at is None:
             req.first_token_at = now
         req.generated.append(tok)
         req.tokens.append(tok)
         req.sampler.observe(tok)
         self._tokens_generated += 1
-        if tok in self._eos and not req.params.ignore_eos:
-            self._emit(req, req.stopper.feed(req.detok.flush())[0] + req.stopper.flush())
-            return "stop"
-        out, stopped = req.stopper.feed(req.detok.push(tok))
-        if stopped:
-            self._emit(req, out)
-            return "stop"
-        if len(req.generated) >= req.max_new:
-            tail, stopped = req.stopper.feed(req.detok.flush())
-            self._emit(req, out + tail + ("" if stopped else req.stopper.flush()))
-            return "stop" if stopped else "length"
-        self._emit(req, out)
-        return None
+        delta, reason = req.output.accept(tok, len(req.generated))
+        self._emit(req, delta)
+        return reason
 
     def _emit(self, req: Request, delta: str) -> None:
         if not delta:

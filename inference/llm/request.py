@@ -14,7 +14,8 @@ import time
 
 from .backend import GenerationStream, SamplingParams
 from .kv_manager import SlotHandle
-from .sampling import IncrementalDetokenizer, RowSampler, StopChecker
+from .output import TextOutput
+from .sampling import RowSampler
 
 
 class RequestStatus(enum.Enum):
@@ -27,7 +28,7 @@ class RequestStatus(enum.Enum):
 class Request:
     __slots__ = (
         "id", "status", "prompt", "params", "conversation_id", "stream", "future", "loop", "tokens",
-        "kv", "cached", "generated", "sampler", "detok", "stopper", "emitted_text", "cancel_requested",
+        "kv", "cached", "generated", "sampler", "output", "emitted_text", "cancel_requested",
         "submitted_at", "first_token_at", "max_new", "admitted_at", "cancel_at", "waited_for_prefix",
         "background", "not_needed_before",
     )
@@ -48,8 +49,7 @@ class Request:
         self.cached = 0  # prompt tokens reused from the prefix cache
         self.generated: list[int] = []
         self.sampler: RowSampler | None = None
-        self.detok: IncrementalDetokenizer | None = None
-        self.stopper: StopChecker | None = None
+        self.output: TextOutput | None = None  # its text from its tokens, and why it ends
         self.emitted_text: list[str] = []
         self.cancel_requested = False
         self.cancel_at = 0.0

@@ -10,11 +10,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from inference.llm.output import IncrementalDetokenizer, StopChecker, TextOutput
 from inference.llm.sampling import (
     DevicePenalties,
-    IncrementalDetokenizer,
     RowSampler,
-    StopChecker,
     _greedy_tokens,
     _greedy_tokens_on_device,
     sample_rows,
@@ -385,3 +384,26 @@ def test_probed_tokens_report_their_first_step_probability_before_any_processor(
     sample_rows(logits.unsqueeze(0).clone(), [s])
     expected = torch.softmax(logits, -1)[2:].sum().item()
     assert abs(s.probed - expected) < 1e-6 and not s.per_row  # later steps take the batched path again
+
+
+def test_a_request_s_text_ends_at_eos_a_stop_string_or_its_limit_with_nothing_held_back_lost():
+    def run(output: TextOutput, tokens: bytes) -> tuple[str, str | None, int]:
+        text = ""
+        for n, token in enumerate(tokens, 1):
+            delta, reason = output.accept(token, n)
+            text += delta
+            if reason is not None:
+                return text, reason, n
+        return text, None, len(tokens)
+
+    eos = frozenset({0})
+    # EOS: the held-back start of a stop string ("EN" of "END") goes out, and the token is not text.
+    assert run(TextOutput(ByteTokenizer(), stop=["END"], eos_ids=eos, max_new=50), b"done EN\x00more") == ("done EN", "stop", 8)
+    # A stop string: cut before it, what follows never sent.
+    assert run(TextOutput(ByteTokenizer(), stop=["END"], eos_ids=eos, max_new=50), b"the ENDing") == ("the ", "stop", 7)
+    # The limit: the held-back text goes out ("length"), or a stop string completed by the flush cuts ("stop").
+    assert run(TextOutput(ByteTokenizer(), stop=["END"], eos_ids=eos, max_new=6), b"abc EN") == ("abc EN", "length", 6)
+    # A character cut in two at the limit is flushed as it decodes.
+    assert run(TextOutput(ByteTokenizer(), stop=[], eos_ids=eos, max_new=2), "é!".encode()[:2]) == ("é", "length", 2)
+    # EOS ignored: an id in no set is text like any other.
+    assert run(TextOutput(ByteTokenizer(), stop=[], eos_ids=frozenset(), max_new=3), b"a\x00b") == ("a\x00b", "length", 3)
