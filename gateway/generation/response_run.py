@@ -35,7 +35,7 @@ from gateway.platform.storage.schema import ConversationRow
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.errors import ApiError
-from gateway.protocol.response_objects import ResponseEvents, ResponseState, Usage, input_items, wire
+from gateway.protocol.response_objects import ResponsesApiEvents, ResponseState, Usage, input_items, wire
 from gateway.protocol.responses import FunctionChoice, JsonObjectFormat, JsonSchemaFormat, ResponseCreateRequest
 from gateway.safety.output import CLASSIFIER, guarded, refusal
 from gateway.safety.screening import screen_messages
@@ -173,7 +173,7 @@ class ResponseRun:
     async def events(self) -> AsyncIterator[BaseModel]:
         """Runs the response: its events, the terminal one last. Closing the iterator early cancels it."""
         state, plan = self.state, self._plan
-        events = ResponseEvents(state)
+        events = ResponsesApiEvents(state)
         # What the client reads is constrained to JSON (a forced memory call is not the client's to read).
         json_output = self.request.text_format.type != "text" or (plan.grammar is not None
                                                                   and not _names_memory_tool(self.request))

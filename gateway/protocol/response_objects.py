@@ -161,7 +161,7 @@ class ResponseState:
         return Response.model_validate(body)
 
 
-class ResponseEvents:
+class ResponsesApiEvents:
     """A response's output as it streams, and the events that say so, numbered in order. Text opens a message
     item (and its output_text part) at its first delta; a refusal is a part of that message after its text;
     each call is a function_call item of its own after it."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.protocol.response_objects import ResponseEvents, ResponseState, Usage, sse_event
+from gateway.protocol.response_objects import ResponsesApiEvents, ResponseState, Usage, sse_event
 from gateway.protocol.responses import parse_response_request
 from tests.integration.sdk_types import assert_valid_response, assert_valid_response_event
 
@@ -15,7 +15,7 @@ def events_of(*steps: str) -> tuple[list[dict[str, object]], ResponseState]:
     request = parse_response_request({"model": "m", "input": "Hi", "metadata": {"a": "b"}, "tools": [
         {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}]})
     state = ResponseState(request, 16, {"a": "b"})
-    events = ResponseEvents(state)
+    events = ResponsesApiEvents(state)
     out = events.created()
     for step in steps:
         if step == "call":
