@@ -29,9 +29,9 @@ from gateway.platform.storage.responses import ResponseStore
 from gateway.platform.token_quota import TokenAccount, TokenQuota
 from gateway.protocol.errors import ApiError
 from gateway.realtime.conversation import new_id
+from gateway.realtime.recorder import hand_off_conversation
 from gateway.realtime.session_hub import SessionHub
 from gateway.realtime.session_limits import SessionLimits
-from gateway.realtime.store import hand_off_conversation
 
 if TYPE_CHECKING:
     from gateway.generation.response_run import ResponseRun

@@ -1,5 +1,5 @@
 """Running a session's Realtime responses: the runner of one (prompt, token stream, text deltas, speech clause
-by clause) and the owner of its task (Responses: start, stop, end), both feeding what happens to the core."""
+by clause) and the owner of its task (ResponseDriver: start, stop, end), both feeding what happens to the core."""
 
 from __future__ import annotations
 
@@ -303,7 +303,7 @@ class RunningResponse:
     task: asyncio.Task[None] | None = None
 
 
-class Responses:
+class ResponseDriver:
     """A session's responses, as the core commands them: CreateResponse plans one and starts its task,
     StopResponse stops it, and either way its end goes back to the core as ResponseEnded. Owns the
     response's task and the stoppers that end a cancelled one once it is awaited; also starts a turn's

@@ -1,9 +1,9 @@
 """One Realtime conversation's driver: it feeds what happens to its realtime core and carries out the core's
-commands (events to the outbox, responses to Responses, transcriptions to VoicePipeline, the playout).
+commands (events to the outbox, responses to ResponseDriver, transcriptions to VoicePipeline, the playout).
 
 Transports (WebSocket, WebRTC data channel) feed raw client messages to `receive()` and drain `outbox`.
 The turn and response state, and the events announcing its changes, come from `RealtimeCore` (core.py) in
-one step each; the responses' tasks are Responses' (responses.py), the listening side's VoicePipeline's.
+one step each; the responses' tasks are ResponseDriver's (responses.py), the listening side's VoicePipeline's.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ from gateway.realtime.core import (
     Transcribe,
 )
 from gateway.realtime.outbox import Outbox, SlowConsumer
+from gateway.realtime.recorder import ConversationRecorder
 from gateway.realtime.response_events import Event, ResponseEvents
-from gateway.realtime.responses import Responses, SpeechStream
-from gateway.realtime.store import ConversationRecorder
+from gateway.realtime.responses import ResponseDriver, SpeechStream
 from gateway.realtime.voice import VoicePipeline
 from inference.asr import TranscriptStabilizer
 from media.codecs import AudioFormatError, decode_input
@@ -128,7 +128,7 @@ class RealtimeSession:
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self.responses = Responses(self)
+        self.response_driver = ResponseDriver(self)
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
         self._started_at = time.monotonic()
@@ -186,10 +186,10 @@ class RealtimeSession:
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
             log_event("realtime.session.ended", session_id=self.id, request_id=self.request_id,
-                      transport=self.transport, responses=self.responses.count,
+                      transport=self.transport, responses=self.response_driver.count,
                       duration_s=round(time.monotonic() - self._started_at, 3))
         self.outbox.close()
-        await self.responses.close()
+        await self.response_driver.close()
         if self.voice is not None:
             await self.voice.close()
             # The pipeline and the session refer to each other: without this, only the cycle
@@ -207,7 +207,7 @@ class RealtimeSession:
             self.recorder.observe(event, self.conversation)
 
     def attach_stored(self, conversation_id: str, items: list[Item], recorder: ConversationRecorder) -> None:
-        """Before start(): continue a stored conversation (store.py's ConversationRecorder). Its branch becomes the
+        """Before start(): continue a stored conversation (recorder.py). Its branch becomes the
         first items, announced after session.created, and what the session adds is stored."""
         conversation = Conversation(max_items=self.settings.max_conversation_items,
                                     max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
@@ -245,9 +245,9 @@ class RealtimeSession:
                 marks, preemption = TurnMarks(), None
                 if output.turn is not None and self.voice is not None:
                     marks, preemption = self.voice.take_turn(output.turn)
-                self.responses.create(output, marks, preemption)
+                self.response_driver.create(output, marks, preemption)
             case StopResponse():
-                self.responses.stop(output)
+                self.response_driver.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
                     self.playout.clear()
@@ -276,11 +276,11 @@ class RealtimeSession:
                 if self.voice is not None:
                     self.voice.drop_turn(output.item_id)
             case ResponseFinished():
-                self.responses.finished(output)
+                self.response_driver.finished(output)
 
     async def settle(self) -> None:
         """Wait until the responses being stopped have ended (their response.done is sent)."""
-        await self.responses.settle()
+        await self.response_driver.settle()
 
     # -- client events --------------------------------------------------------------------------
 

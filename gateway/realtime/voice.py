@@ -58,7 +58,7 @@ from gateway.realtime.core import (
 )
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.preemption import Preemption
-from gateway.realtime.responses import Responses
+from gateway.realtime.responses import ResponseDriver
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
 from inference.cpu import charge
@@ -130,7 +130,7 @@ class VoiceHost(Protocol):
     def speaks_by_default(self) -> bool: ...
 
     @property
-    def responses(self) -> Responses: ...
+    def response_driver(self) -> ResponseDriver: ...
 
 
 class VoicePipeline:
@@ -453,7 +453,7 @@ class VoicePipeline:
         transcript = await asyncio.shield(speculative)  # cancelled with it when the user goes on speaking
         if transcript is None or not transcript.text.strip():
             return None
-        preemption = await self.session.responses.preempt_reply(item_id, transcript.text)
+        preemption = await self.session.response_driver.preempt_reply(item_id, transcript.text)
         log.debug("session %s: reply preempted: %s", self.session.id, "started" if preemption is not None else "not possible now")
         if preemption is not None:
             tts = self.runtime.tts if self.session.speaks_by_default() else None
@@ -502,7 +502,7 @@ class VoicePipeline:
         engine = self.runtime.engine
         assert engine is not None
         # With memory on, the reply's prompt has memories and the memory tool (all merged into its first message).
-        extra, _ = await self.session.responses.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
+        extra, _ = await self.session.response_driver.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
         ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, [*messages, *extra], user_text)
         if ids and len(ids) < engine.lm.context_window:
             with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes

@@ -20,10 +20,10 @@ from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import with_intent
 from gateway.realtime.outbox import OutboxReader
+from gateway.realtime.recorder import attach_stored_conversation
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.session_hub import Attachment
 from gateway.realtime.speech_out import WebSocketSpeech
-from gateway.realtime.store import attach_stored_conversation
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -33,10 +33,10 @@ from gateway.platform.config import Settings
 from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
+from gateway.realtime.recorder import attach_stored_conversation
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.session_hub import Attachment, SessionHub
 from gateway.realtime.speech_out import PlayoutSpeech
-from gateway.realtime.store import attach_stored_conversation
 from media.playout import PlayoutBuffer
 from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from gateway.platform.storage.conversations import ConversationStore
 from gateway.platform.storage.database import open_database, sqlite_url
 from gateway.realtime.conversation import Conversation, Item
-from gateway.realtime.store import FLUSH_S, ConversationRecorder, items_from_rows
+from gateway.realtime.recorder import FLUSH_S, ConversationRecorder, items_from_rows
 
 
 def _added(item: Item) -> dict:
