@@ -80,10 +80,14 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
+    server = DrainingServer(config, app.state.services, settings.drain_timeout_s)
     try:
-        DrainingServer(config, app.state.services, settings.drain_timeout_s).run()
+        server.run()
     except KeyboardInterrupt:  # uvicorn raises SIGINT again once it has shut down (as uvicorn.run, one line)
         log.info("stopped by SIGINT")
+    else:
+        if server.interrupted:  # SIGINT ignored since the start (a shell's background job): that raise did nothing
+            log.info("stopped by SIGINT")
 
 
 class DrainingServer(uvicorn.Server):
@@ -97,6 +101,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self.interrupted = False  # a SIGINT stopped it
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -104,6 +109,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler: it only schedules the drain on the loop, whose task ends in uvicorn's own exit.
+        self.interrupted = self.interrupted or sig == signal.SIGINT
         if sig == signal.SIGTERM and self._loop is not None and self._drain is None and not self.should_exit:
             self._loop.call_soon_threadsafe(self._start_drain)
             return

@@ -214,9 +214,21 @@ async def test_a_client_that_leaves_mid_body_is_one_quiet_line(gateway: GatewayP
     assert "ClientDisconnect" not in text and "Exception in ASGI application" not in text
 
 
-def test_sigint_stops_the_gateway_with_one_line(tmp_path: Path) -> None:
-    """Ctrl-C: uvicorn's shutdown lines, then one line that says so; no KeyboardInterrupt traceback."""
-    process = start_gateway("--no-load-voice-models", log_path=tmp_path / "gateway.log")
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_sigint_stops_the_gateway_with_one_line(tmp_path: Path, inherited: str) -> None:
+    """Ctrl-C: uvicorn's shutdown lines, then one line that says so; no KeyboardInterrupt traceback. Also for a
+    gateway started with SIGINT ignored, as a shell's background job is (uvicorn still catches it)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if inherited == "ignored" else None
+    try:
+        process = GatewayProcess(tmp_path / "gateway.log", args=["--no-load-voice-models"]).start()  # inherits it
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        process.wait_ready(240.0)
+    except BaseException:
+        process.stop()
+        raise
     assert process.process is not None
     process.process.send_signal(signal.SIGINT)  # as Ctrl-C sends it
     assert process.process.wait(timeout=30) == 0
