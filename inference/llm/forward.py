@@ -583,6 +583,18 @@ class LeanForward:
             return x if b is None else x.add_(b)
         return x.add_(self._lin(inp, weights))
 
+    def _lin_into(self, inp: torch.Tensor, weights: tuple, out: torch.Tensor) -> None:
+        """``out[:] = lin(inp)``: for native weights the GEMM writes ``out`` itself (a view whose rows
+        are strided), a copy otherwise."""
+        if self.weight_format == "native":
+            w_t, b = weights
+            if b is None:
+                torch.mm(inp, w_t, out=out)
+            else:
+                torch.addmm(b, inp, w_t, out=out)
+        else:
+            out.copy_(self._lin(inp, weights))
+
     def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
         """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
         if self._int4_lib is not None:
@@ -775,21 +787,28 @@ class LeanForward:
         if self._cast_embed:
             x = x.to(self.dtype)
         # Every launch counts in a replayed graph (tests/engine/test_model_runner.py bounds them per layer),
-        # so a layer runs the forward's arithmetic in 12 kernels instead of 22: each RMSNorm one kernel
+        # so a layer runs the forward's arithmetic in 11 kernels instead of 22: each RMSNorm one kernel
         # (_norm), RoPE one batched matmul by each row's rotation (built here once a step: cos on the
-        # diagonal, the signed sin D/2 off it, as torch.roll placed it), and the residual adds inside the
-        # GEMMs (addmm_ into the stream).
+        # diagonal, the signed sin D/2 off it, as torch.roll placed it), the key and the value stored by
+        # one indexed write, and the residual adds inside the GEMMs (addmm_ into the stream).
         rot = torch.diag_embed(self.cos.index_select(0, positions))
         rot.add_(torch.diag_embed(self.sin_signed.index_select(0, positions)).roll(D // 2, -2))
         keep = torch.arange(length, device=self.device).unsqueeze(0) < seq_lens.unsqueeze(1)
         mask = self._additive(keep).view(B, 1, 1, length)
+        # One buffer a row holds the rotated queries and keys, then the qkv GEMM's output, written in
+        # place (out=): the rotated keys (head H) and the values (head 2H + 2KVH) then lie a fixed
+        # stride apart in every row, so that one strided view of both, [B, 2, KVH, D], is stored with
+        # one indexed write (the pool's layer is [2, slots + 1, KVH, cap, D]).
+        rotated, T = H + KVH, H + 2 * KVH
+        z = torch.empty((B, rotated + T, D), dtype=self.dtype, device=self.device)
+        qkv_out = z.as_strided((B, T * D), (z.stride(0), 1), rotated * D)
+        new_kv = z.as_strided((B, 2, KVH, D), (z.stride(0), (H + 2 * KVH) * D, D, 1), H * D)
+        q = z[:, :H].view(B, KVH, G, D)
         for li, L in enumerate(self.layers):
-            qkv = self._lin(self._norm(x, L.ln1, L.eps1), L.qkv).view(B, H + 2 * KVH, D)
-            qk = torch.bmm(qkv[:, : H + KVH], rot)  # [B, H + KVH, D]: the rotated queries and keys
+            self._lin_into(self._norm(x, L.ln1, L.eps1), L.qkv, qkv_out)
+            torch.bmm(z[:, rotated : 2 * rotated], rot, out=z[:, :rotated])
             layer = kv[li]  # [2, slots + 1, KVH, cap, D]
-            layer[0, write_slots, :, positions] = qk[:, H:]
-            layer[1, write_slots, :, positions] = qkv[:, H + KVH :]
-            q = qk[:, :H].view(B, KVH, G, D)
+            layer[:, write_slots, :, positions] = new_kv
             o = F.scaled_dot_product_attention(q, layer[0, :B, :, :length], layer[1, :B, :, :length],
                                                attn_mask=mask, scale=self.scaling)
             x = self._residual_add(x, o.reshape(B, H * D), L.o)
