@@ -39,13 +39,16 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 
 
 def random_model(layers: int = EMBEDDED_LAYERS, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 seed: int = 0, max_positions: int = 2048, shape: str = "smollm2-135m") -> torch.nn.Module:
-    """A Llama model of one of SHAPES (``layers`` of its own) with seeded random weights, made on
-    ``device`` directly (a 7B shape's weights would take minutes to initialize on a CPU)."""
+                 seed: int = 0, max_positions: int = 2048, shape: str = "smollm2-135m",
+                 vocab: int | None = None) -> torch.nn.Module:
+    """A Llama model of one of SHAPES (``layers`` of its own; ``vocab`` tokens instead of its own where
+    given) with seeded random weights, made on ``device`` directly (a 7B shape's weights would take
+    minutes to initialize on a CPU)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=max_positions, **SHAPES[shape][0])
+    shape_config = {**SHAPES[shape][0], **({"vocab_size": vocab} if vocab is not None else {})}
+    config = LlamaConfig(num_hidden_layers=layers, max_position_embeddings=max_positions, **shape_config)
     with torch.device(device):
         model = LlamaForCausalLM(config)
     return model.to(dtype=dtype).eval()
@@ -75,12 +78,13 @@ def byte_tokenizer(vocab_size: int = int(EMBEDDED_SHAPE["vocab_size"])):
 
 def random_loaded_lm(cache_dir: Path, *, layers: int | None = None, device: str = "cpu",
                      dtype: torch.dtype | None = None, seed: int = 0, kernels: str = "auto",
-                     shape: str = "smollm2-135m", max_positions: int = 2048) -> LoadedLM:
+                     shape: str = "smollm2-135m", max_positions: int = 2048, vocab: int | None = None) -> LoadedLM:
     """A LoadedLM of :func:`random_model` and :func:`byte_tokenizer`, as ``load_lm`` would return
     (bfloat16 on CUDA, float32 on a CPU, unless ``dtype``)."""
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    model = random_model(SHAPES[shape][1] if layers is None else layers, dtype, device, seed, max_positions, shape)
-    tokenizer = byte_tokenizer(int(SHAPES[shape][0]["vocab_size"]))
+    model = random_model(SHAPES[shape][1] if layers is None else layers, dtype, device, seed, max_positions, shape,
+                         vocab)
+    tokenizer = byte_tokenizer(int(model.config.vocab_size))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return LoadedLM(model=model, tokenizer=tokenizer, vocab_size=int(model.config.vocab_size), device=torch.device(device), dtype=dtype,
                     context_window=model.config.max_position_embeddings,

@@ -132,12 +132,20 @@ def test_gpu_check_calls_the_benchmark_with_arguments_it_takes():
         assert parsed.out is not None, call  # every section's line lands in the output folder
 
 
+def test_a_vocabulary_without_room_for_the_bytes_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        gpu.build_parser().parse_args(["--vocab", "258"])
+    assert "no room for the 256 bytes" in capsys.readouterr().err
+
+
 def test_host_section_reports_the_host_time_per_step(capsys):
     """The host section times the engine's decoding steps of each batch, with the model's forward and
     with the stub that returns fixed logits; every part it reports is a time, the host's below the step's."""
     assert gpu.main(["--device", "cpu", "--layers", "2", "--sections", "host", "--tokens", "8",
-                     "--host-batches", "1,4"]) == 0
-    report = _sections(capsys.readouterr().out)["host"]["result"]
+                     "--host-batches", "1,4", "--vocab", "512"]) == 0
+    sections = _sections(capsys.readouterr().out)
+    assert sections["setup"]["result"]["vocab"] == 512
+    report = sections["host"]["result"]
     assert [(r["forward"], r["batch"]) for r in report] == [("model", 1), ("model", 4), ("stub", 1), ("stub", 4)]
     for row in report:
         assert row["steps"] >= 5, row
