@@ -31,6 +31,7 @@ import torch
 
 from .forward import LeanForward
 from .kv_manager import KVManager
+from .request import Request
 from .scheduler import StepPlan
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,28 @@ class ModelRunner:
         if not pieces:
             return torch.empty((0, self.fwd.vocab_size), dtype=self.fwd.logits_dtype, device=dev)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def execute_each(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, tuple[Request, Exception]]]:
+        """After ``plan``'s batched pass raised: each request's part of it alone, to find the culprit
+        (nothing is committed before a pass completes, so running a segment again is safe). Returns the
+        logits of the requests that ran, in the plan's order, and the others' errors by ``id(request)``."""
+        failed: dict[int, tuple[Request, Exception]] = {}
+        pieces = []
+        r0 = 0
+        for seg, req in zip(plan.segments, plan.requests):
+            alone = StepPlan(requests=[req], segments=[seg], token_ids=plan.token_ids[r0 : r0 + seg.n],
+                             positions=plan.positions[r0 : r0 + seg.n],
+                             logit_rows=[lr - r0 for lr in plan.logit_rows if r0 <= lr < r0 + seg.n])
+            try:
+                out = self.execute(alone)
+                if alone.logit_rows:
+                    pieces.append(out)
+            except Exception as error:
+                failed[id(req)] = (req, error)
+            r0 += seg.n
+        dev = self.fwd.device
+        logits = torch.cat(pieces) if pieces else torch.empty((0, self.fwd.vocab_size), device=dev)
+        return logits, failed
 
     def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int]) -> torch.Tensor:
         """The single-token rows of ``plan`` on the static path: the logits of its rows ``wanted``

@@ -12,7 +12,7 @@ import asyncio
 import enum
 import time
 
-from .backend import GenerationStream, SamplingParams
+from .backend import FinishReason, GenerationResult, GenerationStream, SamplingParams
 from .kv_manager import SlotHandle
 from .output import TextOutput
 from .sampling import RowSampler
@@ -76,3 +76,28 @@ class Request:
         """How much of the prompt may come from the cache: a generation computes at least its last
         prompt token, whose logits give the first token."""
         return len(self.prompt) - 1 if self.generates else len(self.prompt)
+
+    def accept(self, token: int, now: float) -> tuple[str, FinishReason | None]:
+        """Its next token, sampled: the text to send now, and why it ends if this token ends it."""
+        assert self.sampler is not None and self.output is not None
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.generated.append(token)
+        self.tokens.append(token)
+        self.sampler.observe(token)
+        return self.output.accept(token, len(self.generated))
+
+    def result(self, reason: FinishReason, now: float) -> GenerationResult:
+        return GenerationResult(
+            text="".join(self.emitted_text),
+            token_ids=list(self.generated),
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt),
+            completion_tokens=len(self.generated),
+            cached_prompt_tokens=self.cached,
+            submitted_at=self.submitted_at,
+            first_token_at=self.first_token_at,
+            finished_at=now,
+            first_step_probability=self.sampler.probed if self.sampler is not None else None,
+            admitted_at=self.admitted_at or None,
+        )

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .backend import FinishReason
 from .forward import Segment
 from .kv_manager import KVManager
 from .request import Request, RequestStatus
@@ -63,6 +64,16 @@ class Admitted:
 
     request: Request
     complete: bool = False
+    error: Exception | None = None
+
+
+@dataclass
+class TokenUpdate:
+    """A sampling request after a step: the text its token gives and why it ends, or the error that fails it."""
+
+    request: Request
+    delta: str = ""
+    finish: FinishReason | None = None
     error: Exception | None = None
 
 
@@ -122,6 +133,31 @@ class Scheduler:
             self._waiting.clear()
             self._running = []
         return out
+
+    # -- after a step (vLLM v1's update_from_output) ------------------------------------------------------
+    def prefilled(self, plan: StepPlan, failed: set[int]) -> list[Request]:
+        """The requests whose prompt's KV the step completed (less those of ``failed``, by id): they decode now."""
+        done = [r for r in plan.prefill_done if id(r) not in failed]
+        for req in done:
+            req.status = RequestStatus.DECODING
+        return done
+
+    def update_from_output(self, sampling: Sequence[Request], tokens: Sequence[int | Exception],
+                           now: float) -> list[TokenUpdate]:
+        """Each sampling request takes its token (``tokens[i]`` is ``sampling[i]``'s, or the error its row
+        raised); a request that finished in the meantime takes none."""
+        updates = []
+        for req, tok in zip(sampling, tokens):
+            if isinstance(tok, Exception):
+                updates.append(TokenUpdate(req, error=tok))
+            elif not req.finished:
+                try:
+                    delta, reason = req.accept(tok, now)
+                except Exception as exc:
+                    updates.append(TokenUpdate(req, error=exc))
+                else:
+                    updates.append(TokenUpdate(req, delta, reason))
+        return updates
 
     # -- admission -------------------------------------------------------------------------------------
     def admit(self) -> list[Admitted]:
