@@ -1,13 +1,19 @@
 """The Realtime session's turn and response state, with no I/O (as websockets' protocol.py and h11's _state.py).
 
-`RealtimeCore.handle(input)` takes one typed input (a parsed client event, a VAD edge, a transcript, an
-engine delta or result, a playout mark, an audio tick) and returns what to do, in order: events to send
-(`Send`, built by protocol/server_events.py and ResponseEvents) and commands for the driver
-(session.py, voice.py) to carry out (`StopResponse`, `CreateResponse`, `ClearPlayout`, `Transcribe`,
-`StartSpeculation`...).
-One table (`_TRANSITIONS`) maps each input to its handler; a state change and the events announcing it
-come out of one call, so no other input sees half of it. Some commands come back as inputs when done:
-`StopResponse` as `ResponseEnded` (cancelled), `ClearPlayout` as `PlayoutCleared` (what was heard).
+`RealtimeCore.handle(input)` takes one typed input (inputs.py: a parsed client event, a VAD edge, a
+transcript, an engine delta or result, a playout mark, an audio tick) and returns what to do, in order
+(commands.py): events to send (`Send`, built by protocol/server_events.py and ResponseEvents) and commands
+for the drivers (session.py, voice.py, responses.py) to carry out (`StopResponse`, `CreateResponse`,
+`ClearPlayout`, `Transcribe`, `StartSpeculation`...).
+
+One table (`_TRANSITIONS`) maps (session state, input type) to its transition: NEW takes SessionStarted
+only, OPEN every other input; an input the table lacks raises IllegalInput (a driver's bug: nothing
+changes, the session logs it and goes on), a refused client event raises ApiError. The response in
+progress is a sub-machine (active_response.py: IN_PROGRESS, CANCELLING) to which the core routes each of
+its inputs by id; an input for a response that ended is a straggler and dropped, one for an id never in
+progress is illegal. A state change and the events announcing it come out of one call, so no other input
+sees half of it. Some commands come back as inputs when done: `StopResponse` as `ResponseEnded`
+(cancelled), `ClearPlayout` as `PlayoutCleared` (what was heard).
 
 It owns: the conversation, the turn machine (turns.py, driven from here only), the user turn the VAD
 has open (its stable words, what is prefilled of it, whether its speculative final transcript runs, how
@@ -19,7 +25,9 @@ The driver owns the tasks, the models, the buffers and the clock it passes in.
 
 from __future__ import annotations
 
+import enum
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,10 +36,65 @@ from gateway.protocol import server_events as se
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SemanticVad, SessionConfig, semantic_wait_ms
-from gateway.realtime.conversation import Conversation, Item, SpokenSegment, new_id
-from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
+from gateway.realtime.active_response import ActiveResponse, ResponseInput
+from gateway.realtime.commands import (
+    ClearPlayout,
+    CreateResponse,
+    DiscardSpeculation,
+    DropTurn,
+    Output,
+    PrefillDraft,
+    ResponseFinished,
+    Send,
+    SendError,
+    SetProducing,
+    SetSilence,
+    StartSpeculation,
+    StopResponse,
+    Transcribe,
+)
+from gateway.realtime.conversation import Conversation, Item, new_id
+from gateway.realtime.inputs import (
+    AudioCleared,
+    AudioCommitted,
+    AudioDelta,
+    AudioProcessed,
+    CancelRequested,
+    ClauseSpoken,
+    ConfigChanged,
+    EndOfTurnJudged,
+    FunctionCallsMade,
+    IllegalInput,
+    Input,
+    ItemCreated,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    MessageOpened,
+    MetadataAdded,
+    OutputClearRequested,
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    ResponseEnded,
+    ResponseFiltered,
+    ResponseRequested,
+    ResponseStarted,
+    SessionStarted,
+    SilenceHeard,
+    SpeechBegan,
+    SpeechEnded,
+    SpeechWritten,
+    TextDelta,
+    TokensReserved,
+    TranscriptFailed,
+    TranscriptFinal,
+    TranscriptionAbandoned,
+    TranscriptPartial,
+    TurnReady,
+)
+from gateway.realtime.response_events import Event
 from gateway.realtime.turns import Action, TurnMachine, TurnPolicy
-from inference.llm.tool_calls import ToolCall
 
 # The speculative final transcript waits for this much silence: Silero drops below its threshold on a
 # word's soft ending ("France" over G.711 came out as "friend" when cut at the first silent window).
@@ -39,393 +102,13 @@ SPECULATIVE_SILENCE_MS = 64
 IDLE_NUDGE = "The user has been silent for a while. Briefly ask whether they are still there."
 
 
-# -- inputs ------------------------------------------------------------------------------------------
+class SessionState(enum.Enum):
+    NEW = "new"  # before SessionStarted: nothing else is legal
+    OPEN = "open"  # session.created was sent
 
 
-@dataclass(frozen=True)
-class SessionStarted:
-    resume_token: str | None  # announced in session.created when the session can be resumed
-
-
-@dataclass(frozen=True)
-class ConfigChanged:
-    """session.update, validated against the models by the driver."""
-
-    config: SessionConfig
-
-
-@dataclass(frozen=True)
-class ItemCreated:
-    """conversation.item.create (screened by the driver)."""
-
-    item: Item
-    previous_item_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ItemRetrieve:
-    item_id: str
-
-
-@dataclass(frozen=True)
-class ItemDelete:
-    item_id: str
-
-
-@dataclass(frozen=True)
-class ItemTruncate:
-    item_id: str
-    content_index: int
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class ResponseRequested:
-    """response.create."""
-
-    params: ResponseParams
-    event_id: str | None = None
-
-
-@dataclass(frozen=True)
-class CancelRequested:
-    """response.cancel."""
-
-    response_id: str | None
-
-
-@dataclass(frozen=True)
-class OutputClearRequested:
-    """output_audio_buffer.clear (WebRTC): a barge-in the client decided."""
-
-
-@dataclass(frozen=True)
-class AudioCommitted:
-    """input_audio_buffer.commit: the buffered audio (not empty: the driver checked) becomes `item_id`."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class AudioCleared:
-    """input_audio_buffer.clear."""
-
-
-@dataclass(frozen=True)
-class SpeechBegan:
-    """The VAD's speech started: a user turn opens as `item_id`."""
-
-    item_id: str
-    audio_start_ms: int
-
-
-@dataclass(frozen=True)
-class SpeechEnded:
-    """The VAD's speech stopped: the turn is committed."""
-
-    item_id: str
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class AudioProcessed:
-    """The VAD has taken in more audio (the core's timer tick: echo guard, idle timeout)."""
-
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class TranscriptPartial:
-    """A transcription of the open turn's audio so far (the user is still speaking)."""
-
-    item_id: str
-    text: str  # the whole hypothesis
-
-
-@dataclass(frozen=True)
-class SilenceHeard:
-    """The VAD took in more of the open turn's audio: the silence running now (None: none), whether its last
-    window was speech, and whether a transcription already running reaches the end of the audio."""
-
-    item_id: str
-    silence_ms: float | None
-    speech: bool
-    covered: bool
-
-
-@dataclass(frozen=True)
-class EndOfTurnJudged:
-    """semantic_vad: the LLM's probability that the open turn's words so far end it (a silence is running)."""
-
-    item_id: str
-    probability: float
-
-
-@dataclass(frozen=True)
-class TranscriptFinal:
-    item_id: str
-    text: str  # screened by the driver
-    audio_seconds: float
-
-
-@dataclass(frozen=True)
-class TranscriptFailed:
-    item_id: str
-    error: ApiError
-    refused: bool = False  # the policy refused the words (also an `error` event), rather than the model failing
-
-
-@dataclass(frozen=True)
-class TranscriptionAbandoned:
-    """The committed item's transcription task ended without a transcript (the session is closing)."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class TurnReady:
-    """A transcribed turn may now be answered (its reply generated ahead, if any, is settled)."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class ResponseStarted:
-    """The driver built a response (model, tools, prompt): it is in progress from now."""
-
-    events: ResponseEvents
-    writes_conversation: bool
-    open_message: bool  # open the assistant message now (without tools the reply is text, never calls)
-
-
-@dataclass(frozen=True)
-class TokensReserved:
-    """The response reserved its key's tokens: rate_limits.updated says what is left."""
-
-    response_id: str
-    rate_limit: dict[str, object]
-
-
-@dataclass(frozen=True)
-class MessageOpened:
-    response_id: str
-
-
-@dataclass(frozen=True)
-class FunctionCallsMade:
-    response_id: str
-    calls: list[ToolCall]
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    response_id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class AudioDelta:
-    response_id: str
-    audio_b64: str
-
-
-@dataclass(frozen=True)
-class SpeechWritten:
-    """`ms` more of the reply's audio went out (as deltas, or into the WebRTC playout buffer)."""
-
-    response_id: str
-    ms: float
-
-
-@dataclass(frozen=True)
-class ClauseSpoken:
-    """All of a clause's audio went out: the reply's text lines up with its audio there (what truncation keeps)."""
-
-    response_id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class MetadataAdded:
-    """The response's metadata gains entries (the memories it recalled or saved): response.done lists them."""
-
-    response_id: str
-    metadata: dict[str, str]
-
-
-@dataclass(frozen=True)
-class ResponseFiltered:
-    """The reply matched a block rule (generation stopped): its audio stops as in a barge-in."""
-
-    response_id: str
-
-
-@dataclass(frozen=True)
-class ResponseEnded:
-    """The response's run ended (or, after StopResponse, was stopped: status cancelled)."""
-
-    response_id: str
-    status: ResponseStatus
-    latency: dict[str, Any]  # the turn's marks (response.done's metadata)
-    reason: str | None = None
-    usage: Usage | None = None
-    error: ApiError | None = None
-    heard_ms: float | None = None  # WebRTC: the item's audio played; None: what was sent counts as heard
-
-
-@dataclass(frozen=True)
-class PlayoutStarted:
-    """The WebRTC track started playing a reply."""
-
-
-@dataclass(frozen=True)
-class PlayoutStopped:
-    """The WebRTC track played `item_id`'s audio out."""
-
-    item_id: str | None
-
-
-@dataclass(frozen=True)
-class PlayoutCleared:
-    """ClearPlayout done: `played_ms` of `item_id` had been played."""
-
-    item_id: str
-    played_ms: float
-
-
-Input = (
-    SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
-    | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
-    | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
-    | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
-    | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
-)
-
-
-# -- outputs -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    event: Event
-
-
-@dataclass(frozen=True)
-class SendError:
-    """An `error` event (the driver counts and logs it)."""
-
-    error: ApiError
-
-
-@dataclass(frozen=True)
-class CreateResponse:
-    """Build and start a response: a client's (`event_id`), a user turn's reply (`turn`), or the idle nudge."""
-
-    params: ResponseParams
-    event_id: str | None = None
-    turn: str | None = None  # the user item it answers: its latency marks and its reply generated ahead
-
-
-@dataclass(frozen=True)
-class StopResponse:
-    """Stop the response's generation and task, then feed ResponseEnded(cancelled, `reason`)."""
-
-    response_id: str
-    reason: str
-    barge_in: bool
-
-
-@dataclass(frozen=True)
-class ClearPlayout:
-    """Drop the queued WebRTC audio; with `measure_item_id`, feed PlayoutCleared with what was heard of it."""
-
-    measure_item_id: str | None
-
-
-@dataclass(frozen=True)
-class SetProducing:
-    """WebRTC: whether a reply is still writing audio (the playout's end of reply)."""
-
-    producing: bool
-
-
-@dataclass(frozen=True)
-class Transcribe:
-    """Make the committed item's final transcript; feed TranscriptFinal or TranscriptFailed, then TurnReady."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class PrefillDraft:
-    """Prefill the conversation and the open turn's words so far (`text`) into the engine's cache: the turn's
-    reply starts sooner. Nothing is sent."""
-
-    item_id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class SetSilence:
-    """semantic_vad: the silence running now in the open turn ends it after `silence_ms`."""
-
-    item_id: str
-    silence_ms: int
-
-
-@dataclass(frozen=True)
-class StartSpeculation:
-    """Transcribe the open turn's audio so far as its final transcript, ahead of the turn's end; with `preempt`,
-    generate its reply from that transcript; with `judge_end` (semantic_vad), judge from it whether the words end
-    the turn (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
-
-    item_id: str
-    preempt: bool
-    judge_end: bool
-
-
-@dataclass(frozen=True)
-class DiscardSpeculation:
-    """The user went on speaking: drop the open turn's speculative transcript, its reply and its end judge
-    (semantic_vad: the next silence is judged afresh, with the longest wait)."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class DropTurn:
-    """A committed turn gets no reply: release what was made ahead for it."""
-
-    item_id: str
-
-
-@dataclass(frozen=True)
-class ResponseFinished:
-    """response.done was sent: count and log it."""
-
-    events: ResponseEvents
-    status: ResponseStatus
-    reason: str | None
-    usage: Usage | None
-    error: dict[str, Any] | None
-
-
-Command = (
-    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence
-    | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
-)
-Output = Send | SendError | Command
-
-
-@dataclass
-class ActiveResponse:
-    """The core's view of the response in progress."""
-
-    events: ResponseEvents
-    writes_conversation: bool
-    cancelling: bool = False
-    audio_started: bool = False  # its first audio delta was sent (WebSocket): the echo guard starts there
-    clause_start_ms: float = 0.0  # where the clause being spoken starts in the item's audio
+# Ended responses the core still recognizes: a straggler of theirs is stale and dropped, an unknown id is illegal.
+ENDED_RESPONSES_KEPT = 16
 
 
 class Stabilizer(Protocol):
@@ -465,7 +148,9 @@ class RealtimeCore:
     has_playout: bool = False  # WebRTC: the audio goes through a playout buffer that reports what was heard
     preempts: bool = True  # a turn's reply is generated from its speculative transcript (--voice-preemption)
     turns: TurnMachine = field(default_factory=TurnMachine)
-    response: ActiveResponse | None = None
+    state: SessionState = SessionState.NEW
+    response: ActiveResponse | None = None  # the response sub-machine, while one is in progress
+    _ended: deque[str] = field(default_factory=lambda: deque(maxlen=ENDED_RESPONSES_KEPT))
     _open: _OpenTurn | None = None  # the user turn the VAD is hearing
     _committed: dict[str, _Committed] = field(default_factory=dict)
     _deferred: list[ResponseRequested] = field(default_factory=list)  # response.create waiting for transcripts
@@ -483,9 +168,13 @@ class RealtimeCore:
 
     def handle(self, event: Input) -> list[Output]:
         """One input's transition: what to send and do, in order. Raises ApiError for a client event
-        that is refused (nothing changed); every other failure is an output."""
+        that is refused (nothing changed), IllegalInput for an input the state cannot take (a driver's bug;
+        nothing changed); every other failure is an output."""
+        transition = _TRANSITIONS.get((self.state, type(event)))
+        if transition is None:
+            raise IllegalInput(f"{type(event).__name__} in session state {self.state.value}")
         self._out = []
-        _TRANSITIONS[type(event)](self, event)
+        transition(self, event)
         out, self._out = self._out, []
         return out
 
@@ -518,6 +207,7 @@ class RealtimeCore:
     # -- session and items ---------------------------------------------------------------------------
 
     def _started(self, event: SessionStarted) -> None:
+        self.state = SessionState.OPEN
         self._idle_since = self.clock()
         self._send(se.SessionCreated(session=self.config.to_wire(), resume_token=event.resume_token))
         previous = None
@@ -762,54 +452,16 @@ class RealtimeCore:
         if event.open_message:
             self._send_all(events.open_item(previous))
 
-    def _tokens_reserved(self, event: TokensReserved) -> None:
-        if self._active(event.response_id) is not None:
-            self._send(se.RateLimitsUpdated(rate_limits=[event.rate_limit]))
-
-    def _message_opened(self, event: MessageOpened) -> None:
-        if (active := self._active(event.response_id)) is not None:
-            self._open_message(active)
-
-    def _open_message(self, active: ActiveResponse) -> None:
-        events = active.events
-        previous = self.conversation.add(events.item) if active.writes_conversation else None
-        self._send_all(events.open_item(previous))
-
-    def _function_calls(self, event: FunctionCallsMade) -> None:
-        if (active := self._active(event.response_id)) is None:
+    def _response_input(self, event: ResponseInput) -> None:
+        """Routed to the response it names; what the session does beside comes first (as the audio is sent)."""
+        active = self._route(event.response_id)
+        if active is None:
             return
-        for call in event.calls:
-            item = Item(id=new_id("item"), type="function_call", call_id=call.id, name=call.name,
-                        arguments=call.arguments)
-            previous = self.conversation.add(item) if active.writes_conversation else None
-            self._send_all(active.events.function_call(item, previous))
-
-    def _text_delta(self, event: TextDelta) -> None:
-        if (active := self._active(event.response_id)) is not None:
-            self._send_all(active.events.text_delta(event.text))
-
-    def _audio_delta(self, event: AudioDelta) -> None:
-        if (active := self._active(event.response_id)) is None:
-            return
-        if not active.audio_started:
-            active.audio_started = True
+        if isinstance(event, AudioDelta) and not active.audio_started:
             self.turns.playback_started(self._now_ms())  # the echo guard starts here
-        self._send_all(active.events.audio_delta(event.audio_b64))
-
-    def _speech_written(self, event: SpeechWritten) -> None:
-        if (active := self._active(event.response_id)) is not None:
-            active.events.item.audio_ms_sent += event.ms
-
-    def _clause_spoken(self, event: ClauseSpoken) -> None:
-        if (active := self._active(event.response_id)) is None:
-            return
-        item = active.events.item
-        item.spoken.append(SpokenSegment(event.text, active.clause_start_ms, item.audio_ms_sent))
-        active.clause_start_ms = item.audio_ms_sent
-
-    def _metadata_added(self, event: MetadataAdded) -> None:
-        if (active := self._active(event.response_id)) is not None:
-            active.events.metadata = {**(active.events.metadata or {}), **event.metadata}
+        elif isinstance(event, ResponseFiltered) and active.events.audio:
+            self._interrupt_playout()
+        self._out.extend(active.handle(event, self.conversation))
 
     def _cancel_requested(self, event: CancelRequested) -> None:
         active = self.response
@@ -821,20 +473,15 @@ class RealtimeCore:
         """Stop the response: the driver stops its generation and task, then the owner (never the cancelled
         task) feeds ResponseEnded(cancelled), whose tail events end it."""
         active = self.response
-        if active is None or active.cancelling:
-            return
-        active.cancelling = True
-        self._out.append(StopResponse(active.events.response_id, reason, barge_in))
-
-    def _response_filtered(self, event: ResponseFiltered) -> None:
-        if (active := self._active(event.response_id)) is not None and active.events.audio:
-            self._interrupt_playout()
+        if active is not None and active.cancel():
+            self._out.append(StopResponse(active.response_id, reason, barge_in))
 
     def _response_ended(self, event: ResponseEnded) -> None:
-        active = self._active(event.response_id)
+        active = self._route(event.response_id)
         if active is None:
             return
         self.response = None
+        self._ended.append(active.response_id)
         events = active.events
         if event.error is not None:
             self._out.append(SendError(event.error))
@@ -861,9 +508,14 @@ class RealtimeCore:
             turn, self._queued_turn = self._queued_turn, None
             self._out.append(CreateResponse(ResponseParams(), turn=turn))
 
-    def _active(self, response_id: str) -> ActiveResponse | None:
+    def _route(self, response_id: str) -> ActiveResponse | None:
+        """The response in progress with this id; None for one that has ended (a straggler of its task)."""
         active = self.response
-        return active if active is not None and active.events.response_id == response_id else None
+        if active is not None and active.response_id == response_id:
+            return active
+        if response_id in self._ended:
+            return None
+        raise IllegalInput(f"an input for response {response_id}, which was never in progress")
 
     # -- interruption and playout ------------------------------------------------------------------------
 
@@ -931,8 +583,8 @@ class RealtimeCore:
         self._out.extend(Send(event) for event in events)
 
 
-_TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
-    SessionStarted: RealtimeCore._started,
+# (state, input) -> transition. A response's own inputs go on to its sub-machine (active_response.py).
+_OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     ConfigChanged: RealtimeCore._config_changed,
     ItemCreated: RealtimeCore._item_created,
     ItemRetrieve: RealtimeCore._item_retrieve,
@@ -954,17 +606,21 @@ _TRANSITIONS: dict[type, Callable[[RealtimeCore, Any], None]] = {
     TranscriptionAbandoned: RealtimeCore._transcription_abandoned,
     TurnReady: RealtimeCore._turn_ready,
     ResponseStarted: RealtimeCore._response_started,
-    TokensReserved: RealtimeCore._tokens_reserved,
-    MessageOpened: RealtimeCore._message_opened,
-    FunctionCallsMade: RealtimeCore._function_calls,
-    TextDelta: RealtimeCore._text_delta,
-    AudioDelta: RealtimeCore._audio_delta,
-    SpeechWritten: RealtimeCore._speech_written,
-    ClauseSpoken: RealtimeCore._clause_spoken,
-    MetadataAdded: RealtimeCore._metadata_added,
-    ResponseFiltered: RealtimeCore._response_filtered,
+    TokensReserved: RealtimeCore._response_input,
+    MessageOpened: RealtimeCore._response_input,
+    FunctionCallsMade: RealtimeCore._response_input,
+    TextDelta: RealtimeCore._response_input,
+    AudioDelta: RealtimeCore._response_input,
+    SpeechWritten: RealtimeCore._response_input,
+    ClauseSpoken: RealtimeCore._response_input,
+    MetadataAdded: RealtimeCore._response_input,
+    ResponseFiltered: RealtimeCore._response_input,
     ResponseEnded: RealtimeCore._response_ended,
     PlayoutStarted: RealtimeCore._playout_started,
     PlayoutStopped: RealtimeCore._playout_stopped,
     PlayoutCleared: RealtimeCore._playout_cleared,
+}
+_TRANSITIONS: dict[tuple[SessionState, type], Callable[[RealtimeCore, Any], None]] = {
+    (SessionState.NEW, SessionStarted): RealtimeCore._started,
+    **{(SessionState.OPEN, kind): transition for kind, transition in _OPEN.items()},
 }

@@ -24,20 +24,18 @@ from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol.errors import ApiError
-from gateway.realtime.core import (
+from gateway.realtime.commands import CreateResponse, ResponseFinished, StopResponse
+from gateway.realtime.core import RealtimeCore
+from gateway.realtime.inputs import (
     ClauseSpoken,
-    CreateResponse,
     FunctionCallsMade,
     Input,
     MessageOpened,
     MetadataAdded,
-    RealtimeCore,
     ResponseEnded,
     ResponseFiltered,
-    ResponseFinished,
     ResponseStarted,
     SpeechWritten,
-    StopResponse,
     TextDelta,
     TokensReserved,
 )

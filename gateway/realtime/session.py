@@ -33,37 +33,40 @@ from gateway.protocol.session_config import (
     TurnDetection,
     apply_session_update,
 )
-from gateway.realtime.conversation import Conversation, Item, item_from_param, new_id, screen_item
-from gateway.realtime.core import (
-    ActiveResponse,
-    CancelRequested,
+from gateway.realtime.active_response import ActiveResponse
+from gateway.realtime.commands import (
     ClearPlayout,
-    ConfigChanged,
     CreateResponse,
     DiscardSpeculation,
     DropTurn,
-    Input,
-    ItemCreated,
-    ItemDelete,
-    ItemRetrieve,
-    ItemTruncate,
     Output,
-    OutputClearRequested,
-    PlayoutCleared,
-    PlayoutStarted,
-    PlayoutStopped,
     PrefillDraft,
-    RealtimeCore,
     ResponseFinished,
-    ResponseRequested,
     Send,
     SendError,
-    SessionStarted,
     SetProducing,
     SetSilence,
     StartSpeculation,
     StopResponse,
     Transcribe,
+)
+from gateway.realtime.conversation import Conversation, Item, item_from_param, new_id, screen_item
+from gateway.realtime.core import RealtimeCore
+from gateway.realtime.inputs import (
+    CancelRequested,
+    ConfigChanged,
+    IllegalInput,
+    Input,
+    ItemCreated,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    OutputClearRequested,
+    PlayoutCleared,
+    PlayoutStarted,
+    PlayoutStopped,
+    ResponseRequested,
+    SessionStarted,
 )
 from gateway.realtime.outbox import Outbox, SlowConsumer
 from gateway.realtime.recorder import ConversationRecorder
@@ -230,7 +233,12 @@ class RealtimeSession:
         if self._closed:
             return
         try:
-            for output in self.core.handle(event):
+            try:
+                outputs = self.core.handle(event)
+            except IllegalInput as bug:  # a driver fed what the core's state cannot take: dropped, not fatal
+                log.error("session %s: the realtime core refused an input: %s", self.id, bug)
+                return
+            for output in outputs:
                 self._execute(output)
         finally:
             self._fed.set()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gateway.platform.latency import TurnMarks
-from gateway.realtime.core import AudioDelta
+from gateway.realtime.inputs import AudioDelta
 from gateway.realtime.response_events import ResponseEvents
 from media.codecs import encode_output
 from media.frames import AudioChunk

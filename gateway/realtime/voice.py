@@ -39,9 +39,10 @@ from gateway.protocol.session_config import (
     SessionConfig,
     TurnDetection,
 )
+from gateway.realtime.active_response import ActiveResponse
 from gateway.realtime.conversation import Conversation, new_id
-from gateway.realtime.core import (
-    ActiveResponse,
+from gateway.realtime.input_buffer import RATE, InputAudioBuffer
+from gateway.realtime.inputs import (
     AudioCleared,
     AudioCommitted,
     AudioProcessed,
@@ -56,7 +57,6 @@ from gateway.realtime.core import (
     TranscriptPartial,
     TurnReady,
 )
-from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.preemption import Preemption
 from gateway.realtime.responses import ResponseDriver
 from gateway.safety.screening import screen_text

@@ -12,42 +12,46 @@ import pytest
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SemanticVad, SessionConfig, TurnDetection
+from gateway.realtime.commands import (
+    ClearPlayout,
+    CreateResponse,
+    DiscardSpeculation,
+    DropTurn,
+    Output,
+    PrefillDraft,
+    ResponseFinished,
+    Send,
+    SendError,
+    SetProducing,
+    SetSilence,
+    StartSpeculation,
+    StopResponse,
+    Transcribe,
+)
 from gateway.realtime.conversation import Conversation, Item, SpokenSegment
-from gateway.realtime.core import (
+from gateway.realtime.core import RealtimeCore
+from gateway.realtime.inputs import (
     AudioCommitted,
     AudioDelta,
     AudioProcessed,
     CancelRequested,
     ClauseSpoken,
-    ClearPlayout,
-    CreateResponse,
-    DiscardSpeculation,
-    DropTurn,
     EndOfTurnJudged,
+    IllegalInput,
     ItemCreated,
     ItemDelete,
     MetadataAdded,
-    Output,
     PlayoutCleared,
     PlayoutStopped,
-    PrefillDraft,
-    RealtimeCore,
     ResponseEnded,
-    ResponseFinished,
     ResponseRequested,
     ResponseStarted,
-    Send,
-    SendError,
-    SetProducing,
-    SetSilence,
+    SessionStarted,
     SilenceHeard,
     SpeechBegan,
     SpeechEnded,
     SpeechWritten,
-    StartSpeculation,
-    StopResponse,
     TextDelta,
-    Transcribe,
     TranscriptFailed,
     TranscriptFinal,
     TranscriptPartial,
@@ -74,6 +78,7 @@ def make_core(*, detection: TurnDetection | None = None, manual: bool = False, p
     core = RealtimeCore(settings, Conversation(max_items=max_items, max_bytes=1 << 20), clock=clock,
                         stabilizer=TranscriptStabilizer,
                         echo_guard_ms=300, can_speak=True, has_playout=playout)
+    core.handle(SessionStarted(None))
     return core, clock
 
 
@@ -165,6 +170,9 @@ def test_barge_in_clears_then_stops_the_reply_and_truncates_it_to_what_was_sent(
 
 def test_the_reply_s_speech_and_metadata_are_recorded_by_the_core_for_its_response_only() -> None:
     core, _ = make_core()
+    start_reply(core, "resp_0")
+    core.handle(CancelRequested("resp_0"))
+    core.handle(ResponseEnded("resp_0", "cancelled", {}))
     events = start_reply(core)
     spoken(core, events, ("Paris is the capital.", 1200), ("It is big.", 800))
     assert events.item.audio_ms_sent == 2000
@@ -178,6 +186,26 @@ def test_the_reply_s_speech_and_metadata_are_recorded_by_the_core_for_its_respon
     assert event(ended[-2])["response"]["metadata"]["memories_used"] == "mem_1"
     assert core.handle(SpeechWritten("resp_1", 500)) == []  # ended: nothing more is its
     assert events.item.audio_ms_sent == 2000
+
+
+def test_an_input_the_state_cannot_take_is_an_illegal_input_and_changes_nothing() -> None:
+    """The session's table: only SessionStarted before the session is open, and only once; a response's input
+    names a response in progress (or one that ended: a straggler, dropped), never one that did not exist."""
+    settings = SessionConfig(id="sess_1", model="m")
+    core = RealtimeCore(settings, Conversation(max_items=10, max_bytes=1 << 20), clock=Clock(),
+                        stabilizer=TranscriptStabilizer)
+    with pytest.raises(IllegalInput, match="SpeechBegan in session state new"):
+        core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert core.open_turn is None
+    assert types(core.handle(SessionStarted(None))) == ["session.created"]
+    with pytest.raises(IllegalInput, match="SessionStarted in session state open"):
+        core.handle(SessionStarted(None))
+    events = start_reply(core, audio=False)
+    before = json.dumps(events.item.to_wire())
+    with pytest.raises(IllegalInput, match="resp_never"):
+        core.handle(TextDelta("resp_never", "Hello"))
+    assert json.dumps(events.item.to_wire()) == before and core.response is not None
+    assert types(core.handle(TextDelta("resp_1", "Hi"))) == ["response.output_text.delta"]
 
 
 def test_the_echo_guard_defers_a_barge_in_until_speech_outlasts_it() -> None:

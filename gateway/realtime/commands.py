@@ -1,0 +1,123 @@
+"""What the realtime core returns (RealtimeCore.handle), in order: events to send, errors, and commands for
+the drivers to carry out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.protocol.client_events import ResponseParams
+from gateway.protocol.errors import ApiError
+from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
+
+
+@dataclass(frozen=True)
+class Send:
+    event: Event
+
+
+@dataclass(frozen=True)
+class SendError:
+    """An `error` event (the driver counts and logs it)."""
+
+    error: ApiError
+
+
+@dataclass(frozen=True)
+class CreateResponse:
+    """Build and start a response: a client's (`event_id`), a user turn's reply (`turn`), or the idle nudge."""
+
+    params: ResponseParams
+    event_id: str | None = None
+    turn: str | None = None  # the user item it answers: its latency marks and its reply generated ahead
+
+
+@dataclass(frozen=True)
+class StopResponse:
+    """Stop the response's generation and task, then feed ResponseEnded(cancelled, `reason`)."""
+
+    response_id: str
+    reason: str
+    barge_in: bool
+
+
+@dataclass(frozen=True)
+class ClearPlayout:
+    """Drop the queued WebRTC audio; with `measure_item_id`, feed PlayoutCleared with what was heard of it."""
+
+    measure_item_id: str | None
+
+
+@dataclass(frozen=True)
+class SetProducing:
+    """WebRTC: whether a reply is still writing audio (the playout's end of reply)."""
+
+    producing: bool
+
+
+@dataclass(frozen=True)
+class Transcribe:
+    """Make the committed item's final transcript; feed TranscriptFinal or TranscriptFailed, then TurnReady."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class PrefillDraft:
+    """Prefill the conversation and the open turn's words so far (`text`) into the engine's cache: the turn's
+    reply starts sooner. Nothing is sent."""
+
+    item_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SetSilence:
+    """semantic_vad: the silence running now in the open turn ends it after `silence_ms`."""
+
+    item_id: str
+    silence_ms: int
+
+
+@dataclass(frozen=True)
+class StartSpeculation:
+    """Transcribe the open turn's audio so far as its final transcript, ahead of the turn's end; with `preempt`,
+    generate its reply from that transcript; with `judge_end` (semantic_vad), judge from it whether the words end
+    the turn (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
+
+    item_id: str
+    preempt: bool
+    judge_end: bool
+
+
+@dataclass(frozen=True)
+class DiscardSpeculation:
+    """The user went on speaking: drop the open turn's speculative transcript, its reply and its end judge
+    (semantic_vad: the next silence is judged afresh, with the longest wait)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class DropTurn:
+    """A committed turn gets no reply: release what was made ahead for it."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ResponseFinished:
+    """response.done was sent: count and log it."""
+
+    events: ResponseEvents
+    status: ResponseStatus
+    reason: str | None
+    usage: Usage | None
+    error: dict[str, Any] | None
+
+
+Command = (
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence
+    | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
+)
+Output = Send | SendError | Command
