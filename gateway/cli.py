@@ -7,11 +7,12 @@ import logging
 import signal
 import socket
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from gateway.api.http_server import guarded_protocol
@@ -20,6 +21,9 @@ from gateway.platform import event_log
 from gateway.platform.cluster import ClusterCommand
 from gateway.platform.config import Settings, is_loopback
 from gateway.platform.log_redaction import RedactKeys
+from gateway.safety.detectors import load_denylist
+from gateway.safety.hooks import load_classifier
+from gateway.safety.log_filter import log_filters
 
 if TYPE_CHECKING:
     from gateway.api.services import Services
@@ -31,6 +35,22 @@ class Serve(Settings):
     """Start the gateway (HTTP, WebSocket and WebRTC on one port)."""
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore")
+
+    # The safety layer sits above the settings (platform/): its files are checked here, as the options are read,
+    # so that a bad one is refused as the others are (one line, exit 2) rather than when the app is built.
+    @field_validator("safety_denylist")
+    @classmethod
+    def _denylist(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
+        return value
+
+    @field_validator("safety_classifier")
+    @classmethod
+    def _classifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_classifier(value, None, 1.0)  # ValueError: neither a URL nor a loadable entry point
+        return value
 
     def cli_cmd(self) -> None:
         serve(Settings.model_validate(self.model_dump()))
@@ -48,9 +68,9 @@ class Gateway(BaseModel):
 
 
 def serve(settings: Settings) -> None:
-    uvicorn_log_config = event_log.configure(level=settings.log_level, log_format=settings.log_format,
-                                             log_content=settings.log_content, redact=RedactKeys(settings.api_keys),
-                                             phone_region=settings.safety_phone_region)
+    uvicorn_log_config = event_log.configure(
+        level=settings.log_level, log_format=settings.log_format, log_content=settings.log_content,
+        filters=log_filters(RedactKeys(settings.api_keys), settings.safety_phone_region))
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(

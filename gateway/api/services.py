@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from gateway.api.stream_hub import StreamHub
 from gateway.generation.memory import MemoryAccount, MemoryStore
 from gateway.generation.prewarm import Prewarmer
+from gateway.generation.runtime import Runtime
 from gateway.generation.service import Generator
 from gateway.platform.auth import Authenticator, Principal, bearer_token
 from gateway.platform.config import Settings
 from gateway.platform.idempotency import IdempotencyStore
 from gateway.platform.ratelimit import RateLimiter
 from gateway.platform.redis_state import REPLICA_TTL_S, RedisState
-from gateway.platform.runtime import Runtime
 from gateway.platform.session_seats import Seat, SessionSeats
 from gateway.platform.storage.conversations import ConversationStore
 from gateway.platform.storage.database import open_database, sqlite_url

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from gateway.generation.memory import MemoryAccount
+from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks, now
-from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol import server_events as se

@@ -15,11 +15,11 @@ from gateway.platform.admission import VoiceAdmission
 from gateway.platform.config import Settings
 from gateway.platform.heap import HeapTrimmer
 from gateway.platform.model_names import ModelNames, openai_transcription_names
-from gateway.platform.safety_rules import build_policy
 from gateway.platform.voices import VoiceCatalog
 from gateway.protocol.session_config import SpeechOptions
 from gateway.safety.hooks import Classifier, load_classifier
 from gateway.safety.policy import SafetyPolicy
+from gateway.safety.rules import build_policy
 from inference.llm.remote_probe import BackendMisconfigured
 from inference.models import (
     ModelNotFound,
