@@ -26,7 +26,7 @@ from gateway.safety.hooks import load_classifier
 from gateway.safety.log_filter import log_filters
 
 if TYPE_CHECKING:
-    from gateway.api.services import Services
+    from gateway.api.session_registry import SessionRegistry
 
 log = logging.getLogger("gateway")
 
@@ -100,7 +100,7 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    server = DrainingServer(config, app.state.services, settings.drain_timeout_s)
+    server = DrainingServer(config, app.state.services.sessions, settings.drain_timeout_s)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises SIGINT again once it has shut down (as uvicorn.run, one line)
@@ -111,13 +111,13 @@ def serve(settings: Settings) -> None:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that SIGTERM first drains the gateway (Services.drain: no new sessions, the
+    """uvicorn's server, except that SIGTERM first drains the gateway (SessionRegistry.drain: no new sessions, the
     replies in flight finish, the rest are handed off to another replica), then shuts down as uvicorn does.
     SIGINT (Ctrl-C), and a second SIGTERM, shut down at once."""
 
-    def __init__(self, config: uvicorn.Config, services: Services, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, sessions: SessionRegistry, drain_timeout_s: float) -> None:
         super().__init__(config)
-        self.services = services
+        self.sessions = sessions
         self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -142,7 +142,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self.services.drain(self.drain_timeout_s)
+            await self.sessions.drain(self.drain_timeout_s)
         finally:
             super().handle_exit(signal.SIGTERM, None)
 

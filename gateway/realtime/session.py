@@ -138,8 +138,9 @@ class RealtimeSession:
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
-        self.tokens: TokenAccount | None = None  # its key's token quota (Services.open_session)
-        self.memory: MemoryAccount | None = None  # its key's memory, if the key turned it on (Services.open_session)
+        self.tokens: TokenAccount | None = None  # its key's token quota (SessionRegistry.open_session)
+        # its key's memory, if the key turned it on (SessionRegistry.open_session)
+        self.memory: MemoryAccount | None = None
 
     # -- what the core holds ---------------------------------------------------------------------
 
