@@ -32,7 +32,7 @@ from benchmarks.int4_kernels import cpu_model
 from gateway.bench.clients import ChatStream, stream_chat
 from gateway.platform.config import Settings
 from gateway.platform.processes import GatewayProcess
-from gateway.platform.safety_rules import build_policy
+from gateway.safety.rules import build_policy
 
 MODEL = "smollm2-135m-instruct"
 TOPICS = ("France", "the sea", "bread", "music", "the moon", "trains", "winter", "cats", "gardens", "rivers",

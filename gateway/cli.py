@@ -7,11 +7,12 @@ import logging
 import signal
 import socket
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 from pydantic_settings import CliApp, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from gateway.api.http_server import guarded_protocol
@@ -20,9 +21,12 @@ from gateway.platform import event_log
 from gateway.platform.cluster import ClusterCommand
 from gateway.platform.config import Settings, is_loopback
 from gateway.platform.log_redaction import RedactKeys
+from gateway.safety.detectors import load_denylist
+from gateway.safety.hooks import load_classifier
+from gateway.safety.log_filter import log_filters
 
 if TYPE_CHECKING:
-    from gateway.api.services import Services
+    from gateway.api.session_registry import SessionRegistry
 
 log = logging.getLogger("gateway")
 
@@ -31,6 +35,22 @@ class Serve(Settings):
     """Start the gateway (HTTP, WebSocket and WebRTC on one port)."""
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore")
+
+    # The safety layer sits above the settings (platform/): its files are checked here, as the options are read,
+    # so that a bad one is refused as the others are (one line, exit 2) rather than when the app is built.
+    @field_validator("safety_denylist")
+    @classmethod
+    def _denylist(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
+        return value
+
+    @field_validator("safety_classifier")
+    @classmethod
+    def _classifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_classifier(value, None, 1.0)  # ValueError: neither a URL nor a loadable entry point
+        return value
 
     def cli_cmd(self) -> None:
         serve(Settings.model_validate(self.model_dump()))
@@ -48,9 +68,9 @@ class Gateway(BaseModel):
 
 
 def serve(settings: Settings) -> None:
-    uvicorn_log_config = event_log.configure(level=settings.log_level, log_format=settings.log_format,
-                                             log_content=settings.log_content, redact=RedactKeys(settings.api_keys),
-                                             phone_region=settings.safety_phone_region)
+    uvicorn_log_config = event_log.configure(
+        level=settings.log_level, log_format=settings.log_format, log_content=settings.log_content,
+        filters=log_filters(RedactKeys(settings.api_keys), settings.safety_phone_region))
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(
@@ -80,7 +100,7 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    server = DrainingServer(config, app.state.services, settings.drain_timeout_s)
+    server = DrainingServer(config, app.state.services.sessions, settings.drain_timeout_s)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises SIGINT again once it has shut down (as uvicorn.run, one line)
@@ -91,13 +111,13 @@ def serve(settings: Settings) -> None:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that SIGTERM first drains the gateway (Services.drain: no new sessions, the
+    """uvicorn's server, except that SIGTERM first drains the gateway (SessionRegistry.drain: no new sessions, the
     replies in flight finish, the rest are handed off to another replica), then shuts down as uvicorn does.
     SIGINT (Ctrl-C), and a second SIGTERM, shut down at once."""
 
-    def __init__(self, config: uvicorn.Config, services: Services, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, sessions: SessionRegistry, drain_timeout_s: float) -> None:
         super().__init__(config)
-        self.services = services
+        self.sessions = sessions
         self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -122,7 +142,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self.services.drain(self.drain_timeout_s)
+            await self.sessions.drain(self.drain_timeout_s)
         finally:
             super().handle_exit(signal.SIGTERM, None)
 

@@ -112,8 +112,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         # growing with load (asyncio's default allows CPUs + 4 threads, started as calls overlap).
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="blocking"))
-        await svc.open_storage()
-        svc.announce_replica()
+        await svc.open()
         loader = asyncio.create_task(svc.runtime.load(), name="model loader")
         try:
             yield
@@ -123,7 +122,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
     app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
-    app.state.calls = webrtc.CallRegistry(svc)
+    app.state.calls = webrtc.CallRegistry(svc.sessions)
     # Innermost: an answer waits for the durable changes its request made (a spent secret, an idempotent answer).
     app.add_middleware(DurableAnswers)
     # The body limit sits inside the request ids, so that its 413s get an id and are counted too.
@@ -162,7 +161,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         runtime = svc.runtime
         body: dict[str, Any] = {
-            "status": "draining" if svc.draining else (
+            "status": "draining" if svc.sessions.draining else (
                 "ready" if runtime.ready.is_set() else ("failed" if runtime.load_error else "loading")),
             "replica": settings.replica_id,
             "model": settings.model_name,
@@ -179,7 +178,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             body["llm"] = runtime.engine.describe()  # what each part of a step runs on (see --llm-kernels)
         if runtime.load_error:
             body["error"] = runtime.load_error
-        return JSONResponse(body, status_code=200 if runtime.ready.is_set() and not svc.draining else 503)
+        return JSONResponse(body, status_code=200 if runtime.ready.is_set() and not svc.sessions.draining else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -209,19 +208,6 @@ async def shutdown(svc: Services, loader: asyncio.Task[None]) -> None:
     loader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await loader
-    await svc.hub.close()  # the resume windows' timers; their sessions are closed with the others
-    await svc.limits.close()  # the sessions' duration and idle watchdogs
-    await svc.streams.close()
-    svc.prewarmer.close()
-    await asyncio.gather(*(session.close() for session in list(svc.sessions)), return_exceptions=True)
-    for task in list(svc.background):
-        task.cancel()
-    if svc.background:
-        await asyncio.wait(svc.background, timeout=5)
-    await svc.close_shared()
-    if svc.durable is not None:
-        await svc.durable.close()
-    if svc.conversations is not None:
-        await svc.conversations.close()
+    await svc.close()
     await svc.runtime.heap.close()
     await asyncio.to_thread(svc.runtime.close)

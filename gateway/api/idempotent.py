@@ -19,15 +19,15 @@ async def idempotent(svc: Services, request: Request, owner: str, body: bytes, h
     key = request.headers.get("idempotency-key")
     if not key:
         return await answer()
-    stored = await svc.idempotency.begin(owner, key, body)
+    stored = await svc.gate.idempotency.begin(owner, key, body)
     if stored is not None:
         return Response(stored.body, stored.status, {**stored.headers, "idempotent-replayed": "true"}, stored.media_type)
     try:
         response = await answer()
     except BaseException:
-        await svc.idempotency.finish(owner, key, None)  # failed on our side: the client may retry for real
+        await svc.gate.idempotency.finish(owner, key, None)  # failed on our side: the client may retry for real
         raise
     kept = None if isinstance(response, StreamingResponse) else StoredResponse(
         response.status_code, "application/json", bytes(response.body), headers)
-    await svc.idempotency.finish(owner, key, kept)
+    await svc.gate.idempotency.finish(owner, key, kept)
     return response

@@ -11,12 +11,12 @@ import phonenumbers
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gateway.safety.detectors import DEFAULT_PHONE_REGION, load_denylist
-from gateway.safety.hooks import load_classifier
-
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
+# Where a number written without a country code (`(415) 555-0132`) is read as dialled; a `+` number is found
+# whatever this says (--safety-phone-region).
+DEFAULT_PHONE_REGION = "US"
 
 
 def default_cache_dir() -> Path:
@@ -335,26 +335,12 @@ class Settings(BaseSettings):
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
 
-    @field_validator("safety_denylist")
-    @classmethod
-    def _denylist(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            load_denylist(value)  # DenylistError (a ValueError): unreadable, or a bad expression
-        return value
-
     @field_validator("safety_phone_region")
     @classmethod
     def _phone_region(cls, value: str) -> str:
         if value.upper() not in phonenumbers.SUPPORTED_REGIONS:
             raise ValueError("must be a country's ISO 3166 code that phonenumbers knows, such as US, GB or FR")
         return value.upper()
-
-    @field_validator("safety_classifier")
-    @classmethod
-    def _classifier(cls, value: str | None) -> str | None:
-        if value is not None:
-            load_classifier(value, None, 1.0)  # ValueError: neither a URL nor a loadable entry point
-        return value
 
     @field_validator("llm_backend")
     @classmethod

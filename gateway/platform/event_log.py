@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
-
-from gateway.platform.log_redaction import RedactKeys
-from gateway.safety.detectors import DEFAULT_PHONE_REGION
-from gateway.safety.log_filter import LibraryPayloads, RedactPersonalData
 
 EVENTS = logging.getLogger("gateway.events")
 # uvicorn adds `color_message`, its message with terminal colours: not for a log file.
@@ -65,17 +61,16 @@ def _route_transformers_logs() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def configure(*, level: str, log_format: str, log_content: bool, redact: RedactKeys,
-              phone_region: str = DEFAULT_PHONE_REGION) -> dict[str, Any]:
-    """Install the one handler on the root logger; returns uvicorn's log configuration, whose loggers
-    hand their records to it (uvicorn's access log is off: the http.request event replaces it)."""
+def configure(*, level: str, log_format: str, log_content: bool, filters: Sequence[logging.Filter]) -> dict[str, Any]:
+    """Install the one handler on the root logger, with `filters` (the redactions: safety/log_filter.py's
+    log_filters); returns uvicorn's log configuration, whose loggers hand their records to it (uvicorn's access
+    log is off: the http.request event replaces it)."""
     global _log_content
     _log_content = log_content
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format))
-    handler.addFilter(LibraryPayloads())  # WebSocket frames and SQL parameters: their sizes, not what users said
-    handler.addFilter(redact)
-    handler.addFilter(RedactPersonalData(phone_region))  # e-mail, phone, card, IBAN: at every level, --log-content too
+    for log_filter in filters:
+        handler.addFilter(log_filter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

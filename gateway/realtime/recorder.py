@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from gateway.generation.conversation_items import items_from_rows as stored_items
 from gateway.generation.conversation_items import stored_message
 from gateway.generation.memory import MEMORY_METADATA
+from gateway.generation.runtime import Runtime
 from gateway.generation.titles import title_later
-from gateway.platform.runtime import Runtime
 from gateway.platform.storage.conversations import ConversationStore, MessageStatus
 from gateway.platform.storage.schema import ConversationRow, MessageRow
 from gateway.protocol.session_config import SessionConfig

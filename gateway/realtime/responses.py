@@ -15,12 +15,12 @@ import numpy as np
 
 from gateway.generation.chat_plan import with_tools
 from gateway.generation.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
+from gateway.generation.runtime import Runtime
 from gateway.generation.service import Generator, MemoryRound, Prepared, PromptSpec, Reply
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks, now
-from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol.errors import ApiError

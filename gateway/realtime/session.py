@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from gateway.generation.memory import MemoryAccount
+from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks, now
-from gateway.platform.runtime import Runtime
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
 from gateway.protocol import server_events as se
@@ -141,8 +141,9 @@ class RealtimeSession:
         self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
-        self.tokens: TokenAccount | None = None  # its key's token quota (Services.open_session)
-        self.memory: MemoryAccount | None = None  # its key's memory, if the key turned it on (Services.open_session)
+        self.tokens: TokenAccount | None = None  # its key's token quota (SessionRegistry.open_session)
+        # its key's memory, if the key turned it on (SessionRegistry.open_session)
+        self.memory: MemoryAccount | None = None
 
     # -- what the core holds ---------------------------------------------------------------------
 

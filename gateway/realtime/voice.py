@@ -27,11 +27,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from gateway.generation.llm_errors import BACKEND_ERRORS
+from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks, now
-from gateway.platform.runtime import Runtime
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
     SEMANTIC_WAITS_MS,

@@ -16,11 +16,10 @@ from pathlib import Path
 import phonenumbers
 import regex
 
+from gateway.platform.config import DEFAULT_PHONE_REGION
+
 # The longest text any one match may span, and so the most a streamed reply is held back for it.
 MAX_MATCH_CHARS = 256
-# Where a number written without a country code (`(415) 555-0132`) is read as dialled; a `+` number is found
-# whatever this says (--safety-phone-region).
-DEFAULT_PHONE_REGION = "US"
 
 Span = tuple[int, int]
 

@@ -16,12 +16,20 @@ import logging
 import regex
 from websockets.frames import Frame, Opcode
 
-from gateway.platform.log_redaction import RecordRedactor
-from gateway.safety.detectors import DEFAULT_PHONE_REGION, IBAN, PAYMENT_CARD, Detector, phone_detector
+from gateway.platform.config import DEFAULT_PHONE_REGION
+from gateway.platform.log_redaction import RecordRedactor, RedactKeys
+from gateway.safety.detectors import IBAN, PAYMENT_CARD, Detector, phone_detector
 from gateway.safety.policy import Rule, SafetyPolicy
 
 _TOKEN = r"[^\s\"'<>()\[\]{},;]*"
 EMAIL_TOKEN = Detector("email", regex.compile(rf"{_TOKEN}@[A-Za-z0-9-]+\.{_TOKEN}"))
+
+
+def log_filters(redact: RedactKeys, phone_region: str = DEFAULT_PHONE_REGION) -> list[logging.Filter]:
+    """The log handler's filters, in their order (platform/event_log.py's configure installs them)."""
+    return [LibraryPayloads(),  # WebSocket frames and SQL parameters: their sizes, not what users said
+            redact,
+            RedactPersonalData(phone_region)]  # e-mail, phone, card, IBAN: at every level, --log-content too
 
 
 class RedactPersonalData(RecordRedactor):

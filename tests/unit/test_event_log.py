@@ -11,6 +11,7 @@ import pytest
 
 from gateway.platform import event_log
 from gateway.platform.log_redaction import RedactKeys
+from gateway.safety.log_filter import log_filters
 
 KEY = "sk-configured-0123456789"
 
@@ -30,7 +31,7 @@ def root_restored() -> Iterator[None]:
 
 
 def capture(log_format: str, log_content: bool) -> io.StringIO:
-    event_log.configure(level="info", log_format=log_format, log_content=log_content, redact=RedactKeys([KEY]))
+    event_log.configure(level="info", log_format=log_format, log_content=log_content, filters=log_filters(RedactKeys([KEY])))
     stream = io.StringIO()
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler, logging.StreamHandler)

@@ -1,6 +1,6 @@
 """The gateway's folders are its layers, and the arrows run one way (ARCHITECTURE.md):
 
-    api -> realtime -> generation -> platform, safety, protocol
+    api -> realtime -> generation -> safety -> platform -> protocol
 
 A module imports nothing from a layer above its own, even for type checking; the HTTP framework is
 imported in api/ only, and the database toolkit in platform/storage/ only. Below the gateway, the models
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
-RANK = {"protocol": 0, "platform": 0, "safety": 0, "generation": 1, "realtime": 2, "api": 3}
+RANK = {"protocol": 0, "platform": 1, "safety": 2, "generation": 3, "realtime": 4, "api": 5}
 
 
 def _imports(path: Path) -> list[str]:
@@ -67,6 +67,14 @@ def test_a_module_imports_nothing_from_a_layer_above_its_own(path: Path) -> None
     above = [name for name in _imports(path)
              if name.startswith("gateway.") and RANK.get(name.split(".")[1], -1) > RANK[layer]]
     assert not above, f"{layer}/ imports from a layer above it: {above}"
+
+
+def test_each_layer_ranks_strictly_above_the_next() -> None:
+    """No two layers share a rank, so no arrow may run both ways between them: platform/ (settings, logs,
+    metrics) never imports safety/ (the content policy), which builds on it."""
+    order = ["protocol", "platform", "safety", "generation", "realtime", "api"]
+    ranks = [RANK[layer] for layer in order]
+    assert ranks == sorted(set(ranks)) and len(ranks) == len(RANK)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(GATEWAY)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
-from gateway.platform.runtime import Runtime
 from gateway.realtime.session import RealtimeSession
 
 

@@ -8,8 +8,8 @@ import gc
 import json
 import weakref
 
+from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
-from gateway.platform.runtime import Runtime
 from gateway.realtime.session import RealtimeSession
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
-from gateway.platform.runtime import Runtime
 from gateway.realtime.session import RealtimeSession
 from inference.asr import AsrEngine, Transcript
 from media.resample import resample

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from gateway.api import audio_requests as proto
+from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body, request_body
 from gateway.api.services import Services
@@ -43,7 +44,7 @@ MAX_FORM_FIELDS = 16
 
 
 def _asr(svc: Services) -> AsrEngine:
-    svc.require_ready()
+    svc.runtime.require_ready()
     if svc.runtime.asr is None:
         raise ApiError("voice_unavailable", "Transcription needs the voice models, which are not loaded.",
                        type="server_error", status=503)
@@ -51,7 +52,7 @@ def _asr(svc: Services) -> AsrEngine:
 
 
 def _tts(svc: Services) -> TtsEngine:
-    svc.require_ready()
+    svc.runtime.require_ready()
     if svc.runtime.tts is None:
         raise ApiError("voice_unavailable", "Speech needs the voice models, which are not loaded.",
                        type="server_error", status=503)
@@ -76,9 +77,8 @@ TRANSCRIPTION_BODY = request_body({"multipart/form-data": {"schema": {
 
 @router.post("/v1/audio/transcriptions", openapi_extra=TRANSCRIPTION_BODY,
              responses=error_responses(400, 401, 404, 413, 415, 429, 503))
-async def create_transcription(request: Request) -> Response:
+async def create_transcription(request: Request, caller: AuthorizedCaller) -> Response:
     svc: Services = request.app.state.services
-    _, headers = await svc.authorize(request.headers.get("authorization"))
     asr = _asr(svc)
     body, data = await _read_form(request, proto.parse_transcription_form)
     _check_transcription_model(svc, asr, body)
@@ -88,11 +88,11 @@ async def create_transcription(request: Request) -> Response:
                                               temperature=body.temperature, word_timestamps="word" in body.granularities)
     if body.stream:
         return StreamingResponse(_stream_transcript(transcription, started), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+                                 headers={**caller.headers, "cache-control": "no-cache"})
     async with contextlib.aclosing(transcription.segments) as stream:
         segments = [segment async for segment in stream]
     _log_transcription(transcription, segments, started, stream=False)
-    return _transcription_answer(body, transcription, segments, headers)
+    return _transcription_answer(body, transcription, segments, caller.headers)
 
 
 async def _read_form(
@@ -146,9 +146,8 @@ TRANSLATION_BODY = request_body({"multipart/form-data": {"schema": {
              description="Speech in any language as English text: Whisper's own translation, which a multilingual "
                          "model does. An English-only model (the embedded tiny.en) refuses it with 400.",
              responses=error_responses(400, 401, 404, 413, 415, 429, 503))
-async def create_translation(request: Request) -> Response:
+async def create_translation(request: Request, caller: AuthorizedCaller) -> Response:
     svc: Services = request.app.state.services
-    _, headers = await svc.authorize(request.headers.get("authorization"))
     asr = _asr(svc)
     body, data = await _read_form(request, proto.parse_translation_form)
     _check_transcription_model(svc, asr, body)
@@ -168,10 +167,11 @@ async def create_translation(request: Request) -> Response:
     match body.response_format:
         case "verbose_json":
             return JSONResponse(proto.translation_verbose_json(segments, transcription.language, transcription.duration),
-                                headers=headers)
+                                headers=caller.headers)
         case "json":
-            return JSONResponse({"text": proto.transcript_text(segments)}, headers=headers)
-    return _transcription_answer(body, transcription, segments, headers)  # text, srt and vtt: as a transcription's
+            return JSONResponse({"text": proto.transcript_text(segments)}, headers=caller.headers)
+    # text, srt and vtt: as a transcription's
+    return _transcription_answer(body, transcription, segments, caller.headers)
 
 
 def _transcription_answer(
@@ -227,9 +227,8 @@ SPEECH_CONTENT_TYPES = ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "a
                                              for content_type in SPEECH_CONTENT_TYPES},
                                           "text/event-stream": {"schema": {"type": "string"}}}},
                         **error_responses(400, 401, 404, 413, 429, 503)})
-async def create_speech(request: Request) -> Response:
+async def create_speech(request: Request, caller: AuthorizedCaller) -> Response:
     svc: Services = request.app.state.services
-    _, headers = await svc.authorize(request.headers.get("authorization"))
     _, payload = await read_json_object(request)
     body = proto.parse_speech_request(payload)
     if body.model != SPEECH_MODEL and body.model not in openai_speech_names():
@@ -245,8 +244,8 @@ async def create_speech(request: Request) -> Response:
     speech = _Speech(tts, clauses, voice, body.speed, encoder, body.stream_format)
     if body.stream_format == "sse":
         return StreamingResponse(speech.events(), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
-    return StreamingResponse(speech.audio(), media_type=encoder.content_type, headers=headers)
+                                 headers={**caller.headers, "cache-control": "no-cache"})
+    return StreamingResponse(speech.audio(), media_type=encoder.content_type, headers=caller.headers)
 
 
 class _Speech:
@@ -305,11 +304,10 @@ class _Speech:
 
 
 @router.get("/v1/audio/voices", responses=error_responses(401, 429))
-async def list_voices(request: Request) -> JSONResponse:
+async def list_voices(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     """Ours, not OpenAI's: the installed Piper voices, the OpenAI voice names that select each, and once the
     voices are loaded their language (espeak-ng's) and sample rate."""
     svc: Services = request.app.state.services
-    _, headers = await svc.authorize(request.headers.get("authorization"))
     voices, tts = svc.runtime.voices, svc.runtime.tts
     data: list[dict[str, Any]] = []
     for name in voices.installed:
@@ -318,4 +316,4 @@ async def list_voices(request: Request) -> JSONResponse:
         if tts is not None:  # loaded: what the voice is
             voice.update(language=tts.language_of(name), sample_rate=tts.sample_rate_of(name))
         data.append(voice)
-    return JSONResponse({"object": "list", "data": data}, headers=headers)
+    return JSONResponse({"object": "list", "data": data}, headers=caller.headers)

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
@@ -62,19 +63,17 @@ def model_object(model_id: str) -> dict[str, Any]:
 
 
 @router.get("/v1/models", responses=error_responses(401, 429))
-async def list_models(request: Request) -> JSONResponse:
+async def list_models(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     svc = services(request)
-    _, headers = await svc.authorize(request.headers.get("authorization"))
     listed = svc.runtime.model_names.listed
-    return JSONResponse({"object": "list", "data": [model_object(name) for name in listed]}, headers=headers)
+    return JSONResponse({"object": "list", "data": [model_object(name) for name in listed]}, headers=caller.headers)
 
 
 @router.get("/v1/models/{model_id:path}", responses=error_responses(401, 404, 429))
-async def get_model(model_id: str, request: Request) -> JSONResponse:
+async def get_model(model_id: str, request: Request, caller: AuthorizedCaller) -> JSONResponse:
     svc = services(request)
-    _, headers = await svc.authorize(request.headers.get("authorization"))
-    svc.require_model(model_id, "model_id")
-    return JSONResponse(model_object(model_id), headers=headers)
+    svc.runtime.require_model(model_id, "model_id")
+    return JSONResponse(model_object(model_id), headers=caller.headers)
 
 
 @router.post(
@@ -82,21 +81,20 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
     openapi_extra=json_body(ChatCompletionRequest),
     responses=error_responses(400, 401, 404, 409, 413, 422, 429, 503),
 )
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request, caller: AuthorizedCaller) -> Response:
     svc = services(request)
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
-        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
+        return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
     body, payload = await read_json_object(request)
     try:
         chat = ChatCompletionRequest.model_validate(payload)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
-    svc.require_model(chat.model)
-    svc.require_ready()
-    return await idempotent(svc, request, principal.key_id, body, headers,
-                            lambda: _complete(svc, chat, headers, request, principal.key_id))
+    svc.runtime.require_model(chat.model)
+    svc.runtime.require_ready()
+    return await idempotent(svc, request, caller.key_id, body, caller.headers,
+                            lambda: _complete(svc, chat, caller.headers, request, caller.key_id))
 
 
 def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
@@ -112,8 +110,8 @@ async def stream_request(request: Request) -> str:
 async def resume_stream(svc: Services, request: Request, last_event_id: str, owner: str,
                         headers: dict[str, str]) -> StreamingResponse:
     """The events of a running or recently finished stream after `Last-Event-ID`, then the live ones."""
-    buffer, after = svc.streams.get(last_event_id, owner, await stream_request(request))
-    return sse_response(svc.streams.read(buffer, after), headers)
+    buffer, after = svc.stores.streams.get(last_event_id, owner, await stream_request(request))
+    return sse_response(svc.stores.streams.read(buffer, after), headers)
 
 
 def _spec(plan: ChatPlan) -> PromptSpec:
@@ -124,21 +122,23 @@ def _spec(plan: ChatPlan) -> PromptSpec:
 
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
                     owner: str) -> Response:
-    generator = svc.generator()
+    generator = svc.runtime.generator()
     engine = generator.engine
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
     # The policy on the request's user and tool messages (a stored history was screened when it came).
     request_messages = screen_messages(svc.runtime.safety, [message.to_chat() for message in chat.messages])
-    remembered = await recall(MemoryStore(svc.store.engine), owner, request_messages)  # None unless the key opted in
+    # None unless the key opted in
+    remembered = await recall(MemoryStore(svc.stores.store.engine), owner, request_messages)
     if remembered is None and _names_memory_tool(chat):
         raise memory_off()
-    attached = await AttachedChat.load(svc.store, owner, chat.conversation) if chat.conversation else None
+    attached = await AttachedChat.load(svc.stores.store, owner, chat.conversation) if chat.conversation else None
     base = attached.prompt_messages(request_messages) if attached is not None else list(request_messages)
     facts = remembered.messages() if remembered is not None else []
     plan = plan_chat(chat, engine.lm.tool_format, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
     plan.messages += facts
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
-    prepared = await generator.prepare(_spec(plan), sampling, TokenAccount(svc.quota, owner))  # 429 past --rate-limit-tpm
+    # 429 past --rate-limit-tpm
+    prepared = await generator.prepare(_spec(plan), sampling, TokenAccount(svc.gate.quota, owner))
     if prepared.reservation is not None:
         headers = {**headers, **prepared.reservation.headers()}
     memory: MemoryRound | None = None
@@ -162,11 +162,11 @@ async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[st
     guard.start(next((m.content for m in reversed(request_messages) if m.role == "user"), ""))
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        buffer = svc.streams.start(cid, owner, _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard,
-                                                      remembered),
-                                   request=await stream_request(request), runs_to_end=attached is not None)
+        events = _sse(stream, plan, cid, chat.model, fingerprint, include_usage, record, guard, remembered)
+        buffer = svc.stores.streams.start(cid, owner, events, request=await stream_request(request),
+                                          runs_to_end=attached is not None)
         record.read_now = buffer.read_now
-        return sse_response(svc.streams.read(buffer), headers)
+        return sse_response(svc.stores.streams.read(buffer), headers)
     record.start()
     parts: list[str] = []
     try:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
@@ -38,10 +39,9 @@ class ClientSecretRequest(BaseModel):
     openapi_extra=json_body(ClientSecretRequest, required=False),  # an empty body is {}
     responses=error_responses(400, 401, 404, 413, 429),
 )
-async def mint_client_secret(request: Request) -> JSONResponse:
+async def mint_client_secret(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     """A short-lived token that opens one Realtime session with the given configuration."""
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     _, payload = await read_json_object(request, empty={})
     try:
         body = ClientSecretRequest.model_validate(payload)
@@ -50,13 +50,14 @@ async def mint_client_secret(request: Request) -> JSONResponse:
     ttl = body.expires_after.seconds if body.expires_after else svc.settings.client_secret_ttl_s
     session_update = dict(body.session or {})  # its type too: a "transcription" session only transcribes
     if "model" in session_update:
-        svc.require_model(str(session_update["model"]), "session.model")
+        svc.runtime.require_model(str(session_update["model"]), "session.model")
     # Validate now, so a bad configuration fails here and not when the browser connects.
     speech = svc.runtime.speech_options
     session = apply_session_update(speech.apply_defaults(SessionConfig(model=svc.settings.model_name)), session_update,
                                    speech=speech, param="session")
     session_id = new_id("sess")  # the id the session will have: OpenAI's response names it
-    value, expires_at = await svc.auth.mint(principal, {**session_update, MINTED_SESSION_ID: session_id}, ttl)
+    value, expires_at = await svc.gate.auth.mint(caller.principal, {**session_update, MINTED_SESSION_ID: session_id},
+                                                 ttl)
     wire = {field: item for field, item in session.to_wire().items() if field != "expires_at"}
     return JSONResponse({"value": value, "expires_at": int(expires_at), "session": {**wire, "id": session_id}},
-                        headers=headers)
+                        headers=caller.headers)

@@ -17,6 +17,7 @@ from typing import Any, cast
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
@@ -46,12 +47,11 @@ router = APIRouter()
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
-async def completions(request: Request) -> Response:
+async def completions(request: Request, caller: AuthorizedCaller) -> Response:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body = await read_model(request, CompletionRequest)
-    svc.require_model(body.model)
-    generator = svc.generator()
+    svc.runtime.require_model(body.model)
+    generator = svc.runtime.generator()
     engine = generator.engine
     policy = svc.runtime.safety
     prompt = cast("str | list[int]", body.prompt)  # its validator leaves one prompt, text or ids
@@ -64,7 +64,8 @@ async def completions(request: Request) -> Response:
     sampling = body.sampling(max_tokens, svc.settings.repetition_penalty, ignore_eos=body.ignore_eos)
     # 429 past --rate-limit-tpm; a token id past the vocabulary is the prompt's invalid_value
     prepared = await generator.reserve(Rendered(RenderedPrompt(prompt_ids)), sampling,
-                                       TokenAccount(svc.quota, principal.key_id), invalid_param="prompt")
+                                       TokenAccount(svc.gate.quota, caller.key_id), invalid_param="prompt")
+    headers = caller.headers
     if prepared.reservation is not None:
         headers = {**headers, **prepared.reservation.headers()}
     stream = await generator.start(prepared)

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
@@ -75,9 +76,9 @@ class Turn:
 
 async def _resolve(svc: Services, owner: str, conversation_id: str, content: str | None, parent_given: bool,
                    parent_message_id: str | None) -> Turn:
-    conversation = await svc.store.get(owner, conversation_id)
+    conversation = await svc.stores.store.get(owner, conversation_id)
     parent = parent_message_id if parent_given else conversation.current_leaf_id
-    rows = await svc.store.branch(conversation, parent) if parent is not None else []
+    rows = await svc.stores.store.branch(conversation, parent) if parent is not None else []
     if parent is not None and (not rows or rows[-1].id != parent):
         raise ApiError("message_not_found", f"No message '{parent}' in this conversation.", "parent_message_id",
                        status=404)
@@ -102,7 +103,7 @@ class MemoryPrompt:
 
     @classmethod
     async def build(cls, svc: Services, owner: str, turn: Turn, *, save: bool) -> MemoryPrompt:
-        remembered = await recall(MemoryStore(svc.store.engine), owner, turn.messages, save=save)
+        remembered = await recall(MemoryStore(svc.stores.store.engine), owner, turn.messages, save=save)
         if remembered is None:  # memory off
             return cls(turn.messages)
         tools = plan_tool_use([], choice="auto", fmt=_engine(svc).lm.tool_format, builtin=[REMEMBER_TOOL])
@@ -121,32 +122,32 @@ class MemoryPrompt:
 
 
 def _engine(svc: Services) -> LLMBackend:
-    svc.require_ready()
+    svc.runtime.require_ready()
     assert svc.runtime.engine is not None
     return svc.runtime.engine
 
 
 @router.post("/backend-api/conversation/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
-async def post_message(request: Request, conversation_id: str) -> Response:
+async def post_message(request: Request, caller: AuthorizedCaller, conversation_id: str) -> Response:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
-        return await resume_stream(svc, request, last_event_id, principal.key_id, headers)
+        return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
     body: PostMessage = await read_model(request, PostMessage)
-    svc.require_model(body.model)
-    generator = svc.generator()
+    svc.runtime.require_model(body.model)
+    generator = svc.runtime.generator()
     content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
-    turn = await _resolve(svc, principal.key_id, conversation_id, content,
+    turn = await _resolve(svc, caller.key_id, conversation_id, content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     max_tokens = body.max_tokens or svc.settings.default_max_tokens
-    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=content is not None)
+    memory = await MemoryPrompt.build(svc, caller.key_id, turn, save=content is not None)
     sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
                               repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
     # 429 past --rate-limit-tpm
-    prepared = await generator.prepare(memory.spec, sampling, TokenAccount(svc.quota, principal.key_id))
-    prewarmed = svc.prewarmer.prepared_tokens(principal.key_id, conversation_id, prepared.prompt_ids)
+    prepared = await generator.prepare(memory.spec, sampling, TokenAccount(svc.gate.quota, caller.key_id))
+    prewarmed = svc.stores.prewarmer.prepared_tokens(caller.key_id, conversation_id, prepared.prompt_ids)
+    headers = caller.headers
     if prepared.reservation is not None:
         headers = {**headers, **prepared.reservation.headers()}
     rounds = MemoryRound(memory.recall, [], memory.after_save) if memory.recall is not None else None
@@ -154,15 +155,15 @@ async def post_message(request: Request, conversation_id: str) -> Response:
     # The rules on the reply as it streams, and the classifier beside it.
     guard = generator.guard(stream.cancel)
     reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
-    writer = MessageWriter(svc.store, turn.conversation.id, turn.parent_id,
+    writer = MessageWriter(svc.stores.store, turn.conversation.id, turn.parent_id,
                            [turn.new_user] if turn.new_user is not None else [], reply)
     stream_id = completion_id().replace("chatcmpl-", "strm_")
     title_for = content if turn.conversation.title is None and turn.new_user is not None else None
-    events = _events(svc, principal.key_id, stream_id, turn, stream, guard, writer, prewarmed, title_for,
+    events = _events(svc, caller.key_id, stream_id, turn, stream, guard, writer, prewarmed, title_for,
                      memory.recall)
-    buffer = svc.streams.start(stream_id, principal.key_id, events, request=await stream_request(request),
+    buffer = svc.stores.streams.start(stream_id, caller.key_id, events, request=await stream_request(request),
                                runs_to_end=True)
-    return sse_response(svc.streams.read(buffer), headers)
+    return sse_response(svc.stores.streams.read(buffer), headers)
 
 
 def _data(payload: Any, event: str | None = None) -> bytes:
@@ -219,7 +220,7 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
         await stream.close()  # settles the tokens
         await guard.close()
         # Only now: the reply's KV extends the prepared prefix, which an earlier unpin would have dropped.
-        svc.prewarmer.release(stream_engine(svc), owner, conversation_id)
+        svc.stores.prewarmer.release(stream_engine(svc), owner, conversation_id)
 
 
 def stream_engine(svc: Services) -> LLMBackend:
@@ -230,23 +231,22 @@ def stream_engine(svc: Services) -> LLMBackend:
 async def _title(svc: Services, owner: str, conversation_id: str, question: str) -> str | None:
     title = await generate_title(stream_engine(svc), question, svc.runtime.safety, conversation_id)
     if title is not None:
-        await svc.store.update(owner, conversation_id, title=title)
+        await svc.stores.store.update(owner, conversation_id, title=title)
     return title
 
 
 @router.post("/backend-api/conversation/{conversation_id}/prepare", status_code=202, openapi_extra=json_body(PrepareMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
-async def prepare(request: Request, conversation_id: str) -> JSONResponse:
+async def prepare(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
     """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: PrepareMessage = await read_model(request, PrepareMessage)
-    generator = svc.generator()
+    generator = svc.runtime.generator()
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
-    turn = await _resolve(svc, principal.key_id, conversation_id, draft,
+    turn = await _resolve(svc, caller.key_id, conversation_id, draft,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
-    memory = await MemoryPrompt.build(svc, principal.key_id, turn, save=False)  # as the message will see it
+    memory = await MemoryPrompt.build(svc, caller.key_id, turn, save=False)  # as the message will see it
     prompt = (await generator.render(memory.spec, svc.settings.default_max_tokens)).prompt
-    svc.prewarmer.prepare(generator.engine, principal.key_id, conversation_id, prompt.token_ids)
+    svc.stores.prewarmer.prepare(generator.engine, caller.key_id, conversation_id, prompt.token_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
-                         "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=headers)
+                         "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=caller.headers)

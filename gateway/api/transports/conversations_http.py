@@ -4,12 +4,15 @@ as OpenAI's public Conversations API (/v1/conversations)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.api.caller import AuthorizedCaller, authorized_after
+from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
@@ -21,6 +24,37 @@ router = APIRouter()
 PAGE_LIMIT = Query(20, ge=1, le=100, description="Items per page (1-100).")
 PAGE_AFTER = Query(None, max_length=64, description="The id after which the page starts (the previous page's last_id).")
 PAGE_ORDER = Query("desc", description="By creation time: desc (newest first) or asc.")
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    after: str | None
+    limit: int
+    order: Literal["asc", "desc"]
+
+
+async def _conversations_page(after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
+                              order: Literal["asc", "desc"] = PAGE_ORDER) -> PageQuery:
+    return PageQuery(after, limit, order)
+
+
+async def _messages_page(after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
+                         order: Literal["asc", "desc"] = Query("asc")) -> PageQuery:
+    return PageQuery(after, limit, order)
+
+
+async def _all_branches(all_branches: bool = Query(False, description="Every message, not only the current branch.")
+                        ) -> bool:
+    return all_branches
+
+
+# Each query is checked before the key (caller.py's authorized_after).
+ConversationsPage = Annotated[PageQuery, Depends(_conversations_page)]
+ConversationsPageCaller = Annotated[Caller, Depends(authorized_after(_conversations_page))]
+MessagesPage = Annotated[PageQuery, Depends(_messages_page)]
+MessagesPageCaller = Annotated[Caller, Depends(authorized_after(_messages_page))]
+AllBranches = Annotated[bool, Depends(_all_branches)]
+AllBranchesCaller = Annotated[Caller, Depends(authorized_after(_all_branches))]
 
 
 class CreateConversation(BaseModel):
@@ -72,58 +106,53 @@ async def _body(request: Request, model: type[BaseModel], empty: dict[str, Any] 
 
 @router.post("/backend-api/conversations", openapi_extra=json_body(CreateConversation, required=False),
              responses=error_responses(400, 401, 413, 429))
-async def create_conversation(request: Request) -> JSONResponse:
+async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: CreateConversation = await _body(request, CreateConversation, empty={})
-    row = await svc.store.create(principal.key_id, body.title)
-    return JSONResponse(conversation_object(row), headers=headers)
+    row = await svc.stores.store.create(caller.key_id, body.title)
+    return JSONResponse(conversation_object(row), headers=caller.headers)
 
 
 @router.get("/backend-api/conversations", responses=error_responses(400, 401, 429))
-async def list_conversations(request: Request, after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
-                             order: Literal["asc", "desc"] = PAGE_ORDER) -> JSONResponse:
+async def list_conversations(request: Request, query: ConversationsPage,
+                             caller: ConversationsPageCaller) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    page = await svc.store.list(principal.key_id, after=after, limit=limit, order=order)
-    return JSONResponse(list_object(page, conversation_object), headers=headers)
+    page = await svc.stores.store.list(caller.key_id, after=query.after, limit=query.limit, order=query.order)
+    return JSONResponse(list_object(page, conversation_object), headers=caller.headers)
 
 
 @router.get("/backend-api/conversation/{conversation_id}", responses=error_responses(400, 401, 404, 429))
-async def get_conversation(request: Request, conversation_id: str,
-                           all_branches: bool = Query(False, description="Every message, not only the current branch.")
-                           ) -> JSONResponse:
+async def get_conversation(request: Request, conversation_id: str, all_branches: AllBranches,
+                           caller: AllBranchesCaller) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    row = await svc.store.get(principal.key_id, conversation_id)
-    messages = await (svc.store.all_messages(row.id) if all_branches else svc.store.branch(row))
+    row = await svc.stores.store.get(caller.key_id, conversation_id)
+    messages = await (svc.stores.store.all_messages(row.id) if all_branches else svc.stores.store.branch(row))
     return JSONResponse({**conversation_object(row), "messages": [message_object(m) for m in messages]},
-                        headers=headers)
+                        headers=caller.headers)
 
 
 @router.patch("/backend-api/conversation/{conversation_id}", openapi_extra=json_body(UpdateConversation),
               responses=error_responses(400, 401, 404, 413, 429))
-async def update_conversation(request: Request, conversation_id: str) -> JSONResponse:
+async def update_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
     body: UpdateConversation = await _body(request, UpdateConversation)
-    row = await svc.store.update(principal.key_id, conversation_id, title=body.title,
+    row = await svc.stores.store.update(caller.key_id, conversation_id, title=body.title,
                                  current_leaf_id=body.current_leaf_id)
-    return JSONResponse(conversation_object(row), headers=headers)
+    return JSONResponse(conversation_object(row), headers=caller.headers)
 
 
 @router.delete("/backend-api/conversation/{conversation_id}", responses=error_responses(401, 404, 429))
-async def delete_conversation(request: Request, conversation_id: str) -> JSONResponse:
+async def delete_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    await svc.store.delete(principal.key_id, conversation_id)
-    return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True}, headers=headers)
+    await svc.stores.store.delete(caller.key_id, conversation_id)
+    return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True},
+                        headers=caller.headers)
 
 
 @router.get("/backend-api/conversation/{conversation_id}/messages", responses=error_responses(400, 401, 404, 429))
-async def list_messages(request: Request, conversation_id: str, after: str | None = PAGE_AFTER,
-                        limit: int = PAGE_LIMIT, order: Literal["asc", "desc"] = Query("asc")) -> JSONResponse:
+async def list_messages(request: Request, conversation_id: str, query: MessagesPage,
+                        caller: MessagesPageCaller) -> JSONResponse:
     svc: Services = request.app.state.services
-    principal, headers = await svc.authorize(request.headers.get("authorization"))
-    page = await svc.store.messages(principal.key_id, conversation_id, after=after, limit=limit, order=order)
-    return JSONResponse(list_object(page, message_object), headers=headers)
+    page = await svc.stores.store.messages(caller.key_id, conversation_id, after=query.after, limit=query.limit,
+                                           order=query.order)
+    return JSONResponse(list_object(page, message_object), headers=caller.headers)

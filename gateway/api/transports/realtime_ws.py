@@ -47,13 +47,14 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     new_session = call_id is None and resume_token is None
     seat: Seat | None = None
     try:
-        principal = await svc.auth.authenticate(token, allow_ephemeral=True)
-        await svc.limiter.check(principal.key_id)
+        # Not the caller dependency: the token may come in a subprotocol, and a refusal is an HTTP answer or a
+        # close, not a JSON error (the rate-limit headers have no answer to go on).
+        principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
         if new_session:
             if (model := query.get("model")) is not None:
-                svc.require_model(model)
-            svc.require_ready()
-            seat = await svc.take_seat(principal.key_id)  # 503 or 429 past a session bound
+                svc.runtime.require_model(model)
+            svc.runtime.require_ready()
+            seat = await svc.sessions.take_seat(principal.key_id)  # 503 or 429 past a session bound
     except ApiError as error:
         log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
         if error.status in REFUSED_BEFORE_UPGRADE:
@@ -69,7 +70,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         if call_id is not None:  # a sideband connection to a call
             await serve_sideband(websocket, svc, principal, call_id, accept_subprotocol)
             return
-        if resume_token is not None and (owner := await svc.owner_url(replica_of(resume_token))) is not None:
+        if resume_token is not None and (owner := await svc.stores.owner_url(replica_of(resume_token))) is not None:
             # The session lives on another replica (the router sent the resume here): relay to its owner.
             await relay_websocket(websocket, owner, accept_subprotocol)
             return
@@ -87,8 +88,8 @@ async def realtime_websocket(websocket: WebSocket) -> None:
                 session_id=principal.ephemeral_session_id,
             )
             if (stored := query.get("conversation")) is not None:
-                await attach_stored_conversation(session, svc.store, principal.key_id, stored)
-            attachment = await svc.open_session(session, principal, seat)  # spends a client secret
+                await attach_stored_conversation(session, svc.stores.store, principal.key_id, stored)
+            attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
             seat = None  # the session's now: given back when it ends
             reader = session.outbox.attach()
             session.start()
@@ -100,9 +101,9 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         return
     finally:
         if seat is not None:  # the session was not set up
-            await svc.seats.give_back(seat)
-    await run_session(WebSocketChannel(websocket), session, reader, attachment=attachment, hub=svc.hub,
-                      end=lambda: svc.end_session(session))
+            await svc.sessions.seats.give_back(seat)
+    await run_session(WebSocketChannel(websocket), session, reader, attachment=attachment, hub=svc.sessions.hub,
+                      end=lambda: svc.sessions.end_session(session))
 
 
 async def _refuse(websocket: WebSocket, error: ApiError) -> None:
@@ -121,11 +122,11 @@ def _resume(
         last_sequence = int(raw) if raw is not None else None
     except ValueError:
         raise ApiError("invalid_value", "last_sequence must be an integer.", "last_sequence") from None
-    session, attachment = svc.hub.take(token, key_id)
+    session, attachment = svc.sessions.hub.take(token, key_id)
     try:
         reader = attach(session, last_sequence)
     except ApiError:
-        svc.hub.park(session, attachment)  # still resumable, with a last_sequence it can replay from
+        svc.sessions.hub.park(session, attachment)  # still resumable, with a last_sequence it can replay from
         raise
     log_event("realtime.session.resumed", session_id=session.id, transport="websocket", last_sequence=last_sequence)
     return session, attachment, reader

@@ -22,11 +22,11 @@ async def serve_sideband(websocket: WebSocket, svc: Services, principal: Princip
     if principal.secret is not None:
         raise ApiError("invalid_api_key", "A sideband connection uses an API key, not a client secret.", status=401)
     call = websocket.app.state.calls.get(call_id)
-    if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:
+    if call is None and (owner := await svc.stores.owner_url(replica_of(call_id))) is not None:
         await relay_websocket(websocket, owner, subprotocol)
         return
     # Another key's call is as unknown as a wrong id.
-    seat = svc.sessions.get(call.session) if call is not None else None
+    seat = svc.sessions.live.get(call.session) if call is not None else None
     if call is None or seat is None or seat.key_id != principal.key_id:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     session = call.session

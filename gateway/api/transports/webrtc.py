@@ -1,7 +1,7 @@
 """WebRTC in OpenAI's browser flow: POST /v1/realtime/calls with an SDP offer, events on `oai-events`.
 
 The only aiortc signalling code. Each call is owned by a supervisor task (kept in
-Services.background) that closes the session and the peer connection when the call ends.
+SessionRegistry.background) that closes the session and the peer connection when the call ends.
 """
 
 from __future__ import annotations
@@ -12,27 +12,31 @@ import logging
 import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import aioice.ice
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from gateway.api.caller import authorized_after
 from gateway.api.forwarding import forward_post, replica_of
+from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_body
 from gateway.api.openapi import error_responses, request_body
 from gateway.api.services import Services
+from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import ChannelClosed, Outcome, attach, run_session
 from gateway.platform.auth import Principal, bearer_token
 from gateway.platform.config import Settings
 from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
+from gateway.realtime.conversation import new_id
 from gateway.realtime.recorder import attach_stored_conversation
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.session_hub import Attachment, SessionHub
@@ -81,9 +85,9 @@ class CallRegistry:
     """The live calls of this replica by id (the app's ``state.calls``). A call hangs up when its
     session ends, however it ended (the registry hooks the services' session end)."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, sessions: SessionRegistry) -> None:
         self._calls: dict[str, Call] = {}
-        services.session_end_hooks.append(self._session_ended)
+        sessions.end_hooks.append(self._session_ended)
 
     def add(self, call: Call) -> None:
         self._calls[call.id] = call
@@ -149,7 +153,7 @@ class Call:
         """Ends the call (its supervisor closes the session and the peer connection)."""
         self.ended.set()
 
-    async def supervise(self, services: Services, calls: CallRegistry) -> None:
+    async def supervise(self, sessions: SessionRegistry, calls: CallRegistry) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
         try:
             waits = [asyncio.ensure_future(event.wait()) for event in (self.connected, self.ended)]
@@ -164,7 +168,7 @@ class Call:
             calls.remove(self.id)
             if self.reader is not None:
                 await self.reader.close()
-            await services.end_session(self.session)
+            await sessions.end_session(self.session)
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -272,6 +276,17 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
+async def _conversation(
+    conversation: str | None = Query(None, max_length=64, description="A stored conversation the call continues."),
+) -> str | None:
+    return conversation
+
+
+CallConversation = Annotated[str | None, Depends(_conversation)]
+# The query is checked before the key (caller.py's authorized_after); a client secret is only looked up there, and
+# spent when the call is set up (open_session).
+CallCaller = Annotated[Caller, Depends(authorized_after(_conversation, allow_ephemeral=True))]
+
 CALL_BODY = request_body({
     "application/sdp": {"schema": {"type": "string", "description": "The SDP offer."}},
     "multipart/form-data": {"schema": {
@@ -296,21 +311,16 @@ CALL_ANSWER = {
     openapi_extra=CALL_BODY,
     responses={201: CALL_ANSWER, **error_responses(400, 401, 404, 413, 415, 429, 503)},
 )
-async def create_call(
-    request: Request,
-    conversation: str | None = Query(None, max_length=64, description="A stored conversation the call continues."),
-) -> Response:
+async def create_call(request: Request, conversation: CallConversation, caller: CallCaller) -> Response:
     svc: Services = request.app.state.services
-    # A client secret is only looked up here; it is spent when the call is set up (open_session).
-    principal, headers = await svc.authorize(request.headers.get("authorization"), allow_ephemeral=True)
-    svc.require_ready()
+    svc.runtime.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
-    seat = await svc.take_seat(principal.key_id)  # 503 or 429 before any SDP work
+    seat = await svc.sessions.take_seat(caller.key_id)  # 503 or 429 before any SDP work
     try:
-        return await _set_up_call(svc, request, principal, headers, conversation, seat)
+        return await _set_up_call(svc, request, caller.principal, caller.headers, conversation, seat)
     except BaseException:
-        await svc.seats.give_back(seat)  # the call was not set up: its seat is free again
+        await svc.sessions.seats.give_back(seat)  # the call was not set up: its seat is free again
         raise
 
 
@@ -323,7 +333,7 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
     if session_config:
         initial = {**initial, **session_config}  # its type too: a "transcription" call only transcribes
     if "model" in initial:
-        svc.require_model(str(initial["model"]), "session.model")
+        svc.runtime.require_model(str(initial["model"]), "session.model")
 
     playout = PlayoutBuffer(PLAYOUT_RATE, FRAME_SAMPLES)
     session = RealtimeSession(
@@ -333,13 +343,15 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
     session.playout = playout
     if conversation is not None:
         try:
-            await attach_stored_conversation(session, svc.store, principal.key_id, conversation)
+            await attach_stored_conversation(session, svc.stores.store, principal.key_id, conversation)
         except ApiError:
             await session.close()
             raise
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     token = bearer_token(request.headers.get("authorization"))
-    call = Call(id=svc.new_call_id(), pc=pc, session=session, playout=playout, secret_digest=_digest(token))
+    # The id names this replica, so that another replica can forward its hangup here.
+    call = Call(id=new_id(f"rtc_{svc.settings.replica_id}"), pc=pc, session=session, playout=playout,
+                secret_digest=_digest(token))
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
 
@@ -360,18 +372,16 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
         await session.close()
         raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
     try:
-        await svc.open_session(session, principal, seat)  # spends a client secret
+        await svc.sessions.open_session(session, principal, seat)  # spends a client secret
     except ApiError:
         await pc.close()
         await session.close()
         raise
-    call.hub = svc.hub
+    call.hub = svc.sessions.hub
     session.start()
     calls: CallRegistry = request.app.state.calls
     calls.add(call)
-    task = asyncio.create_task(call.supervise(svc, calls), name=f"call {call.id}")
-    svc.background.add(task)
-    task.add_done_callback(svc.background.discard)
+    svc.sessions.in_background(call.supervise(svc.sessions, calls), f"call {call.id}")
     return Response(
         pc.localDescription.sdp,
         status_code=201,
@@ -384,11 +394,13 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
 async def hang_up(call_id: str, request: Request) -> Response:
     svc: Services = request.app.state.services
     call = request.app.state.calls.get(call_id)
-    if call is None and (owner := await svc.owner_url(replica_of(call_id))) is not None:
+    if call is None and (owner := await svc.stores.owner_url(replica_of(call_id))) is not None:
         return await forward_post(owner, request)  # the call lives on another replica: its owner answers
     token = bearer_token(request.headers.get("authorization"))
+    # Not the caller dependency: the call's own client secret hangs it up without a key, and a call of another
+    # replica is forwarded there before any check.
     if call is None or call.secret_digest is None or _digest(token) != call.secret_digest:
-        await svc.authorize(request.headers.get("authorization"))
+        await svc.gate.authorize(token)
     if call is None:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
     call.ended.set()

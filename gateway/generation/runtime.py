@@ -10,16 +10,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from gateway.generation.service import Generator
 from gateway.platform import metrics
 from gateway.platform.admission import VoiceAdmission
 from gateway.platform.config import Settings
 from gateway.platform.heap import HeapTrimmer
 from gateway.platform.model_names import ModelNames, openai_transcription_names
-from gateway.platform.safety_rules import build_policy
 from gateway.platform.voices import VoiceCatalog
+from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SpeechOptions
 from gateway.safety.hooks import Classifier, load_classifier
 from gateway.safety.policy import SafetyPolicy
+from gateway.safety.rules import build_policy
 from inference.llm.remote_probe import BackendMisconfigured
 from inference.models import (
     ModelNotFound,
@@ -112,6 +114,30 @@ class Runtime:
     @property
     def voice_ready(self) -> bool:
         return self.asr is not None and self.tts is not None
+
+    def require_ready(self) -> None:
+        """503 until the models are loaded (or for good, when they failed to)."""
+        if self.load_error:
+            raise ApiError("model_load_failed", f"The models failed to load: {self.load_error}", type="server_error",
+                           status=503)
+        if not self.ready.is_set() or self.engine is None:
+            raise ApiError("model_not_ready", "The models are still loading; retry shortly.", type="server_error",
+                           status=503, retry_after_s=2.0)
+
+    def require_model(self, model: str, param: str = "model") -> None:
+        if model not in self.model_names:
+            raise ApiError(
+                "model_not_found",
+                f"The model '{model}' does not exist. Available: '{self.settings.model_name}'.",
+                param,
+                status=404,
+            )
+
+    def generator(self) -> Generator:
+        """The generation service on the loaded model (503 until it is)."""
+        self.require_ready()
+        assert self.engine is not None
+        return Generator(self.engine, self.safety, self.classifier, self.settings.safety_classifier_timeout_s)
 
     async def load(self) -> None:
         """Load the three models side by side in worker threads; never raises (see load_error)."""
