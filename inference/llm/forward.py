@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from torch import nn
 from ..memory import return_freed_memory
 from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
 from .layer_stack import LayerStack, LayerWeights
+from .sdpa_attention import SdpaAttention
 from .threads import one_intra_op_thread
 
 if TYPE_CHECKING:
@@ -101,20 +102,6 @@ class Segment:
     slot: int
     start: int
     n: int
-
-
-@dataclass
-class _SdpaPlan:
-    """A step's attention layout for sdpa, the same in every layer (see LeanForward._sdpa_plan)."""
-
-    n_dec: int = 0
-    used: int = 0
-    dense: bool = True
-    lmax: int = 0
-    dec_mask: torch.Tensor | None = None
-    slot_idx: torch.Tensor | None = None
-    pos_idx: torch.Tensor | None = None
-    chunks: list[tuple[int, int, int, int, int, torch.Tensor | None]] = field(default_factory=list)
 
 
 class _Layer:
@@ -307,6 +294,84 @@ def resolve_kernels(requested: str) -> str:
     return requested
 
 
+@dataclass(frozen=True)
+class KernelPaths:
+    """Which part of a forward runs on which build of the engine's C kernels (``kernels``: "vnni", "avx2",
+    or "torch" where none runs): int4 matmuls, the 8-bit output head, attention; None where torch's."""
+
+    kernels: str
+    int4_kernel: str  # "" (no int4 weights), "torch", or the build
+    int4_lib: ctypes.CDLL | None
+    head_lib: ctypes.CDLL | None
+    attention_lib: ctypes.CDLL | None
+    weight_format: str
+    device: torch.device
+
+    @classmethod
+    def choose(cls, requested: str, kernel_dir: Path | None, *, device: torch.device, weight_format: str,
+               dtype: torch.dtype, head_dim: int, hidden: int, vocab_size: int, out_features: list[int]) -> KernelPaths:
+        """The fastest build the CPU runs unless ``requested`` names one; a named build that cannot run this
+        model is an error, not a silent fall-back."""
+        if device.type != "cpu" and requested not in ("auto", "torch"):
+            raise UnsupportedModel(f"the engine's {requested} kernels run on a CPU, not on {device.type}")
+        kernels = resolve_kernels(requested) if device.type == "cpu" else "torch"
+        lib = None
+        if kernels != "torch":
+            if kernel_dir is None and (requested != "auto" or weight_format == "int4"):
+                raise ValueError("the engine's kernels need kernel_dir, where they are built")
+            lib = None if kernel_dir is None else cpu_kernels.load(kernel_dir, kernels)
+            if lib is None and requested != "auto":
+                raise UnsupportedModel(f"the engine's {kernels} kernels were asked for but could not be built "
+                                       "(see the log)")
+            if lib is None:
+                kernels = "torch"
+        # int4 runs on the VNNI kernel where the engine's kernels run and every output count is a multiple
+        # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
+        # (benchmarks/int4_kernels.py).
+        int4_kernel, int4_lib = "", None
+        if weight_format == "int4" and device.type == "cpu":
+            if lib is not None and dtype == torch.float32 and all(n % q4_matmul.TILE == 0 for n in out_features):
+                int4_kernel, int4_lib = kernels, lib
+            else:
+                int4_kernel = "torch"
+        # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
+        # on oneDNN (_lin_w8a8).
+        head_lib = lib if (weight_format != "native" and lib is not None and vocab_size % q8_matmul.TILE == 0
+                           and hidden % 16 == 0) else None
+        # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
+        # activations), else on sdpa.
+        attention_lib = lib if lib is not None and decode_attention.supported(head_dim, dtype, device) else None
+        if lib is not None and int4_lib is None and head_lib is None and attention_lib is None:
+            # Nothing of this model and format runs on them (they take float32 activations).
+            if requested != "auto":
+                raise UnsupportedModel(f"the engine's kernels do not run {weight_format} weights with {dtype} "
+                                       "activations (use --llm-kernels auto or torch)")
+            kernels = "torch"
+        return cls(kernels, int4_kernel, int4_lib, head_lib, attention_lib, weight_format, device)
+
+    def prepare(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False) -> tuple:
+        """A ``[in, out]`` weight (and bias) laid out for what multiplies it: as it is (native), int8, int4
+        (packed for the engine's kernel where it runs), or the output head's 8 bits."""
+        w_t, b = fused
+        if self.weight_format == "int4" and not head:
+            if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
+                raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
+            if self.int4_lib is not None:
+                return _quantize_int4_kernel(w_t, b, self.int4_lib)
+            try:
+                return _quantize_int4(w_t, b, torch.bfloat16)
+            except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
+                raise UnsupportedModel(f"int4 weights are not supported for a {tuple(w_t.shape)} matrix: {exc}") from exc
+        if head and self.weight_format != "native" and self.device.type == "cpu":
+            # The output head stays 8-bit under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
+            if self.head_lib is not None:
+                return _quantize_q8_kernel(w_t, b, self.head_lib)
+            return _quantize_w8a8(w_t, b)
+        if self.weight_format != "native":
+            return _quantize_int8(w_t, b, torch.bfloat16)
+        return (w_t, b)
+
+
 class LeanForward:
     """Ragged-batch forward over a Llama-family ``*ForCausalLM`` model's own weights.
 
@@ -387,48 +452,13 @@ class LeanForward:
         self.lm_head_bias: torch.Tensor | None = getattr(head, "bias", None)
         self.vocab_size = int(self.lm_head_t.shape[1])
         self.embed: torch.Tensor = base.embed_tokens.weight
-        # int4 runs on the VNNI kernel where the engine's kernels run and every output count is a multiple
-        # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
-        # (benchmarks/int4_kernels.py).
-        self.int4_kernel = ""
-        self._int4_lib: ctypes.CDLL | None = None
-        # The build of the engine's C kernels this forward runs ("vnni" or "avx2"), or "torch" for
-        # torch's own kernels: the fastest the CPU runs unless `kernels` names one.
-        if self.device.type != "cpu" and kernels not in ("auto", "torch"):
-            raise UnsupportedModel(f"the engine's {kernels} kernels run on a CPU, not on {self.device.type}")
-        self.kernels = resolve_kernels(kernels) if self.device.type == "cpu" else "torch"
-        lib = None
-        if self.kernels != "torch":
-            if kernel_dir is None and (kernels != "auto" or weight_format == "int4"):
-                raise ValueError("the engine's kernels need kernel_dir, where they are built")
-            lib = None if kernel_dir is None else cpu_kernels.load(kernel_dir, self.kernels)
-            if lib is None and kernels != "auto":
-                raise UnsupportedModel(f"the engine's {self.kernels} kernels were asked for but could not be built "
-                                       "(see the log)")
-            if lib is None:
-                self.kernels = "torch"
-        if weight_format == "int4" and self.device.type == "cpu":
-            linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
-            if lib is not None and self.dtype == torch.float32 and all(m.out_features % q4_matmul.TILE == 0 for m in linears):
-                self._int4_lib = lib
-                self.int4_kernel = self.kernels
-            else:
-                self.int4_kernel = "torch"
-        # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
-        # on oneDNN (_lin_w8a8).
-        self._head_lib = lib if (weight_format != "native" and lib is not None and self.vocab_size % q8_matmul.TILE == 0
-                                 and self.hidden % 16 == 0) else None
-        # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
-        # activations), else on sdpa.
-        self._attention_lib = lib if lib is not None and decode_attention.supported(
-            self.head_dim, self.dtype, self.device) else None
+        linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+        paths = KernelPaths.choose(kernels, kernel_dir, device=self.device, weight_format=weight_format,
+                                   dtype=self.dtype, head_dim=self.head_dim, hidden=self.hidden,
+                                   vocab_size=self.vocab_size, out_features=[m.out_features for m in linears])
+        self.kernels, self.int4_kernel = paths.kernels, paths.int4_kernel
+        self._int4_lib, self._head_lib, self._attention_lib = paths.int4_lib, paths.head_lib, paths.attention_lib
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
-        if lib is not None and self._int4_lib is None and self._head_lib is None and self._attention_lib is None:
-            # Nothing of this model and format runs on them (they take float32 activations).
-            if kernels != "auto":
-                raise UnsupportedModel(f"the engine's kernels do not run {weight_format} weights with {self.dtype} "
-                                       "activations (use --llm-kernels auto or torch)")
-            self.kernels = "torch"
         # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
         # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
         self.kv_dtype = torch.float16 if weight_format == "int4" and self._attention_lib is not None else self.dtype
@@ -441,14 +471,14 @@ class LeanForward:
                 L.eps1 = float(getattr(layer.input_layernorm, "variance_epsilon", 1e-6))
                 L.ln2 = layer.post_attention_layernorm.weight.to(self.dtype)
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
-                L.qkv = self._prep(_fuse_linear([at.q_proj, at.k_proj, at.v_proj]))
-                L.o = self._prep(_fuse_linear([at.o_proj]))
-                L.gu = self._prep(_fuse_linear([mlp.gate_proj, mlp.up_proj]))
-                L.down = self._prep(_fuse_linear([mlp.down_proj]))
+                L.qkv = paths.prepare(_fuse_linear([at.q_proj, at.k_proj, at.v_proj]))
+                L.o = paths.prepare(_fuse_linear([at.o_proj]))
+                L.gu = paths.prepare(_fuse_linear([mlp.gate_proj, mlp.up_proj]))
+                L.down = paths.prepare(_fuse_linear([mlp.down_proj]))
                 L.act = mlp.act_fn
                 self.layers.append(L)
             self.final_norm = self.final_norm.to(self.dtype)
-            self.head = self._prep((self.lm_head_t, self.lm_head_bias), head=True)
+            self.head = paths.prepare((self.lm_head_t, self.lm_head_bias), head=True)
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
             pos = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
@@ -458,6 +488,7 @@ class LeanForward:
             half = self.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self._fp64 = self.dtype == torch.float64
+        self.sdpa = SdpaAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.scaling, self.dtype, self.device)
         # Logits leave the forward in float32, or float64 for a float64 model: rounding them to float32
         # would put a float32 unit (6e-8 of a logit) on differences that float64 keeps at 1e-16, so a
         # float64 comparison could no longer tell a defect from a kernel chosen by the number of rows.
@@ -484,26 +515,6 @@ class LeanForward:
                 self._lin_head(probe, self.head)
             except Exception as exc:  # pragma: no cover - depends on the torch build/device
                 raise UnsupportedModel(f"{weight_format} weights are not supported on {self.device}: {exc}") from exc
-
-    def _prep(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False) -> tuple:
-        w_t, b = fused
-        if self.weight_format == "int4" and not head:
-            if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
-                raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
-            if self._int4_lib is not None:
-                return _quantize_int4_kernel(w_t, b, self._int4_lib)
-            try:
-                return _quantize_int4(w_t, b, torch.bfloat16)
-            except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
-                raise UnsupportedModel(f"int4 weights are not supported for a {tuple(w_t.shape)} matrix: {exc}") from exc
-        if head and self.weight_format != "native" and self.device.type == "cpu":
-            # The output head stays 8-bit under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
-            if self._head_lib is not None:
-                return _quantize_q8_kernel(w_t, b, self._head_lib)
-            return _quantize_w8a8(w_t, b)
-        if self.weight_format != "native":
-            return _quantize_int8(w_t, b, torch.bfloat16)
-        return (w_t, b)
 
     def release_model_weights(self) -> int:
         """Free the model's own float copies of its layers' linear weights, which a quantized forward
@@ -613,78 +624,6 @@ class LeanForward:
             inp = gate(inp[:, :inter]).mul_(inp[:, inter:])
         return x + self._lin(inp, weights)
 
-    def _sdpa_plan(self, pool: KVPool, dec: Sequence[Segment], chunks: Sequence[Segment],
-                   positions: torch.Tensor) -> _SdpaPlan:
-        """What sdpa needs each layer: decoding rows share one call over slots ``0..used-1`` (padded to
-        the longest and masked), prompt chunks attend per request."""
-        plan = _SdpaPlan()
-        n_dec, used = len(dec), pool.used
-        dec_slots = [s.slot for s in dec]
-        if n_dec:
-            plan.dense = dec_slots == list(range(used))  # every used slot decodes: no gather/scatter of queries
-            if plan.dense:
-                ends = [s.start + 1 for s in dec]
-            else:
-                ends = [1] * used
-                for s in dec:
-                    ends[s.slot] = s.start + 1
-            plan.lmax = max(ends)
-            if min(ends) < plan.lmax:
-                # Padded positions are masked, but must hold finite numbers (0 * NaN is NaN).
-                for slot, e in enumerate(ends):
-                    if e < plan.lmax:
-                        pool.sanitize(slot, plan.lmax)
-                lens = torch.tensor(ends, device=self.device).view(used, 1, 1, 1)
-                plan.dec_mask = self._additive(torch.arange(plan.lmax, device=self.device).view(1, 1, 1, plan.lmax) < lens)
-            plan.slot_idx = torch.tensor(dec_slots, dtype=torch.long, device=self.device)
-            plan.pos_idx = positions[:n_dec]
-        plan.n_dec, plan.used = n_dec, used
-        r0 = n_dec
-        for s in chunks:
-            mask = None if s.start == 0 else self._causal_mask(s.start, s.n)
-            plan.chunks.append((r0, s.n, s.slot, s.start, s.start + s.n, mask))
-            r0 += s.n
-        return plan
-
-    def _attend_sdpa(self, layer: torch.Tensor, qkv: torch.Tensor, plan: _SdpaPlan) -> torch.Tensor:
-        """One layer's attention on torch's sdpa (where the kernel does not run); stores the new KV."""
-        H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
-        sdpa, scale, n_dec = F.scaled_dot_product_attention, self.scaling, plan.n_dec
-        kvnew = qkv[:, H:]  # [T, 2*KVH, D]: rotated keys, then values
-        outs = []
-        if n_dec:
-            layer[:, plan.slot_idx, :, plan.pos_idx] = kvnew[:n_dec].view(n_dec, 2, KVH, D)
-            k = layer[0, : plan.used, :, : plan.lmax]
-            v = layer[1, : plan.used, :, : plan.lmax]
-            q = qkv[:n_dec, :H].view(n_dec, KVH, G, D)
-            if plan.dense:
-                o = sdpa(q, k, v, attn_mask=plan.dec_mask, scale=scale)
-                outs.append(o.reshape(n_dec, H * D))
-            else:
-                qf = q.new_zeros((plan.used, KVH, G, D))
-                qf[plan.slot_idx] = q
-                o = sdpa(qf, k, v, attn_mask=plan.dec_mask, scale=scale)
-                # reshape, not view: CUDA's float32/float64 sdpa returns a non-contiguous output.
-                outs.append(o[plan.slot_idx].reshape(n_dec, H * D))
-        for c0, n, slot, start, end, mask in plan.chunks:
-            layer[:, slot, :, start:end] = kvnew[c0 : c0 + n].view(n, 2, KVH, D).permute(1, 2, 0, 3)
-            k = layer[0, slot, :, :end].unsqueeze(0)
-            v = layer[1, slot, :, :end].unsqueeze(0)
-            q = qkv[c0 : c0 + n, :H].transpose(0, 1).unsqueeze(0)
-            o = sdpa(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=G > 1)
-            outs.append(o[0].transpose(0, 1).reshape(n, H * D))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-
-    def _causal_mask(self, start: int, n: int) -> torch.Tensor:
-        q = torch.arange(start, start + n, device=self.device).unsqueeze(1)
-        k = torch.arange(start + n, device=self.device).unsqueeze(0)
-        return self._additive(k <= q)
-
-    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
-        """A boolean attention mask as sdpa would turn it into one, 0 or -inf, made once per step
-        instead of in each of the layers' sdpa calls."""
-        return torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
-
     @torch.inference_mode()
     def forward(
         self,
@@ -728,7 +667,7 @@ class LeanForward:
             # chunks need no masks.
             row_slots = torch.tensor(dec_slots + [s.slot for s in chunks for _ in range(s.n)], dtype=torch.long)
         else:
-            plan = self._sdpa_plan(pool, dec, chunks, positions)
+            plan = self.sdpa.plan(pool, dec, chunks, positions)
 
         x = F.embedding(token_ids, self.embed)
         if self._cast_embed:
@@ -751,7 +690,7 @@ class LeanForward:
                     qk = qkv[:, : H + KVH]
                     rot = torch.roll(qk, D // 2, -1).mul_(sin)
                     qk.mul_(cos).add_(rot)
-                    att = self._attend_sdpa(layer, qkv, plan)
+                    att = self.sdpa.attend(layer, qkv, plan)
                 x = self._residual_lin(x, att, L.o)
                 gu = self._norm_lin(x, L.ln2, L.eps2, L.gu)
                 x = self._residual_lin(x, gu, L.down, gate=L.act)
@@ -794,7 +733,7 @@ class LeanForward:
         rot = torch.diag_embed(self.cos.index_select(0, positions))
         rot.add_(torch.diag_embed(self.sin_signed.index_select(0, positions)).roll(D // 2, -2))
         keep = torch.arange(length, device=self.device).unsqueeze(0) < seq_lens.unsqueeze(1)
-        mask = self._additive(keep).view(B, 1, 1, length)
+        mask = self.sdpa.additive(keep).view(B, 1, 1, length)
         # One buffer a row holds the rotated queries and keys, then the qkv GEMM's output, written in
         # place (out=): the rotated keys (head H) and the values (head 2H + 2KVH) then lie a fixed
         # stride apart in every row, so that one strided view of both, [B, 2, KVH, D], is stored with
