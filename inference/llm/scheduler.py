@@ -67,7 +67,7 @@ class Admitted:
     error: Exception | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenUpdate:
     """A sampling request after a step: the text its token gives and why it ends, or the error that fails it."""
 
