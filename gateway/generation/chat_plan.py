@@ -22,7 +22,7 @@ from typing import Any, Literal
 from gateway.protocol.chat import MEMORY_TOOL_NAME, ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_schema_grammar, json_value
-from inference.llm.tool_calls import ToolFormat, ToolSpec, ToolUse, plan_tool_use, tool_call_block
+from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_call_block
 
 ToolChoice = Literal["none", "auto", "required", "function"]
 
@@ -69,21 +69,6 @@ class ChatPlan:
     tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for: the client's tools
     template_tools: list[dict[str, Any]] | None = None  # for a chat template that renders tools
     builtin_offered: bool = False  # the model may call a built-in tool
-
-
-def with_tools(messages: list[ChatMessage], tool_use: ToolUse) -> list[ChatMessage]:
-    """The prompt's messages and what the system message says of the tools (a Realtime reply's, a conversation
-    message's: a chat completion's plan adds them itself)."""
-    return [*messages, ChatMessage("system", tool_use.instructions)] if tool_use.instructions else messages
-
-
-def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list", *,
-              messages: list[ChatMessage] | None = None, builtin: list[ToolSpec] | None = None) -> ChatPlan:
-    """`tool_format`: the model's (PromptModel.tool_format); `messages`: the prompt before the tools' and the
-    format's instructions (by default the request's own)."""
-    if messages is None:
-        messages = [message.to_chat() for message in chat.messages]
-    return plan_reply(ReplyForm.of_chat(chat), tool_format, messages=messages, builtin=builtin)
 
 
 def plan_reply(form: ReplyForm, fmt: ToolFormat, *, messages: list[ChatMessage],
