@@ -1,11 +1,13 @@
-"""What a chat completion (or a response of the Responses API: its ReplyForm is the same) asks of the model:
-its messages (with the tools described), the grammar its output must follow, and which tools its reply may call.
+"""What a reply asks of the model, whichever API asked for it (its ReplyForm: a chat completion's, a Responses
+API response's, a Realtime response's, a conversation message's, a title's): its messages (with the tools
+described), the grammar its output must follow, and which tools its reply may call.
 
 - `tool_choice` "none": the tools are neither described nor parsed.
 - "auto" (the default with tools): described; the reply is parsed for calls (tool_calls.py).
 - "required" or a named function: the output is constrained to one block of valid calls.
 - `response_format` json_object / json_schema: the content is constrained to JSON (that schema's).
   With "auto" tools as well, the output is either a call block or that JSON.
+- `text_grammar`: the text follows that grammar (a conversation's title: titles.py).
 - `builtin`: the gateway's own tools (memory's `remember`), described and callable beside the client's
   unless tool_choice is "none" or names one of the client's; tool_choice may name one. The reply is parsed
   for the client's tools only: the gateway runs its own (memory_tool.py).
@@ -14,13 +16,13 @@ its messages (with the tools described), the grammar its output must follow, and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from gateway.protocol.chat import ChatCompletionRequest, NamedToolChoice
+from gateway.protocol.chat import MEMORY_TOOL_NAME, ChatCompletionRequest, NamedToolChoice
 from inference.llm.chat import ChatMessage
 from inference.llm.constraints import json_schema_grammar, json_value
-from inference.llm.tool_calls import ToolFormat, ToolSpec, ToolUse, plan_tool_use, tool_call_block
+from inference.llm.tool_calls import ToolFormat, ToolSpec, plan_tool_use, tool_call_block
 
 ToolChoice = Literal["none", "auto", "required", "function"]
 
@@ -36,6 +38,7 @@ class ReplyForm:
     parallel: bool = True
     json_schema: dict[str, Any] | None = None  # the text is JSON under this schema
     any_json_object: bool = False  # the text is a JSON object, any (json_object)
+    text_grammar: str | None = None  # the text follows this llguidance Lark grammar (constraints.py)
 
     @classmethod
     def of_chat(cls, chat: ChatCompletionRequest) -> ReplyForm:
@@ -47,6 +50,17 @@ class ReplyForm:
                    choice.function.name if isinstance(choice, NamedToolChoice) else None, chat.parallel_tool_calls,
                    schema, response_format is not None and response_format.type == "json_object")
 
+    @property
+    def names_memory_tool(self) -> bool:
+        """The choice names the built-in memory tool (and no tool of the client's has that name)."""
+        return (self.choice == "function" and self.function == MEMORY_TOOL_NAME
+                and all(tool.name != MEMORY_TOOL_NAME for tool in self.tools))
+
+    def after_memory_saved(self) -> ReplyForm:
+        """The form of the reply's second round, after the model saved memories: a choice that named the memory
+        tool is spent."""
+        return replace(self, choice=None, function=None) if self.names_memory_tool else self
+
 
 @dataclass
 class ChatPlan:
@@ -55,21 +69,6 @@ class ChatPlan:
     tools: list[ToolSpec] = field(default_factory=list)  # what the reply is parsed for: the client's tools
     template_tools: list[dict[str, Any]] | None = None  # for a chat template that renders tools
     builtin_offered: bool = False  # the model may call a built-in tool
-
-
-def with_tools(messages: list[ChatMessage], tool_use: ToolUse) -> list[ChatMessage]:
-    """The prompt's messages and what the system message says of the tools (a Realtime reply's, a conversation
-    message's: a chat completion's plan adds them itself)."""
-    return [*messages, ChatMessage("system", tool_use.instructions)] if tool_use.instructions else messages
-
-
-def plan_chat(chat: ChatCompletionRequest, tool_format: ToolFormat = "list", *,
-              messages: list[ChatMessage] | None = None, builtin: list[ToolSpec] | None = None) -> ChatPlan:
-    """`tool_format`: the model's (PromptModel.tool_format); `messages`: the prompt before the tools' and the
-    format's instructions (by default the request's own)."""
-    if messages is None:
-        messages = [message.to_chat() for message in chat.messages]
-    return plan_reply(ReplyForm.of_chat(chat), tool_format, messages=messages, builtin=builtin)
 
 
 def plan_reply(form: ReplyForm, fmt: ToolFormat, *, messages: list[ChatMessage],
@@ -95,6 +94,8 @@ def plan_reply(form: ReplyForm, fmt: ToolFormat, *, messages: list[ChatMessage],
         grammar = f"start: {tool_call_block(use.tools, parallel=form.parallel, fmt=fmt)} | {json_value(schema)}"
     elif schema is not None:
         grammar = json_schema_grammar(schema)
+    elif form.text_grammar is not None:
+        grammar = form.text_grammar
     if instructions:  # merged after the client's own instructions into the one system message
         messages.append(ChatMessage("system", "\n\n".join(instructions)))
     offered = use.tools[len(client_tools):]  # the built-in tools offered, after the client's

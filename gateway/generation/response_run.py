@@ -2,9 +2,9 @@
 
 - `ResponseRun.prepare` builds the prompt: the instructions, then what comes before the input (the chain of
   `previous_response_id`, its inputs and outputs; or the stored conversation's current branch), then the input
-  (screened by the safety policy). The tools, tool_choice and text.format become the same plan as a chat
-  completion's (chat_plan.py), memory works as it does for chat, and the prompt is rendered and its tokens
-  reserved (generation/service.py). Every refusal happens here, before anything streams.
+  (screened by the safety policy). The tools, tool_choice and text.format become a ReplyForm, as a chat
+  completion's, and the reply takes the one reply path (reply_path.py: memory, plan, render, reserve, start).
+  Every refusal happens here, before anything streams.
 - `events()` runs it: the reply through the output guard, its text and its calls (tool_calls.py) as the
   stream's events (protocol/response_objects.py), then the terminal event. The response is stored as it starts
   and as it ends (unless `store` is false); with `conversation`, its input and output items are appended to the
@@ -18,22 +18,22 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from openai import BaseModel
 
 from gateway.generation.chat_history import chat_message
-from gateway.generation.chat_plan import ChatPlan, ReplyForm, plan_reply
-from gateway.generation.memory import REMEMBER_TOOL, MemoryStore, Recall, memory_off, recall
+from gateway.generation.chat_plan import ReplyForm
+from gateway.generation.memory import MemoryAccount
+from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
 from gateway.generation.response_prompt import conversation_message, item_message, items_messages, merge_turns
-from gateway.generation.service import Generator, MemoryRound, PromptSpec, Reply
+from gateway.generation.service import Generator, Reply
 from gateway.platform.event_log import log_event
 from gateway.platform.storage.conversations import ConversationStore, MessageStatus
 from gateway.platform.storage.responses import ResponseStore
 from gateway.platform.storage.schema import ConversationRow
 from gateway.platform.token_quota import TokenAccount
-from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_objects import ResponsesApiEvents, ResponseState, Usage, input_items, wire
 from gateway.protocol.responses import FunctionChoice, JsonObjectFormat, JsonSchemaFormat, ResponseCreateRequest
@@ -54,6 +54,7 @@ class ResponseDeps:
     conversations: ConversationStore
     responses: ResponseStore
     tokens: TokenAccount
+    memory: MemoryAccount  # the key's (recalled from only when the key turned it on)
     default_max_tokens: int
     repetition_penalty: float
 
@@ -69,32 +70,19 @@ def reply_form(request: ResponseCreateRequest) -> ReplyForm:
                      isinstance(text_format, JsonObjectFormat))
 
 
-def _spec(plan: ChatPlan) -> PromptSpec:
-    """A plan's prompt; a schema that cannot be compiled blames the field it came from."""
-    schema_param = "text.format.schema" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
-    return PromptSpec(plan.messages, plan.template_tools, plan.grammar, param="input", grammar_param=schema_param)
-
-
-def _names_memory_tool(request: ResponseCreateRequest) -> bool:
-    choice = request.tool_choice
-    return (isinstance(choice, FunctionChoice) and choice.name == MEMORY_TOOL_NAME
-            and all(tool.name != MEMORY_TOOL_NAME for tool in request.tools or []))
-
-
 class ResponseRun:
     def __init__(self, deps: ResponseDeps, request: ResponseCreateRequest, owner: str, state: ResponseState,
-                 items: list[dict[str, Any]], reply: Reply, plan: ChatPlan, question: str,
-                 conversation: ConversationRow | None, remembered: Recall | None) -> None:
+                 items: list[dict[str, Any]], path: ReplyPath, reply: Reply, question: str,
+                 conversation: ConversationRow | None) -> None:
         self.deps = deps
         self.request = request
         self.owner = owner
         self.state = state
         self.input_items = items
         self._reply = reply
-        self._plan = plan
+        self._path = path
         self._question = question
         self._conversation = conversation
-        self._remembered = remembered
         self.failure: ApiError | None = None  # what failed it, when it failed
         self.reservation_headers = reply.reservation.headers() if reply.reservation is not None else {}
         self.ended = asyncio.Event()
@@ -104,7 +92,6 @@ class ResponseRun:
     async def prepare(cls, deps: ResponseDeps, request: ResponseCreateRequest, owner: str) -> ResponseRun:
         """Build, render and reserve the response's prompt, store it as in progress and start its generation.
         Raises ApiError (a refusal, a missing previous response or conversation, the quota, the context)."""
-        engine = deps.generator.engine
         items = input_items(request)
         # Each item's message, screened with the item's index for a refusal to name, then made turns.
         screened = screen_messages(deps.generator.safety, [item_message(item) for item in items], param="input")
@@ -125,39 +112,20 @@ class ResponseRun:
         if all(message.role in ("system", "developer") for message in base):
             raise ApiError("invalid_value", "There is nothing to answer: 'input' holds instructions only, and nothing "
                            "comes before it.", "input")
-        remembered = await recall(MemoryStore(deps.conversations.engine), owner, screened)  # None unless opted in
-        if remembered is None and _names_memory_tool(request):
-            raise memory_off()
-        facts = remembered.messages() if remembered is not None else []
-        form = reply_form(request)
-        fmt = engine.lm.tool_format
-        plan = plan_reply(form, fmt, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
-        plan.messages += facts
-        max_tokens = state.max_output_tokens
-        rendered = await deps.generator.render(_spec(plan), max_tokens)
-        if rendered.prompt.dropped_messages and request.truncation != "auto":
-            raise ApiError("context_length_exceeded", "The input is longer than the model's context window; with "
-                           "truncation 'auto' the oldest items are dropped until it fits.", "input")
         sampling = SamplingParams(temperature=1.0 if request.temperature is None else request.temperature,
                                   top_p=request.top_p or 1.0, repetition_penalty=deps.repetition_penalty,
-                                  max_tokens=max_tokens)
-        prepared = await deps.generator.reserve(rendered, sampling, deps.tokens)  # 429 past --rate-limit-tpm
-        memory: MemoryRound | None = None
-        if remembered is not None and plan.builtin_offered:
-            form_after = replace(form, choice=None, function=None) if _names_memory_tool(request) else form
-
-            def second(added: list[ChatMessage]) -> PromptSpec:
-                """The reply after the model saved memories: the same request, without the memory tool."""
-                plan_after = plan_reply(form_after, fmt, messages=[*base, *added])
-                plan_after.messages += facts
-                return _spec(plan_after)
-
-            memory = MemoryRound(remembered, plan.tools, second)
+                                  max_tokens=state.max_output_tokens)
+        truncated = ApiError("context_length_exceeded", "The input is longer than the model's context window; with "
+                             "truncation 'auto' the oldest items are dropped until it fits.", "input")
+        reply_request = ReplyRequest(base, reply_form(request), sampling,
+                                     PromptFields(context="input", schema="text.format.schema"), question=screened,
+                                     truncated=truncated if request.truncation != "auto" else None)
+        # 429 past --rate-limit-tpm
+        path = await ReplyPath.prepare(deps.generator, reply_request, memory=deps.memory, tokens=deps.tokens)
         # Routed by what continues across requests, so that its prefix stays cached where it was.
-        routing_key = request.conversation_id or request.prompt_cache_key or chain_root
-        reply = await deps.generator.start(prepared, routing_key=routing_key, memory=memory)
+        reply = await path.start(routing_key=request.conversation_id or request.prompt_cache_key or chain_root)
         question = next((m.content for m in reversed(screened) if m.role == "user"), "")
-        run = cls(deps, request, owner, state, items, reply, plan, question, conversation, remembered)
+        run = cls(deps, request, owner, state, items, path, reply, question, conversation)
         try:
             if request.store is not False:
                 await deps.responses.create(owner, wire(state.object()), items)
@@ -172,11 +140,10 @@ class ResponseRun:
 
     async def events(self) -> AsyncIterator[BaseModel]:
         """Runs the response: its events, the terminal one last. Closing the iterator early cancels it."""
-        state, plan = self.state, self._plan
+        state, plan = self.state, self._path.plan
         events = ResponsesApiEvents(state)
         # What the client reads is constrained to JSON (a forced memory call is not the client's to read).
-        json_output = self.request.text_format.type != "text" or (plan.grammar is not None
-                                                                  and not _names_memory_tool(self.request))
+        json_output = self.request.text_format.type != "text" or self._path.client_reads_constraint
         guard = self.deps.generator.guard(self._reply.cancel, json_output=json_output)
         guard.start(self._question)
         splitter = ReplySplitter() if plan.tools else None
@@ -258,8 +225,8 @@ class ResponseRun:
         state = self.state
         if state.status == "completed":
             state.completed_at = int(time.time())
-        if self._remembered is not None:
-            state.metadata = {**state.metadata, **self._remembered.metadata()}
+        if (remembered := self._path.remembered) is not None:
+            state.metadata = {**state.metadata, **remembered.metadata()}
         try:
             if self.request.store is not False:
                 await self.deps.responses.save(wire(state.object()))

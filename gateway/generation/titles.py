@@ -14,11 +14,12 @@ import asyncio
 import logging
 import re
 
-from gateway.generation.service import Generator, PromptSpec
+from gateway.generation.chat_plan import ReplyForm
+from gateway.generation.reply_path import ReplyPath, ReplyRequest
+from gateway.generation.service import Generator
 from gateway.platform.storage.conversations import ConversationStore
 from gateway.protocol.errors import ApiError
-from gateway.safety.policy import SafetyPolicy
-from inference.llm.backend import LLMBackend, SamplingParams
+from inference.llm.backend import SamplingParams
 from inference.llm.chat import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -56,19 +57,18 @@ def usable(title: str, finish_reason: str) -> bool:
             and all(len(word) < MAX_WORD_CHARS for word in words))
 
 
-def _spec(question: str) -> PromptSpec:
+def _request(question: str) -> ReplyRequest:
     messages = [ChatMessage("system", TITLE_INSTRUCTIONS)]
     for asked, title in EXAMPLES:
         messages += [ChatMessage("user", asked), ChatMessage("assistant", title)]
     messages.append(ChatMessage("user", question[:2000]))
-    return PromptSpec(messages, grammar=TITLE_GRAMMAR)
+    return ReplyRequest(messages, ReplyForm([], text_grammar=TITLE_GRAMMAR), SamplingParams(temperature=0.0, max_tokens=24))
 
 
-async def _model_title(engine: LLMBackend, question: str, conversation_id: str) -> str | None:
-    generator = Generator(engine, SafetyPolicy([]))  # the caller screens the title
-    try:
-        prepared = await generator.prepare(_spec(question), SamplingParams(temperature=0.0, max_tokens=24))
-        reply = await generator.start(prepared, routing_key=conversation_id, background=True)
+async def _model_title(generator: Generator, question: str, conversation_id: str) -> str | None:
+    try:  # no memory: a title is the conversation's, not the user's
+        path = await ReplyPath.prepare(generator, _request(question))
+        reply = await path.start(routing_key=conversation_id, background=True)
         try:
             result = await reply.result()
         finally:
@@ -80,22 +80,23 @@ async def _model_title(engine: LLMBackend, question: str, conversation_id: str) 
     return result.text.strip() if usable(result.text, result.finish_reason) else None
 
 
-async def generate_title(engine: LLMBackend, question: str, policy: SafetyPolicy, conversation_id: str) -> str | None:
+async def generate_title(generator: Generator, question: str, conversation_id: str) -> str | None:
     """The title, through the safety policy as any output of the model: redacted, or none when a rule blocks it."""
-    title = await _model_title(engine, question, conversation_id) or first_words(question)
+    title = await _model_title(generator, question, conversation_id) or first_words(question)
+    policy = generator.safety
     screened = policy.screen(title) if title is not None and policy else None
     if screened is None:
         return title
     return None if screened.blocked is not None else first_words(screened.text)
 
 
-def title_later(store: ConversationStore, engine: LLMBackend, owner: str, conversation_id: str, question: str,
-                policy: SafetyPolicy) -> None:
+def title_later(store: ConversationStore, generator: Generator, owner: str, conversation_id: str,
+                question: str) -> None:
     """After a conversation's first exchange (chat completions, Realtime): its title, written in the
     background by a task the store owns (it awaits it when it closes)."""
 
     async def run() -> None:
-        title = await generate_title(engine, question, policy, conversation_id)
+        title = await generate_title(generator, question, conversation_id)
         if title is not None:
             await store.update(owner, conversation_id, title=title)
 

@@ -25,13 +25,12 @@ from gateway.generation.conversation_items import items_from_rows as stored_item
 from gateway.generation.conversation_items import stored_message
 from gateway.generation.memory import MEMORY_METADATA
 from gateway.generation.runtime import Runtime
+from gateway.generation.service import Generator
 from gateway.generation.titles import title_later
 from gateway.platform.storage.conversations import ConversationStore, MessageStatus
 from gateway.platform.storage.schema import ConversationRow, MessageRow
 from gateway.protocol.session_config import SessionConfig
 from gateway.realtime.conversation import Conversation, Item
-from gateway.safety.policy import SafetyPolicy
-from inference.llm.backend import LLMBackend
 
 log = logging.getLogger(__name__)
 FLUSH_S = 0.1  # how far a streamed reply's stored text may lag what was sent (as storage/writer.py's)
@@ -59,12 +58,11 @@ def _response_values(response: dict[str, Any]) -> dict[str, Any]:
 
 class ConversationRecorder:
     def __init__(self, store: ConversationStore, conversation: ConversationRow, loaded: list[tuple[Item, str]],
-                 model: str, engine: LLMBackend | None, safety: SafetyPolicy | None = None) -> None:
+                 model: str, generator: Generator | None) -> None:
         self.store = store
-        self._safety = safety or SafetyPolicy([])  # on the title the model writes
         self.conversation_id = conversation.id
         self.owner = conversation.owner
-        self._engine = engine
+        self._generator = generator  # writes the title (None: no model, no title)
         self._title_wanted = conversation.title is None and not loaded  # after the first exchange
         self.model = model
         self._leaf = conversation.current_leaf_id
@@ -113,12 +111,12 @@ class ConversationRecorder:
                 self._put(("save", (message_id, {"content": content, "status": "truncated"})))
 
     def _title_after(self, status: MessageStatus, conversation: Conversation) -> None:
-        if not self._title_wanted or status not in ("completed", "incomplete") or self._engine is None:
+        if not self._title_wanted or status not in ("completed", "incomplete") or self._generator is None:
             return
         question = next((item.text() for item in conversation.items if item.role == "user" and item.text()), None)
         if question:
             self._title_wanted = False
-            title_later(self.store, self._engine, self.owner, self.conversation_id, question, self._safety)
+            title_later(self.store, self._generator, self.owner, self.conversation_id, question)
 
     def _append(self, item: dict[str, Any], status: MessageStatus) -> None:
         message = stored_message(item, status)
@@ -198,8 +196,8 @@ async def attach_stored_conversation(session: StoredSession, store: Conversation
     """Before the session starts: continue `conversation_id` (404 for another key's, as for a wrong id)."""
     conversation = await store.get(owner, conversation_id)
     loaded = items_from_rows(await store.branch(conversation))
-    recorder = ConversationRecorder(store, conversation, loaded, session.config.model, session.runtime.engine,
-                                    session.runtime.safety)
+    generator = session.runtime.generator() if session.runtime.engine is not None else None
+    recorder = ConversationRecorder(store, conversation, loaded, session.config.model, generator)
     try:
         session.attach_stored(conversation.id, [item for item, _ in loaded], recorder)
     except BaseException:

@@ -1,65 +1,55 @@
 """What a Realtime response will be, from the session's configuration and the response's parameters.
 
-Pure: the tools it may call (and with the built-in ones, memory's `remember`), its sampling, whether its
-tool_choice names the memory tool, its prompt, and the whole plan (its events and the job its runner
-does). Nothing here runs: responses.py starts what is planned.
+Pure: the reply it asks for (`reply_request`: its messages, the tools it may call, its sampling), the one
+builder of both a response's reply and the voice reply made ahead of it (so that the response can adopt that
+one), and the whole plan (its events and the job its runner does). Nothing here runs: responses.py starts what
+is planned, through the one reply path (gateway/generation/reply_path.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.generation.chat_plan import ReplyForm
 from gateway.generation.memory import MemoryAccount
-from gateway.generation.service import PromptSpec
+from gateway.generation.reply_path import PromptFields, ReplyRequest
 from gateway.platform.config import Settings
 from gateway.platform.latency import TurnMarks
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol import client_events as ev
-from gateway.protocol.chat import MEMORY_TOOL_NAME
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig, ToolChoiceFunction, check_tool_choice
 from gateway.realtime.conversation import Conversation, Item, item_from_param, new_id, screen_item
 from gateway.realtime.preemption import Preemption
 from gateway.realtime.response_events import ResponseEvents
-from gateway.safety.hooks import Classifier
 from gateway.safety.policy import SafetyPolicy
 from inference.llm.backend import SamplingParams
 from inference.llm.chat import ChatMessage
-from inference.llm.tool_calls import ToolFormat, ToolSpec, ToolUse, plan_tool_use
+from inference.llm.tool_calls import ToolSpec
 
-ToolsPlanner = Callable[[list[ToolSpec]], ToolUse]
+# A Realtime reply names no request field in its prompt's errors, and its only grammar is a forced call's.
+REALTIME_FIELDS = PromptFields(grammar_message="A function's parameters cannot be used as a JSON schema")
 
 
 @dataclass
 class ResponseJob:
-    messages: list[ChatMessage]
-    sampling: SamplingParams
+    request: ReplyRequest  # the reply: recalled, planned and started by the reply path
     conversation_key: str | None = None
     marks: TurnMarks = field(default_factory=TurnMarks)
     preemption: Preemption | None = None
     speech_speed: float = 1.0  # the session's audio.output.speed
-    tool_use: ToolUse = field(default_factory=lambda: ToolUse([]))  # the client's tools the reply may call
-    # The reply's tools with these built-in ones offered too (memory's `remember`): `tool_use` plus those.
-    plan_tools: ToolsPlanner = lambda builtin: ToolUse([])
-    names_memory_tool: bool = False  # tool_choice names `remember`: refused unless the key's memory is on
-    safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on the reply as it streams
     tokens: TokenAccount | None = None  # the key's tokens per minute (token_quota.py)
-    classifier: Classifier | None = None  # beside the rules (safety/hooks.py)
     memory: MemoryAccount | None = None  # the key's memory (gateway/generation/memory.py)
-    classifier_timeout_s: float = 2.0
+
+    @property
+    def client_tools(self) -> list[ToolSpec]:
+        """The client's tools the reply may call (what it is parsed for)."""
+        form = self.request.form
+        return [] if form.choice == "none" else form.tools
 
 
-def reply_spec(messages: list[ChatMessage], tool_use: ToolUse) -> PromptSpec:
-    """A reply's prompt, and the grammar of its forced function call."""
-    grammar = f"start: {tool_use.forced_block}" if tool_use.forced_block is not None else None
-    return PromptSpec(messages, tool_use.template_tools, grammar,
-                      grammar_message="A function's parameters cannot be used as a JSON schema")
-
-
-def tools_planner(config: SessionConfig, params: ev.ResponseParams, fmt: ToolFormat) -> ToolsPlanner:
-    """Plans the reply's tools, as they are now, with the built-in ones given (memory's `remember`). A choice
-    that names a built-in tool not given plans as "auto" (the response refuses it: see ResponseRunner)."""
+def reply_form(config: SessionConfig, params: ev.ResponseParams) -> ReplyForm:
+    """The reply's tools, as they are now, and its tool_choice (which may name memory's `remember`)."""
     tools = params.tools if params.tools is not None else config.tools
     choice = params.tool_choice or config.tool_choice
     try:
@@ -67,22 +57,16 @@ def tools_planner(config: SessionConfig, params: ev.ResponseParams, fmt: ToolFor
     except ValueError as exc:
         raise ApiError("invalid_value", str(exc), "response.tool_choice") from None
     specs = [ToolSpec(tool.name, tool.description, tool.parameters) for tool in tools]
-
-    def plan(builtin: list[ToolSpec]) -> ToolUse:
-        if isinstance(choice, ToolChoiceFunction):
-            if choice.name in {tool.name for tool in [*specs, *builtin]}:
-                return plan_tool_use(specs, choice="function", name=choice.name, fmt=fmt, builtin=builtin)
-            return plan_tool_use(specs, choice="auto", fmt=fmt, builtin=builtin)
-        return plan_tool_use(specs, choice=choice, fmt=fmt, builtin=builtin)
-
-    return plan
+    if isinstance(choice, ToolChoiceFunction):
+        return ReplyForm(specs, "function", choice.name)
+    return ReplyForm(specs, choice)
 
 
-def names_memory_tool(config: SessionConfig, params: ev.ResponseParams) -> bool:
-    tools = params.tools if params.tools is not None else config.tools
-    choice = params.tool_choice or config.tool_choice
-    return (isinstance(choice, ToolChoiceFunction) and choice.name == MEMORY_TOOL_NAME
-            and all(tool.name != MEMORY_TOOL_NAME for tool in tools))
+def reply_request(config: SessionConfig, settings: Settings, params: ev.ResponseParams, form: ReplyForm,
+                  messages: list[ChatMessage], context_window: int, *, save_memory: bool = True) -> ReplyRequest:
+    """The reply to `messages`: a response's, and the voice reply made ahead of its turn (save_memory False)."""
+    return ReplyRequest(messages, form, reply_sampling(config, settings, params, context_window), REALTIME_FIELDS,
+                        save_memory=save_memory)
 
 
 def reply_sampling(config: SessionConfig, settings: Settings, params: ev.ResponseParams,
@@ -103,8 +87,6 @@ class Accounts:
     """What a response of this session draws on and answers to: its key's tokens and memory, the policy."""
 
     safety: SafetyPolicy
-    classifier: Classifier | None
-    classifier_timeout_s: float
     tokens: TokenAccount | None
     memory: MemoryAccount | None
 
@@ -122,7 +104,6 @@ def plan_response(
     conversation: Conversation,
     params: ev.ResponseParams,
     *,
-    fmt: ToolFormat,
     context_window: int,
     can_speak: bool,
     accounts: Accounts,
@@ -135,8 +116,7 @@ def plan_response(
     if audio and not can_speak:
         raise ApiError("invalid_value", "Audio output is not available in this session.", "response.output_modalities")
     instructions = params.instructions if params.instructions is not None else config.instructions
-    plan_tools = tools_planner(config, params, fmt)  # the tools as they are now
-    tool_use = plan_tools([])
+    form = reply_form(config, params)  # the tools as they are now
     if params.conversation not in ("auto", "none", conversation.id):
         raise ApiError("invalid_value", f"Unknown conversation '{params.conversation}': 'auto', 'none' or this "
                        f"session's '{conversation.id}'.", "response.conversation")
@@ -162,19 +142,13 @@ def plan_response(
         metadata=dict(params.metadata) if params.metadata else None,
     )
     job = ResponseJob(
-        messages=context.chat_messages(instructions),  # the runner adds what the tools need
-        sampling=reply_sampling(config, settings, params, context_window),
+        # The reply path adds what the tools and memory need.
+        request=reply_request(config, settings, params, form, context.chat_messages(instructions), context_window),
         conversation_key=conversation.id if writes_conversation else None,
         marks=marks,
         preemption=preemption,
         speech_speed=config.audio.output.speed,
-        tool_use=tool_use,
-        plan_tools=plan_tools,
-        names_memory_tool=names_memory_tool(config, params),
-        safety=accounts.safety,
         tokens=accounts.tokens,
         memory=accounts.memory,
-        classifier=accounts.classifier,
-        classifier_timeout_s=accounts.classifier_timeout_s,
     )
     return ResponsePlan(events, job, writes_conversation)

@@ -8,15 +8,15 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
-from gateway.generation.chat_plan import with_tools
-from gateway.generation.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
+from gateway.generation.memory import MemoryAccount, Recall
+from gateway.generation.reply_path import PlannedReply, ReplyPath
 from gateway.generation.runtime import Runtime
-from gateway.generation.service import Generator, MemoryRound, Prepared, PromptSpec, Reply
+from gateway.generation.service import Generator, Reply
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -41,18 +41,11 @@ from gateway.realtime.inputs import (
 )
 from gateway.realtime.preemption import AdoptedStream, Preemption
 from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
-from gateway.realtime.response_plan import (
-    Accounts,
-    ResponseJob,
-    plan_response,
-    reply_sampling,
-    reply_spec,
-    tools_planner,
-)
+from gateway.realtime.response_plan import Accounts, ResponseJob, plan_response, reply_form, reply_request
 from gateway.safety.output import ContentFiltered
-from inference.llm.backend import GenerationResult, LLMBackend
+from inference.llm.backend import GenerationResult
 from inference.llm.chat import ChatMessage
-from inference.llm.tool_calls import ReplySplitter, ToolFormat, ToolUse, parse_reply
+from inference.llm.tool_calls import ReplySplitter, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 from media.playout import PlayoutBuffer
@@ -80,7 +73,7 @@ class ResponseRunner:
     def __init__(
         self,
         *,
-        engine: LLMBackend,
+        generator: Generator,
         tts: TtsEngine | None,
         job: ResponseJob,
         events: ResponseEvents,
@@ -89,7 +82,7 @@ class ResponseRunner:
     ) -> None:
         """`feed` takes what the run makes to the session's core, as inputs: the tokens reserved, the assistant
         message opened (before its first text, when the core did not open it upfront), function calls, text."""
-        self.generator = Generator(engine, job.safety, job.classifier, job.classifier_timeout_s)
+        self.generator = generator
         self.tts = tts
         self.job = job
         self.events = events
@@ -97,59 +90,43 @@ class ResponseRunner:
         self.speech = speech
         self.stream: Reply | None = None
         self._adopted: Preemption | None = None
-        self._memory: Recall | None = None  # set when the model is offered the memory tool
-        self._facts: list[ChatMessage] = []  # the memories that bear on the question
         # Text that may begin a match waits for the rest of it; the classifier runs beside the generation.
         self.guard = self.generator.guard(self.cancel_generation, marks=job.marks)
 
     async def run(self) -> GenerationResult:
         job = self.job
         try:
-            remembered = await self._recall()
-            if remembered is None and job.names_memory_tool:
-                raise memory_off()
-            offered = job.plan_tools([REMEMBER_TOOL]) if remembered is not None else job.tool_use
-            if len(offered.tools) > len(job.tool_use.tools):  # the model may save memories itself
-                self._memory = remembered
-            if job.tool_use.forced_block is not None:  # the client's forced call: JSON, which labels must keep
-                self.guard.expect_json()
-            prepared = await self.generator.prepare(
-                reply_spec([*with_tools(job.messages, offered), *self._facts], offered), job.sampling, job.tokens)
+            # With the key's memory on, the memories that bear on the question join the prompt, and the
+            # response's metadata lists them (and what the reply saved: see _generate).
+            path = await ReplyPath.prepare(self.generator, job.request, memory=job.memory, tokens=job.tokens,
+                                           recalled=self._recalled)
         except BaseException:
             self.cancel_generation()
             raise
-        reservation = prepared.reservation
+        if path.client_reads_constraint:  # the client's forced call: JSON, which labels must keep
+            self.guard.expect_json()
+        reservation = path.reservation
         if reservation is not None:  # as OpenAI: the tokens reserved for this response, given back at its end
             self.feed(TokensReserved(self.events.response_id, reservation.rate_limit()))
-        self.guard.start(next((m.content for m in reversed(job.messages) if m.role == "user"), ""))
+        self.guard.start(next((m.content for m in reversed(job.request.messages) if m.role == "user"), ""))
         try:
-            return await self._generate(prepared)
+            return await self._generate(path)
         finally:
             await self.guard.close()
             if self.stream is not None:  # settles the tokens (a submit that failed settled them itself)
                 await self.stream.close()
 
-    async def _recall(self) -> Recall | None:
-        """With the key's memory on: the memories that bear on the question join the instructions, and the
-        response's metadata lists them (and what the reply saved: see _generate)."""
-        remembered = await self.job.memory.recall(self.job.messages) if self.job.memory is not None else None
-        if remembered is None:
-            return None
-        self._facts = remembered.messages()  # the prompt's last: see Recall.messages
+    def _recalled(self, remembered: Recall) -> None:
         self.feed(MetadataAdded(self.events.response_id, remembered.metadata()))
-        return remembered
 
-    def _after_save(self, added: list[ChatMessage]) -> PromptSpec:
-        """The reply's second round, after the model saved memories: the client's tools only."""
-        tools = self.job.tool_use
-        return reply_spec([*with_tools([*self.job.messages, *added], tools), *self._facts], tools)
-
-    async def _generate(self, prepared: Prepared) -> GenerationResult:
+    async def _generate(self, path: ReplyPath) -> GenerationResult:
         job = self.job
         preemption, job.preemption = job.preemption, None
         adopted: AdoptedStream | None = None
-        if (preemption is not None and prepared.rendered.constraint is None
-                and preemption.prompt_ids == prepared.prompt_ids and preemption.sampling == job.sampling):
+        # Made ahead by the same builder and reply path (ResponseDriver.preempt_reply), its prompt differs only
+        # when the conversation, the final transcript or the memories did (this response saved the question's fact).
+        if (preemption is not None and path.prepared.rendered.constraint is None
+                and preemption.prompt_ids == path.prompt_ids and preemption.sampling == job.request.sampling):
             self._adopted = preemption
             adopted = AdoptedStream(preemption)  # run_ahead reads the stream; its text is replayed
             job.marks.generation_started = preemption.started_at
@@ -157,12 +134,10 @@ class ResponseRunner:
         elif preemption is not None:
             log.debug("preempted reply dropped: the response's prompt or sampling differs")
             preemption.cancel()
-        rounds = MemoryRound(self._memory, job.tool_use.tools, self._after_save) if self._memory is not None else None
-        self.stream = deltas = await self.generator.start(prepared, conversation_id=job.conversation_key,
-                                                          memory=rounds, adopted=adopted)
+        self.stream = deltas = await path.start(conversation_id=job.conversation_key, adopted=adopted)
         if adopted is None:
             job.marks.mark("generation_started")
-        tools = job.tool_use.tools
+        tools = path.plan.tools
         # With tools, text that may begin a call block waits until it is known (tool_calls.py).
         reply = ReplySplitter() if tools else None
         clauses: asyncio.Queue[str | None] = asyncio.Queue()
@@ -212,14 +187,14 @@ class ResponseRunner:
         except* ContentFiltered as filtered:  # the speech task is cancelled with it: nothing more is said
             raise filtered.exceptions[0] from None
         finally:
-            if self._memory is not None:  # what the model saved
-                self.feed(MetadataAdded(self.events.response_id, self._memory.metadata()))
+            if path.remembered is not None and path.offers_memory_tool:  # what the model saved
+                self.feed(MetadataAdded(self.events.response_id, path.remembered.metadata()))
         return await deltas.result()
 
     def release_held(self) -> None:
         """A cancelled text reply (its task stopped): the text the policy still held, screened as the end of the
         reply, goes out as its last delta, so the item holds everything generated before the cancel."""
-        if self.speech is None and not self.job.tool_use.tools and self.events.opened:
+        if self.speech is None and not self.job.client_tools and self.events.opened:
             if text := self.guard.flush():
                 self.feed(TextDelta(self.events.response_id, text))
 
@@ -323,8 +298,7 @@ class ResponseDriver:
 
     def _accounts(self) -> Accounts:
         host = self.host
-        return Accounts(host.runtime.safety, host.runtime.classifier, host.settings.safety_classifier_timeout_s,
-                        host.tokens, host.memory)
+        return Accounts(host.runtime.safety, host.tokens, host.memory)
 
     # -- starting -----------------------------------------------------------------------------------
 
@@ -347,15 +321,15 @@ class ResponseDriver:
         engine = host.runtime.engine
         if engine is None:
             raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
-        plan = plan_response(core.config, host.settings, core.conversation, params, fmt=engine.lm.tool_format,
+        plan = plan_response(core.config, host.settings, core.conversation, params,
                              context_window=engine.lm.context_window, can_speak=core.can_speak,
                              accounts=self._accounts(), marks=marks, preemption=preemption)
         events = plan.events
         speech = host.speech_for(events, marks) if events.audio else None
-        runner = ResponseRunner(engine=engine, tts=host.runtime.tts, job=plan.job, events=events, feed=host.feed,
+        runner = ResponseRunner(generator=host.runtime.generator(), tts=host.runtime.tts, job=plan.job, events=events, feed=host.feed,
                                 speech=speech)
         # With tools, the message opens with its first text: the reply may be calls.
-        host.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.tool_use.tools))
+        host.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.client_tools))
         run = RunningResponse(events=events, runner=runner, marks=marks)
         self._run = run
         run.task = asyncio.create_task(self._run_response(run), name=f"response {events.response_id}")
@@ -497,35 +471,41 @@ class ResponseDriver:
         engine = host.runtime.engine
         if engine is None or core.response is not None:
             return None
-        params = ev.ResponseParams()
-        if tools_planner(core.config, params, engine.lm.tool_format)([]).tools:
+        config, params = core.config, ev.ResponseParams()
+        form = reply_form(config, params)
+        if form.tools and form.choice != "none":
             return None  # a reply that may call functions has their instructions and maybe a grammar
         words = host.screened(user_text)
         if words is None:
             return None  # refused: the turn's final transcript will say so
-        history = core.conversation.chat_messages(core.config.instructions, excluding=user_item_id)
-        messages = [*history, ChatMessage("user", words)]
-        sampling = reply_sampling(core.config, host.settings, params, engine.lm.context_window)
-        extra, tools = await self.memory_messages(messages, engine.lm.tool_format)
-        accounts = self._accounts()
-        generator = Generator(engine, accounts.safety, accounts.classifier, accounts.classifier_timeout_s)
+        history = core.conversation.chat_messages(config.instructions, excluding=user_item_id)
+        # The response's own builder, from what the response will have: adopted when the prompts are the same.
+        request = reply_request(config, host.settings, params, form, [*history, ChatMessage("user", words)],
+                                engine.lm.context_window, save_memory=False)
         try:
             # No tokens reserved: the response that adopts it reserves them.
-            prepared = await generator.prepare(reply_spec([*messages, *extra], tools), sampling)
+            path = await ReplyPath.prepare(host.runtime.generator(), request, memory=host.memory)
             if core.response is not None:
                 return None
-            reply = await generator.start(prepared, conversation_id=core.conversation.id)
+            reply = await path.start(conversation_id=core.conversation.id)
         except ApiError:
             return None  # the response itself will meet (and report) the same condition
-        return Preemption(prompt_ids=prepared.prompt_ids, sampling=sampling, stream=reply, started_at=now())
+        return Preemption(prompt_ids=path.prompt_ids, sampling=request.sampling, stream=reply, started_at=now())
 
-    async def memory_messages(self, messages: list[ChatMessage], fmt: ToolFormat) -> tuple[list[ChatMessage], ToolUse]:
-        """What a default response to `messages` adds with the key's memory on, so that a reply or prefill made
-        ahead has its prompt: the memories that bear on the last user message (nothing is saved from it, it may
-        be a draft) and the memory tool, as system messages, and the tool's use."""
-        memory = self.host.memory
-        remembered = await memory.recall(messages, save=False) if memory is not None else None
-        if remembered is None:
-            return [], ToolUse([])
-        tools = tools_planner(self.host.core.config, ev.ResponseParams(), fmt)([REMEMBER_TOOL])
-        return [*with_tools([], tools), *remembered.messages()], tools
+    async def draft_prompt(self, messages: list[ChatMessage], user_text: str) -> list[ChatMessage] | None:
+        """The messages before a user turn still being spoken, as the default response to it will have them (the
+        same builder): with the tools' instructions and, with the key's memory on, the memories that bear on what
+        was said so far (nothing is saved from a draft). None when that response would be refused."""
+        host, config, params = self.host, self.host.core.config, ev.ResponseParams()
+        engine = host.runtime.engine
+        if engine is None:
+            return None
+        request = reply_request(config, host.settings, params, reply_form(config, params), messages,
+                                engine.lm.context_window, save_memory=False)
+        try:
+            planned = await PlannedReply.recall_and_plan(
+                replace(request, question=[*messages, ChatMessage("user", user_text)]), engine.lm.tool_format,
+                host.memory)
+        except ApiError:
+            return None
+        return planned.plan.messages

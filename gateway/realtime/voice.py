@@ -501,9 +501,12 @@ class VoicePipeline:
     async def _prefill(self, messages: list[ChatMessage], user_text: str) -> None:
         engine = self.runtime.engine
         assert engine is not None
-        # With memory on, the reply's prompt has memories and the memory tool (all merged into its first message).
-        extra, _ = await self.session.response_driver.memory_messages([*messages, ChatMessage("user", user_text)], engine.lm.tool_format)
-        ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, [*messages, *extra], user_text)
+        # The reply's prompt before the turn: with memory on, memories and the memory tool (all merged into its
+        # first message).
+        before = await self.session.response_driver.draft_prompt(messages, user_text)
+        if before is None:
+            return
+        ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, before, user_text)
         if ids and len(ids) < engine.lm.context_window:
             with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes
                 await engine.prefill(ids, conversation_id=self.session.conversation.id)

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,9 +21,10 @@ from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
 from gateway.api.stream_hub import request_fingerprint
 from gateway.generation.chat_history import AttachedChat
-from gateway.generation.chat_plan import ChatPlan, plan_chat
-from gateway.generation.memory import REMEMBER_TOOL, MemoryStore, Recall, memory_off, recall
-from gateway.generation.service import MemoryRound, PromptSpec, Reply
+from gateway.generation.chat_plan import ChatPlan, ReplyForm
+from gateway.generation.memory import MemoryAccount, MemoryStore, Recall
+from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
+from gateway.generation.service import Generator, Reply
 from gateway.generation.titles import title_later
 from gateway.platform import metrics
 from gateway.platform.event_log import log_event
@@ -32,7 +33,6 @@ from gateway.platform.storage.writer import MessageWriter
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.chat import (
     ChatCompletionRequest,
-    NamedToolChoice,
     chunk_object,
     completion_id,
     completion_object,
@@ -41,11 +41,9 @@ from gateway.protocol.chat import (
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
 from gateway.safety.output import CLASSIFIER, OutputGuard, guarded, refusal
-from gateway.safety.policy import SafetyPolicy
 from gateway.safety.screening import screen_messages
 from inference.llm.backend import (
     GenerationResult,
-    LLMBackend,
 )
 from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
@@ -114,51 +112,30 @@ async def resume_stream(svc: Services, request: Request, last_event_id: str, own
     return sse_response(svc.stores.streams.read(buffer, after), headers)
 
 
-def _spec(plan: ChatPlan) -> PromptSpec:
-    """A plan's prompt; a schema that cannot be compiled blames the field it came from."""
-    schema_param = "response_format" if "%json" in (plan.grammar or "") and not plan.tools else "tools"
-    return PromptSpec(plan.messages, plan.template_tools, plan.grammar, param="messages", grammar_param=schema_param)
-
-
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
                     owner: str) -> Response:
     generator = svc.runtime.generator()
-    engine = generator.engine
     max_tokens = chat.wanted_max_tokens() or svc.settings.default_max_tokens
     # The policy on the request's user and tool messages (a stored history was screened when it came).
     request_messages = screen_messages(svc.runtime.safety, [message.to_chat() for message in chat.messages])
-    # None unless the key opted in
-    remembered = await recall(MemoryStore(svc.stores.store.engine), owner, request_messages)
-    if remembered is None and _names_memory_tool(chat):
-        raise memory_off()
     attached = await AttachedChat.load(svc.stores.store, owner, chat.conversation) if chat.conversation else None
     base = attached.prompt_messages(request_messages) if attached is not None else list(request_messages)
-    facts = remembered.messages() if remembered is not None else []
-    plan = plan_chat(chat, engine.lm.tool_format, messages=base, builtin=[REMEMBER_TOOL] if remembered is not None else [])
-    plan.messages += facts
     sampling = chat.sampling(max_tokens, svc.settings.repetition_penalty)
+    reply_request = ReplyRequest(base, ReplyForm.of_chat(chat), sampling,
+                                 PromptFields(context="messages", schema="response_format"), question=request_messages)
+    memory = MemoryAccount(MemoryStore(svc.stores.store.engine), owner)
     # 429 past --rate-limit-tpm
-    prepared = await generator.prepare(_spec(plan), sampling, TokenAccount(svc.gate.quota, owner))
-    if prepared.reservation is not None:
-        headers = {**headers, **prepared.reservation.headers()}
-    memory: MemoryRound | None = None
-    if remembered is not None and plan.builtin_offered:
-        after_save = chat.model_copy(update={"tool_choice": None}) if _names_memory_tool(chat) else chat
-
-        def second(added: list[ChatMessage]) -> PromptSpec:
-            """The reply after the model saved memories: the same request, without the memory tool."""
-            plan_after = plan_chat(after_save, engine.lm.tool_format, messages=[*base, *added])
-            plan_after.messages += facts
-            return _spec(plan_after)
-
-        memory = MemoryRound(remembered, plan.tools, second)
-    stream = await generator.start(prepared, routing_key=chat.conversation, memory=memory)
+    path = await ReplyPath.prepare(generator, reply_request, memory=memory, tokens=TokenAccount(svc.gate.quota, owner))
+    plan, remembered = path.plan, path.remembered  # remembered: None unless the key opted in
+    if path.reservation is not None:
+        headers = {**headers, **path.reservation.headers()}
+    stream = await path.start(routing_key=chat.conversation)
     cid = completion_id()
     fingerprint = f"fp_{svc.settings.model_name}"
     record = CompletionRecord(getattr(request.state, "request_id", None), cid, chat.model, chat.stream, plan,
-                              attached, request_messages, engine=engine, safety=svc.runtime.safety, memory=remembered)
+                              attached, request_messages, generator=generator, memory=remembered)
     # The rules on the reply as it streams, and the classifier beside it (on the question at once).
-    guard = generator.guard(stream.cancel, json_output=_json_reply(chat, plan))
+    guard = generator.guard(stream.cancel, json_output=_json_reply(chat, path))
     guard.start(next((m.content for m in reversed(request_messages) if m.role == "user"), ""))
     if chat.stream:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
@@ -209,8 +186,7 @@ class CompletionRecord:
     plan: ChatPlan
     attached: AttachedChat | None
     request_messages: list[ChatMessage]
-    engine: LLMBackend | None = None  # for the title after a conversation's first exchange
-    safety: SafetyPolicy = field(default_factory=lambda: SafetyPolicy([]))  # on that title
+    generator: Generator | None = None  # for the title after a conversation's first exchange
     memory: Recall | None = None  # what the key's memory did for it, stored with the reply
     writer: MessageWriter | None = None
     # A stream's: whether a client reads it now. It logs `client_left` when none does as it ends (done or
@@ -254,9 +230,8 @@ class CompletionRecord:
         question = next((m.content for m in reversed(self.plan.messages) if m.role == "user"), None)
         attached = self.attached
         if (attached is not None and status == "completed" and attached.conversation.title is None
-                and not attached.history and question and self.engine is not None):
-            title_later(attached.store, self.engine, attached.conversation.owner, attached.conversation.id, question,
-                        self.safety)
+                and not attached.history and question and self.generator is not None):
+            title_later(attached.store, self.generator, attached.conversation.owner, attached.conversation.id, question)
         left = status != "failed" and self.read_now is not None and not self.read_now()
         log_event("chat.completion", request_id=self.request_id, completion_id=self.completion_id, model=self.model,
                   stream=self.stream, status="client_left" if left else status, finish_reason=finish_reason,
@@ -264,17 +239,10 @@ class CompletionRecord:
                   **tokens, **timings, content={"last_user_message": question, "output_text": text})
 
 
-def _json_reply(chat: ChatCompletionRequest, plan: ChatPlan) -> bool:
+def _json_reply(chat: ChatCompletionRequest, path: ReplyPath) -> bool:
     """What the client reads is constrained to JSON (a forced memory call is not the client's to read)."""
     json_format = chat.response_format is not None and chat.response_format.type != "text"
-    return json_format or (plan.grammar is not None and not _names_memory_tool(chat))
-
-
-def _names_memory_tool(chat: ChatCompletionRequest) -> bool:
-    """tool_choice names the built-in memory tool (and no tool of the client's has that name)."""
-    choice = chat.tool_choice
-    return (isinstance(choice, NamedToolChoice) and choice.function.name == REMEMBER_TOOL.name
-            and all(tool.function.name != REMEMBER_TOOL.name for tool in chat.tools or []))
+    return json_format or path.client_reads_constraint
 
 
 def _finish_reason(result: GenerationResult, guard: OutputGuard) -> str:

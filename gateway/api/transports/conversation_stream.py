@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -26,9 +26,10 @@ from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
 from gateway.generation.chat_history import chat_message
-from gateway.generation.chat_plan import with_tools
-from gateway.generation.memory import REMEMBER_TOOL, MemoryStore, Recall, recall
-from gateway.generation.service import MemoryRound, PromptSpec, Reply
+from gateway.generation.chat_plan import ReplyForm
+from gateway.generation.memory import MemoryAccount, MemoryStore, Recall
+from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
+from gateway.generation.service import Reply
 from gateway.generation.titles import generate_title
 from gateway.platform.storage.conversations import MessageStatus, NewMessage
 from gateway.platform.storage.schema import ConversationRow
@@ -40,7 +41,6 @@ from gateway.safety.output import OutputGuard, guarded
 from gateway.safety.screening import screen_text
 from inference.llm.backend import LLMBackend, SamplingParams
 from inference.llm.chat import ChatMessage
-from inference.llm.tool_calls import ToolUse, plan_tool_use
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -92,39 +92,18 @@ async def _resolve(svc: Services, owner: str, conversation_id: str, content: str
     return Turn(conversation, parent, [*history, ChatMessage("user", content)], user)
 
 
-@dataclass
-class MemoryPrompt:
-    """A turn's prompt with the key's memory: the memories that bear on it, and the `remember` tool offered."""
-
-    messages: list[ChatMessage]  # the turn's
-    recall: Recall | None = None
-    tools: ToolUse | None = None
-    facts: list[ChatMessage] = field(default_factory=list)  # the prompt's last: see Recall.messages
-
-    @classmethod
-    async def build(cls, svc: Services, owner: str, turn: Turn, *, save: bool) -> MemoryPrompt:
-        remembered = await recall(MemoryStore(svc.stores.store.engine), owner, turn.messages, save=save)
-        if remembered is None:  # memory off
-            return cls(turn.messages)
-        tools = plan_tool_use([], choice="auto", fmt=_engine(svc).lm.tool_format, builtin=[REMEMBER_TOOL])
-        return cls(turn.messages, remembered, tools, remembered.messages())
-
-    @property
-    def spec(self) -> PromptSpec:
-        if self.tools is None:
-            return PromptSpec(self.messages, param="content")
-        return PromptSpec([*with_tools(self.messages, self.tools), *self.facts], self.tools.template_tools,
-                          param="content")
-
-    def after_save(self, added: list[ChatMessage]) -> PromptSpec:
-        """The reply after the model saved memories, without the tool."""
-        return PromptSpec([*self.messages, *added, *self.facts], param="content")
+def _reply_request(svc: Services, turn: Turn, max_tokens: int, *, save: bool,
+                   temperature: float | None = None) -> ReplyRequest:
+    """A turn's reply: no tools of the client's (with the key's memory on, the model may save memories).
+    `save`: the turn's question is saved when it asks to be remembered (not a draft's, not a regenerated one's)."""
+    sampling = SamplingParams(temperature=0.7 if temperature is None else temperature,
+                              repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
+    return ReplyRequest(turn.messages, ReplyForm([]), sampling, PromptFields(context="content"),
+                        save_memory=save)
 
 
-def _engine(svc: Services) -> LLMBackend:
-    svc.runtime.require_ready()
-    assert svc.runtime.engine is not None
-    return svc.runtime.engine
+def _memory(svc: Services, owner: str) -> MemoryAccount:
+    return MemoryAccount(MemoryStore(svc.stores.store.engine), owner)
 
 
 @router.post("/backend-api/conversation/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
@@ -140,18 +119,16 @@ async def post_message(request: Request, caller: AuthorizedCaller, conversation_
     content = screen_text(svc.runtime.safety, body.content, what="message", param="content") if body.content else None
     turn = await _resolve(svc, caller.key_id, conversation_id, content,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
-    max_tokens = body.max_tokens or svc.settings.default_max_tokens
-    memory = await MemoryPrompt.build(svc, caller.key_id, turn, save=content is not None)
-    sampling = SamplingParams(temperature=0.7 if body.temperature is None else body.temperature,
-                              repetition_penalty=svc.settings.repetition_penalty, max_tokens=max_tokens)
+    reply_request = _reply_request(svc, turn, body.max_tokens or svc.settings.default_max_tokens,
+                                   save=content is not None, temperature=body.temperature)
     # 429 past --rate-limit-tpm
-    prepared = await generator.prepare(memory.spec, sampling, TokenAccount(svc.gate.quota, caller.key_id))
-    prewarmed = svc.stores.prewarmer.prepared_tokens(caller.key_id, conversation_id, prepared.prompt_ids)
+    path = await ReplyPath.prepare(generator, reply_request, memory=_memory(svc, caller.key_id),
+                                   tokens=TokenAccount(svc.gate.quota, caller.key_id))
+    prewarmed = svc.stores.prewarmer.prepared_tokens(caller.key_id, conversation_id, path.prompt_ids)
     headers = caller.headers
-    if prepared.reservation is not None:
-        headers = {**headers, **prepared.reservation.headers()}
-    rounds = MemoryRound(memory.recall, [], memory.after_save) if memory.recall is not None else None
-    stream = await generator.start(prepared, routing_key=conversation_id, memory=rounds)
+    if path.reservation is not None:
+        headers = {**headers, **path.reservation.headers()}
+    stream = await path.start(routing_key=conversation_id)
     # The rules on the reply as it streams, and the classifier beside it.
     guard = generator.guard(stream.cancel)
     reply = NewMessage(role="assistant", content=[], status="in_progress", model=body.model)
@@ -160,7 +137,7 @@ async def post_message(request: Request, caller: AuthorizedCaller, conversation_
     stream_id = completion_id().replace("chatcmpl-", "strm_")
     title_for = content if turn.conversation.title is None and turn.new_user is not None else None
     events = _events(svc, caller.key_id, stream_id, turn, stream, guard, writer, prewarmed, title_for,
-                     memory.recall)
+                     path.remembered)
     buffer = svc.stores.streams.start(stream_id, caller.key_id, events, request=await stream_request(request),
                                runs_to_end=True)
     return sse_response(svc.stores.streams.read(buffer), headers)
@@ -229,7 +206,7 @@ def stream_engine(svc: Services) -> LLMBackend:
 
 
 async def _title(svc: Services, owner: str, conversation_id: str, question: str) -> str | None:
-    title = await generate_title(stream_engine(svc), question, svc.runtime.safety, conversation_id)
+    title = await generate_title(svc.runtime.generator(), question, conversation_id)
     if title is not None:
         await svc.stores.store.update(owner, conversation_id, title=title)
     return title
@@ -245,8 +222,9 @@ async def prepare(request: Request, caller: AuthorizedCaller, conversation_id: s
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it
     turn = await _resolve(svc, caller.key_id, conversation_id, draft,
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
-    memory = await MemoryPrompt.build(svc, caller.key_id, turn, save=False)  # as the message will see it
-    prompt = (await generator.render(memory.spec, svc.settings.default_max_tokens)).prompt
-    svc.stores.prewarmer.prepare(generator.engine, caller.key_id, conversation_id, prompt.token_ids)
+    # The message's prompt as it will be, with no tokens reserved: nothing is generated.
+    path = await ReplyPath.prepare(generator, _reply_request(svc, turn, svc.settings.default_max_tokens, save=False),
+                                   memory=_memory(svc, caller.key_id))
+    svc.stores.prewarmer.prepare(generator.engine, caller.key_id, conversation_id, path.prompt_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
-                         "prompt_tokens": len(prompt.token_ids)}, status_code=202, headers=caller.headers)
+                         "prompt_tokens": len(path.prompt_ids)}, status_code=202, headers=caller.headers)

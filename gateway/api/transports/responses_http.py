@@ -20,6 +20,7 @@ from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
+from gateway.generation.memory import MemoryAccount, MemoryStore
 from gateway.generation.response_run import ResponseDeps, ResponseRun
 from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.errors import ApiError
@@ -62,7 +63,8 @@ InputItemsCaller = Annotated[Caller, Depends(authorized_after(_input_items_page)
 
 def _deps(svc: Services, owner: str) -> ResponseDeps:
     return ResponseDeps(svc.runtime.generator(), svc.stores.store, svc.stores.responses,
-                        TokenAccount(svc.gate.quota, owner), svc.settings.default_max_tokens,
+                        TokenAccount(svc.gate.quota, owner), MemoryAccount(MemoryStore(svc.stores.store.engine), owner),
+                        svc.settings.default_max_tokens,
                         svc.settings.repetition_penalty)
 
 
