@@ -5,7 +5,6 @@ leaf; a deleted item leaves the branch (its children move up to its parent)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -15,6 +14,7 @@ from gateway.api.caller import AuthorizedCaller, authorized_after
 from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
+from gateway.api.page_query import PageQuery
 from gateway.api.services import Services
 from gateway.generation.conversation_items import StoredItem, items_from_rows, public_item, stored_message, without_item
 from gateway.platform.storage.conversations import NewMessage
@@ -52,13 +52,6 @@ def _refuse_include(request: Request) -> None:
         if values := request.query_params.getlist(name):
             raise ApiError("invalid_value", f"include is not supported here (no stored item has {values[0]!r}).",
                            "include")
-
-
-@dataclass(frozen=True)
-class PageQuery:
-    after: str | None
-    limit: int
-    order: Literal["asc", "desc"]
 
 
 async def _items_page(after: str | None = Query(None, max_length=64, description="The item after which the page "

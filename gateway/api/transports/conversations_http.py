@@ -4,7 +4,6 @@ as OpenAI's public Conversations API (/v1/conversations)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -15,6 +14,7 @@ from gateway.api.caller import AuthorizedCaller, authorized_after
 from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
+from gateway.api.page_query import PageQuery
 from gateway.api.services import Services
 from gateway.platform.storage.conversations import Page
 from gateway.platform.storage.schema import ConversationRow, MessageRow
@@ -24,13 +24,6 @@ router = APIRouter()
 PAGE_LIMIT = Query(20, ge=1, le=100, description="Items per page (1-100).")
 PAGE_AFTER = Query(None, max_length=64, description="The id after which the page starts (the previous page's last_id).")
 PAGE_ORDER = Query("desc", description="By creation time: desc (newest first) or asc.")
-
-
-@dataclass(frozen=True)
-class PageQuery:
-    after: str | None
-    limit: int
-    order: Literal["asc", "desc"]
 
 
 async def _conversations_page(after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,

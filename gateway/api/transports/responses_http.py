@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -18,6 +17,7 @@ from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
+from gateway.api.page_query import PageQuery
 from gateway.api.services import Services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
 from gateway.generation.memory import MemoryAccount, MemoryStore
@@ -41,23 +41,16 @@ async def _refuse_include(include: list[str] | None = INCLUDE) -> None:
                        "fields is produced.", "include")
 
 
-@dataclass(frozen=True)
-class InputItemsPage:
-    after: str | None
-    limit: int
-    order: Literal["asc", "desc"]
-
-
 async def _input_items_page(after: str | None = PAGE_AFTER, limit: int = PAGE_LIMIT,
                             order: Literal["asc", "desc"] = PAGE_ORDER,
-                            include: list[str] | None = INCLUDE) -> InputItemsPage:
+                            include: list[str] | None = INCLUDE) -> PageQuery:
     await _refuse_include(include)
-    return InputItemsPage(after, limit, order)
+    return PageQuery(after, limit, order)
 
 
 # The query is checked before the key (caller.py's authorized_after).
 IncludeCheckedCaller = Annotated[Caller, Depends(authorized_after(_refuse_include))]
-InputItemsQuery = Annotated[InputItemsPage, Depends(_input_items_page)]
+InputItemsQuery = Annotated[PageQuery, Depends(_input_items_page)]
 InputItemsCaller = Annotated[Caller, Depends(authorized_after(_input_items_page))]
 
 
