@@ -41,6 +41,7 @@ from gateway.protocol.session_config import (
 )
 from gateway.realtime.active_response import ActiveResponse
 from gateway.realtime.conversation import Conversation, new_id
+from gateway.realtime.head_start import HeadStart
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.inputs import (
     AudioCleared,
@@ -62,7 +63,6 @@ from gateway.realtime.responses import ResponseDriver
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
 from inference.cpu import charge
-from inference.llm.chat import ChatMessage, draft_prompt_ids
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
@@ -137,6 +137,7 @@ class VoicePipeline:
     def __init__(self, session: VoiceHost) -> None:
         self.session = session
         self.runtime = session.runtime
+        self.head_start = HeadStart(session)
         self.buffer = InputAudioBuffer()
         self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
         self.turn: UserTurn | None = None
@@ -332,7 +333,7 @@ class VoicePipeline:
                                                         work="asr_speculative"))
         turn.jobs.append((self.buffer.end, turn.speculative))
         if preempt:
-            turn.preemption = self._spawn(self._preempt(turn.item_id, turn.speculative))
+            turn.preemption = self._spawn(self.head_start.preempt(turn.item_id, turn.speculative, self._spawn))
         if judge_end:
             turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
 
@@ -420,7 +421,7 @@ class VoicePipeline:
                   content={"transcript": text})
         # Its reply generated ahead, if one started, before the core decides whether the turn gets a reply.
         preemption, turn.preemption = turn.preemption, None
-        turn.head_start = await self._take_preemption(preemption)
+        turn.head_start = await self.head_start.take(preemption)
         session.feed(TurnReady(item_id))
 
     async def _final_transcript(self, audio: np.ndarray, ready: list[asyncio.Task[Transcript | None]]) -> Transcript | None:
@@ -443,73 +444,21 @@ class VoicePipeline:
         if turn is None:
             return
         if turn.preemption is not None:
-            self._discard(turn.preemption)
+            self.head_start.discard(turn.preemption)
         if turn.head_start is not None:
             turn.head_start.cancel()
 
-    # -- preemption -----------------------------------------------------------------------------
+    # -- head start ------------------------------------------------------------------------------
 
-    async def _preempt(self, item_id: str, speculative: asyncio.Task[Transcript | None]) -> Preemption | None:
-        transcript = await asyncio.shield(speculative)  # cancelled with it when the user goes on speaking
-        if transcript is None or not transcript.text.strip():
-            return None
-        preemption = await self.session.response_driver.preempt_reply(item_id, transcript.text)
-        log.debug("session %s: reply preempted: %s", self.session.id, "started" if preemption is not None else "not possible now")
-        if preemption is not None:
-            tts = self.runtime.tts if self.session.speaks_by_default() else None
-            self._spawn(preemption.run_ahead(tts, self.session.config.audio.output.speed))
-        return preemption
-
-    async def _take_preemption(self, task: asyncio.Task[Preemption | None] | None) -> Preemption | None:
-        """The turn's preempted reply, if one started. The response decides whether it fits: its prompt
-        holds the final transcript, so a reply to another transcript has another prompt."""
-        if task is None:
-            return None
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            self._discard(task)
-            raise
-        return None if task.cancelled() or task.exception() is not None else task.result()
+    def prefill_draft(self, user_text: str) -> None:
+        """The core's PrefillDraft (see head_start.py)."""
+        if (prefill := self.head_start.prefill_draft(user_text)) is not None:
+            self._spawn(prefill)
 
     def _discard_preemption(self, turn: UserTurn) -> None:
         task, turn.preemption = turn.preemption, None
         if task is not None:
-            self._discard(task)
-
-    @staticmethod
-    def _discard(task: asyncio.Task[Preemption | None]) -> None:
-        def cancel_stream(done: asyncio.Task[Preemption | None]) -> None:
-            if not done.cancelled() and done.exception() is None and (preemption := done.result()) is not None:
-                preemption.cancel()
-
-        task.cancel()
-        task.add_done_callback(cancel_stream)  # also when it had already finished
-
-    def prefill_draft(self, user_text: str) -> None:
-        """The core's PrefillDraft: the conversation plus what the user has said so far, so the reply starts sooner."""
-        engine = self.runtime.engine
-        session = self.session
-        if engine is None:
-            return
-        draft = session.screened(user_text)
-        if draft is None:
-            return  # the model never reads a refused message, not even ahead of time
-        messages = session.conversation.chat_messages(session.config.instructions)
-        self._spawn(self._prefill(messages, draft))
-
-    async def _prefill(self, messages: list[ChatMessage], user_text: str) -> None:
-        engine = self.runtime.engine
-        assert engine is not None
-        # The reply's prompt before the turn: with memory on, memories and the memory tool (all merged into its
-        # first message).
-        before = await self.session.response_driver.draft_prompt(messages, user_text)
-        if before is None:
-            return
-        ids = await asyncio.to_thread(draft_prompt_ids, engine.lm.tokenizer, before, user_text)
-        if ids and len(ids) < engine.lm.context_window:
-            with contextlib.suppress(Exception):  # a prefill is only a head start; the response recomputes
-                await engine.prefill(ids, conversation_id=self.session.conversation.id)
+            self.head_start.discard(task)
 
     # -- helpers ----------------------------------------------------------------------------------
 
