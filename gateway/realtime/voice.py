@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from gateway.generation.llm_errors import BACKEND_ERRORS
-from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -36,12 +35,10 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
     SEMANTIC_WAITS_MS,
     SemanticVad,
-    SessionConfig,
     TurnDetection,
 )
-from gateway.realtime.active_response import ActiveResponse
-from gateway.realtime.conversation import Conversation, new_id
-from gateway.realtime.head_start import HeadStart
+from gateway.realtime.conversation import new_id
+from gateway.realtime.head_start import HeadStart, HeadStartHost
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.inputs import (
     AudioCleared,
@@ -59,7 +56,6 @@ from gateway.realtime.inputs import (
     TurnReady,
 )
 from gateway.realtime.preemption import Preemption
-from gateway.realtime.responses import ResponseDriver
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
 from inference.cpu import charge
@@ -104,33 +100,16 @@ class CommittedTurn:
     head_start: Preemption | None = None  # that reply, once started
 
 
-class VoiceHost(Protocol):
-    """What the pipeline needs of its session (session.py's RealtimeSession): the core's inputs go through `feed`."""
+class VoiceHost(HeadStartHost, Protocol):
+    """What the pipeline needs of its session (session.py's RealtimeSession), beyond what its head start needs:
+    the core's inputs go through `feed`."""
 
-    id: str
     request_id: str | None
     settings: Settings
-    runtime: Runtime
-
-    @property
-    def config(self) -> SessionConfig: ...
-
-    @property
-    def conversation(self) -> Conversation: ...
-
-    @property
-    def active(self) -> ActiveResponse | None: ...
 
     def feed(self, event: Input) -> None: ...
 
     async def settle(self) -> None: ...
-
-    def screened(self, text: str) -> str | None: ...
-
-    def speaks_by_default(self) -> bool: ...
-
-    @property
-    def response_driver(self) -> ResponseDriver: ...
 
 
 class VoicePipeline:

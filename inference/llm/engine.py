@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -246,7 +246,7 @@ class LLMEngine:
         """Drop every cached prefix (pins included) at the next step boundary."""
         self._ask_conversations("clear")
 
-    def _ask_conversations(self, op, conversation_id: str = "") -> None:
+    def _ask_conversations(self, op: Literal["end", "clear"], conversation_id: str = "") -> None:
         with self._cond:
             self._conversations.ask(op, conversation_id)
             self._cond.notify_all()
