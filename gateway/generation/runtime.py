@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from inference.llm.backend import LLMBackend
     from inference.llm.end_of_turn import EndOfTurnModel
     from inference.tts import TtsEngine
+    from inference.turn_end import TurnEndModel
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Runtime:
     engine: LLMBackend | None = None
     end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge, on the engine
     asr: AsrEngine | None = None
+    turn_end: TurnEndModel | None = None  # semantic_vad's audio judge (and server_vad's, if asked)
     tts: TtsEngine | None = None
     load_error: str | None = None
     load_times: LoadTimes = field(default_factory=LoadTimes)
@@ -66,6 +68,10 @@ class Runtime:
     # Silero VAD for every session, one window batch per hop; kept apart from the model executors.
     vad_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+    )
+    # noise_reduction for every session that asks for it: DeepFilterNet, about 2 ms of a core per 20 ms frame each.
+    denoise_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="denoise")
     )
     # Open sessions, and the heap given back once none is left (the app's shutdown closes it).
     heap: HeapTrimmer = field(default_factory=HeapTrimmer)
@@ -261,7 +267,8 @@ class Runtime:
 
     def _load_asr(self) -> None:
         from inference.asr import AsrEngine
-        from inference.models import silero_vad_path
+        from inference.models import embedded_turn_model, silero_vad_path
+        from inference.turn_end import TurnEndModel
         from media.vad import SileroVad
 
         assert self.paths is not None
@@ -272,6 +279,7 @@ class Runtime:
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
+        self.turn_end = TurnEndModel.load(settings.turn_model or embedded_turn_model())
 
     def _load_tts(self) -> None:
         from inference.tts import TtsEngine
@@ -295,7 +303,8 @@ class Runtime:
         self.load_times.tts_s = self.tts.load_seconds
 
     def close(self) -> None:
-        for component in (self.engine, self.asr, self.tts):
+        for component in (self.engine, self.asr, self.tts, self.turn_end):
             if component is not None:
                 component.close()
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
+        self.denoise_executor.shutdown(wait=False, cancel_futures=True)

@@ -323,6 +323,14 @@ class Settings(BaseSettings):
     vad_silence_duration_ms: int = Field(
         400, ge=100, le=5000, description="Sessions' default server_vad silence_duration_ms (clients can change it)."
     )
+    turn_model: Path | None = Field(
+        None, description="The audio end-of-turn model (ONNX, Smart Turn v3's inputs and output) that semantic_vad "
+        "asks when the user pauses. Default: smart-turn-v3.2-cpu, which the pipecat-ai wheel carries.",
+    )
+    server_vad_turn_model: bool = Field(
+        False, description="server_vad asks the end-of-turn model too: a turn it hears unfinished waits semantic_vad's "
+        "longest silence (2 s) instead of silence_duration_ms.",
+    )
     voice_preemption: bool = Field(
         True,
         description="Generate the reply (and speak its first clause) from the speculative transcript while the VAD "

@@ -63,6 +63,14 @@ ASR_CALL_SECONDS = Histogram(
 TTS_CLAUSE_SECONDS = Histogram(
     "gateway_tts_clause_seconds", "Piper's time per clause of a spoken reply", buckets=_SHORT_BUCKETS, registry=REGISTRY
 )
+NOISE_REDUCTION_FRAME_SECONDS = Histogram(
+    "gateway_noise_reduction_frame_seconds", "DeepFilterNet's time per 20 ms frame of input audio (noise_reduction)",
+    buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05), registry=REGISTRY,
+)
+END_OF_TURN_SECONDS = Histogram(
+    "gateway_end_of_turn_seconds", "The end-of-turn judges' time, from the silence they judge to their answer",
+    ["judge"], buckets=_SHORT_BUCKETS, registry=REGISTRY,
+)
 BARGE_IN_SECONDS = Histogram(
     "gateway_barge_in_seconds", "From the interruption (speech detected, or cancel) to the reply stopped and trimmed",
     buckets=_SHORT_BUCKETS, registry=REGISTRY,

@@ -162,6 +162,41 @@ def semantic_wait_ms(eagerness: str, end_probability: float) -> int:
     return round(longest - (longest - shortest) * min(1.0, max(0.0, x)))
 
 
+# semantic_vad with the audio end-of-turn model (inference/turn_end.py): the turn is complete when its
+# probability reaches the eagerness' threshold, and the silence then is this short; otherwise it is the longest
+# of SEMANTIC_WAITS_MS. Measured with `python -m benchmarks.turn_taking` (README, "Turn-taking").
+AUDIO_TURN_THRESHOLDS = {"high": 0.3, "medium": 0.5, "auto": 0.5, "low": 0.7}
+AUDIO_SHORTEST_WAITS_MS = {"high": 150, "medium": 250, "auto": 250, "low": 400}
+# The LLM's probability below which the words are cut off ("I'd like to book a flight to": 0.0000, finished
+# ones 0.09 and up): the turn waits the longest silence whatever the audio model heard. On the test set the
+# audio model alone ended 58% of the mid-thought pauses (Piper's voice stays up at a comma less than a
+# person's does); with this veto, see the README.
+TEXT_CUT_OFF = 0.01
+
+
+def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float | None = None) -> int:
+    """The silence that ends a semantic_vad turn, from its judges: the audio model's probability that the turn is
+    complete and the LLM's from its words (semantic_wait_ms), None for a judge that is not there. Words that are
+    cut off wait the longest; otherwise the shorter of the judges' waits."""
+    shortest_text, longest = SEMANTIC_WAITS_MS[eagerness]
+    if text is not None and text < TEXT_CUT_OFF:
+        return longest
+    waits = [longest]
+    if audio is not None and audio >= AUDIO_TURN_THRESHOLDS[eagerness]:
+        waits.append(AUDIO_SHORTEST_WAITS_MS[eagerness])
+    if text is not None:
+        waits.append(semantic_wait_ms(eagerness, text))
+    return min(waits)
+
+
+def server_vad_wait_ms(silence_duration_ms: int, audio: float) -> int:
+    """server_vad with --server-vad-turn-model: a turn the audio model hears unfinished waits semantic_vad's
+    longest silence (auto) instead of ending after the session's silence_duration_ms; a finished one is as before."""
+    if audio >= AUDIO_TURN_THRESHOLDS["auto"]:
+        return silence_duration_ms
+    return max(silence_duration_ms, SEMANTIC_WAITS_MS["auto"][1])
+
+
 TurnDetectionConfig = Annotated[TurnDetection | SemanticVad, Field(discriminator="type")]
 TURN_DETECTION_TYPES = frozenset({"server_vad", "semantic_vad"})
 
@@ -172,19 +207,17 @@ class Transcription(_Strict):
     prompt: str | None = Field(None, max_length=4096)
 
 
+class NoiseReductionConfig(_Strict):
+    type: Literal["near_field", "far_field"]
+
+
 class AudioInput(_Strict):
     format: AudioFormat = Field(default_factory=AudioFormat)
     # null: no transcription events (the server still transcribes for the model, which reads text)
     transcription: Transcription | None = Field(default_factory=Transcription)
     turn_detection: TurnDetectionConfig | None = Field(default_factory=TurnDetection)
-    noise_reduction: None = None
-
-    @field_validator("noise_reduction", mode="before")
-    @classmethod
-    def _no_noise_reduction(cls, value: object) -> object:
-        if value is not None:
-            raise ValueError("noise reduction is not available on this server: send null or leave it out")
-        return value
+    # null: the microphone's audio as it comes; near_field or far_field: DeepFilterNet first (media/denoise.py)
+    noise_reduction: NoiseReductionConfig | None = None
 
 
 class AudioOutput(_Strict):

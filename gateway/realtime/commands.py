@@ -82,8 +82,8 @@ class SetSilence:
 @dataclass(frozen=True)
 class StartSpeculation:
     """Transcribe the open turn's audio so far as its final transcript, ahead of the turn's end; with `preempt`,
-    generate its reply from that transcript; with `judge_end` (semantic_vad), judge from it whether the words end
-    the turn (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
+    generate its reply from that transcript; with `judge_end` (semantic_vad, or server_vad with
+    --server-vad-turn-model), judge whether the turn is over from its audio and its words (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
 
     item_id: str
     preempt: bool

@@ -113,6 +113,7 @@ class RealtimeCore:
     can_speak: bool = False  # the session has a TTS and somewhere to send its audio
     has_playout: bool = False  # WebRTC: the audio goes through a playout buffer that reports what was heard
     preempts: bool = True  # a turn's reply is generated from its speculative transcript (--voice-preemption)
+    judges_server_vad: bool = False  # the audio model lengthens an unfinished server_vad turn's silence
     turns: TurnMachine = field(default_factory=TurnMachine)
     state: SessionState = SessionState.NEW
     response: ActiveResponse | None = None  # the response sub-machine, while one is in progress

@@ -133,10 +133,12 @@ class SilenceHeard:
 
 @dataclass(frozen=True)
 class EndOfTurnJudged:
-    """semantic_vad: the LLM's probability that the open turn's words so far end it (a silence is running)."""
+    """The judges' probabilities that the open turn is complete (a silence is running): the audio model's and
+    the LLM's from the words so far; None for a judge that is not there or failed."""
 
     item_id: str
-    probability: float
+    audio: float | None
+    text: float | None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from gateway.protocol import server_events as se
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SemanticVad, SessionConfig, semantic_wait_ms
+from gateway.protocol.session_config import SemanticVad, SessionConfig, server_vad_wait_ms, turn_end_wait_ms
 from gateway.realtime.active_response import ActiveResponse
 from gateway.realtime.commands import (
     CreateResponse,
@@ -62,6 +62,7 @@ class ListeningHost(Protocol):
     conversation: Conversation
     turns: TurnMachine
     preempts: bool
+    judges_server_vad: bool  # server_vad turns are judged by the audio model too (--server-vad-turn-model)
     response: ActiveResponse | None  # the response in progress: it holds the engine
 
     @property
@@ -202,7 +203,8 @@ class Listening:
             if not turn.speculating and not event.covered:
                 turn.speculating = True
                 preempt = host.preempts and detection is not None and detection.create_response
-                host.emit(StartSpeculation(turn.item_id, preempt, isinstance(detection, SemanticVad)))
+                judged = isinstance(detection, SemanticVad) or (detection is not None and host.judges_server_vad)
+                host.emit(StartSpeculation(turn.item_id, preempt, judged))
         elif event.speech and turn.speculating:
             turn.speculating = False
             host.emit(DiscardSpeculation(turn.item_id))
@@ -225,9 +227,12 @@ class Listening:
 
     def _end_of_turn_judged(self, event: EndOfTurnJudged, host: ListeningHost) -> None:
         detection = host.config.audio.input.turn_detection
-        if self.open_turn != event.item_id or not isinstance(detection, SemanticVad):
+        if self.open_turn != event.item_id or detection is None:
             return
-        host.emit(SetSilence(event.item_id, semantic_wait_ms(detection.eagerness, event.probability)))
+        if isinstance(detection, SemanticVad):
+            host.emit(SetSilence(event.item_id, turn_end_wait_ms(detection.eagerness, audio=event.audio, text=event.text)))
+        elif host.judges_server_vad and event.audio is not None:
+            host.emit(SetSilence(event.item_id, server_vad_wait_ms(detection.silence_duration_ms, event.audio)))
 
     def _transcript_final(self, event: TranscriptFinal, host: ListeningHost) -> None:
         turn = self._committed.get(event.item_id)

@@ -127,7 +127,8 @@ class RealtimeSession:
         self.core = RealtimeCore(
             config, Conversation(max_items=settings.max_conversation_items, max_bytes=settings.max_conversation_bytes),
             clock=now, stabilizer=TranscriptStabilizer, echo_guard_ms=settings.echo_guard_ms,
-            preempts=settings.voice_preemption, can_speak=runtime.tts is not None and speech_factory is not None,
+            preempts=settings.voice_preemption, judges_server_vad=settings.server_vad_turn_model and runtime.turn_end is not None,
+            can_speak=runtime.tts is not None and speech_factory is not None,
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None

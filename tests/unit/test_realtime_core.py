@@ -491,14 +491,31 @@ def test_a_transcription_session_prefills_nothing() -> None:
 
 def test_semantic_vad_sets_the_silence_from_the_end_of_turn_probability() -> None:
     core, _ = make_core()
-    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == []  # server_vad: the silence is fixed
+    assert core.handle(EndOfTurnJudged("item_u", None, 0.9)) == []  # server_vad: the silence is fixed
     core.config.audio.input.turn_detection = SemanticVad(type="semantic_vad", eagerness="high")
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
-    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == [SetSilence("item_u", 250)]  # finished: the shortest
-    assert core.handle(EndOfTurnJudged("item_u", 0.0)) == [SetSilence("item_u", 1000)]  # cut off: the longest
-    assert core.handle(EndOfTurnJudged("item_v", 0.9)) == []  # not the open turn
+    assert core.handle(EndOfTurnJudged("item_u", None, 0.9)) == [SetSilence("item_u", 250)]  # finished: the shortest
+    assert core.handle(EndOfTurnJudged("item_u", None, 0.0)) == [SetSilence("item_u", 1000)]  # cut off: the longest
+    assert core.handle(EndOfTurnJudged("item_u", 0.9, None)) == [SetSilence("item_u", 150)]  # the audio model's
+    assert core.handle(EndOfTurnJudged("item_u", 0.9, 0.0)) == [SetSilence("item_u", 1000)]  # words cut off: vetoed
+    assert core.handle(EndOfTurnJudged("item_v", 0.9, 0.9)) == []  # not the open turn
     core.handle(SpeechEnded("item_u", audio_end_ms=900))
-    assert core.handle(EndOfTurnJudged("item_u", 0.9)) == []  # the turn has ended
+    assert core.handle(EndOfTurnJudged("item_u", 0.9, 0.9)) == []  # the turn has ended
+
+
+def test_server_vad_asks_the_audio_model_only_when_told() -> None:
+    core, _ = make_core()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    started = core.handle(SilenceHeard("item_u", silence_ms=100, speech=False, covered=False))
+    assert [o for o in started if isinstance(o, StartSpeculation)][0].judge_end is False
+    assert core.handle(EndOfTurnJudged("item_u", 0.1, None)) == []
+    judged, _ = make_core()
+    judged.judges_server_vad = True
+    judged.handle(SpeechBegan("item_u", audio_start_ms=0))
+    started = judged.handle(SilenceHeard("item_u", silence_ms=100, speech=False, covered=False))
+    assert [o for o in started if isinstance(o, StartSpeculation)][0].judge_end is True
+    assert judged.handle(EndOfTurnJudged("item_u", 0.1, None)) == [SetSilence("item_u", 2000)]  # unfinished: longer
+    assert judged.handle(EndOfTurnJudged("item_u", 0.9, None)) == [SetSilence("item_u", 400)]  # the session's own
 
 
 def test_a_silence_long_enough_starts_the_speculative_transcript_and_the_reply_ahead_once() -> None:

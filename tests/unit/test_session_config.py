@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig, SpeechOptions, apply_session_update, semantic_wait_ms
+from gateway.protocol.session_config import (
+    SessionConfig,
+    SpeechOptions,
+    apply_session_update,
+    semantic_wait_ms,
+    server_vad_wait_ms,
+    turn_end_wait_ms,
+)
 
 
 def test_partial_update_keeps_other_fields() -> None:
@@ -38,8 +45,10 @@ def test_null_turn_detection_means_manual_turns() -> None:
          "session.audio.input.turn_detection.eagerness"),
         ({"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}, "unknown_parameter",
          "session.audio.input.turn_detection.eagerness"),
-        ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, "invalid_value",
-         "session.audio.input.noise_reduction"),
+        ({"audio": {"input": {"noise_reduction": {"type": "studio"}}}}, "invalid_value",
+         "session.audio.input.noise_reduction.type"),
+        ({"audio": {"input": {"noise_reduction": {"type": "near_field", "level": 3}}}}, "unknown_parameter",
+         "session.audio.input.noise_reduction.level"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),
         ({"tool_choice": "required"}, "invalid_value", "session.tool_choice"),
         ({"tracing": "everything"}, "invalid_value", "session.tracing"),
@@ -51,6 +60,27 @@ def test_bad_updates(update: dict, code: str, param: str) -> None:
     with pytest.raises(ApiError) as caught:
         apply_session_update(SessionConfig(), update)
     assert (caught.value.code, caught.value.param) == (code, param)
+
+
+@pytest.mark.parametrize("kind", ["near_field", "far_field"])
+def test_noise_reduction_is_served(kind: str) -> None:
+    updated = apply_session_update(SessionConfig(), {"audio": {"input": {"noise_reduction": {"type": kind}}}})
+    assert updated.audio.input.noise_reduction is not None and updated.audio.input.noise_reduction.type == kind
+    cleared = apply_session_update(updated, {"audio": {"input": {"noise_reduction": None}}})
+    assert cleared.audio.input.noise_reduction is None
+
+
+def test_the_judges_set_the_silence_together() -> None:
+    """semantic_vad's wait from the audio model and the LLM (auto: 250 ms to 2 s): words cut off wait the
+    longest whatever the audio says; otherwise the shorter of the two waits; no judge, the longest."""
+    assert turn_end_wait_ms("auto") == 2000
+    assert turn_end_wait_ms("auto", audio=0.9) == 250
+    assert turn_end_wait_ms("auto", audio=0.2) == 2000
+    assert turn_end_wait_ms("auto", audio=0.9, text=0.001) == 2000
+    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9) == 400
+    assert turn_end_wait_ms("auto", audio=0.9, text=0.9) == 250
+    assert turn_end_wait_ms("low", audio=0.6) == 4000 and turn_end_wait_ms("high", audio=0.35) == 150
+    assert server_vad_wait_ms(500, 0.9) == 500 and server_vad_wait_ms(500, 0.1) == 2000
 
 
 def test_g711_formats_have_their_rate() -> None:
