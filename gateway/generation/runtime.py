@@ -279,7 +279,12 @@ class Runtime:
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
-        self.turn_end = TurnEndModel.load(settings.turn_model or embedded_turn_model())
+        try:
+            turn_model = settings.turn_model or embedded_turn_model()
+        except ModelNotFound as missing:  # not a declared dependency (see the Makefile): the LLM judges alone
+            log.warning("semantic_vad runs without its audio end-of-turn model: %s", missing)
+            return
+        self.turn_end = TurnEndModel.load(turn_model)  # a --turn-model that is not there fails the start
 
     def _load_tts(self) -> None:
         from inference.tts import TtsEngine

@@ -91,6 +91,12 @@ def open_session(asr: AsrEngine, turn_end: TurnEndModel | None) -> tuple[Realtim
     return session, runtime
 
 
+def stop_executors(runtime: Runtime) -> None:
+    """Not runtime.close(): the models are the test session's fixtures."""
+    runtime.vad_executor.shutdown()
+    runtime.denoise_executor.shutdown()
+
+
 async def stream(session: RealtimeSession, pcm24k: np.ndarray) -> None:
     """In 20 ms appends, in real time: the turn's silence is judged while it runs."""
     for i in range(0, len(pcm24k), 480):
@@ -133,7 +139,7 @@ async def test_semantic_vad_ends_a_finished_question_by_its_sound(
         assert ended == (1 if with_model else 0)
     finally:
         await session.close()
-        runtime.close()
+        stop_executors(runtime)
 
 
 async def test_noise_reduction_cleans_what_the_vad_and_whisper_hear(asr: AsrEngine) -> None:
@@ -155,4 +161,4 @@ async def test_noise_reduction_cleans_what_the_vad_and_whisper_hear(asr: AsrEngi
         assert 20 * np.log10(reduced / as_sent) < -6, heard
     finally:
         await session.close()
-        runtime.close()
+        stop_executors(runtime)
