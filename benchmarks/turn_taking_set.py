@@ -49,6 +49,14 @@ PAUSED = [
     "Send a message to, my brother saying I'll be late.",
     "I'm looking for a gift for, my mother's birthday.",
     "Play some music by, the Beatles please.",
+    "Can you set an alarm for, half past seven?",
+    "I think the best option would be, the train.",
+    "How much does it cost to, rent a car for a week?",
+    "We are planning a trip to, Japan in the spring.",
+    "Remind me to pick up, the dry cleaning after work.",
+    "Is there a good restaurant around, the old harbour?",
+    "I can't remember if I, locked the front door.",
+    "The password for the wifi is, blue sky forty two.",
 ]
 BACKCHANNELS = ["Mm-hm.", "Yeah.", "Right.", "Uh-huh.", "Okay.", "I see."]
 COUGHS = 2
