@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.protocol import server_events as se
+from gateway.protocol.errors import ApiError
 from gateway.realtime.commands import Output, Send
 from gateway.realtime.conversation import Conversation, Item, SpokenSegment, new_id
 from gateway.realtime.inputs import (
@@ -38,6 +39,15 @@ ResponseInput = (TokensReserved | MessageOpened | FunctionCallsMade | TextDelta 
 class ResponseState(enum.Enum):
     IN_PROGRESS = "in_progress"
     CANCELLING = "cancelling"
+
+
+def already_active(response_id: str) -> ApiError:
+    """A response asked for while another is in progress (the session's conversation has one at a time)."""
+    return ApiError(
+        "conversation_already_has_active_response",
+        f"Conversation already has an active response in progress: {response_id}. "
+        "Wait until the response is finished before creating a new one.",
+    )
 
 
 @dataclass

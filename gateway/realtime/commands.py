@@ -3,12 +3,37 @@ the drivers to carry out."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
+from gateway.protocol.session_config import SessionConfig
+from gateway.realtime.conversation import Conversation
 from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
+from inference.llm.chat import ChatMessage
+
+
+@dataclass(frozen=True)
+class ResponseSession:
+    """What a response is planned from, as the core has it when it commands one: the session's configuration,
+    its conversation (which the response's item joins, through the core) and whether it can speak."""
+
+    config: SessionConfig
+    conversation: Conversation
+    can_speak: bool
+
+
+@dataclass(frozen=True)
+class ReplyContext:
+    """What a reply made ahead of its turn is built from, as the core has it when it asks: the session's
+    configuration, the conversation before the turn as chat messages, and whether a default reply speaks. The
+    turn's response builds its prompt the same way, so a reply made ahead is adopted when nothing changed."""
+
+    config: SessionConfig
+    history: list[ChatMessage]
+    speaks: bool
+    conversation_id: str  # the engine's cache of the conversation
 
 
 @dataclass(frozen=True)
@@ -30,6 +55,7 @@ class CreateResponse:
     params: ResponseParams
     event_id: str | None = None
     turn: str | None = None  # the user item it answers: its latency marks and its reply generated ahead
+    session: ResponseSession | None = field(default=None, compare=False)  # the core always sets it
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,7 @@ class PrefillDraft:
 
     item_id: str
     text: str
+    context: ReplyContext | None = field(default=None, compare=False)  # the core always sets it
 
 
 @dataclass(frozen=True)
@@ -83,11 +110,13 @@ class SetSilence:
 class StartSpeculation:
     """Transcribe the open turn's audio so far as its final transcript, ahead of the turn's end; with `preempt`,
     generate its reply from that transcript; with `judge_end` (semantic_vad, or server_vad with
-    --server-vad-turn-model), judge whether the turn is over from its audio and its words (feed EndOfTurnJudged). The committed turn keeps what was started (DropTurn or its reply releases it)."""
+    --server-vad-turn-model), judge whether the turn is over from its audio and its words (feed EndOfTurnJudged).
+    The committed turn keeps what was started (DropTurn or its reply releases it)."""
 
     item_id: str
     preempt: bool
     judge_end: bool
+    context: ReplyContext | None = field(default=None, compare=False)  # with `preempt`: the reply's
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,14 @@ from gateway.protocol import server_events as se
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
-from gateway.realtime.active_response import ActiveResponse, ResponseInput
+from gateway.realtime.active_response import ActiveResponse, ResponseInput, already_active
 from gateway.realtime.commands import (
     CreateResponse,
     DropTurn,
     Output,
+    ReplyContext,
     ResponseFinished,
+    ResponseSession,
     Send,
     SendError,
     SetProducing,
@@ -56,7 +58,9 @@ from gateway.realtime.inputs import (
     CancelRequested,
     ClauseSpoken,
     ConfigChanged,
+    ConversationAttached,
     EndOfTurnJudged,
+    ErrorOccurred,
     FunctionCallsMade,
     IllegalInput,
     Input,
@@ -67,6 +71,7 @@ from gateway.realtime.inputs import (
     MessageOpened,
     MetadataAdded,
     OutputClearRequested,
+    PlayoutAttached,
     PlayoutCleared,
     PlayoutStarted,
     PlayoutStopped,
@@ -159,13 +164,25 @@ class RealtimeCore:
 
     def ensure_no_response(self) -> None:
         if self.response is not None:
-            raise ApiError(
-                "conversation_already_has_active_response",
-                f"Conversation already has an active response in progress: {self.response.events.response_id}. "
-                "Wait until the response is finished before creating a new one.",
-            )
+            raise already_active(self.response.events.response_id)
+
+    def create_response(self, params: ResponseParams, *, event_id: str | None = None, turn: str | None = None) -> None:
+        """Command a response, with what the driver plans it from."""
+        self._out.append(CreateResponse(params, event_id=event_id, turn=turn,
+                                        session=ResponseSession(self.config, self.conversation, self.can_speak)))
+
+    def reply_context(self, *, excluding: str | None = None) -> ReplyContext:
+        """What a reply made ahead of the turn `excluding` is built from (PrefillDraft, StartSpeculation)."""
+        return ReplyContext(self.config, self.conversation.chat_messages(self.config.instructions, excluding=excluding),
+                            "audio" in self.config.output_modalities and self.can_speak, self.conversation.id)
 
     # -- session and items ---------------------------------------------------------------------------
+
+    def _conversation_attached(self, event: ConversationAttached) -> None:
+        self.conversation = event.conversation
+
+    def _playout_attached(self, event: PlayoutAttached) -> None:
+        self.has_playout = True
 
     def _started(self, event: SessionStarted) -> None:
         self.state = SessionState.OPEN
@@ -239,7 +256,7 @@ class RealtimeCore:
         self._item_created(ItemCreated(item))
         if detection.create_response:
             nudge = f"{self.config.instructions}\n\n{IDLE_NUDGE}".strip()
-            self._out.append(CreateResponse(ResponseParams(instructions=nudge)))
+            self.create_response(ResponseParams(instructions=nudge))
 
     def _turn_ready(self, event: TurnReady) -> None:
         has_text = self._listening.take_committed(event.item_id)
@@ -252,7 +269,7 @@ class RealtimeCore:
             self._out.append(DropTurn(self._queued_turn))
             self._queued_turn = None
         if self.response is None:
-            self._out.append(CreateResponse(ResponseParams(), turn=event.item_id))
+            self.create_response(ResponseParams(), turn=event.item_id)
             return
         # A reply still running is about an older turn: it gives way (or, with interrupt_response off, ends first).
         self._queued_turn = event.item_id
@@ -267,7 +284,7 @@ class RealtimeCore:
         if self._listening.transcribing:  # push-to-talk: the response answers what was just committed
             self._listening.defer(event)
             return
-        self._out.append(CreateResponse(event.params, event_id=event.event_id))
+        self.create_response(event.params, event_id=event.event_id)
 
     def _response_started(self, event: ResponseStarted) -> None:
         self.ensure_no_response()
@@ -338,7 +355,7 @@ class RealtimeCore:
         self._listening.response_ended(self)
         if self._queued_turn is not None:
             turn, self._queued_turn = self._queued_turn, None
-            self._out.append(CreateResponse(ResponseParams(), turn=turn))
+            self.create_response(ResponseParams(), turn=turn)
 
     def _route(self, response_id: str) -> ActiveResponse | None:
         """The response in progress with this id; None for one that has ended (a straggler of its task)."""
@@ -393,6 +410,7 @@ class RealtimeCore:
 # (state, input) -> transition. A response's own inputs go on to its sub-machine (active_response.py).
 _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     ConfigChanged: RealtimeCore._config_changed,
+    ErrorOccurred: lambda core, event: core.emit(SendError(event.error)),
     ItemCreated: RealtimeCore._item_created,
     ItemRetrieve: RealtimeCore._item_retrieve,
     ItemDelete: RealtimeCore._item_delete,
@@ -428,6 +446,8 @@ _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     PlayoutCleared: RealtimeCore._playout_input,
 }
 _TRANSITIONS: dict[tuple[SessionState, type], Callable[[RealtimeCore, Any], None]] = {
+    (SessionState.NEW, ConversationAttached): RealtimeCore._conversation_attached,
+    (SessionState.NEW, PlayoutAttached): RealtimeCore._playout_attached,
     (SessionState.NEW, SessionStarted): RealtimeCore._started,
     **{(SessionState.OPEN, kind): transition for kind, transition in _OPEN.items()},
 }

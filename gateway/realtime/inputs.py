@@ -10,7 +10,7 @@ from typing import Any
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
-from gateway.realtime.conversation import Item
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
 from inference.llm.tool_calls import ToolCall
 
@@ -18,6 +18,25 @@ from inference.llm.tool_calls import ToolCall
 class IllegalInput(RuntimeError):
     """An input the core's state cannot take: a driver's bug (a client's refused event is an ApiError). Its
     message names the input's type and the state, never user text."""
+
+
+@dataclass(frozen=True)
+class ConversationAttached:
+    """Before the session starts: it continues a stored conversation, whose branch becomes its first items."""
+
+    conversation: Conversation
+
+
+@dataclass(frozen=True)
+class PlayoutAttached:
+    """Before the session starts: its audio goes through a WebRTC playout buffer, which reports what was heard."""
+
+
+@dataclass(frozen=True)
+class ErrorOccurred:
+    """What a driver was commanded failed in a way the client is told of (a response refused): an `error` event."""
+
+    error: ApiError
 
 
 @dataclass(frozen=True)
@@ -274,7 +293,7 @@ class PlayoutCleared:
 
 
 Input = (
-    SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
+    ConversationAttached | PlayoutAttached | ErrorOccurred | SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
     | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
     | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten

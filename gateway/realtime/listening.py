@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.protocol import server_events as se
+from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SemanticVad, SessionConfig, server_vad_wait_ms, turn_end_wait_ms
 from gateway.realtime.active_response import ActiveResponse
 from gateway.realtime.commands import (
-    CreateResponse,
     DiscardSpeculation,
     DropTurn,
     Output,
     PrefillDraft,
+    ReplyContext,
     SendError,
     SetSilence,
     StartSpeculation,
@@ -73,6 +74,10 @@ class ListeningHost(Protocol):
     def emit_event(self, event: se.ServerEvent) -> None: ...
 
     def interrupt(self, reason: str) -> None: ...  # barge-in
+
+    def create_response(self, params: ResponseParams, *, event_id: str | None = None) -> None: ...
+
+    def reply_context(self, *, excluding: str | None = None) -> ReplyContext: ...
 
     def heard_silence(self) -> None: ...  # the idle timer counts from now
 
@@ -163,7 +168,7 @@ class Listening:
             return  # a transcription session never answers: nothing to prefill for
         turn.prefill_due = host.response is not None  # it holds the engine, and may still add to the conversation
         if not turn.prefill_due:
-            host.emit(PrefillDraft(turn.item_id, turn.prefilled))
+            host.emit(PrefillDraft(turn.item_id, turn.prefilled, host.reply_context()))
 
     def _speech_ended(self, event: SpeechEnded, host: ListeningHost) -> None:
         if self.open_turn != event.item_id:
@@ -204,7 +209,8 @@ class Listening:
                 turn.speculating = True
                 preempt = host.preempts and detection is not None and detection.create_response
                 judged = isinstance(detection, SemanticVad) or (detection is not None and host.judges_server_vad)
-                host.emit(StartSpeculation(turn.item_id, preempt, judged))
+                context = host.reply_context(excluding=turn.item_id) if preempt else None
+                host.emit(StartSpeculation(turn.item_id, preempt, judged, context))
         elif event.speech and turn.speculating:
             turn.speculating = False
             host.emit(DiscardSpeculation(turn.item_id))
@@ -276,7 +282,7 @@ class Listening:
         if not self.transcribing:
             deferred, self._deferred = self._deferred, []
             for request in deferred:
-                host.emit(CreateResponse(request.params, event_id=request.event_id))
+                host.create_response(request.params, event_id=request.event_id)
 
 
 _HANDLERS: dict[type, Callable[[Listening, Any, ListeningHost], None]] = {

@@ -6,28 +6,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.generation.memory import MemoryAccount, Recall
-from gateway.generation.reply_path import PlannedReply, ReplyPath
+from gateway.generation.memory import Recall
+from gateway.generation.reply_path import ReplyPath
 from gateway.generation.runtime import Runtime
 from gateway.generation.service import Generator, Reply
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
-from gateway.platform.latency import TurnMarks, now
-from gateway.platform.token_quota import TokenAccount
-from gateway.protocol import client_events as ev
+from gateway.platform.latency import TurnMarks
 from gateway.protocol.errors import ApiError
+from gateway.protocol.session_config import SessionConfig
+from gateway.realtime.active_response import already_active
 from gateway.realtime.commands import CreateResponse, ResponseFinished, StopResponse
-from gateway.realtime.core import RealtimeCore
 from gateway.realtime.inputs import (
     ClauseSpoken,
+    ErrorOccurred,
     FunctionCallsMade,
     Input,
     MessageOpened,
@@ -41,10 +39,10 @@ from gateway.realtime.inputs import (
 )
 from gateway.realtime.preemption import AdoptedStream, Preemption
 from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
-from gateway.realtime.response_plan import Accounts, ResponseJob, plan_response, reply_form, reply_request
+from gateway.realtime.response_plan import Accounts, ResponseJob, plan_response
+from gateway.realtime.speech_out import SpeechFactory, SpeechStream, SpeechTarget
 from gateway.safety.output import ContentFiltered
 from inference.llm.backend import GenerationResult
-from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ReplySplitter, parse_reply
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
@@ -59,14 +57,6 @@ USAGE_WAIT_S = 0.15  # how long a cancel waits for the engine's token counts bef
 # it out of steps that other replies' prompts and first words need (Scheduler.schedule). It covers the next
 # clause's ~10 tokens and its synthesis on a busy CPU (0.3-0.5 s each at 8 sessions) with room to spare.
 SPEECH_LEAD_S = 2.0
-
-
-class SpeechStream(Protocol):
-    """Where one response's audio goes: WebSocket deltas, or the WebRTC playout buffer."""
-
-    def write(self, pcm: np.ndarray) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class ResponseRunner:
@@ -123,7 +113,7 @@ class ResponseRunner:
         job = self.job
         preemption, job.preemption = job.preemption, None
         adopted: AdoptedStream | None = None
-        # Made ahead by the same builder and reply path (ResponseDriver.preempt_reply), its prompt differs only
+        # Made ahead by the same builder and reply path (ReplyAhead.preempt), its prompt differs only
         # when the conversation, the final transcript or the memories did (this response saved the question's fact).
         if (preemption is not None and path.prepared.rendered.constraint is None
                 and preemption.prompt_ids == path.prompt_ids and preemption.sampling == job.request.sampling):
@@ -240,32 +230,6 @@ class ResponseRunner:
             yield chunk
 
 
-class ResponseHost(Protocol):
-    """What a session's responses need of it (session.py's RealtimeSession): its core's inputs go through `feed`."""
-
-    id: str
-    request_id: str | None
-    settings: Settings
-    runtime: Runtime
-    core: RealtimeCore
-    tokens: TokenAccount | None
-    memory: MemoryAccount | None
-    last_activity: float
-
-    @property
-    def playout(self) -> PlayoutBuffer | None: ...
-
-    def feed(self, event: Input) -> None: ...
-
-    def send_error(self, error: ApiError) -> None: ...
-
-    def screened(self, text: str) -> str | None: ...
-
-    def speech_for(self, events: ResponseEvents, marks: TurnMarks) -> SpeechStream | None:
-        """Where the response's audio goes; None when the session has nowhere to send it."""
-        ...
-
-
 @dataclass
 class RunningResponse:
     """The driver's side of the core's response in progress: what runs it, and its latency marks."""
@@ -273,6 +237,7 @@ class RunningResponse:
     events: ResponseEvents
     runner: ResponseRunner
     marks: TurnMarks
+    config: SessionConfig  # the session's when it started: its log record names its model and trace
     task: asyncio.Task[None] | None = None
 
 
@@ -282,23 +247,26 @@ class ResponseDriver:
     response's task and the stoppers that end a cancelled one once it is awaited; also starts a turn's
     reply ahead of the turn (voice preemption), with the same plan."""
 
-    def __init__(self, host: ResponseHost) -> None:
-        # The session owns its responses: a strong reference back would make a cycle, which only the cycle
-        # collector's full pass frees (and in a process that holds the models it practically never runs).
-        self._host = weakref.ref(host)
+    def __init__(self, feed: Callable[[Input], None], *, runtime: Runtime, settings: Settings, accounts: Accounts,
+                 speech: SpeechFactory | None, playout: PlayoutBuffer | None, session_id: str,
+                 request_id: str | None) -> None:
+        """`feed` takes what happens to the session's core, as inputs. `speech` makes a spoken response's audio
+        stream (None: the session has nowhere to send audio); `playout` (WebRTC) knows what the user heard."""
+        self.feed = feed
+        self.runtime = runtime
+        self.settings = settings
+        self.accounts = accounts
+        self.speech = speech
+        self.playout = playout
+        self.session_id = session_id  # for the log
+        self.request_id = request_id
         self.count = 0  # responses done
         self._run: RunningResponse | None = None
         self._stoppers: set[asyncio.Task[None]] = set()  # each ends a cancelled response once its task is done
 
-    @property
-    def host(self) -> ResponseHost:
-        host = self._host()
-        assert host is not None, "a session's responses live no longer than the session"
-        return host
-
-    def _accounts(self) -> Accounts:
-        host = self.host
-        return Accounts(host.runtime.safety, host.tokens, host.memory)
+    def running(self) -> bool:
+        """A response is in progress: it holds the engine (a reply made ahead does not start then)."""
+        return self._run is not None
 
     # -- starting -----------------------------------------------------------------------------------
 
@@ -306,31 +274,36 @@ class ResponseDriver:
         """The core's CreateResponse (a client's response.create, a user turn's reply, or the idle nudge), with
         the turn's latency marks and its reply generated ahead: refused, it is an `error` event."""
         try:
-            self._start(command.params, marks, preemption)
+            self._start(command, marks, preemption)
         except ApiError as error:
             if preemption is not None:
                 preemption.cancel()
             error.event_id = command.event_id
-            self.host.send_error(error)
+            self.feed(ErrorOccurred(error))
 
-    def _start(self, params: ev.ResponseParams, marks: TurnMarks, preemption: Preemption | None) -> None:
+    def _start(self, command: CreateResponse, marks: TurnMarks, preemption: Preemption | None) -> None:
         """Start a response now (synchronously), or raise. ``preemption``: a generation already started for this
-        reply (see preempt_reply); the response takes it over when its prompt is the same, and cancels it otherwise."""
-        host, core = self.host, self.host.core
-        core.ensure_no_response()
-        engine = host.runtime.engine
+        reply (reply_ahead.py); the response takes it over when its prompt is the same, and cancels it otherwise."""
+        session = command.session
+        assert session is not None, "the core gives every CreateResponse what it is planned from"
+        if self._run is not None:
+            raise already_active(self._run.events.response_id)
+        engine = self.runtime.engine
         if engine is None:
             raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
-        plan = plan_response(core.config, host.settings, core.conversation, params,
-                             context_window=engine.lm.context_window, can_speak=core.can_speak,
-                             accounts=self._accounts(), marks=marks, preemption=preemption)
+        plan = plan_response(session.config, self.settings, session.conversation, command.params,
+                             context_window=engine.lm.context_window, can_speak=session.can_speak,
+                             accounts=self.accounts, marks=marks, preemption=preemption)
         events = plan.events
-        speech = host.speech_for(events, marks) if events.audio else None
-        runner = ResponseRunner(generator=host.runtime.generator(), tts=host.runtime.tts, job=plan.job, events=events, feed=host.feed,
-                                speech=speech)
+        speech = None
+        if events.audio and self.speech is not None and self.runtime.tts is not None:
+            target = SpeechTarget(self.feed, session.config.audio.output.format, self.playout, self.runtime.tts.sample_rate)
+            speech = self.speech(target, events, marks)
+        runner = ResponseRunner(generator=self.runtime.generator(), tts=self.runtime.tts, job=plan.job, events=events,
+                                feed=self.feed, speech=speech)
         # With tools, the message opens with its first text: the reply may be calls.
-        host.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.client_tools))
-        run = RunningResponse(events=events, runner=runner, marks=marks)
+        self.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.client_tools))
+        run = RunningResponse(events=events, runner=runner, marks=marks, config=session.config)
         self._run = run
         run.task = asyncio.create_task(self._run_response(run), name=f"response {events.response_id}")
 
@@ -341,7 +314,7 @@ class ResponseDriver:
         except ContentFiltered:
             # Its generation is stopped: the audio not yet played is cleared, as in a barge-in, the item keeps
             # what was sent (heard, over WebRTC), and the response ends incomplete.
-            self.host.feed(ResponseFiltered(run.events.response_id))
+            self.feed(ResponseFiltered(run.events.response_id))
             self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
         except ApiError as exc:  # the generation service maps the backend's errors
             self._end(run, "failed", error=exc)
@@ -363,9 +336,9 @@ class ResponseDriver:
             usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
             if result.admitted_at is not None:
                 metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
-        playout = self.host.playout
+        playout = self.playout
         heard_ms = playout.played_ms(run.events.item.id) if playout is not None else None
-        self.host.feed(ResponseEnded(run.events.response_id, status, run.marks.to_wire(), reason=reason, usage=usage,
+        self.feed(ResponseEnded(run.events.response_id, status, run.marks.to_wire(), reason=reason, usage=usage,
                                      error=error, heard_ms=heard_ms))
 
     def finished(self, done: ResponseFinished) -> None:
@@ -374,25 +347,24 @@ class ResponseDriver:
         if run is None or run.events is not done.events:
             return
         self._run = None
-        self.host.last_activity = time.monotonic()
         metrics.RESPONSES.labels(done.status).inc()
         self._log(run, done)
         for stage, seconds in run.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
             if stage == "voice_to_voice":
-                self.host.runtime.admission.record(seconds)
+                self.runtime.admission.record(seconds)
 
     def _log(self, run: RunningResponse, done: ResponseFinished) -> None:
         """One record per response: ids, status, token counts and latency marks (the answer only with
         --log-content). With session.tracing, the trace's names and metadata go with it."""
-        host, config = self.host, self.host.core.config
+        config = run.config
         tracing = config.tracing
         named = tracing if tracing is not None and not isinstance(tracing, str) else None
         events, usage, error = run.events, done.usage, done.error
         text = events.item.content[0].get("transcript" if events.audio else "text") if events.opened else None
         self.count += 1
         log_event(
-            "realtime.response.done", session_id=host.id, request_id=host.request_id, response_id=events.response_id,
+            "realtime.response.done", session_id=self.session_id, request_id=self.request_id, response_id=events.response_id,
             conversation_id=events.conversation_id, model=config.model, status=done.status, reason=done.reason,
             error_code=error.get("code") if error else None,
             input_tokens=usage.input_tokens if usage else None, cached_tokens=usage.cached_tokens if usage else None,
@@ -456,56 +428,3 @@ class ResponseDriver:
         # A finished task keeps its frame (and so this session) in its result or CancelledError: let them go.
         self._run = None
         self._stoppers.clear()
-
-    # -- ahead of the turn ------------------------------------------------------------------------------
-
-    async def preempt_reply(self, user_item_id: str, user_text: str) -> Preemption | None:
-        """Start generating the default reply to a user turn that may not be committed yet.
-
-        The voice path calls this with the speculative final transcript while the VAD waits out the
-        silence; the turn's response adopts the stream when its prompt turns out the same. The
-        turn's item, when already added, is replaced by `user_text` at the end. None when no reply
-        can start now (a response is running, no model, the engine is full).
-        """
-        host, core = self.host, self.host.core
-        engine = host.runtime.engine
-        if engine is None or core.response is not None:
-            return None
-        config, params = core.config, ev.ResponseParams()
-        form = reply_form(config, params)
-        if form.tools and form.choice != "none":
-            return None  # a reply that may call functions has their instructions and maybe a grammar
-        words = host.screened(user_text)
-        if words is None:
-            return None  # refused: the turn's final transcript will say so
-        history = core.conversation.chat_messages(config.instructions, excluding=user_item_id)
-        # The response's own builder, from what the response will have: adopted when the prompts are the same.
-        request = reply_request(config, host.settings, params, form, [*history, ChatMessage("user", words)],
-                                engine.lm.context_window, save_memory=False)
-        try:
-            # No tokens reserved: the response that adopts it reserves them.
-            path = await ReplyPath.prepare(host.runtime.generator(), request, memory=host.memory)
-            if core.response is not None:
-                return None
-            reply = await path.start(conversation_id=core.conversation.id)
-        except ApiError:
-            return None  # the response itself will meet (and report) the same condition
-        return Preemption(prompt_ids=path.prompt_ids, sampling=request.sampling, stream=reply, started_at=now())
-
-    async def draft_prompt(self, messages: list[ChatMessage], user_text: str) -> list[ChatMessage] | None:
-        """The messages before a user turn still being spoken, as the default response to it will have them (the
-        same builder): with the tools' instructions and, with the key's memory on, the memories that bear on what
-        was said so far (nothing is saved from a draft). None when that response would be refused."""
-        host, config, params = self.host, self.host.core.config, ev.ResponseParams()
-        engine = host.runtime.engine
-        if engine is None:
-            return None
-        request = reply_request(config, host.settings, params, reply_form(config, params), messages,
-                                engine.lm.context_window, save_memory=False)
-        try:
-            planned = await PlannedReply.recall_and_plan(
-                replace(request, question=[*messages, ChatMessage("user", user_text)]), engine.lm.tool_format,
-                host.memory)
-        except ApiError:
-            return None
-        return planned.plan.messages

@@ -14,6 +14,7 @@ import binascii
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -52,9 +53,11 @@ from gateway.realtime.commands import (
 )
 from gateway.realtime.conversation import Conversation, Item, item_from_param, new_id, screen_item
 from gateway.realtime.core import RealtimeCore
+from gateway.realtime.head_start import HeadStart
 from gateway.realtime.inputs import (
     CancelRequested,
     ConfigChanged,
+    ConversationAttached,
     IllegalInput,
     Input,
     ItemCreated,
@@ -62,6 +65,7 @@ from gateway.realtime.inputs import (
     ItemRetrieve,
     ItemTruncate,
     OutputClearRequested,
+    PlayoutAttached,
     PlayoutCleared,
     PlayoutStarted,
     PlayoutStopped,
@@ -70,8 +74,11 @@ from gateway.realtime.inputs import (
 )
 from gateway.realtime.outbox import Outbox, SlowConsumer
 from gateway.realtime.recorder import ConversationRecorder
-from gateway.realtime.response_events import Event, ResponseEvents
-from gateway.realtime.responses import ResponseDriver, SpeechStream
+from gateway.realtime.reply_ahead import ReplyAhead
+from gateway.realtime.response_events import Event
+from gateway.realtime.response_plan import Accounts
+from gateway.realtime.responses import ResponseDriver
+from gateway.realtime.speech_out import SpeechFactory
 from gateway.realtime.voice import VoicePipeline
 from inference.asr import TranscriptStabilizer
 from media.codecs import AudioFormatError, decode_input
@@ -84,7 +91,22 @@ log = logging.getLogger(__name__)
 INPUT_RATE = 16000  # what the VAD and Whisper take
 
 TransportKind = Literal["websocket", "webrtc"]
-SpeechFactory = Callable[["RealtimeSession", ResponseEvents, TurnMarks], SpeechStream]
+
+
+class Inbox:
+    """Where the session's drivers feed what they learn: to the session while it is open. Closing it drops
+    what comes later (a straggling task's input) and lets go of the session, the drivers' only way back to it:
+    once closed, nothing they hold refers to the session, which reference counting then frees."""
+
+    def __init__(self, deliver: Callable[[Input], None]) -> None:
+        self._deliver: Callable[[Input], None] | None = deliver
+
+    def feed(self, event: Input) -> None:
+        if self._deliver is not None:
+            self._deliver(event)
+
+    def close(self) -> None:
+        self._deliver = None
 
 
 class RealtimeSession:
@@ -132,7 +154,11 @@ class RealtimeSession:
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self.response_driver = ResponseDriver(self)
+        self._inbox = Inbox(self.feed)
+        # What a command's execution feeds waits for the rest of its batch (see feed).
+        self._executing = False
+        self._queued: deque[Input] = deque()
+        self.response_driver: ResponseDriver | None = None  # from start(): its accounts are known then
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
         self._started_at = time.monotonic()
@@ -164,17 +190,26 @@ class RealtimeSession:
     def playout(self) -> PlayoutBuffer | None:
         return self._playout
 
-    @playout.setter
-    def playout(self, playout: PlayoutBuffer | None) -> None:
+    def attach_playout(self, playout: PlayoutBuffer) -> None:
+        """Before start(), WebRTC: the reply's audio goes through this buffer, which knows what was heard."""
         self._playout = playout
-        self.core.has_playout = playout is not None
+        self.feed(PlayoutAttached())
 
     def start(self) -> None:
         self._started = True
         metrics.ACTIVE_SESSIONS.labels(self.transport).inc()
         self.runtime.heap.opened()
+        feed = self._inbox.feed
+        responses = ResponseDriver(
+            feed, runtime=self.runtime, settings=self.settings,
+            accounts=Accounts(self.runtime.safety, self.tokens, self.memory), speech=self.speech_factory,
+            playout=self._playout, session_id=self.id, request_id=self.request_id)
+        self.response_driver = responses
         if self.runtime.asr is not None:
-            self.voice = VoicePipeline(self)
+            replies = ReplyAhead(self.runtime, self.settings, self.memory, responding=responses.running)
+            self.voice = VoicePipeline(
+                feed, responses.settle, runtime=self.runtime, settings=self.settings, config=self.config,
+                head_start=HeadStart(replies, self.id), session_id=self.id, request_id=self.request_id)
         self.feed(SessionStarted(self.resume_token if self.settings.resume_window_s > 0 else None))
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
                   model=self.config.model, conversation_id=self.conversation.id)
@@ -186,21 +221,19 @@ class RealtimeSession:
         if self._closed:
             return
         self._closed = True
+        self._inbox.close()
         self._fed.set()
         if self._started:  # what start() counted
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
             log_event("realtime.session.ended", session_id=self.id, request_id=self.request_id,
-                      transport=self.transport, responses=self.response_driver.count,
+                      transport=self.transport, responses=self.response_driver.count if self.response_driver else 0,
                       duration_s=round(time.monotonic() - self._started_at, 3))
         self.outbox.close()
-        await self.response_driver.close()
+        if self.response_driver is not None:
+            await self.response_driver.close()
         if self.voice is not None:
             await self.voice.close()
-            # The pipeline and the session refer to each other: without this, only the cycle
-            # collector's full pass would free them (and the conversation), and in a process that
-            # holds the models it practically never runs.
-            self.voice = None
         if self.runtime.engine is not None:
             self.runtime.engine.end_conversation(self.conversation.id)
         if self.recorder is not None:
@@ -218,7 +251,7 @@ class RealtimeSession:
                                     max_bytes=self.settings.max_conversation_bytes, conversation_id=conversation_id)
         for item in items:
             conversation.add(item)  # conversation_full past the session's bounds
-        self.core.conversation = conversation
+        self.feed(ConversationAttached(conversation))
         self.recorder = recorder
 
     def send_error(self, error: ApiError) -> None:
@@ -230,20 +263,28 @@ class RealtimeSession:
     # -- the core ---------------------------------------------------------------------------------
 
     def feed(self, event: Input) -> None:
-        """Hand one input to the core and carry out what it returns, in order. A refused client event
+        """Hand one input to the core and carry out what it returns, in order. An input fed while a batch is
+        being carried out (what a driver learns doing so) is handled after the batch. A refused client event
         raises ApiError (the core changed nothing). Inputs after close are dropped."""
         if self._closed:
             return
+        if self._executing:
+            self._queued.append(event)
+            return
+        self._executing = True
         try:
             try:
                 outputs = self.core.handle(event)
             except IllegalInput as bug:  # a driver fed what the core's state cannot take: dropped, not fatal
                 log.error("session %s: the realtime core refused an input: %s", self.id, bug)
-                return
+                outputs = []
             for output in outputs:
                 self._execute(output)
         finally:
+            self._executing = False
             self._fed.set()
+        while self._queued and not self._closed:
+            self.feed(self._queued.popleft())
 
     def _execute(self, output: Output) -> None:
         match output:
@@ -252,11 +293,13 @@ class RealtimeSession:
             case SendError():
                 self.send_error(output.error)
             case CreateResponse():
+                assert self.response_driver is not None  # the core commands nothing before SessionStarted
                 marks, preemption = TurnMarks(), None
                 if output.turn is not None and self.voice is not None:
                     marks, preemption = self.voice.take_turn(output.turn)
                 self.response_driver.create(output, marks, preemption)
             case StopResponse():
+                assert self.response_driver is not None
                 self.response_driver.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
@@ -271,14 +314,15 @@ class RealtimeSession:
                 assert self.voice is not None  # only committed audio is transcribed
                 self.voice.transcribe(output.item_id)
             case PrefillDraft():
-                if self.voice is not None:
-                    self.voice.prefill_draft(output.text)
+                if self.voice is not None and output.context is not None:
+                    self.voice.prefill_draft(output.context, output.text)
             case SetSilence():
                 if self.voice is not None:
                     self.voice.set_silence(output.item_id, output.silence_ms)
             case StartSpeculation():
                 if self.voice is not None:
-                    self.voice.start_speculation(output.item_id, preempt=output.preempt, judge_end=output.judge_end)
+                    self.voice.start_speculation(output.item_id, judge_end=output.judge_end,
+                                                 preempt=output.context if output.preempt else None)
             case DiscardSpeculation():
                 if self.voice is not None:
                     self.voice.discard_speculation(output.item_id)
@@ -286,11 +330,14 @@ class RealtimeSession:
                 if self.voice is not None:
                     self.voice.drop_turn(output.item_id)
             case ResponseFinished():
+                assert self.response_driver is not None
+                self.last_activity = time.monotonic()
                 self.response_driver.finished(output)
 
     async def settle(self) -> None:
         """Wait until the responses being stopped have ended (their response.done is sent)."""
-        await self.response_driver.settle()
+        if self.response_driver is not None:
+            await self.response_driver.settle()
 
     # -- client events --------------------------------------------------------------------------
 
@@ -382,24 +429,10 @@ class RealtimeSession:
         model = update.get("model")
         if model is not None and model not in self.runtime.model_names:
             raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
-        self.feed(ConfigChanged(apply_session_update(self.config, update, speech=self.runtime.speech_options)))
+        config = apply_session_update(self.config, update, speech=self.runtime.speech_options)
+        self.feed(ConfigChanged(config))  # raises ApiError when the core refuses it
         if self.voice is not None:
-            self.voice.config_changed()
-
-    def speech_for(self, events: ResponseEvents, marks: TurnMarks) -> SpeechStream | None:
-        return self.speech_factory(self, events, marks) if self.speech_factory is not None else None
-
-    def speaks_by_default(self) -> bool:
-        """Whether a response created with no parameters has audio."""
-        return "audio" in self.config.output_modalities and self.core.can_speak
-
-    def screened(self, text: str) -> str | None:
-        """A user's words as the model may read them ahead of their turn (a speculative transcript): redacted,
-        or None when the policy refuses them."""
-        if not self.runtime.safety:
-            return text
-        screened = self.runtime.safety.screen(text)
-        return None if screened.blocked is not None else screened.text
+            self.voice.configure(config)
 
     # -- playout ------------------------------------------------------------------------------------
 

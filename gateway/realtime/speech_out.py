@@ -3,40 +3,62 @@
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from gateway.platform.latency import TurnMarks
-from gateway.realtime.inputs import AudioDelta
+from gateway.protocol.session_config import AudioFormat
+from gateway.realtime.inputs import AudioDelta, Input
 from gateway.realtime.response_events import ResponseEvents
 from media.codecs import encode_output
 from media.frames import AudioChunk
+from media.playout import PlayoutBuffer
 from media.resample import Resampler
-
-if TYPE_CHECKING:
-    from gateway.realtime.session import RealtimeSession
 
 # Deltas of at most this much audio: small enough to start playing early, big enough to be cheap.
 DELTA_MS = 200
 
 
+class SpeechStream(Protocol):
+    """Where one response's audio goes: WebSocket deltas, or the WebRTC playout buffer."""
+
+    def write(self, pcm: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SpeechTarget:
+    """What a response's audio stream needs of its session: the core's `feed` (audio deltas are its inputs), the
+    output format, the playout buffer (WebRTC) and the rate Piper speaks at."""
+
+    feed: Callable[[Input], None]
+    output_format: AudioFormat
+    playout: PlayoutBuffer | None
+    tts_rate: int
+
+
+# A transport's kind of stream (WebSocketSpeech.create, PlayoutSpeech.create).
+SpeechFactory = Callable[[SpeechTarget, ResponseEvents, TurnMarks], SpeechStream]
+
+
 class WebSocketSpeech:
     """Resamples Piper's output to the session's format and sends it as base64 deltas."""
 
-    def __init__(self, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks, tts_rate: int) -> None:
-        self.session = session
+    def __init__(self, target: SpeechTarget, events: ResponseEvents, marks: TurnMarks) -> None:
+        self.feed = target.feed
         self.events = events
         self.marks = marks
-        output_format = session.config.audio.output.format
-        self.format = output_format.type
-        self.rate = output_format.sample_rate
-        self.resampler = Resampler(tts_rate, self.rate) if tts_rate != self.rate else None
+        self.format = target.output_format.type
+        self.rate = target.output_format.sample_rate
+        self.resampler = Resampler(target.tts_rate, self.rate) if target.tts_rate != self.rate else None
 
     @classmethod
-    def create(cls, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks) -> WebSocketSpeech:
-        assert session.runtime.tts is not None
-        return cls(session, events, marks, session.runtime.tts.sample_rate)
+    def create(cls, target: SpeechTarget, events: ResponseEvents, marks: TurnMarks) -> WebSocketSpeech:
+        return cls(target, events, marks)
 
     def write(self, pcm: np.ndarray) -> None:
         self._send(self.resampler.process(pcm) if self.resampler else pcm)
@@ -51,7 +73,7 @@ class WebSocketSpeech:
             piece = AudioChunk(np.ascontiguousarray(pcm[start : start + step], dtype=np.int16), self.rate)
             payload = base64.b64encode(encode_output(self.format, piece)).decode("ascii")
             self.marks.mark("first_audio")
-            self.session.feed(AudioDelta(self.events.response_id, payload))  # the first starts the echo guard
+            self.feed(AudioDelta(self.events.response_id, payload))  # the first starts the echo guard
         if len(pcm):
             self.marks.mark("last_audio", latest=True)
 
@@ -59,17 +81,16 @@ class WebSocketSpeech:
 class PlayoutSpeech:
     """Resamples Piper's output to 48 kHz into the WebRTC playout buffer; the track paces it out."""
 
-    def __init__(self, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks, tts_rate: int) -> None:
-        assert session.playout is not None
-        self.playout = session.playout
+    def __init__(self, target: SpeechTarget, events: ResponseEvents, marks: TurnMarks) -> None:
+        assert target.playout is not None, "a WebRTC session has its playout before it starts"
+        self.playout = target.playout
         self.item_id = events.item.id
         self.marks = marks
-        self.resampler = Resampler(tts_rate, self.playout.sample_rate)
+        self.resampler = Resampler(target.tts_rate, self.playout.sample_rate)
 
     @classmethod
-    def create(cls, session: RealtimeSession, events: ResponseEvents, marks: TurnMarks) -> PlayoutSpeech:
-        assert session.runtime.tts is not None
-        return cls(session, events, marks, session.runtime.tts.sample_rate)
+    def create(cls, target: SpeechTarget, events: ResponseEvents, marks: TurnMarks) -> PlayoutSpeech:
+        return cls(target, events, marks)
 
     def write(self, pcm: np.ndarray) -> None:
         self._queue(self.resampler.process(pcm))

@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from gateway.generation.llm_errors import BACKEND_ERRORS
+from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -35,10 +36,12 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
     SEMANTIC_WAITS_MS,
     SemanticVad,
+    SessionConfig,
     TurnDetection,
 )
+from gateway.realtime.commands import ReplyContext
 from gateway.realtime.conversation import new_id
-from gateway.realtime.head_start import HeadStart, HeadStartHost
+from gateway.realtime.head_start import HeadStart
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
 from gateway.realtime.inputs import (
     AudioCleared,
@@ -56,6 +59,7 @@ from gateway.realtime.inputs import (
     TurnReady,
 )
 from gateway.realtime.preemption import Preemption
+from gateway.realtime.reply_ahead import screened
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
 from inference.cpu import charge
@@ -102,23 +106,20 @@ class CommittedTurn:
     head_start: Preemption | None = None  # that reply, once started
 
 
-class VoiceHost(HeadStartHost, Protocol):
-    """What the pipeline needs of its session (session.py's RealtimeSession), beyond what its head start needs:
-    the core's inputs go through `feed`."""
-
-    request_id: str | None
-    settings: Settings
-
-    def feed(self, event: Input) -> None: ...
-
-    async def settle(self) -> None: ...
-
-
 class VoicePipeline:
-    def __init__(self, session: VoiceHost) -> None:
-        self.session = session
-        self.runtime = session.runtime
-        self.head_start = HeadStart(session)
+    def __init__(self, feed: Callable[[Input], None], settle: Callable[[], Awaitable[None]], *, runtime: Runtime,
+                 settings: Settings, config: SessionConfig, head_start: HeadStart, session_id: str,
+                 request_id: str | None) -> None:
+        """`feed` takes what happens to the session's core, as inputs; `settle` waits until the responses being
+        stopped have ended (a barge-in's). `config`: the session's, until the next `configure`."""
+        self.feed = feed
+        self.settle = settle
+        self.runtime = runtime
+        self.settings = settings
+        self.config = config
+        self.head_start = head_start
+        self.session_id = session_id  # for the log
+        self.request_id = request_id
         self.buffer = InputAudioBuffer()
         self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
         self.turn: UserTurn | None = None
@@ -127,13 +128,13 @@ class VoicePipeline:
         self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
         self._denoiser: NoiseReducer | None = None  # audio.input.noise_reduction's, made when first needed
-        self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session.id}")
+        self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session_id}")
 
     # -- configuration ----------------------------------------------------------------------
 
     @property
     def turn_detection(self) -> TurnDetection | SemanticVad | None:
-        return self.session.config.audio.input.turn_detection
+        return self.config.audio.input.turn_detection
 
     def _vad_settings(self, silence_ms: int | None = None) -> VadSettings:
         """`silence_ms`: semantic_vad's wait for the silence running now; by default its longest."""
@@ -146,10 +147,12 @@ class VoicePipeline:
             threshold=min(max(detection.threshold, 0.05), 0.95),
             prefix_padding_ms=detection.prefix_padding_ms,
             silence_duration_ms=silence_ms,
-            min_speech_ms=self.session.settings.min_barge_in_speech_ms,
+            min_speech_ms=self.settings.min_barge_in_speech_ms,
         )
 
-    def config_changed(self) -> None:
+    def configure(self, config: SessionConfig) -> None:
+        """The session's configuration changed (the core accepted it)."""
+        self.config = config
         self.vad.detector.settings = self._vad_settings()
 
     # -- input --------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ class VoicePipeline:
     def append(self, chunk: AudioChunk) -> None:
         """Queue 16 kHz audio; cheap, so transports can call it for every 20 ms frame."""
         if self.turn_detection is None:
-            cap = self.session.settings.max_input_audio_seconds * 1000
+            cap = self.settings.max_input_audio_seconds * 1000
             queued_ms = self.buffer.index_to_ms(self._queued_samples)
             if self.buffer.held_ms + queued_ms + chunk.duration_ms > cap:
                 raise ApiError(
@@ -182,7 +185,7 @@ class VoicePipeline:
         self._committed[item_id] = CommittedTurn(self.buffer.slice(start, self.buffer.end), marks, ready=[])
         self.buffer.clear()
         try:
-            self.session.feed(AudioCommitted(item_id))
+            self.feed(AudioCommitted(item_id))
         except ApiError:
             self._committed.pop(item_id, None)
             raise
@@ -195,7 +198,7 @@ class VoicePipeline:
         self._drop_turn()
         self.buffer.clear()
         self.vad.reset(self.buffer.index_to_ms(self.buffer.end))
-        self.session.feed(AudioCleared())
+        self.feed(AudioCleared())
 
     async def close(self) -> None:
         self._drop_turn()
@@ -242,7 +245,7 @@ class VoicePipeline:
     async def _reduce_noise(self, pcm: np.ndarray) -> np.ndarray:
         """audio.input.noise_reduction: the audio that the VAD, the end-of-turn model and Whisper hear. The
         enhancer works on the shared denoise thread; its state is made there, used there and freed there."""
-        setting = self.session.config.audio.input.noise_reduction
+        setting = self.config.audio.input.noise_reduction
         kind = setting.type if setting is not None else None
         executor, loop = self.runtime.denoise_executor, asyncio.get_running_loop()
         if self._denoiser is not None and self._denoiser.kind != kind:
@@ -261,7 +264,7 @@ class VoicePipeline:
             events = await asyncio.get_running_loop().run_in_executor(
                 self.runtime.vad_executor, self._vad_process, AudioChunk(pcm, RATE))
         except Exception:
-            log.exception("VAD failed in session %s", self.session.id)
+            log.exception("VAD failed in session %s", self.session_id)
             return
         for event in events:
             await self._on_vad(event)
@@ -280,8 +283,8 @@ class VoicePipeline:
         if isinstance(event, SpeechStarted):
             self.vad.detector.settings = self._vad_settings()  # semantic_vad: a new turn starts unjudged
             self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
-            self.session.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
-            await self.session.settle()  # a barge-in: the reply has ended before more audio is judged
+            self.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
+            await self.settle()  # a barge-in: the reply has ended before more audio is judged
         elif isinstance(event, SpeechStopped) and self.turn is not None:
             turn = self.turn
             self.turn = None
@@ -296,21 +299,21 @@ class VoicePipeline:
                                                           preemption=turn.preemption)
             turn.preemption = None
             # The core commits it (Transcribe), or drops it when the conversation is full (DropTurn).
-            self.session.feed(SpeechEnded(turn.item_id, event.audio_end_ms))
+            self.feed(SpeechEnded(turn.item_id, event.audio_end_ms))
 
     async def _after_audio(self) -> None:
         turn = self.turn
         if turn is None:
             self.buffer.discard_before(self.buffer.end - self.buffer.ms_to_index(IDLE_KEEP_MS))
         # The core's clock tick: a barge-in the echo guard deferred, or the idle timeout.
-        self.session.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end))))
-        await self.session.settle()
+        self.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end))))
+        await self.settle()
         if turn is None or self.turn is not turn:
             return
         speech = self.vad.last_probability >= self.vad.detector.settings.threshold
         silence_started = self.vad.detector.silence_started_ms
         # The core starts the speculative final transcript (StartSpeculation) or discards it (DiscardSpeculation).
-        self.session.feed(SilenceHeard(
+        self.feed(SilenceHeard(
             turn.item_id,
             silence_ms=self.vad.position_ms - silence_started if silence_started is not None else None,
             speech=speech,
@@ -327,7 +330,7 @@ class VoicePipeline:
             turn.jobs.append((self.buffer.end, job))
             turn.partial_task = self._spawn(self._partial(turn, job))
 
-    def start_speculation(self, item_id: str, *, preempt: bool, judge_end: bool) -> None:
+    def start_speculation(self, item_id: str, *, judge_end: bool, preempt: ReplyContext | None) -> None:
         """The core's StartSpeculation: transcribe the open turn now, so the transcript is ready if it ends in
         this silence; from that transcript, its reply ahead (`preempt`) and semantic_vad's end judge."""
         turn = self.turn
@@ -337,7 +340,7 @@ class VoicePipeline:
                                                         work="asr_speculative"))
         turn.jobs.append((self.buffer.end, turn.speculative))
         if preempt:
-            turn.preemption = self._spawn(self.head_start.preempt(turn.item_id, turn.speculative, self._spawn))
+            turn.preemption = self._spawn(self.head_start.preempt(turn.item_id, preempt, turn.speculative, self._spawn))
         if judge_end:
             turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
 
@@ -361,7 +364,7 @@ class VoicePipeline:
         audio = self.buffer.slice(turn.start, self.buffer.end)
         text, heard = await asyncio.gather(self._judge_words(turn, speculative), self._judge_audio(audio))
         if self.turn is turn and self.vad.detector.silence_started_ms is not None and (heard, text) != (None, None):
-            self.session.feed(EndOfTurnJudged(turn.item_id, audio=heard, text=text))
+            self.feed(EndOfTurnJudged(turn.item_id, audio=heard, text=text))
 
     async def _judge_audio(self, audio: np.ndarray) -> float | None:
         model = self.runtime.turn_end
@@ -378,7 +381,7 @@ class VoicePipeline:
             return None
         started = time.perf_counter()
         transcript = await asyncio.shield(speculative)
-        words = self.session.screened(transcript.text) if transcript is not None else None
+        words = screened(self.runtime.safety, transcript.text) if transcript is not None else None
         if words is None or self.turn is not turn:
             return None
         try:
@@ -391,7 +394,7 @@ class VoicePipeline:
     def set_silence(self, item_id: str, silence_ms: int) -> None:
         """The core's SetSilence: the silence running now ends the turn after `silence_ms`."""
         if self.turn is not None and self.turn.item_id == item_id:
-            log.debug("session %s: the silence ends the turn after %d ms", self.session.id, silence_ms)
+            log.debug("session %s: the silence ends the turn after %d ms", self.session_id, silence_ms)
             self.vad.detector.settings = self._vad_settings(silence_ms)
 
     # -- transcription ------------------------------------------------------------------------
@@ -399,11 +402,11 @@ class VoicePipeline:
     async def _transcribe(self, audio: np.ndarray, *, final: bool, work: str | None = None) -> Transcript | None:
         assert self.runtime.asr is not None
         pcm = AudioChunk(audio, RATE).to_float32()
-        prompt = self.session.config.audio.input.transcription.prompt if self.session.config.audio.input.transcription else None
-        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session.id, work=work)
+        prompt = self.config.audio.input.transcription.prompt if self.config.audio.input.transcription else None
+        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session_id, work=work)
         if transcript is not None:
             metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
-            log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session.id,
+            log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session_id,
                       "final" if final else "partial", transcript.audio_ms, transcript.waited_seconds, transcript.seconds)
         return transcript
 
@@ -413,39 +416,38 @@ class VoicePipeline:
         finally:
             turn.partial_task = None
         if transcript is not None:
-            self.session.feed(TranscriptPartial(turn.item_id, transcript.text))
+            self.feed(TranscriptPartial(turn.item_id, transcript.text))
 
     def transcribe(self, item_id: str) -> None:
         """The core's Transcribe: the committed turn's final transcript, then TurnReady."""
         turn = self._committed[item_id]
         job = self._spawn(self._transcribe_committed(item_id, turn))
         # Whatever ends the job, a response.create waiting for this transcript is not left waiting.
-        job.add_done_callback(lambda _: self.session.feed(TranscriptionAbandoned(item_id)))
+        job.add_done_callback(lambda _: self.feed(TranscriptionAbandoned(item_id)))
 
     async def _transcribe_committed(self, item_id: str, turn: CommittedTurn) -> None:
-        session = self.session
         try:
             transcript = await self._final_transcript(turn.audio, turn.ready)
         except Exception as exc:  # the model failed: the item stays without words, the session goes on
-            log.exception("session %s: transcribing item %s failed", session.id, item_id)
+            log.exception("session %s: transcribing item %s failed", self.session_id, item_id)
             reason = f"Transcribing the audio failed: {str(exc) or type(exc).__name__}"
-            session.feed(TranscriptFailed(item_id, ApiError("transcription_failed", reason, type="server_error")))
+            self.feed(TranscriptFailed(item_id, ApiError("transcription_failed", reason, type="server_error")))
             return
         text = transcript.text if transcript is not None else ""
         try:  # the policy, before the model hears it: a redacted transcript, or none at all
-            text = screen_text(session.runtime.safety, text, what="transcript", param=None)
+            text = screen_text(self.runtime.safety, text, what="transcript", param=None)
         except ApiError as refused:
-            session.feed(TranscriptFailed(item_id, refused, refused=True))
+            self.feed(TranscriptFailed(item_id, refused, refused=True))
             return
         turn.marks.mark("transcript_final")
-        session.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE))
-        log_event("realtime.transcription.completed", session_id=session.id, request_id=session.request_id,
+        self.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE))
+        log_event("realtime.transcription.completed", session_id=self.session_id, request_id=self.request_id,
                   item_id=item_id, audio_s=round(len(turn.audio) / RATE, 3), words=len(text.split()),
                   content={"transcript": text})
         # Its reply generated ahead, if one started, before the core decides whether the turn gets a reply.
         preemption, turn.preemption = turn.preemption, None
         turn.head_start = await self.head_start.take(preemption)
-        session.feed(TurnReady(item_id))
+        self.feed(TurnReady(item_id))
 
     async def _final_transcript(self, audio: np.ndarray, ready: list[asyncio.Task[Transcript | None]]) -> Transcript | None:
         for job in ready:  # a superseded partial resolves to None: try the next one
@@ -473,9 +475,9 @@ class VoicePipeline:
 
     # -- head start ------------------------------------------------------------------------------
 
-    def prefill_draft(self, user_text: str) -> None:
+    def prefill_draft(self, context: ReplyContext, user_text: str) -> None:
         """The core's PrefillDraft (see head_start.py)."""
-        if (prefill := self.head_start.prefill_draft(user_text)) is not None:
+        if (prefill := self.head_start.prefill_draft(context, user_text)) is not None:
             self._spawn(prefill)
 
     def _discard_preemption(self, turn: UserTurn) -> None:
@@ -494,7 +496,7 @@ class VoicePipeline:
     def _job_done(self, task: asyncio.Task[Any]) -> None:
         self._jobs.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("voice job failed in session %s", self.session.id, exc_info=task.exception())
+            log.error("voice job failed in session %s", self.session_id, exc_info=task.exception())
 
     def _drop_turn(self) -> None:
         turn, self.turn = self.turn, None

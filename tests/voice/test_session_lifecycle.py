@@ -25,14 +25,17 @@ async def test_a_closed_voice_session_needs_no_cycle_collector(asr):
         await session.receive(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
     assert len(session.conversation.items) == 3
+    # A response asked for (refused: no model here) went through the response driver and back as an input.
+    await session.receive(json.dumps({"type": "response.create"}))
     session_ref, voice_ref = weakref.ref(session), weakref.ref(session.voice)
+    responses_ref = weakref.ref(session.response_driver)
     items = weakref.ref(session.conversation.items[0])
     gc.collect()
     gc.disable()
     try:
         await session.close()
         del session
-        assert session_ref() is None and voice_ref() is None and items() is None
+        assert session_ref() is None and voice_ref() is None and responses_ref() is None and items() is None
     finally:
         gc.enable()
     runtime.vad_executor.shutdown()

@@ -340,7 +340,7 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
         svc.runtime, svc.settings, transport="webrtc", speech_factory=PlayoutSpeech.create, initial_config=initial or None,
         request_id=getattr(request.state, "request_id", None), session_id=principal.ephemeral_session_id,
     )
-    session.playout = playout
+    session.attach_playout(playout)
     if conversation is not None:
         try:
             await attach_stored_conversation(session, svc.stores.store, principal.key_id, conversation)
