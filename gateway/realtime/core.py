@@ -162,10 +162,6 @@ class RealtimeCore:
     def playout_busy(self) -> bool:
         return self._playout.busy
 
-    def ensure_no_response(self) -> None:
-        if self.response is not None:
-            raise already_active(self.response.events.response_id)
-
     def create_response(self, params: ResponseParams, *, event_id: str | None = None, turn: str | None = None) -> None:
         """Command a response, with what the driver plans it from."""
         self._out.append(CreateResponse(params, event_id=event_id, turn=turn,
@@ -178,11 +174,12 @@ class RealtimeCore:
 
     # -- session and items ---------------------------------------------------------------------------
 
-    def _conversation_attached(self, event: ConversationAttached) -> None:
-        self.conversation = event.conversation
-
-    def _playout_attached(self, event: PlayoutAttached) -> None:
-        self.has_playout = True
+    def _attached(self, event: ConversationAttached | PlayoutAttached) -> None:
+        """Before the session starts: a stored conversation to continue, or a WebRTC playout."""
+        if isinstance(event, ConversationAttached):
+            self.conversation = event.conversation
+        else:
+            self.has_playout = True
 
     def _started(self, event: SessionStarted) -> None:
         self.state = SessionState.OPEN
@@ -214,24 +211,25 @@ class RealtimeCore:
             echo_guard_ms=self.echo_guard_ms,
         )
 
-    def _item_created(self, event: ItemCreated) -> None:
-        previous = self.conversation.add(event.item, event.previous_item_id)
-        self.emit_event(se.ItemAdded(previous_item_id=previous, item=event.item.to_wire()))
-        self.emit_event(se.ItemDone(previous_item_id=previous, item=event.item.to_wire()))
-
-    def _item_retrieve(self, event: ItemRetrieve) -> None:
-        self.emit_event(se.ItemRetrieved(item=self.conversation.get(event.item_id).to_wire()))
-
-    def _item_delete(self, event: ItemDelete) -> None:
-        if self.response is not None and self.response.events.item.id == event.item_id:
-            raise ApiError("item_in_use", "The item belongs to the response in progress; cancel it first.", "item_id")
-        self.conversation.delete(event.item_id)
-        self.emit_event(se.ItemDeleted(item_id=event.item_id))
-
-    def _item_truncate(self, event: ItemTruncate) -> None:
-        item = self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
-        self.emit_event(se.ItemTruncated(item_id=item.id, content_index=event.content_index,
-                                    audio_end_ms=round(item.audio_ms_sent)))
+    def _item_op(self, event: ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate) -> None:
+        """A client's conversation.item.* event on the conversation; a refused one raises ApiError."""
+        match event:
+            case ItemCreated():
+                previous = self.conversation.add(event.item, event.previous_item_id)
+                self.emit_event(se.ItemAdded(previous_item_id=previous, item=event.item.to_wire()))
+                self.emit_event(se.ItemDone(previous_item_id=previous, item=event.item.to_wire()))
+            case ItemRetrieve():
+                self.emit_event(se.ItemRetrieved(item=self.conversation.get(event.item_id).to_wire()))
+            case ItemDelete():
+                if self.response is not None and self.response.events.item.id == event.item_id:
+                    raise ApiError("item_in_use", "The item belongs to the response in progress; cancel it first.",
+                                   "item_id")
+                self.conversation.delete(event.item_id)
+                self.emit_event(se.ItemDeleted(item_id=event.item_id))
+            case ItemTruncate():
+                item = self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+                self.emit_event(se.ItemTruncated(item_id=item.id, content_index=event.content_index,
+                                                 audio_end_ms=round(item.audio_ms_sent)))
 
     # -- user audio and turns --------------------------------------------------------------------------
 
@@ -253,7 +251,7 @@ class RealtimeCore:
         item = Item(id=new_id("item"), type="message", role="user", content=[{"type": "input_audio", "transcript": ""}])
         self.emit_event(se.TimeoutTriggered(audio_start_ms=event.audio_end_ms, audio_end_ms=event.audio_end_ms,
                                        item_id=item.id))
-        self._item_created(ItemCreated(item))
+        self._item_op(ItemCreated(item))
         if detection.create_response:
             nudge = f"{self.config.instructions}\n\n{IDLE_NUDGE}".strip()
             self.create_response(ResponseParams(instructions=nudge))
@@ -287,7 +285,8 @@ class RealtimeCore:
         self.create_response(event.params, event_id=event.event_id)
 
     def _response_started(self, event: ResponseStarted) -> None:
-        self.ensure_no_response()
+        if self.response is not None:
+            raise already_active(self.response.events.response_id)
         events = event.events
         previous = None
         if event.open_message and event.writes_conversation:
@@ -411,10 +410,10 @@ class RealtimeCore:
 _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     ConfigChanged: RealtimeCore._config_changed,
     ErrorOccurred: lambda core, event: core.emit(SendError(event.error)),
-    ItemCreated: RealtimeCore._item_created,
-    ItemRetrieve: RealtimeCore._item_retrieve,
-    ItemDelete: RealtimeCore._item_delete,
-    ItemTruncate: RealtimeCore._item_truncate,
+    ItemCreated: RealtimeCore._item_op,
+    ItemRetrieve: RealtimeCore._item_op,
+    ItemDelete: RealtimeCore._item_op,
+    ItemTruncate: RealtimeCore._item_op,
     ResponseRequested: RealtimeCore._response_requested,
     CancelRequested: RealtimeCore._cancel_requested,
     OutputClearRequested: lambda core, event: core.interrupt("client_cancelled"),
@@ -446,8 +445,8 @@ _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     PlayoutCleared: RealtimeCore._playout_input,
 }
 _TRANSITIONS: dict[tuple[SessionState, type], Callable[[RealtimeCore, Any], None]] = {
-    (SessionState.NEW, ConversationAttached): RealtimeCore._conversation_attached,
-    (SessionState.NEW, PlayoutAttached): RealtimeCore._playout_attached,
+    (SessionState.NEW, ConversationAttached): RealtimeCore._attached,
+    (SessionState.NEW, PlayoutAttached): RealtimeCore._attached,
     (SessionState.NEW, SessionStarted): RealtimeCore._started,
     **{(SessionState.OPEN, kind): transition for kind, transition in _OPEN.items()},
 }

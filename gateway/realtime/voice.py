@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from gateway.generation.llm_errors import BACKEND_ERRORS
 from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.platform.config import Settings
@@ -58,13 +57,13 @@ from gateway.realtime.inputs import (
     TranscriptPartial,
     TurnReady,
 )
+from gateway.realtime.noise_stage import NoiseStage
 from gateway.realtime.preemption import Preemption
-from gateway.realtime.reply_ahead import screened
+from gateway.realtime.turn_judges import TurnJudges
 from gateway.safety.screening import screen_text
 from inference.asr import Transcript
 from inference.cpu import charge
 from inference.models import silero_vad_path
-from media.denoise import NoiseReducer
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
 
@@ -75,7 +74,6 @@ MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
-FRAME_SAMPLES = RATE // 50  # a 20 ms frame: the unit noise reduction's cost is measured in
 
 
 @dataclass
@@ -127,7 +125,8 @@ class VoicePipeline:
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self._queued_samples = 0  # appended but not yet taken in by the processing task
         self._jobs: set[asyncio.Task[Any]] = set()
-        self._denoiser: NoiseReducer | None = None  # audio.input.noise_reduction's, made when first needed
+        self.noise = NoiseStage(runtime.denoise_executor)  # audio.input.noise_reduction
+        self.judges = TurnJudges(runtime)  # semantic_vad's (and, if asked, server_vad's) end of turn
         self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session_id}")
 
     # -- configuration ----------------------------------------------------------------------
@@ -213,12 +212,7 @@ class VoicePipeline:
         # this pipeline: let the tasks go, or that cycle keeps the pipeline (and its session) alive.
         self._jobs.clear()
         self._task = None
-        if self._denoiser is not None:
-            try:  # after the frame the enhancer may still be working on, on its thread
-                self.runtime.denoise_executor.submit(self._denoiser.close)
-            except RuntimeError:  # the process is shutting down: its thread takes no more work
-                self._denoiser.close()
-            self._denoiser = None
+        self.noise.close()
 
     async def _drain_queue(self) -> None:
         """Wait until the processing task has taken in the audio already queued."""
@@ -233,7 +227,7 @@ class VoicePipeline:
                 pieces.append(self._queue.get_nowait())
             pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             self._queued_samples -= len(pcm)
-            pcm = await self._reduce_noise(pcm)
+            pcm = await self.noise.process(pcm, self.config.audio.input.noise_reduction)
             self.buffer.append(pcm)
             try:
                 await self._detect(pcm)
@@ -241,21 +235,6 @@ class VoicePipeline:
                 # Only now: a commit waits for the VAD to have heard what came before it (_drain_queue).
                 for _ in pieces:
                     self._queue.task_done()
-
-    async def _reduce_noise(self, pcm: np.ndarray) -> np.ndarray:
-        """audio.input.noise_reduction: the audio that the VAD, the end-of-turn model and Whisper hear. The
-        enhancer works on the shared denoise thread; its state is made there, used there and freed there."""
-        setting = self.config.audio.input.noise_reduction
-        kind = setting.type if setting is not None else None
-        executor, loop = self.runtime.denoise_executor, asyncio.get_running_loop()
-        if self._denoiser is not None and self._denoiser.kind != kind:
-            old, self._denoiser = self._denoiser, None
-            await loop.run_in_executor(executor, old.close)
-        if kind is None:
-            return pcm
-        if self._denoiser is None:
-            self._denoiser = await loop.run_in_executor(executor, NoiseReducer, kind)
-        return await loop.run_in_executor(executor, _reduce, self._denoiser, pcm)
 
     async def _detect(self, pcm: np.ndarray) -> None:
         if self.turn_detection is None:
@@ -361,35 +340,10 @@ class VoicePipeline:
         """The judges of whether the turn is over, side by side: the audio model on the turn's audio so far, and
         the LLM on its words once they are transcribed. The core sets how long this silence must last from both
         (it may already have lasted that long); a judge that is not there or fails counts as absent."""
-        audio = self.buffer.slice(turn.start, self.buffer.end)
-        text, heard = await asyncio.gather(self._judge_words(turn, speculative), self._judge_audio(audio))
+        audio = AudioChunk(self.buffer.slice(turn.start, self.buffer.end), RATE).to_float32()
+        heard, text = await self.judges.judge(audio, speculative)
         if self.turn is turn and self.vad.detector.silence_started_ms is not None and (heard, text) != (None, None):
             self.feed(EndOfTurnJudged(turn.item_id, audio=heard, text=text))
-
-    async def _judge_audio(self, audio: np.ndarray) -> float | None:
-        model = self.runtime.turn_end
-        if model is None:
-            return None
-        started = time.perf_counter()
-        probability = await model.probability(AudioChunk(audio, RATE).to_float32())
-        metrics.END_OF_TURN_SECONDS.labels("audio").observe(time.perf_counter() - started)
-        return probability
-
-    async def _judge_words(self, turn: UserTurn, speculative: asyncio.Task[Transcript | None]) -> float | None:
-        end_of_turn = self.runtime.end_of_turn
-        if end_of_turn is None:
-            return None
-        started = time.perf_counter()
-        transcript = await asyncio.shield(speculative)
-        words = screened(self.runtime.safety, transcript.text) if transcript is not None else None
-        if words is None or self.turn is not turn:
-            return None
-        try:
-            probability = await end_of_turn.probability(words)
-        except BACKEND_ERRORS:
-            return None
-        metrics.END_OF_TURN_SECONDS.labels("text").observe(time.perf_counter() - started)
-        return probability
 
     def set_silence(self, item_id: str, silence_ms: int) -> None:
         """The core's SetSilence: the silence running now ends the turn after `silence_ms`."""
@@ -505,12 +459,3 @@ class VoicePipeline:
                 job.cancel()
             self._discard_preemption(turn)
 
-
-def _reduce(reducer: NoiseReducer, pcm: np.ndarray) -> np.ndarray:
-    """On the denoise thread: its time goes to the core-seconds and the per-frame metric."""
-    started = time.perf_counter()
-    out = reducer.process(pcm)
-    spent = time.perf_counter() - started
-    charge("noise_reduction", spent)
-    metrics.NOISE_REDUCTION_FRAME_SECONDS.observe(spent * FRAME_SAMPLES / max(len(pcm), 1))
-    return out
