@@ -14,8 +14,9 @@ gateway's models, fed 20 ms at a time through the session's VAD (Silero, as medi
 A judge's answer ends the turn when it arrives or when the silence it sets has run, whichever is later; speech
 again before that and the turn goes on (a paused utterance ended early is one ended in its pause).
 
-Replies: a reply stops when the VAD hears speech of --min-barge-in-speech-ms (160) over it (media/vad.py
-min_speech_ms), the gateway's barge-in rule. Timings are this machine's (name its CPU with lscpu).
+Replies: `at_once` is the barge-in of a WebSocket session: the reply stops when the VAD hears speech of
+--min-barge-in-speech-ms (160) over it; `paused` is a WebRTC session's with --resume-false-interruptions (the
+default): that speech pauses the reply, which stops only for words that are not a backchannel. Timings are this machine's (name its CPU with lscpu).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from typing import Any, Literal
 import numpy as np
 
 from benchmarks.turn_taking_set import RATE, Utterance, build
-from benchmarks.voice_audio import Speaker
+from benchmarks.voice_audio import Speaker, speech_span
 from gateway.protocol.session_config import turn_end_wait_ms
+from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, is_backchannel
 from media.denoise import NoiseReducer, NoiseReduction
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, StreamingVad, VadSettings
@@ -165,14 +167,32 @@ async def measure_detectors(utterances: list[Utterance], eagerness: str, judges:
     return report
 
 
-def measure_replies(utterances: list[Utterance], vad_path: Path) -> dict[str, Any]:
-    backchannels = [u for u in utterances if u.kind == "backchannel"]
-    interruptions = [u for u in utterances if u.kind == "interruption"]
+async def measure_replies(utterances: list[Utterance], judges: Judges, vad_path: Path) -> dict[str, Any]:
+    """Over a reply, as a WebSocket session (and a WebRTC one with --no-resume-false-interruptions) takes it:
+    speech the VAD hears for 160 ms stops it; and as a WebRTC session takes it now (gateway/realtime/barge_in.py):
+    that speech pauses it, and it stops only when Whisper's words are not a backchannel or the speech outlasts
+    one (1.2 s)."""
+    stopped: dict[str, dict[str, int]] = {"backchannel": {"at_once": 0, "paused": 0},
+                                         "interruption": {"at_once": 0, "paused": 0}}
+    counts = {"backchannel": 0, "interruption": 0}
+    for u in utterances:
+        if u.kind not in stopped:
+            continue
+        counts[u.kind] += 1
+        if not stops_a_reply(u, vad_path):
+            continue
+        stopped[u.kind]["at_once"] += 1
+        onset, end = speech_span(u.pcm, RATE)
+        transcript = await judges.asr.transcribe(u.pcm[:end + RATE // 5].astype(np.float32) / 32768.0, final=True)
+        words = transcript.text if transcript is not None else ""
+        stopped[u.kind]["paused"] += (end - onset) / RATE >= LONGEST_BACKCHANNEL_S or not is_backchannel(words)
     return {
-        "backchannels_that_stopped_the_reply_pct": round(
-            100 * sum(stops_a_reply(u, vad_path) for u in backchannels) / len(backchannels), 1),
-        "interruptions_that_did_not_pct": round(
-            100 * sum(not stops_a_reply(u, vad_path) for u in interruptions) / len(interruptions), 1),
+        rule: {
+            "backchannels_that_stopped_the_reply_pct": round(100 * stopped["backchannel"][rule] / counts["backchannel"], 1),
+            "interruptions_that_did_not_pct": round(
+                100 * (counts["interruption"] - stopped["interruption"][rule]) / counts["interruption"], 1),
+        }
+        for rule in ("at_once", "paused")
     }
 
 
@@ -248,7 +268,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "eagerness": args.eagerness,
             "utterances": counts,
             "turn_end": await measure_detectors(utterances, args.eagerness, judges, vad_path),
-            "replies": measure_replies(utterances, vad_path),
+            "replies": await measure_replies(utterances, judges, vad_path),
             "noise": await measure_noise(utterances, judges, vad_path),
         }
     finally:

@@ -35,6 +35,7 @@ class PlayoutBuffer:
         self._played: dict[str, int] = {}
         self._playing = False
         self._producing = False
+        self._held = False  # paused where it is: frames are silence, and nothing queued is taken
 
     def _ms(self, samples: int) -> float:
         return 1000.0 * samples / self.sample_rate
@@ -56,9 +57,16 @@ class PlayoutBuffer:
         with self._lock:
             self._producing = producing
 
+    def hold(self, held: bool) -> None:
+        """Pause the queued audio where it is (silence goes out, with no stopped flag), or play it on."""
+        with self._lock:
+            self._held = held
+
     def read_frame(self) -> PlayoutFrame:
         out = np.zeros(self.frame_samples, dtype=np.int16)
         with self._lock:
+            if self._held:
+                return PlayoutFrame(pcm=out, item_id=None, started=False, stopped=False, audio_samples=0)
             filled = 0
             first_item: str | None = None
             while filled < self.frame_samples and self._queue:
@@ -90,6 +98,7 @@ class PlayoutBuffer:
             self._queued = 0
             self._playing = False
             self._producing = False
+            self._held = False
         return round(self._ms(dropped))
 
     def played_ms(self, item_id: str) -> float:

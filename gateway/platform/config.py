@@ -331,6 +331,11 @@ class Settings(BaseSettings):
         False, description="server_vad asks the end-of-turn model too: a turn it hears unfinished waits semantic_vad's "
         "longest silence (2 s) instead of silence_duration_ms.",
     )
+    resume_false_interruptions: bool = Field(
+        True, description="WebRTC: speech over a reply pauses its audio; a backchannel (\"mm-hm\", \"yeah\"), a cough or "
+        "nothing Whisper can read lets it play on from there, words addressed to the assistant interrupt it. Off: "
+        "any speech interrupts at once (as over a WebSocket, where the client plays the audio).",
+    )
     voice_preemption: bool = Field(
         True,
         description="Generate the reply (and speak its first clause) from the speculative transcript while the VAD "

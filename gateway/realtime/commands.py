@@ -82,6 +82,13 @@ class SetProducing:
 
 
 @dataclass(frozen=True)
+class HoldPlayout:
+    """WebRTC: pause the reply's queued audio where it is (`held`), or play it on from there."""
+
+    held: bool
+
+
+@dataclass(frozen=True)
 class Transcribe:
     """Make the committed item's final transcript; feed TranscriptFinal or TranscriptFailed, then TurnReady."""
 
@@ -146,7 +153,7 @@ class ResponseFinished:
 
 
 Command = (
-    CreateResponse | StopResponse | ClearPlayout | SetProducing | Transcribe | PrefillDraft | SetSilence
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | HoldPlayout | Transcribe | PrefillDraft | SetSilence
     | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
 )
 Output = Send | SendError | Command

@@ -37,6 +37,7 @@ from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
 from gateway.realtime.active_response import ActiveResponse, ResponseInput, already_active
+from gateway.realtime.barge_in import PausedReply
 from gateway.realtime.commands import (
     CreateResponse,
     DropTurn,
@@ -119,6 +120,7 @@ class RealtimeCore:
     has_playout: bool = False  # WebRTC: the audio goes through a playout buffer that reports what was heard
     preempts: bool = True  # a turn's reply is generated from its speculative transcript (--voice-preemption)
     judges_server_vad: bool = False  # the audio model lengthens an unfinished server_vad turn's silence
+    resumes_false_interruptions: bool = False  # WebRTC: a backchannel over the reply pauses it, then it plays on
     turns: TurnMachine = field(default_factory=TurnMachine)
     state: SessionState = SessionState.NEW
     response: ActiveResponse | None = None  # the response sub-machine, while one is in progress
@@ -126,6 +128,7 @@ class RealtimeCore:
     _listening: Listening = field(init=False)  # the user's turns
     _queued_turn: str | None = None  # a turn's reply waiting for the response in progress to end
     _playout: PlayoutView = field(default_factory=PlayoutView)  # WebRTC: the reply queued or playing
+    _paused: PausedReply = field(default_factory=PausedReply)  # WebRTC: the reply paused by speech over it
     _idle_since: float = 0.0
     _out: list[Output] = field(default_factory=list)
 
@@ -239,8 +242,10 @@ class RealtimeCore:
     def _audio_processed(self, event: AudioProcessed) -> None:
         if self._listening.open_turn is not None:
             if Action.INTERRUPT in self.turns.tick(self.clock() * 1000, user_speaking=True):
-                self.interrupt("turn_detected")
+                self.barge_in()
+            self._paused.tick(self, speaking=True)
             return
+        self._paused.tick(self, speaking=False)
         detection = self.config.audio.input.turn_detection
         if detection is None or detection.idle_timeout_ms is None or self.response is not None or self.playout_busy:
             return
@@ -259,6 +264,11 @@ class RealtimeCore:
     def _turn_ready(self, event: TurnReady) -> None:
         has_text = self._listening.take_committed(event.item_id)
         if has_text is None:
+            return
+        if self._paused.turn_ready(self, event.item_id):  # a backchannel: the reply plays on
+            self.turns.transcript_final(False)
+            self._paused.resume(self)
+            self._out.append(DropTurn(event.item_id))
             return
         if Action.CREATE_RESPONSE not in self.turns.transcript_final(has_text):
             self._out.append(DropTurn(event.item_id))
@@ -393,8 +403,13 @@ class RealtimeCore:
     def emit_event(self, event: se.ServerEvent) -> None:
         self._out.append(Send(event.wire()))
 
+    def barge_in(self) -> None:
+        """Speech over the reply: paused until the words decide (barge_in.py), or interrupted at once."""
+        self._paused.speech(self)
+
     def interrupt(self, reason: str) -> None:
         """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
+        self._paused.since = None
         self._interrupt_playout()
         if self.response is not None:
             self._cancel(reason, barge_in=True)

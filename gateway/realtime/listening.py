@@ -73,7 +73,7 @@ class ListeningHost(Protocol):
 
     def emit_event(self, event: se.ServerEvent) -> None: ...
 
-    def interrupt(self, reason: str) -> None: ...  # barge-in
+    def barge_in(self) -> None: ...  # speech over the reply
 
     def create_response(self, params: ResponseParams, *, event_id: str | None = None) -> None: ...
 
@@ -160,7 +160,7 @@ class Listening:
         self._open = turn = _OpenTurn(event.item_id, self.stabilizer())
         host.emit_event(se.SpeechStarted(audio_start_ms=event.audio_start_ms, item_id=event.item_id))
         if Action.INTERRUPT in host.turns.speech_started(host.clock() * 1000):
-            host.interrupt("turn_detected")
+            host.barge_in()
         self._prefill(turn, host)  # the conversation so far: after a barge-in, once the reply has ended
 
     def _prefill(self, turn: _OpenTurn, host: ListeningHost) -> None:

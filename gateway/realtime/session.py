@@ -40,6 +40,7 @@ from gateway.realtime.commands import (
     CreateResponse,
     DiscardSpeculation,
     DropTurn,
+    HoldPlayout,
     Output,
     PrefillDraft,
     ResponseFinished,
@@ -149,7 +150,7 @@ class RealtimeSession:
         self.core = RealtimeCore(
             config, Conversation(max_items=settings.max_conversation_items, max_bytes=settings.max_conversation_bytes),
             clock=now, stabilizer=TranscriptStabilizer, echo_guard_ms=settings.echo_guard_ms,
-            preempts=settings.voice_preemption, judges_server_vad=settings.server_vad_turn_model and runtime.turn_end is not None,
+            preempts=settings.voice_preemption, resumes_false_interruptions=settings.resume_false_interruptions, judges_server_vad=settings.server_vad_turn_model and runtime.turn_end is not None,
             can_speak=runtime.tts is not None and speech_factory is not None,
         )
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
@@ -307,6 +308,9 @@ class RealtimeSession:
                     if output.measure_item_id is not None:
                         played = self.playout.played_ms(output.measure_item_id)
                         self.feed(PlayoutCleared(output.measure_item_id, played))
+            case HoldPlayout():
+                if self._playout is not None:
+                    self._playout.hold(output.held)
             case SetProducing():
                 if self.playout is not None:
                     self.playout.set_producing(output.producing)

@@ -97,6 +97,12 @@ class TurnMachine:
         if self.state in (TurnState.RESPONDING, TurnState.BOT_SPEAKING):
             self.state = TurnState.LISTENING
 
+    def resumed(self) -> None:
+        """The speech that paused the reply was not addressed to it (a backchannel): it plays on, and can be
+        interrupted again."""
+        self._bot_active = True
+        self.state = TurnState.BOT_SPEAKING
+
     def _in_echo_guard(self, now_ms: float) -> bool:
         started = self._playback_started_ms
         return started is not None and now_ms - started < self.policy.echo_guard_ms

@@ -266,3 +266,30 @@ async def test_a_call_continues_a_stored_conversation_and_stores_its_turn(
     assert after[3]["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
     assert after[3]["status"] in ("completed", "incomplete")
     assert after[3]["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"]
+
+
+async def test_a_backchannel_over_webrtc_pauses_the_reply_then_it_plays_on(
+    gateway: GatewayProcess, hangups: list[Caller], tts: TtsEngine
+) -> None:
+    """"Yeah." over the answer pauses its audio; the words are a listener's, so the answer plays on from where
+    it paused, is not cut, and the backchannel's turn is deleted (--resume-false-interruptions, the default)."""
+    backchannel = resample(tts.synthesize_blocking("Yeah."), tts.sample_rate, RATE)
+    microphone = PacedClipTrack(np.zeros(0, np.int16))
+    caller = await call(gateway, microphone, {"temperature": 0, "max_output_tokens": 80})
+    hangups.append(caller)
+    await caller.wait_for("session.created")
+    caller.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}})
+    caller.send({"type": "response.create"})
+    await caller.wait_for("output_audio_buffer.started")
+    await asyncio.sleep(1.0)
+    microphone.play(backchannel)
+    committed = await caller.wait_for("input_audio_buffer.committed", timeout=30)
+    deleted = await caller.wait_for("conversation.item.deleted", timeout=30)
+    assert deleted["item_id"] == committed["item_id"]
+    done = await caller.wait_for("response.done", timeout=60)
+    assert done["response"]["status"] != "cancelled", done["response"]["status_details"]  # completed, or its length
+    await caller.wait_for("output_audio_buffer.stopped", timeout=60)  # it played out
+    assert not caller.of_type("output_audio_buffer.cleared") and not caller.of_type("conversation.item.truncated")
+    generated = "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta"))
+    assert done["response"]["output"][0]["content"][0]["transcript"] == generated

@@ -1,0 +1,103 @@
+"""Speech over the assistant's reply on a WebRTC session (with --resume-false-interruptions): the reply's audio
+pauses within the frame, and what the user said decides. A backchannel ("mm-hm", "yeah", "right"), a cough or
+nothing Whisper can read resumes the audio where it paused, leaves the reply's item whole and drops the user's
+turn (`conversation.item.deleted`); words addressed to the assistant, or speech that goes on past a backchannel's
+length, interrupt it as before (`response.done` cancelled / turn_detected, the item cut to what was heard).
+
+Over a WebSocket the client plays the audio, and what it has been sent it has: a barge-in interrupts at once.
+A pure sub-machine of the core (core.py), which passes itself in as the host."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.protocol import server_events as se
+from gateway.realtime.commands import HoldPlayout, Output
+from gateway.realtime.conversation import Conversation
+from gateway.realtime.turns import TurnMachine
+
+# What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel.
+BACKCHANNEL_WORDS = frozenset({
+    "mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "ah", "oh", "aha", "yeah", "yep", "yes", "ya", "yup",
+    "right", "okay", "ok", "sure", "alright", "i", "see", "got", "it", "cool", "nice", "wow", "true", "exactly",
+})
+MOST_BACKCHANNEL_WORDS = 3
+LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply for longer than this is addressed to the assistant
+UNDECIDED_LIMIT_S = 3.0  # the user's speech never became a turn with a transcript (dropped): the reply goes on
+
+
+def is_backchannel(transcript: str) -> bool:
+    """Nothing readable, or a listener's acknowledgement ("Mm-hm.", "Yeah, right.", "I see.")."""
+    words = re.findall(r"[a-z']+", transcript.lower().replace("-", " "))
+    return len(words) <= MOST_BACKCHANNEL_WORDS and all(word in BACKCHANNEL_WORDS for word in words)
+
+
+class BargeInHost(Protocol):
+    """What a paused reply needs of the core."""
+
+    conversation: Conversation
+    turns: TurnMachine
+    has_playout: bool
+    resumes_false_interruptions: bool
+
+    @property
+    def playout_busy(self) -> bool: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...  # seconds, monotonic
+
+    def emit(self, output: Output) -> None: ...
+
+    def emit_event(self, event: se.ServerEvent) -> None: ...
+
+    def interrupt(self, reason: str) -> None: ...
+
+
+@dataclass
+class PausedReply:
+    """States: no pause (since is None), and paused since a moment, until a decision."""
+
+    since: float | None = None
+
+    def speech(self, host: BargeInHost) -> None:
+        """Speech over the reply (past the echo guard): pause it where it can resume, else interrupt."""
+        if not (host.resumes_false_interruptions and host.has_playout and host.playout_busy):
+            host.interrupt("turn_detected")
+        elif self.since is None:
+            self.since = host.clock()
+            host.emit(HoldPlayout(True))
+
+    def tick(self, host: BargeInHost, *, speaking: bool) -> None:
+        if self.since is None:
+            return
+        paused_for = host.clock() - self.since
+        if speaking and paused_for >= LONGEST_BACKCHANNEL_S:
+            self._interrupt(host)
+        elif not speaking and paused_for >= UNDECIDED_LIMIT_S:
+            self.resume(host)
+
+    def turn_ready(self, host: BargeInHost, item_id: str) -> bool:
+        """The user's turn over the paused reply has its transcript: True when it was a backchannel (its item is
+        deleted; the core resumes the reply); otherwise the reply is interrupted and the turn goes on as any other."""
+        if self.since is None:
+            return False
+        item = host.conversation.get(item_id)
+        transcript = str(item.content[0].get("transcript") or "") if item.content else ""
+        if not is_backchannel(transcript):
+            self._interrupt(host)
+            return False
+        host.conversation.delete(item_id)
+        host.emit_event(se.ItemDeleted(item_id=item_id))
+        return True
+
+    def _interrupt(self, host: BargeInHost) -> None:
+        self.since = None
+        host.interrupt("turn_detected")  # clearing the playout ends its pause
+
+    def resume(self, host: BargeInHost) -> None:
+        self.since = None
+        host.emit(HoldPlayout(False))
+        host.turns.resumed()

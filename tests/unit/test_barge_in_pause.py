@@ -1,0 +1,96 @@
+"""Speech over a WebRTC reply pauses it; a backchannel lets it play on, words addressed to it interrupt it
+(gateway/realtime/barge_in.py, driven through the core)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gateway.realtime.barge_in import is_backchannel
+from gateway.realtime.commands import ClearPlayout, DropTurn, HoldPlayout, StopResponse
+from gateway.realtime.core import RealtimeCore
+from gateway.realtime.inputs import AudioProcessed, ResponseEnded, SpeechBegan
+from gateway.realtime.response_events import ResponseEvents
+from media.playout import PlayoutBuffer
+from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
+
+
+@pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes."])
+def test_backchannels(text: str) -> None:
+    assert is_backchannel(text)
+
+
+@pytest.mark.parametrize("text", ["Wait, stop.", "What about Berlin?", "No.", "Yeah, but what about Paris?",
+                                  "Okay, tell me more."])
+def test_words_addressed_to_the_assistant(text: str) -> None:
+    assert not is_backchannel(text)
+
+
+def speaking_reply(*, playout: bool = True) -> tuple[RealtimeCore, Clock, ResponseEvents]:
+    core, clock = make_core(playout=playout)
+    core.resumes_false_interruptions = True
+    events = start_reply(core)
+    spoken(core, events, ("Once upon a time there was a dragon.", 2000))
+    clock.seconds += 1.0  # past the echo guard
+    return core, clock, events
+
+
+def test_a_backchannel_pauses_the_reply_then_it_plays_on_whole() -> None:
+    core, _, events = speaking_reply()
+    began = core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert HoldPlayout(True) in began and not any(isinstance(o, (StopResponse, ClearPlayout)) for o in began)
+    ready = committed_turn(core, "item_u", "Mm-hm.")
+    assert [event(o)["type"] for o in ready if types([o])[0].startswith("conversation")] == ["conversation.item.deleted"]
+    assert HoldPlayout(False) in ready and DropTurn("item_u") in ready
+    assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in ready)
+    assert core.response is not None and "item_u" not in [item.id for item in core.conversation.items]
+    assert core.conversation.get(events.item.id).status != "incomplete"
+    # It can be interrupted again: words now stop it.
+    core.handle(SpeechBegan("item_v", audio_start_ms=3000))
+    ready = committed_turn(core, "item_v", "Wait, what about Berlin?")
+    assert StopResponse("resp_1", "turn_detected", True) in ready
+
+
+def test_words_over_the_paused_reply_interrupt_it() -> None:
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    ready = committed_turn(core, "item_u", "Stop, tell me about Berlin instead.")
+    assert StopResponse("resp_1", "turn_detected", True) in ready and ClearPlayout(None) in ready
+    assert "item_u" in [item.id for item in core.conversation.items]  # the turn is answered once the reply ends
+    assert core.handle(ResponseEnded("resp_1", "cancelled", {}))[-1].turn == "item_u"  # type: ignore[union-attr]
+
+
+def test_speech_longer_than_a_backchannel_interrupts_without_waiting_for_its_words() -> None:
+    core, clock, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    assert not any(isinstance(o, StopResponse) for o in core.handle(AudioProcessed(500)))
+    clock.seconds += 1.3
+    assert StopResponse("resp_1", "turn_detected", True) in core.handle(AudioProcessed(1800))
+
+
+def test_over_a_websocket_speech_interrupts_at_once() -> None:
+    """The client plays the audio there: what it was sent, it has."""
+    core, _, _ = speaking_reply(playout=False)
+    assert StopResponse("resp_1", "turn_detected", True) in core.handle(SpeechBegan("item_u", audio_start_ms=0))
+
+
+def test_off_any_speech_interrupts_at_once() -> None:
+    core, clock = make_core(playout=True)
+    events = start_reply(core)
+    spoken(core, events, ("Once upon a time.", 2000))
+    clock.seconds += 1.0
+    assert StopResponse("resp_1", "turn_detected", True) in core.handle(SpeechBegan("item_u", audio_start_ms=0))
+
+
+def test_a_held_playout_sends_silence_and_keeps_its_place() -> None:
+    buffer = PlayoutBuffer(48000, 960)
+    buffer.write("item_a", np.arange(1, 2 * 960 + 1, dtype=np.int16))
+    first = buffer.read_frame()
+    assert first.started and first.audio_samples == 960
+    buffer.hold(True)
+    held = buffer.read_frame()
+    assert held.audio_samples == 0 and not held.stopped and not held.pcm.any()
+    assert buffer.played_ms("item_a") == 20.0
+    buffer.hold(False)
+    second = buffer.read_frame()
+    assert second.pcm[0] == 961 and second.stopped  # on from where it paused, then drained
