@@ -156,9 +156,9 @@ class RealtimeSession:
         # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
         self._inbox = Inbox(self.feed)
-        # What a command's execution feeds waits for the rest of its batch (see feed).
-        self._executing = False
-        self._queued: deque[Input] = deque()
+        # What the session learns carrying out a command (what was heard of a cleared reply): handled after the
+        # batch, never from inside it (see feed).
+        self._learned: deque[Input] = deque()
         self.response_driver: ResponseDriver | None = None  # from start(): its accounts are known then
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
         self._started = False
@@ -264,15 +264,12 @@ class RealtimeSession:
     # -- the core ---------------------------------------------------------------------------------
 
     def feed(self, event: Input) -> None:
-        """Hand one input to the core and carry out what it returns, in order. An input fed while a batch is
-        being carried out (what a driver learns doing so) is handled after the batch. A refused client event
-        raises ApiError (the core changed nothing). Inputs after close are dropped."""
+        """Hand one input to the core and carry out what it returns, in order; then what the session learned
+        doing so. A refused input raises ApiError (the core changed nothing): a client's event, or a response
+        the response driver announces (ResponseStarted: it needs the answer before it starts the response's
+        task, so a driver's input is handled at once). Inputs after close are dropped."""
         if self._closed:
             return
-        if self._executing:
-            self._queued.append(event)
-            return
-        self._executing = True
         try:
             try:
                 outputs = self.core.handle(event)
@@ -282,10 +279,9 @@ class RealtimeSession:
             for output in outputs:
                 self._execute(output)
         finally:
-            self._executing = False
             self._fed.set()
-        while self._queued and not self._closed:
-            self.feed(self._queued.popleft())
+        while self._learned and not self._closed:
+            self.feed(self._learned.popleft())
 
     def _execute(self, output: Output) -> None:
         match output:
@@ -307,7 +303,7 @@ class RealtimeSession:
                     self.playout.clear()
                     if output.measure_item_id is not None:
                         played = self.playout.played_ms(output.measure_item_id)
-                        self.feed(PlayoutCleared(output.measure_item_id, played))
+                        self._learned.append(PlayoutCleared(output.measure_item_id, played))
             case HoldPlayout():
                 if self._playout is not None:
                     self._playout.hold(output.held)
