@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import SessionConfig
+from gateway.protocol.session_config import AudioInput, SessionConfig
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from inference.llm.chat import ChatMessage
@@ -89,6 +89,14 @@ class HoldPlayout:
 
 
 @dataclass(frozen=True)
+class ConfigureListening:
+    """The session's input settings, as it starts and after each session.update: the voice pipeline's turn
+    detection, transcription prompt, noise reduction and the format of the audio appended."""
+
+    audio: AudioInput
+
+
+@dataclass(frozen=True)
 class Transcribe:
     """Make the committed item's final transcript; feed TranscriptFinal or TranscriptFailed, then TurnReady."""
 
@@ -153,7 +161,7 @@ class ResponseFinished:
 
 
 Command = (
-    CreateResponse | StopResponse | ClearPlayout | SetProducing | HoldPlayout | Transcribe | PrefillDraft | SetSilence
-    | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | HoldPlayout | ConfigureListening | Transcribe
+    | PrefillDraft | SetSilence | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
 )
 Output = Send | SendError | Command

@@ -39,6 +39,7 @@ from gateway.protocol.session_config import SessionConfig
 from gateway.realtime.active_response import ActiveResponse, ResponseInput, already_active
 from gateway.realtime.barge_in import PausedReply
 from gateway.realtime.commands import (
+    ConfigureListening,
     CreateResponse,
     DropTurn,
     Output,
@@ -121,6 +122,7 @@ class RealtimeCore:
     preempts: bool = True  # a turn's reply is generated from its speculative transcript (--voice-preemption)
     judges_server_vad: bool = False  # the audio model lengthens an unfinished server_vad turn's silence
     resumes_false_interruptions: bool = False  # WebRTC: a backchannel over the reply pauses it, then it plays on
+    listens: bool = False  # from SessionStarted: a voice pipeline takes the input settings (ConfigureListening)
     turns: TurnMachine = field(default_factory=TurnMachine)
     state: SessionState = SessionState.NEW
     response: ActiveResponse | None = None  # the response sub-machine, while one is in progress
@@ -193,6 +195,8 @@ class RealtimeCore:
             self.emit_event(se.ItemAdded(previous_item_id=previous, item=item.to_wire()))
             self.emit_event(se.ItemDone(previous_item_id=previous, item=item.to_wire()))
             previous = item.id
+        self.listens = event.listens
+        self._apply_policy()
 
     def _config_changed(self, event: ConfigChanged) -> None:
         config = event.config
@@ -203,16 +207,19 @@ class RealtimeCore:
             raise ApiError("invalid_value", "Audio output needs the voice models (start without --no-load-voice-models).",
                            "session.output_modalities")
         self.config = config
-        self._apply_policy()
         self.emit_event(se.SessionUpdated(session=config.to_wire()))
+        self._apply_policy()
 
     def _apply_policy(self) -> None:
+        """The configuration's input settings: the turns' policy here, the rest in the voice pipeline."""
         detection = self.config.audio.input.turn_detection
         self.turns.policy = TurnPolicy(
             create_response=detection.create_response if detection else False,
             interrupt_response=detection.interrupt_response if detection else False,
             echo_guard_ms=self.echo_guard_ms,
         )
+        if self.listens:
+            self._out.append(ConfigureListening(self.config.audio.input))
 
     def _item_op(self, event: ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate) -> None:
         """A client's conversation.item.* event on the conversation; a refused one raises ApiError."""

@@ -42,6 +42,7 @@ class ErrorOccurred:
 @dataclass(frozen=True)
 class SessionStarted:
     resume_token: str | None  # announced in session.created when the session can be resumed
+    listens: bool = False  # it has a voice pipeline, which the core tells the input settings (ConfigureListening)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,6 @@ one step each; the responses' tasks are ResponseDriver's (responses.py), the lis
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import secrets
 import time
@@ -37,6 +35,7 @@ from gateway.protocol.session_config import (
 from gateway.realtime.active_response import ActiveResponse
 from gateway.realtime.commands import (
     ClearPlayout,
+    ConfigureListening,
     CreateResponse,
     DiscardSpeculation,
     DropTurn,
@@ -82,14 +81,9 @@ from gateway.realtime.responses import ResponseDriver
 from gateway.realtime.speech_out import SpeechFactory
 from gateway.realtime.voice import VoicePipeline
 from inference.asr import TranscriptStabilizer
-from media.codecs import AudioFormatError, decode_input
-from media.frames import AudioChunk
 from media.playout import PlayoutBuffer
-from media.resample import Resampler
 
 log = logging.getLogger(__name__)
-
-INPUT_RATE = 16000  # what the VAD and Whisper take
 
 TransportKind = Literal["websocket", "webrtc"]
 
@@ -166,7 +160,6 @@ class RealtimeSession:
         self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
         self.last_activity = self._started_at  # the last client event or response end: --session-idle-timeout-s
         self._closed = False
-        self._input_resampler: tuple[str, Resampler] | None = None
         self.voice: VoicePipeline | None = None
         self.recorder: ConversationRecorder | None = None  # attached to a stored conversation: attach_stored
         self.tokens: TokenAccount | None = None  # its key's token quota (SessionRegistry.open_session)
@@ -209,9 +202,10 @@ class RealtimeSession:
         if self.runtime.asr is not None:
             replies = ReplyAhead(self.runtime, self.settings, self.memory, responding=responses.running)
             self.voice = VoicePipeline(
-                feed, responses.settle, runtime=self.runtime, settings=self.settings, config=self.config,
+                feed, responses.settle, runtime=self.runtime, settings=self.settings,
                 head_start=HeadStart(replies, self.id), session_id=self.id, request_id=self.request_id)
-        self.feed(SessionStarted(self.resume_token if self.settings.resume_window_s > 0 else None))
+        self.feed(SessionStarted(self.resume_token if self.settings.resume_window_s > 0 else None,
+                                 listens=self.voice is not None))
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,
                   model=self.config.model, conversation_id=self.conversation.id)
 
@@ -310,6 +304,9 @@ class RealtimeSession:
             case SetProducing():
                 if self.playout is not None:
                     self.playout.set_producing(output.producing)
+            case ConfigureListening():
+                assert self.voice is not None  # the core configures a session's listening only if it listens
+                self.voice.listen(output.audio)
             case Transcribe():
                 assert self.voice is not None  # only committed audio is transcribed
                 self.voice.transcribe(output.item_id)
@@ -402,28 +399,11 @@ class RealtimeSession:
         if voice is None:
             raise ApiError("voice_unavailable", f"'{event.type}' needs the voice models, which are not loaded.", "type")
         if isinstance(event, ev.InputAudioBufferAppend):
-            voice.append(self._decode_input_audio(event.audio))
+            voice.append_encoded(event.audio)
         elif isinstance(event, ev.InputAudioBufferCommit):
             await voice.commit()
         elif isinstance(event, ev.InputAudioBufferClear):
             voice.clear()
-
-    def _decode_input_audio(self, audio_b64: str) -> AudioChunk:
-        """base64 in the session's input format -> 16 kHz mono, resampled with a per-stream resampler."""
-        try:
-            data = base64.b64decode(audio_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError("invalid_audio", "'audio' is not valid base64.", "audio") from None
-        fmt = self.config.audio.input.format.type
-        try:
-            chunk = decode_input(fmt, data)
-        except AudioFormatError as exc:
-            raise ApiError("invalid_audio", f"Audio does not match the session's format {fmt}: {exc}.", "audio") from None
-        if chunk.sample_rate == INPUT_RATE:
-            return chunk
-        if self._input_resampler is None or self._input_resampler[0] != fmt:
-            self._input_resampler = (fmt, Resampler(chunk.sample_rate, INPUT_RATE))
-        return AudioChunk(self._input_resampler[1].process(chunk.pcm), INPUT_RATE)
 
     def _update_session(self, update: dict[str, Any]) -> None:
         model = update.get("model")
@@ -431,8 +411,6 @@ class RealtimeSession:
             raise ApiError("model_not_found", f"Unknown model '{model}'. This server has '{self.settings.model_name}'.", "session.model", status=404)
         config = apply_session_update(self.config, update, speech=self.runtime.speech_options)
         self.feed(ConfigChanged(config))  # raises ApiError when the core refuses it
-        if self.voice is not None:
-            self.voice.configure(config)
 
     # -- playout ------------------------------------------------------------------------------------
 

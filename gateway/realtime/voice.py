@@ -32,16 +32,12 @@ from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks, now
 from gateway.protocol.errors import ApiError
-from gateway.protocol.session_config import (
-    SEMANTIC_WAITS_MS,
-    SemanticVad,
-    SessionConfig,
-    TurnDetection,
-)
+from gateway.protocol.session_config import SEMANTIC_WAITS_MS, AudioInput, SemanticVad, TurnDetection
 from gateway.realtime.commands import ReplyContext
 from gateway.realtime.conversation import new_id
 from gateway.realtime.head_start import HeadStart
 from gateway.realtime.input_buffer import RATE, InputAudioBuffer
+from gateway.realtime.input_decoder import InputDecoder
 from gateway.realtime.inputs import (
     AudioCleared,
     AudioCommitted,
@@ -106,15 +102,17 @@ class CommittedTurn:
 
 class VoicePipeline:
     def __init__(self, feed: Callable[[Input], None], settle: Callable[[], Awaitable[None]], *, runtime: Runtime,
-                 settings: Settings, config: SessionConfig, head_start: HeadStart, session_id: str,
-                 request_id: str | None) -> None:
+                 settings: Settings, head_start: HeadStart, session_id: str, request_id: str | None) -> None:
         """`feed` takes what happens to the session's core, as inputs; `settle` waits until the responses being
-        stopped have ended (a barge-in's). `config`: the session's, until the next `configure`."""
+        stopped have ended (a barge-in's)."""
         self.feed = feed
         self.settle = settle
         self.runtime = runtime
         self.settings = settings
-        self.config = config
+        # The session's input settings: the core's ConfigureListening sets them as the session starts, before any
+        # audio, and again after each session.update.
+        self.audio = AudioInput()
+        self.decoder = InputDecoder()
         self.head_start = head_start
         self.session_id = session_id  # for the log
         self.request_id = request_id
@@ -131,13 +129,9 @@ class VoicePipeline:
 
     # -- configuration ----------------------------------------------------------------------
 
-    @property
-    def turn_detection(self) -> TurnDetection | SemanticVad | None:
-        return self.config.audio.input.turn_detection
-
     def _vad_settings(self, silence_ms: int | None = None) -> VadSettings:
         """`silence_ms`: semantic_vad's wait for the silence running now; by default its longest."""
-        detection = self.turn_detection or TurnDetection()
+        detection = self.audio.turn_detection or TurnDetection()
         if isinstance(detection, SemanticVad):
             silence_ms = silence_ms if silence_ms is not None else SEMANTIC_WAITS_MS[detection.eagerness][1]
         elif silence_ms is None:
@@ -149,16 +143,20 @@ class VoicePipeline:
             min_speech_ms=self.settings.min_barge_in_speech_ms,
         )
 
-    def configure(self, config: SessionConfig) -> None:
-        """The session's configuration changed (the core accepted it)."""
-        self.config = config
+    def listen(self, audio: AudioInput) -> None:
+        """The core's ConfigureListening."""
+        self.audio = audio
         self.vad.detector.settings = self._vad_settings()
 
     # -- input --------------------------------------------------------------------------------
 
+    def append_encoded(self, audio_b64: str) -> None:
+        """input_audio_buffer.append: base64 audio in the session's input format."""
+        self.append(self.decoder.decode(audio_b64, self.audio.format.type))
+
     def append(self, chunk: AudioChunk) -> None:
         """Queue 16 kHz audio; cheap, so transports can call it for every 20 ms frame."""
-        if self.turn_detection is None:
+        if self.audio.turn_detection is None:
             cap = self.settings.max_input_audio_seconds * 1000
             queued_ms = self.buffer.index_to_ms(self._queued_samples)
             if self.buffer.held_ms + queued_ms + chunk.duration_ms > cap:
@@ -227,7 +225,7 @@ class VoicePipeline:
                 pieces.append(self._queue.get_nowait())
             pcm = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             self._queued_samples -= len(pcm)
-            pcm = await self.noise.process(pcm, self.config.audio.input.noise_reduction)
+            pcm = await self.noise.process(pcm, self.audio.noise_reduction)
             self.buffer.append(pcm)
             try:
                 await self._detect(pcm)
@@ -237,7 +235,7 @@ class VoicePipeline:
                     self._queue.task_done()
 
     async def _detect(self, pcm: np.ndarray) -> None:
-        if self.turn_detection is None:
+        if self.audio.turn_detection is None:
             return
         try:
             events = await asyncio.get_running_loop().run_in_executor(
@@ -356,7 +354,7 @@ class VoicePipeline:
     async def _transcribe(self, audio: np.ndarray, *, final: bool, work: str | None = None) -> Transcript | None:
         assert self.runtime.asr is not None
         pcm = AudioChunk(audio, RATE).to_float32()
-        prompt = self.config.audio.input.transcription.prompt if self.config.audio.input.transcription else None
+        prompt = self.audio.transcription.prompt if self.audio.transcription else None
         transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session_id, work=work)
         if transcript is not None:
             metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)

@@ -14,6 +14,7 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SemanticVad, SessionConfig, TurnDetection
 from gateway.realtime.commands import (
     ClearPlayout,
+    ConfigureListening,
     CreateResponse,
     DiscardSpeculation,
     DropTurn,
@@ -36,6 +37,7 @@ from gateway.realtime.inputs import (
     AudioProcessed,
     CancelRequested,
     ClauseSpoken,
+    ConfigChanged,
     EndOfTurnJudged,
     IllegalInput,
     ItemCreated,
@@ -206,6 +208,24 @@ def test_an_input_the_state_cannot_take_is_an_illegal_input_and_changes_nothing(
         core.handle(TextDelta("resp_never", "Hello"))
     assert json.dumps(events.item.to_wire()) == before and core.response is not None
     assert types(core.handle(TextDelta("resp_1", "Hi"))) == ["response.output_text.delta"]
+
+
+def test_a_listening_session_hears_its_input_settings_as_it_starts_and_after_each_update() -> None:
+    """The voice pipeline never reads the session's configuration: the core tells it, after the event that
+    announces the change; a session without one is told nothing."""
+    settings = SessionConfig(id="sess_1", model="m", output_modalities=["text"])
+    core = RealtimeCore(settings, Conversation(max_items=10, max_bytes=1 << 20), clock=Clock(),
+                        stabilizer=TranscriptStabilizer)
+    started = core.handle(SessionStarted(None, listens=True))
+    assert types(started) == ["session.created", "ConfigureListening"]
+    assert started[-1] == ConfigureListening(settings.audio.input)
+    updated = settings.model_copy(deep=True)
+    updated.audio.input.turn_detection = SemanticVad(type="semantic_vad", eagerness="low")
+    outputs = core.handle(ConfigChanged(updated))
+    assert types(outputs) == ["session.updated", "ConfigureListening"]
+    assert outputs[-1] == ConfigureListening(updated.audio.input)
+    deaf, _ = make_core()
+    assert types(deaf.handle(ConfigChanged(updated))) == ["session.updated"]
 
 
 def test_the_echo_guard_defers_a_barge_in_until_speech_outlasts_it() -> None:
