@@ -10,6 +10,7 @@ from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import AudioInput, SessionConfig
 from gateway.realtime.conversation import Conversation
+from gateway.realtime.inputs import ResponseRequested
 from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
 from inference.llm.chat import ChatMessage
 
@@ -56,6 +57,9 @@ class CreateResponse:
     event_id: str | None = None
     turn: str | None = None  # the user item it answers: its latency marks and its reply generated ahead
     session: ResponseSession | None = field(default=None, compare=False)  # the core always sets it
+    # The client's response.create it answers, at once or (push-to-talk) once the committed audio is transcribed:
+    # the session handles the client's next event after this.
+    answers: ResponseRequested | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -167,10 +167,12 @@ class RealtimeCore:
     def playout_busy(self) -> bool:
         return self._playout.busy
 
-    def create_response(self, params: ResponseParams, *, event_id: str | None = None, turn: str | None = None) -> None:
-        """Command a response, with what the driver plans it from."""
-        self._out.append(CreateResponse(params, event_id=event_id, turn=turn,
-                                        session=ResponseSession(self.config, self.conversation, self.can_speak)))
+    def create_response(self, params: ResponseParams, *, answers: ResponseRequested | None = None,
+                        turn: str | None = None) -> None:
+        """Command a response, with what the driver plans it from: a client's (`answers`), a turn's, the nudge."""
+        self._out.append(CreateResponse(params, event_id=answers.event_id if answers is not None else None, turn=turn,
+                                        session=ResponseSession(self.config, self.conversation, self.can_speak),
+                                        answers=answers))
 
     def reply_context(self, *, excluding: str | None = None) -> ReplyContext:
         """What a reply made ahead of the turn `excluding` is built from (PrefillDraft, StartSpeculation)."""
@@ -299,7 +301,7 @@ class RealtimeCore:
         if self._listening.transcribing:  # push-to-talk: the response answers what was just committed
             self._listening.defer(event)
             return
-        self.create_response(event.params, event_id=event.event_id)
+        self.create_response(event.params, answers=event)
 
     def _response_started(self, event: ResponseStarted) -> None:
         if self.response is not None:

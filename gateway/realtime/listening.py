@@ -75,7 +75,7 @@ class ListeningHost(Protocol):
 
     def barge_in(self) -> None: ...  # speech over the reply
 
-    def create_response(self, params: ResponseParams, *, event_id: str | None = None) -> None: ...
+    def create_response(self, params: ResponseParams, *, answers: ResponseRequested | None = None) -> None: ...
 
     def reply_context(self, *, excluding: str | None = None) -> ReplyContext: ...
 
@@ -282,7 +282,7 @@ class Listening:
         if not self.transcribing:
             deferred, self._deferred = self._deferred, []
             for request in deferred:
-                host.create_response(request.params, event_id=request.event_id)
+                host.create_response(request.params, answers=request)
 
 
 _HANDLERS: dict[type, Callable[[Listening, Any, ListeningHost], None]] = {

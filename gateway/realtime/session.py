@@ -155,6 +155,7 @@ class RealtimeSession:
         self._learned: deque[Input] = deque()
         self.response_driver: ResponseDriver | None = None  # from start(): its accounts are known then
         self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
+        self._unanswered: ResponseRequested | None = None  # the client's response.create until its CreateResponse
         self._started = False
         self._started_at = time.monotonic()
         self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
@@ -285,6 +286,8 @@ class RealtimeSession:
                 self.send_error(output.error)
             case CreateResponse():
                 assert self.response_driver is not None  # the core commands nothing before SessionStarted
+                if output.answers is not None and output.answers is self._unanswered:
+                    self._unanswered = None
                 marks, preemption = TurnMarks(), None
                 if output.turn is not None and self.voice is not None:
                     marks, preemption = self.voice.take_turn(output.turn)
@@ -376,10 +379,11 @@ class RealtimeSession:
             case ev.ConversationItemTruncate():
                 self.feed(ItemTruncate(event.item_id, event.content_index, event.audio_end_ms))
             case ev.ResponseCreate():
-                self.feed(ResponseRequested(event.response, event.event_id))
-                # Push-to-talk: it waits for what was just committed to be transcribed; the client's next
+                request = self._unanswered = ResponseRequested(event.response, event.event_id)
+                self.feed(request)
+                # Push-to-talk: the core answers it once what was just committed is transcribed; the client's next
                 # event is handled after the response starts, as without the wait.
-                while self.core.deferred_responses and not self._closed:
+                while self._unanswered is request and not self._closed:
                     self._fed.clear()
                     await self._fed.wait()
             case ev.ResponseCancel():

@@ -271,12 +271,14 @@ def test_push_to_talk_response_create_waits_for_the_committed_transcript() -> No
     core, _ = make_core(manual=True)
     assert types(core.handle(AudioCommitted("item_u"))) == [
         "input_audio_buffer.committed", "conversation.item.added", "Transcribe"]
-    assert core.handle(ResponseRequested(ResponseParams(), event_id="ev_1")) == []
+    request = ResponseRequested(ResponseParams(), event_id="ev_1")
+    assert core.handle(request) == []
     assert core.deferred_responses
     outputs = core.handle(TranscriptFinal("item_u", "Hello", audio_seconds=1.0))
     assert types(outputs) == ["conversation.item.input_audio_transcription.completed", "conversation.item.done",
                               "CreateResponse"]
     assert outputs[-1] == CreateResponse(ResponseParams(), event_id="ev_1")
+    assert outputs[-1].answers is request  # the session handles the client's next event after this
     assert not core.deferred_responses
     assert core.handle(TurnReady("item_u")) == [DropTurn("item_u")]  # manual turns: the client decides
 
