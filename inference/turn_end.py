@@ -28,6 +28,13 @@ RATE = 16000
 WINDOW_SAMPLES = 8 * RATE  # what the model was trained on; longer turns keep their end
 
 
+def import_feature_extractor() -> None:
+    """Import transformers' Whisper features before the models load side by side: imported in the ASR's loading
+    thread while the LLM's thread imported other transformers models, it failed the start now and then
+    (KeyError: 'transformers.models', a race in transformers' lazy modules)."""
+    from transformers import WhisperFeatureExtractor  # noqa: F401
+
+
 class TurnEndModel:
     def __init__(self, session: Any, features: Any, load_seconds: float) -> None:
         self._session = session

@@ -35,6 +35,7 @@ from gateway.api.transports import (
     conversation_items_http,
     conversation_stream,
     conversations_http,
+    live_ws,
     memories_http,
     realtime_ws,
     responses_http,
@@ -192,6 +193,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(completions_http.router)
     app.include_router(responses_http.router)
     app.include_router(realtime_ws.router)
+    app.include_router(live_ws.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)
     app.include_router(conversation_items_http.router)

@@ -156,8 +156,10 @@ class Runtime:
             if self.settings.load_voice_models:
                 # Before the loads run side by side: it sets OMP_NUM_THREADS for a moment (inference/asr.py).
                 from inference.asr import import_ctranslate2
+                from inference.turn_end import import_feature_extractor
 
                 await asyncio.to_thread(import_ctranslate2, self.settings.asr_threads)
+                await asyncio.to_thread(import_feature_extractor)
             # Its own thread, which exits: torch work there must not leave an OpenMP pool behind.
             loads = [run_in_own_thread(self._load_llm)]
             if self.settings.load_voice_models:

@@ -11,6 +11,8 @@ import typing
 
 from openai.types.audio.speech_model import SpeechModel
 from openai.types.audio_model import AudioModel
+from openai.types.live.built_in_voice import BuiltInVoice
+from openai.types.live.session_config import SessionConfig as LiveSessionConfig
 from openai.types.realtime.audio_transcription import AudioTranscription
 from openai.types.realtime.realtime_audio_config_output import RealtimeAudioConfigOutput
 from openai.types.realtime.realtime_session_create_request import RealtimeSessionCreateRequest
@@ -31,8 +33,15 @@ def openai_model_names() -> frozenset[str]:
 
 
 @functools.cache
+def openai_live_model_names() -> frozenset[str]:
+    """GPT-Live's model names (gpt-live-1, ...): a Live session's `model`, served by the gateway's model."""
+    return frozenset(_literals(LiveSessionConfig.model_fields["model"].annotation))
+
+
+@functools.cache
 def openai_voice_names() -> frozenset[str]:
-    return frozenset(_literals(RealtimeAudioConfigOutput.model_fields["voice"].annotation))
+    """Realtime's voices and GPT-Live's built-in ones."""
+    return frozenset(_literals(RealtimeAudioConfigOutput.model_fields["voice"].annotation) | _literals(BuiltInVoice))
 
 
 @functools.cache

@@ -31,7 +31,7 @@ class ReplayUnavailable(ValueError):
 
 
 class Outbox:
-    def __init__(self, max_pending_bytes: int = 64 * 1024 * 1024, replay_bytes: int = 0) -> None:
+    def __init__(self, max_pending_bytes: int = 64 * 1024 * 1024, replay_bytes: int = 0, *, numbered: bool = True) -> None:
         self._queue: deque[tuple[int, str]] = deque()  # not yet handed to a reader
         self._sent: deque[tuple[int, str]] = deque()  # handed out, kept for a resume (replay_bytes at most)
         self._pending_bytes = 0
@@ -46,17 +46,22 @@ class Outbox:
         self._last_sequence = 0
         self._prefix = secrets.token_hex(4)
         self._taps: list[OutboxTap] = []  # sideband connections: every event from when they tapped in
+        self._numbered = numbered  # Realtime's events carry their sequence number; GPT-Live's have none
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: dict[str, Any], *, identified: bool = True) -> None:
+        """Queue one event, with its id (GPT-Live's audio deltas have none: `identified` False)."""
         if self._closed:
             return
         sequence = next(self._sequence)
         self._last_sequence = sequence
-        event = {"event_id": f"event_{self._prefix}{sequence}", **event, "sequence_number": sequence}
+        if identified:
+            event = {"event_id": f"event_{self._prefix}{sequence}", **event}
+        if self._numbered:
+            event["sequence_number"] = sequence
         wire = encode_server_event(event)
         for tap in list(self._taps):
             tap.put(wire)

@@ -85,7 +85,9 @@ from media.playout import PlayoutBuffer
 
 log = logging.getLogger(__name__)
 
-TransportKind = Literal["websocket", "webrtc"]
+TransportKind = Literal["websocket", "webrtc", "live"]
+# A protocol's words for the core's (Realtime) events: Live's (live_wire.py); Realtime's are sent as they are.
+Translate = Callable[[Event], list[Event]]
 
 
 class Inbox:
@@ -115,6 +117,8 @@ class RealtimeSession:
         initial_config: dict[str, Any] | None = None,
         request_id: str | None = None,
         session_id: str | None = None,  # the id its client secret announced when it was minted
+        outbox: Outbox | None = None,
+        translate: Translate | None = None,
     ) -> None:
         self.runtime = runtime
         self.request_id = request_id  # the handshake's (or call offer's) X-Request-ID, for the log
@@ -122,7 +126,8 @@ class RealtimeSession:
         self.transport = transport
         self.speech_factory = speech_factory
         self.id = session_id or new_id("sess")
-        self.outbox = Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
+        self.outbox = outbox or Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
+        self._translate = translate
         # Reconnecting with it (and the last sequence number received) resumes this session: SessionHub.
         # Names the replica, so that a resume reaching another one is relayed here (transports/realtime_ws.py).
         self.resume_token = f"{settings.replica_id}.{secrets.token_urlsafe(24)}"
@@ -236,7 +241,8 @@ class RealtimeSession:
             await self.recorder.close()
 
     def send(self, event: Event) -> None:
-        self.outbox.send(event)
+        for wire_event in self._translate(event) if self._translate is not None else (event,):
+            self.outbox.send(wire_event)
         if self.recorder is not None:
             self.recorder.observe(event, self.conversation)
 

@@ -8,6 +8,7 @@ import typing
 from typing import Any, Literal
 
 from openai import BaseModel
+from openai.types.live import ServerEvent as LiveServerEvent
 from openai.types.realtime import RealtimeServerEvent
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
@@ -20,6 +21,7 @@ def _event_types(events: Any) -> dict[str, type[BaseModel]]:
 
 
 SERVER_EVENT_TYPES = _event_types(RealtimeServerEvent)
+LIVE_EVENT_TYPES = _event_types(LiveServerEvent)
 RESPONSE_EVENT_TYPES = _event_types(ResponseStreamEvent)
 
 # Our documented additions (README, "Our additions"), and what OpenAI's own server sends beyond the SDK's
@@ -56,6 +58,20 @@ def assert_valid_server_event(event: dict[str, Any]) -> None:
               if path not in ADDITIONS and f"{path}@{wire['type']}" not in ADDITIONS]
     if extras:
         raise AssertionError(f"{wire['type']} has fields the openai SDK's types do not declare: {extras}\n{wire}")
+
+
+def assert_valid_live_event(event: dict[str, Any]) -> None:
+    """A GPT-Live server event, against openai.types.live: every field declared there, and nothing else."""
+    model = LIVE_EVENT_TYPES.get(event.get("type"))
+    if model is None:
+        raise AssertionError(f"{event.get('type')!r} is not a Live server event type of the openai SDK: {event}")
+    try:
+        parsed = model.model_validate(event)
+    except ValidationError as exc:
+        raise AssertionError(f"{event.get('type')} does not validate against openai.types.live:\n{exc}\n{event}") from None
+    extras = [extra[1:] for extra in _extra_fields(parsed, "")]
+    if extras:
+        raise AssertionError(f"{event['type']} has fields openai.types.live does not declare: {extras}\n{event}")
 
 
 # -- POST /v1/audio/speech with stream_format "sse" -------------------------------------------------------

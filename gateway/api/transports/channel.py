@@ -93,14 +93,16 @@ def attach(session: RealtimeSession, last_sequence: int | None) -> OutboxReader:
 
 async def run_session(channel: Channel, session: RealtimeSession, events: OutboxReader | OutboxTap, *,
                       attachment: Attachment | None, hub: SessionHub | None,
-                      end: Callable[[], Awaitable[None]] | None) -> Outcome:
+                      end: Callable[[], Awaitable[None]] | None,
+                      receive: Callable[[str | bytes], Awaitable[None]] | None = None) -> Outcome:
     """Carry ``session``'s events over ``channel`` until one of them ends (see the module docstring).
 
     ``attachment``: this channel's hold on the session in the hub (None for a watcher). ``end``: what
-    ends the session when this channel's client is done with it (None for a watcher). Cancelling this
+    ends the session when this channel's client is done with it (None for a watcher). ``receive``: what
+    handles a client's message (the session's Realtime decoder unless said: GPT-Live's front). Cancelling this
     (the server shutting down) stops both pumps; the server ends the session itself."""
     writer = asyncio.create_task(_pump_out(channel, session, events), name=f"{channel.kind} writer {session.id}")
-    receiver = asyncio.create_task(_pump_in(channel, session), name=f"{channel.kind} reader {session.id}")
+    receiver = asyncio.create_task(_pump_in(channel, session, receive), name=f"{channel.kind} reader {session.id}")
     superseded = (asyncio.create_task(attachment.superseded.wait(), name=f"{channel.kind} superseded {session.id}")
                   if attachment is not None else None)
     try:
@@ -156,7 +158,8 @@ def _close_frame(session: RealtimeSession, events: OutboxReader | OutboxTap) -> 
     return session.close_frame
 
 
-async def _pump_in(channel: Channel, session: RealtimeSession) -> int:
+async def _pump_in(channel: Channel, session: RealtimeSession,
+                   receive: Callable[[str | bytes], Awaitable[None]] | None) -> int:
     """The client's events to the session, one at a time and in order, until the client goes;
     returns its close code."""
     while True:
@@ -165,10 +168,10 @@ async def _pump_in(channel: Channel, session: RealtimeSession) -> int:
         except ChannelClosed as closed:
             return closed.code
         if isinstance(message, bytes):
-            # The Realtime API's events are JSON text messages; a binary one is not.
+            # The Realtime and Live APIs' events are JSON text messages; a binary one is not.
             session.send_error(ApiError("invalid_event", "Events are JSON text messages; a binary one was sent."))
             continue
-        await session.receive(message)
+        await (receive or session.receive)(message)
 
 
 async def _pump_out(channel: Channel, session: RealtimeSession, events: OutboxReader | OutboxTap) -> bool:

@@ -1,0 +1,178 @@
+"""GET /v1/live/sessions: OpenAI's GPT-Live API over a WebSocket, on the same realtime core as /v1/realtime.
+
+The client's first event is `session.start` (its model, instructions, audio format and voice, earlier history);
+the session then runs as a Realtime one whose events LiveTranslator says in Live's words and whose client events
+LiveFront takes (gateway/realtime/live_front.py). There is no resume: a dropped connection ends the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+
+from gateway.api.http_errors import error_response
+from gateway.api.services import Services
+from gateway.api.transports.channel import ChannelClosed, run_session
+from gateway.api.transports.realtime_ws import CLOSE_POLICY, REFUSED_BEFORE_UPGRADE
+from gateway.api.transports.websocket_channel import WebSocketChannel
+from gateway.platform.auth import bearer_token, token_from_subprotocols
+from gateway.platform.event_log import log_event
+from gateway.platform.model_names import openai_live_model_names
+from gateway.platform.session_seats import Seat
+from gateway.protocol.codec import encode_server_event
+from gateway.protocol.errors import ApiError
+from gateway.protocol.live_events import LiveSessionConfig, SessionStart, decode_live_event
+from gateway.realtime.conversation import Item, new_id
+from gateway.realtime.inputs import ItemCreated
+from gateway.realtime.live_front import FRAME_MS, LiveAudio, LiveFront
+from gateway.realtime.live_wire import LiveTranslator, live_error
+from gateway.realtime.outbox import Outbox
+from gateway.realtime.session import RealtimeSession
+from gateway.realtime.speech_out import PlayoutSpeech
+from media.playout import PlayoutBuffer
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+START_TIMEOUT_S = 30.0  # a connection that never sends session.start is closed
+
+
+@router.websocket("/v1/live/sessions")
+async def live_websocket(websocket: WebSocket) -> None:
+    svc: Services = websocket.app.state.services
+    subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
+    request_id: str | None = getattr(websocket.state, "request_id", None)
+    seat: Seat | None = None
+    try:
+        principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
+        svc.runtime.require_ready()
+        seat = await svc.sessions.take_seat(principal.key_id)
+    except ApiError as error:
+        log_event("live.session.refused", request_id=request_id, code=error.code)
+        if error.status in REFUSED_BEFORE_UPGRADE:
+            await websocket.send_denial_response(error_response(error))
+        else:
+            await websocket.accept()
+            await _refuse(websocket, error)
+        return
+    await websocket.accept()
+    channel = WebSocketChannel(websocket, kind="live")
+    session: RealtimeSession | None = None
+    try:
+        start = await _session_start(channel, svc)
+        if start is None:
+            return
+        session, front = _open(svc, start, request_id)
+        attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
+        seat = None  # the session's now
+    except ApiError as error:
+        if session is not None:
+            await session.close()
+        log_event("live.session.refused", request_id=request_id, code=error.code)
+        await _refuse(websocket, error)
+        return
+    finally:
+        if seat is not None:
+            await svc.sessions.seats.give_back(seat)
+    reader = session.outbox.attach()
+    session.start()
+    for item in _history(start.session):
+        session.feed(ItemCreated(item))
+    front.start()
+
+    async def end() -> None:
+        await front.close()
+        await svc.sessions.end_session(session)
+
+    try:
+        await run_session(channel, session, reader, attachment=attachment, hub=None, end=end, receive=front.receive)
+    finally:
+        await front.close()
+
+
+async def _session_start(channel: WebSocketChannel, svc: Services) -> SessionStart | None:
+    """The client's session.start; anything before it is answered with an error. None: the client went."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            raw = await asyncio.wait_for(channel.receive(), max(0.0, deadline - time.monotonic()))
+        except ChannelClosed:
+            return None
+        except TimeoutError:
+            raise ApiError("session_not_started", f"No session.start within {START_TIMEOUT_S:.0f} s.") from None
+        try:
+            event = decode_live_event(raw, max_bytes=svc.settings.max_event_bytes)
+            if not isinstance(event, SessionStart):
+                raise ApiError("session_not_started", "Send session.start first and wait for session.started.",
+                               "type", event_id=event.event_id)
+        except ApiError as error:
+            if error.code == "session_not_started" or error.status >= 500:
+                await channel.send(_wire(live_error(error.body())))
+                continue
+            raise
+        model = event.session.model
+        if model not in openai_live_model_names() and model not in svc.runtime.model_names:
+            raise ApiError("model_not_found", f"Unknown model '{model[:100]}'. This server has "
+                           f"'{svc.settings.model_name}' (gpt-live-1 and gpt-live-1.1 name it too).", "session.model",
+                           status=404, event_id=event.event_id)
+        return event
+
+
+def _open(svc: Services, start: SessionStart, request_id: str | None) -> tuple[RealtimeSession, LiveFront]:
+    """The realtime session a Live one runs on, its playout at the client's rate, and its Live front."""
+    config = start.session
+    fmt = config.audio.format if config.audio is not None and config.audio.format is not None else None
+    audio = LiveAudio(fmt.type, fmt.rate) if fmt is not None else LiveAudio("audio/pcm", 24000)
+    playout = PlayoutBuffer(audio.rate, audio.rate * FRAME_MS // 1000)
+    started_at = time.monotonic()
+
+    def clock_ms() -> int:
+        return int((time.monotonic() - started_at) * 1000)
+
+    translator = LiveTranslator(config, config.model, clock_ms)
+    session = RealtimeSession(
+        svc.runtime, svc.settings, transport="live", speech_factory=PlayoutSpeech.create,
+        initial_config=_realtime_config(config), request_id=request_id, outbox=Outbox(numbered=False),
+        translate=translator)
+    session.attach_playout(playout)
+    return session, LiveFront(session, translator, audio, playout, started_at)
+
+
+def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
+    """The Realtime session a Live one is: spoken replies, the gateway's own turn-taking (semantic_vad: the
+    end-of-turn models, a backchannel does not interrupt), its voice."""
+    realtime: dict[str, Any] = {"output_modalities": ["audio"],
+                                "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
+    if config.instructions is not None and config.instructions.strip():
+        realtime["instructions"] = config.instructions
+    output = config.audio.output if config.audio is not None else None
+    if output is not None and isinstance(output.voice, str):
+        realtime["audio"]["output"] = {"voice": output.voice}
+    return realtime
+
+
+def _history(config: LiveSessionConfig) -> list[Item]:
+    """session.start's `input`: the conversation so far, as text (a developer's message is a system one)."""
+    items = []
+    for message in config.input or []:
+        role = "system" if message.role == "developer" else message.role
+        kind = "output_text" if role == "assistant" else "input_text"
+        items.append(Item(id=new_id("item"), type="message", role=role, status="completed",
+                          content=[{"type": kind, "text": message.content[0].text}]))
+    return items
+
+
+def _wire(event: dict[str, Any]) -> str:
+    return encode_server_event({"event_id": f"event_{secrets.token_hex(8)}", **event})
+
+
+async def _refuse(websocket: WebSocket, error: ApiError) -> None:
+    """A refusal on the accepted connection: an `error` event, then the close (1008 auth and not found, 1013)."""
+    await websocket.send_text(_wire(live_error(error.body())))
+    await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else 1013, error.code)

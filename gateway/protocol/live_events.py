@@ -1,0 +1,213 @@
+"""GPT-Live's client events (`/v1/live/sessions`), validated with pydantic as openai.types.live declares them.
+
+No I/O: a message in, a validated event or an ApiError out. The session's configuration is strict (a misspelt
+field is refused, never ignored), as Realtime's is. What this server does not serve is refused by name: the
+Decisions API (`decision.*`, `triggers`, a `decisions` delegation), forks and stored sessions (`store: true`), SIP
+(`transport.*`), and custom voices.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from gateway.protocol.errors import ApiError
+from gateway.protocol.json_input import decode_json
+from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
+from gateway.protocol.validation import api_error_from_validation
+
+# "limited to 500 tokens" (openai.types.live): counted here as characters, four to a token.
+MAX_APPENDED_CHARS = 2000
+MAX_INITIAL_ITEMS = 128
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PcmFormat(_Strict):
+    type: Literal["audio/pcm"]
+    rate: Literal[16000, 24000] = 24000
+
+
+class G711Format(_Strict):
+    type: Literal["audio/pcmu", "audio/pcma"]
+    rate: Literal[8000] = 8000
+
+
+LiveAudioFormat = Annotated[PcmFormat | G711Format, Field(discriminator="type")]
+
+
+class CustomVoice(_Strict):
+    id: str
+
+
+class LiveAudioOutput(_Strict):
+    voice: str | CustomVoice | None = None
+
+
+class LiveAudio(_Strict):
+    format: LiveAudioFormat | None = None
+    output: LiveAudioOutput | None = None
+
+
+class InitialText(_Strict):
+    text: str
+    type: Literal["input_text", "text", "output_text"] | None = None
+
+
+class InitialItem(_Strict):
+    role: Literal["developer", "user", "assistant"]
+    content: list[InitialText] = Field(min_length=1, max_length=1)
+    id: str | None = Field(None, max_length=64)
+    status: Literal["incomplete", "completed"] | None = None
+    type: Literal["message"] | None = None
+
+
+class LiveSessionConfig(_Strict):
+    """session.start's `session`: what a Live session is started with (voice and format are fixed from then)."""
+
+    model: str = Field(max_length=256)
+    audio: LiveAudio | None = None
+    client: dict[str, Any] | None = None
+    delegation: dict[str, Any] | None = None
+    input: list[InitialItem] | None = Field(None, max_length=MAX_INITIAL_ITEMS)
+    instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
+    safety_identifier: str | None = Field(None, max_length=512)
+    store: bool | None = None
+    triggers: list[dict[str, Any]] | None = None
+
+
+class SessionUpdateConfig(_Strict):
+    delegation: dict[str, Any] | None = None
+    triggers: list[dict[str, Any]] | None = None
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    event_id: str | None = Field(None, max_length=512)
+
+
+class SessionStart(_Event):
+    type: Literal["session.start"]
+    session: LiveSessionConfig
+
+
+class SessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: SessionUpdateConfig
+
+
+class InputAudioAppend(_Event):
+    type: Literal["session.input_audio.append"]
+    audio: str
+
+
+class InputAudioMute(_Event):
+    type: Literal["session.input_audio.mute"]
+
+
+class InputAudioUnmute(_Event):
+    type: Literal["session.input_audio.unmute"]
+
+
+class _Appended(_Event):
+    content: str = Field(min_length=1, max_length=MAX_APPENDED_CHARS)
+    delegation_id: str | None = None
+
+
+class InstructionsAppend(_Appended):
+    type: Literal["session.instructions.append"]
+
+
+class ThinkingAppend(_Appended):
+    type: Literal["session.thinking.append"]
+
+
+class CommentaryAppend(_Appended):
+    type: Literal["session.commentary.append"]
+
+
+class SessionClose(_Event):
+    type: Literal["session.close"]
+
+
+LiveClientEvent = Annotated[
+    SessionStart | SessionUpdate | InputAudioAppend | InputAudioMute | InputAudioUnmute | InstructionsAppend
+    | ThinkingAppend | CommentaryAppend | SessionClose,
+    Field(discriminator="type"),
+]
+LIVE_CLIENT_EVENT_ADAPTER: TypeAdapter[LiveClientEvent] = TypeAdapter(LiveClientEvent)  # type: ignore[arg-type]  # an Annotated union
+SERVED_TYPES = frozenset({
+    "session.start", "session.update", "session.input_audio.append", "session.input_audio.mute",
+    "session.input_audio.unmute", "session.instructions.append", "session.thinking.append",
+    "session.commentary.append", "session.close",
+})
+# The protocol's other client events, and why this server refuses them.
+REFUSED_TYPES = {
+    "session.output_audio.fixture.play": "Audio fixtures are not served by this server.",
+    "response.item.create": "response.item.create needs a Responses delegation, which this server does not serve yet.",
+    "response.create": "response.create needs a Responses delegation, which this server does not serve yet.",
+    "decision.create": "The Decisions API is not served by this server.",
+    "decision.item.create": "The Decisions API is not served by this server.",
+    "decision.item.delete": "The Decisions API is not served by this server.",
+    "transport.dtmf.send": "SIP transports are not served by this server.",
+    "session.fork.start": "Forks are not served by this server.",
+}
+
+
+def decode_live_event(raw: str | bytes, *, max_bytes: int) -> LiveClientEvent:
+    """One Live WebSocket message; an ApiError (with the event's id when known) for anything refused."""
+    size = len(raw.encode() if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise ApiError("message_too_large", f"Event of {size} bytes exceeds the {max_bytes}-byte limit.")
+    data = decode_json(raw)
+    if not isinstance(data, dict):
+        raise ApiError("invalid_json", "An event must be a JSON object.")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    event_type = data.get("type")
+    if not isinstance(event_type, str):
+        raise ApiError("missing_required_parameter", "Missing required parameter: 'type'.", "type", event_id=event_id)
+    if event_type in REFUSED_TYPES:
+        raise ApiError("unsupported_event", REFUSED_TYPES[event_type], "type", event_id=event_id)
+    if event_type not in SERVED_TYPES:
+        raise ApiError("unknown_event_type", f"Unknown event type '{event_type[:100]}'. Supported: "
+                       f"{', '.join(sorted(SERVED_TYPES))}.", "type", event_id=event_id)
+    try:
+        event = LIVE_CLIENT_EVENT_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        error = api_error_from_validation(exc, union_tags=SERVED_TYPES | {"audio/pcm", "audio/pcmu", "audio/pcma"})
+        error.event_id = event_id
+        raise error from None
+    _refuse_unserved(event)
+    return event
+
+
+def _refuse_unserved(event: LiveClientEvent) -> None:
+    """Fields the protocol has and this server does not serve: refused by name."""
+    config: LiveSessionConfig | SessionUpdateConfig
+    if isinstance(event, SessionStart):
+        config = event.session
+        if config.store:
+            raise _unsupported(event, "Stored sessions (forks, recordings) are not served by this server.",
+                               "session.store")
+        if config.client is not None:
+            raise _unsupported(event, "'client' capabilities are for a WebRTC front end; this is a WebSocket.",
+                               "session.client")
+        output = config.audio.output if config.audio is not None else None
+        if output is not None and isinstance(output.voice, CustomVoice):
+            raise _unsupported(event, "Custom voices are not served by this server.", "session.audio.output.voice")
+    elif isinstance(event, SessionUpdate):
+        config = event.session
+    else:
+        return
+    if config.delegation is not None:
+        raise _unsupported(event, "Delegation is not served by this server yet; omit 'delegation'.",
+                           "session.delegation")
+    if config.triggers:
+        raise _unsupported(event, "Decisions triggers are not served by this server.", "session.triggers")
+
+
+def _unsupported(event: LiveClientEvent, message: str, param: str) -> ApiError:
+    return ApiError("unsupported_value", message, param, event_id=event.event_id)

@@ -1,0 +1,259 @@
+"""A GPT-Live client's side of a realtime session: its events in, the assistant's audio and words out as they play.
+
+Live has no Realtime items, buffers or responses to manage: the client streams its microphone, the server decides
+the turns (the session's VAD, end-of-turn judges and barge-in: a backchannel over the reply pauses it and it plays
+on), and it speaks. So the reply's audio is paced here, 20 ms at a time, from the session's playout buffer (as a
+WebRTC track paces it), a little ahead of real time: what was sent is what the user heard when they cut in, and
+the reply is truncated to it. The assistant's words follow the audio: each word goes out as the audio that carries
+it is sent, placed on the session's timeline, and words never played are never sent.
+
+The client's events become the session's inputs: appended audio (silence while muted) goes to the voice pipeline,
+appended instructions extend the session's, thinking is a silent system note in the conversation, commentary a
+note the assistant may say (it answers at once when nothing else is under way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+
+import numpy as np
+
+from gateway.platform import metrics
+from gateway.protocol.client_events import ResponseParams
+from gateway.protocol.errors import ApiError
+from gateway.protocol.live_events import (
+    CommentaryAppend,
+    InputAudioAppend,
+    InputAudioMute,
+    InputAudioUnmute,
+    InstructionsAppend,
+    LiveClientEvent,
+    SessionClose,
+    SessionStart,
+    SessionUpdate,
+    ThinkingAppend,
+    decode_live_event,
+)
+from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
+from gateway.realtime.conversation import Item, heard_text, new_id
+from gateway.realtime.inputs import ConfigChanged, ItemCreated, ResponseRequested
+from gateway.realtime.live_wire import LiveTranslator
+from gateway.realtime.response_events import Event
+from gateway.realtime.session import RealtimeSession
+from media.codecs import alaw_decode, alaw_encode, array_to_pcm16, pcm16_to_array, ulaw_decode, ulaw_encode
+from media.frames import AudioChunk
+from media.playout import PlayoutBuffer
+from media.resample import Resampler
+
+log = logging.getLogger(__name__)
+
+FRAME_MS = 20
+LEAD_MS = 60  # audio is sent this far ahead of real time: a client's jitter never starves its player
+MAX_LAG_MS = 100  # a pacer this late (a stalled loop) starts its clock again rather than bursting to catch up
+ASR_RATE = 16000
+
+
+class LiveAudio:
+    """The session's wire format (audio/pcm at 16 or 24 kHz, G.711 at 8 kHz) both ways, and 16 kHz for the ASR."""
+
+    def __init__(self, kind: str, rate: int) -> None:
+        self.kind = kind
+        self.rate = rate
+        self._to_asr = Resampler(rate, ASR_RATE)
+
+    def decode(self, audio_b64: str) -> AudioChunk:
+        try:
+            data = base64.b64decode(audio_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("invalid_audio", "'audio' is not valid base64.", "audio") from None
+        if self.kind == "audio/pcm":
+            if len(data) % 2:
+                raise ApiError("invalid_audio", "audio/pcm is 16-bit: an odd number of bytes was sent.", "audio")
+            pcm = pcm16_to_array(data)
+        else:
+            pcm = ulaw_decode(data) if self.kind == "audio/pcmu" else alaw_decode(data)
+        return AudioChunk(self._to_asr.process(pcm), ASR_RATE)
+
+    def encode(self, pcm: np.ndarray) -> str:
+        if self.kind == "audio/pcm":
+            data = array_to_pcm16(pcm)
+        else:
+            data = ulaw_encode(pcm) if self.kind == "audio/pcmu" else alaw_encode(pcm)
+        return base64.b64encode(data).decode("ascii")
+
+
+class LiveFront:
+    def __init__(self, session: RealtimeSession, translator: LiveTranslator, audio: LiveAudio,
+                 playout: PlayoutBuffer, started_at: float) -> None:
+        self.session = session
+        self.translator = translator
+        self.audio = audio
+        self.playout = playout
+        self.started_at = started_at  # time.monotonic() at the session's start: 0 on its timeline
+        self.muted = False
+        self._pacer: asyncio.Task[None] | None = None
+        self._playing: Item | None = None  # the reply whose audio is going out
+        self._words_sent = 0  # of its words
+
+    def clock_ms(self) -> int:
+        return int((time.monotonic() - self.started_at) * 1000)
+
+    def start(self) -> None:
+        self._pacer = asyncio.create_task(self._pace(), name=f"live pacer {self.session.id}")
+
+    async def close(self) -> None:
+        if self._pacer is not None:
+            self._pacer.cancel()
+            await asyncio.gather(self._pacer, return_exceptions=True)
+            self._pacer = None
+
+    # -- the client's events ------------------------------------------------------------------------------------
+
+    async def receive(self, raw: str | bytes) -> None:
+        """One client message; a refused one is an `error` event and the session goes on."""
+        try:
+            event = decode_live_event(raw, max_bytes=self.session.settings.max_event_bytes)
+        except ApiError as error:
+            self.session.send_error(error)
+            return
+        metrics.CLIENT_EVENTS.labels(event.type).inc()
+        self.session.last_activity = time.monotonic()  # --session-idle-timeout-s counts from here
+        try:
+            self._handle(event)
+        except ApiError as error:
+            error.event_id = error.event_id or event.event_id
+            self.session.send_error(error)
+        await self.session.settle()
+
+    def _handle(self, event: LiveClientEvent) -> None:
+        session = self.session
+        match event:
+            case InputAudioAppend():
+                self._append(event)
+            case InputAudioMute() | InputAudioUnmute():
+                self.muted = isinstance(event, InputAudioMute)
+                self._say({"type": "session.input_audio.muted" if self.muted else "session.input_audio.unmuted"},
+                          event)
+            case InstructionsAppend():
+                self._no_delegation(event)
+                config = session.config
+                instructions = f"{config.instructions}\n\n{event.content}".strip()
+                if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+                    raise ApiError("invalid_value", f"The session's instructions would pass {MAX_INSTRUCTIONS_CHARS} "
+                                   "characters.", "content")
+                session.feed(ConfigChanged(config.model_copy(update={"instructions": instructions})))
+                self._appended("session.instructions.appended", event)
+            case ThinkingAppend():
+                self._no_delegation(event)
+                session.feed(ItemCreated(_note(f"Context for you (do not read it out): {event.content}")))
+                self._appended("session.thinking.appended", event)
+            case CommentaryAppend():
+                self._no_delegation(event)
+                session.feed(ItemCreated(_note(f"Tell the user, in your own words: {event.content}")))
+                self._appended("session.commentary.appended", event)
+                if session.active is None and session.core.open_turn is None:
+                    session.feed(ResponseRequested(ResponseParams(), event.event_id))
+            case SessionUpdate():
+                self._say({"type": "session.updated", "session": self.translator.resource}, event)
+            case SessionStart():
+                raise ApiError("session_already_started", "session.start was already sent on this connection.",
+                               "type")
+            case SessionClose():
+                self._say(self.translator.closed("close_requested"), event)
+                session.outbox.close()  # the session ends once its last events are out (channel.run_session)
+
+    def _append(self, event: InputAudioAppend) -> None:
+        voice = self.session.voice
+        if voice is None:
+            raise ApiError("voice_unavailable", "This server runs without its voice models.", "type")
+        chunk = self.audio.decode(event.audio)
+        if self.translator.input_offset_ms is None:
+            self.translator.input_offset_ms = max(0, self.clock_ms() - round(chunk.duration_ms))
+        if self.muted:  # the model hears silence: the turns' timeline goes on
+            chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
+        voice.append(chunk)
+
+    @staticmethod
+    def _no_delegation(event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> None:
+        if event.delegation_id is not None:
+            raise ApiError("invalid_value", f"Unknown delegation '{event.delegation_id[:64]}': this session has no "
+                           "delegations.", "delegation_id")
+
+    def _appended(self, kind: str, event: LiveClientEvent) -> None:
+        now = self.clock_ms()
+        self._say({"type": kind, "start_ms": now, "end_ms": now}, event)
+
+    def _say(self, live_event: Event, cause: LiveClientEvent | None = None) -> None:
+        """A Live event of the front's own (not the core's): straight to the outbox."""
+        if cause is not None and cause.event_id is not None:
+            live_event["client_event_id"] = cause.event_id
+        self.session.outbox.send(live_event, identified=live_event["type"] != "session.output_audio.delta")
+
+    # -- the reply's audio and words, as they play ------------------------------------------------------------
+
+    async def _pace(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        frames = 0
+        while True:
+            wait = start + (frames * FRAME_MS - LEAD_MS) / 1000 - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif wait < -MAX_LAG_MS / 1000:
+                start = loop.time() - frames * FRAME_MS / 1000
+            frames += 1
+            try:
+                self._send_frame()
+            except Exception:  # the pacer is the session's voice: a defect here is logged, and it plays on
+                log.exception("live session %s: sending a frame failed", self.session.id)
+
+    def _send_frame(self) -> None:
+        frame = self.playout.read_frame()
+        if frame.started:
+            self.session.on_playout_event("started", frame.item_id)
+        if frame.audio_samples:
+            self._say({"type": "session.output_audio.delta", "delta": self.audio.encode(frame.pcm[:frame.audio_samples])})
+            if frame.item_id is not None:
+                self._say_words(frame.item_id)
+        if frame.stopped:
+            self.session.on_playout_event("stopped", frame.item_id)
+
+    def _say_words(self, item_id: str) -> None:
+        """The reply's words whose audio has now been sent (a clause's words pro rata over its audio)."""
+        item = self._reply(item_id)
+        if item is None:
+            return
+        words = heard_text(item.spoken, self.playout.played_ms(item_id)).split()
+        fresh = words[self._words_sent:]
+        if not fresh:
+            return
+        delta = " ".join(fresh)
+        if self._words_sent:
+            delta = f" {delta}"
+        self._words_sent = len(words)
+        now = self.clock_ms()
+        self._say({"type": "session.output_transcript.delta", "delta": delta, "start_ms": max(0, now - FRAME_MS),
+                   "end_ms": now})
+
+    def _reply(self, item_id: str) -> Item | None:
+        if self._playing is not None and self._playing.id == item_id:
+            return self._playing
+        active = self.session.active
+        if active is not None and active.events.item.id == item_id:
+            item = active.events.item
+        else:
+            try:
+                item = self.session.conversation.get(item_id)
+            except ApiError:
+                return None  # an out-of-band reply that has ended: its words were sent with it
+        self._playing, self._words_sent = item, 0
+        return item
+
+
+def _note(text: str) -> Item:
+    return Item(id=new_id("item"), type="message", role="system", content=[{"type": "input_text", "text": text}])
+
