@@ -71,6 +71,11 @@ END_OF_TURN_SECONDS = Histogram(
     "gateway_end_of_turn_seconds", "The end-of-turn judges' time, from the silence they judge to their answer",
     ["judge"], buckets=_SHORT_BUCKETS, registry=REGISTRY,
 )
+PAUSED_REPLIES = Counter(
+    "gateway_paused_replies_total", "Replies paused by speech over them (--resume-false-interruptions), by what the "
+    "speech turned out to be: a backchannel, a cough or noise (resumed), or words for the assistant (interrupted)",
+    ["outcome"], registry=REGISTRY,
+)
 BARGE_IN_SECONDS = Histogram(
     "gateway_barge_in_seconds", "From the interruption (speech detected, or cancel) to the reply stopped and trimmed",
     buckets=_SHORT_BUCKETS, registry=REGISTRY,

@@ -65,13 +65,39 @@ class InitialItem(_Strict):
     type: Literal["message"] | None = None
 
 
+class ClientDelegation(_Strict):
+    """Tasks the live model delegates go to the application (session.delegation.created)."""
+
+    type: Literal["client"]
+    acknowledgement_delay_ms: int | None = Field(None, ge=0, le=60_000)
+
+
+class ResponsesDelegation(_Strict):
+    """Tasks go to the gateway's own Responses service, run with `responses` (a Responses request's fields: model,
+    instructions, tools, tool_choice, max_output_tokens, parallel_tool_calls, ...: checked as one)."""
+
+    type: Literal["responses"]
+    responses: dict[str, Any]
+    acknowledgement_delay_ms: int | None = Field(None, ge=0, le=60_000)
+
+
+class ResponsesDelegationUpdate(_Strict):
+    type: Literal["responses"]
+    responses: dict[str, Any] | None = None  # the fields to change; the others keep their values
+    acknowledgement_delay_ms: int | None = Field(None, ge=0, le=60_000)
+
+
+Delegation = Annotated[ClientDelegation | ResponsesDelegation, Field(discriminator="type")]
+DelegationUpdate = Annotated[ClientDelegation | ResponsesDelegationUpdate, Field(discriminator="type")]
+
+
 class LiveSessionConfig(_Strict):
     """session.start's `session`: what a Live session is started with (voice and format are fixed from then)."""
 
     model: str = Field(max_length=256)
     audio: LiveAudio | None = None
     client: dict[str, Any] | None = None
-    delegation: dict[str, Any] | None = None
+    delegation: Delegation | None = None
     input: list[InitialItem] | None = Field(None, max_length=MAX_INITIAL_ITEMS)
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     safety_identifier: str | None = Field(None, max_length=512)
@@ -80,7 +106,7 @@ class LiveSessionConfig(_Strict):
 
 
 class SessionUpdateConfig(_Strict):
-    delegation: dict[str, Any] | None = None
+    delegation: DelegationUpdate | None = None
     triggers: list[dict[str, Any]] | None = None
 
 
@@ -133,22 +159,33 @@ class SessionClose(_Event):
     type: Literal["session.close"]
 
 
+class ResponseItemCreate(_Event):
+    """An input item for the Responses delegation's next request (a user message, a function call's output)."""
+
+    type: Literal["response.item.create"]
+    item: dict[str, Any]
+
+
+class ResponseCreate(_Event):
+    """Run the Responses delegation on the items created since its last request."""
+
+    type: Literal["response.create"]
+
+
 LiveClientEvent = Annotated[
     SessionStart | SessionUpdate | InputAudioAppend | InputAudioMute | InputAudioUnmute | InstructionsAppend
-    | ThinkingAppend | CommentaryAppend | SessionClose,
+    | ThinkingAppend | CommentaryAppend | SessionClose | ResponseItemCreate | ResponseCreate,
     Field(discriminator="type"),
 ]
 LIVE_CLIENT_EVENT_ADAPTER: TypeAdapter[LiveClientEvent] = TypeAdapter(LiveClientEvent)  # type: ignore[arg-type]  # an Annotated union
 SERVED_TYPES = frozenset({
     "session.start", "session.update", "session.input_audio.append", "session.input_audio.mute",
     "session.input_audio.unmute", "session.instructions.append", "session.thinking.append",
-    "session.commentary.append", "session.close",
+    "session.commentary.append", "session.close", "response.item.create", "response.create",
 })
 # The protocol's other client events, and why this server refuses them.
 REFUSED_TYPES = {
     "session.output_audio.fixture.play": "Audio fixtures are not served by this server.",
-    "response.item.create": "response.item.create needs a Responses delegation, which this server does not serve yet.",
-    "response.create": "response.create needs a Responses delegation, which this server does not serve yet.",
     "decision.create": "The Decisions API is not served by this server.",
     "decision.item.create": "The Decisions API is not served by this server.",
     "decision.item.delete": "The Decisions API is not served by this server.",
@@ -174,10 +211,15 @@ def decode_live_event(raw: str | bytes, *, max_bytes: int) -> LiveClientEvent:
     if event_type not in SERVED_TYPES:
         raise ApiError("unknown_event_type", f"Unknown event type '{event_type[:100]}'. Supported: "
                        f"{', '.join(sorted(SERVED_TYPES))}.", "type", event_id=event_id)
+    session = data.get("session")
+    delegation = session.get("delegation") if isinstance(session, dict) else None
+    if isinstance(delegation, dict) and delegation.get("type") == "decisions":
+        raise ApiError("unsupported_value", "The Decisions API is not served by this server.",
+                       "session.delegation.type", event_id=event_id)
     try:
         event = LIVE_CLIENT_EVENT_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        error = api_error_from_validation(exc, union_tags=SERVED_TYPES | {"audio/pcm", "audio/pcmu", "audio/pcma"})
+        error = api_error_from_validation(exc, union_tags=SERVED_TYPES | {"audio/pcm", "audio/pcmu", "audio/pcma", "client", "responses"})
         error.event_id = event_id
         raise error from None
     _refuse_unserved(event)
@@ -202,9 +244,6 @@ def _refuse_unserved(event: LiveClientEvent) -> None:
         config = event.session
     else:
         return
-    if config.delegation is not None:
-        raise _unsupported(event, "Delegation is not served by this server yet; omit 'delegation'.",
-                           "session.delegation")
     if config.triggers:
         raise _unsupported(event, "Decisions triggers are not served by this server.", "session.triggers")
 

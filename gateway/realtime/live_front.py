@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import time
+from collections import deque
 
 import numpy as np
 
@@ -26,12 +28,16 @@ from gateway.platform import metrics
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_events import (
+    ClientDelegation,
     CommentaryAppend,
     InputAudioAppend,
     InputAudioMute,
     InputAudioUnmute,
     InstructionsAppend,
     LiveClientEvent,
+    ResponseCreate,
+    ResponseItemCreate,
+    ResponsesDelegation,
     SessionClose,
     SessionStart,
     SessionUpdate,
@@ -41,6 +47,7 @@ from gateway.protocol.live_events import (
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
 from gateway.realtime.inputs import ConfigChanged, ItemCreated, ResponseRequested
+from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.response_events import Event
 from gateway.realtime.session import RealtimeSession
@@ -55,6 +62,8 @@ FRAME_MS = 20
 LEAD_MS = 60  # audio is sent this far ahead of real time: a client's jitter never starves its player
 MAX_LAG_MS = 100  # a pacer this late (a stalled loop) starts its clock again rather than bursting to catch up
 ASR_RATE = 16000
+NOTE_POLL_S = 0.05  # how often a note waiting for the voice looks whether it is free
+ACK_TOKENS = 24  # an acknowledgement is a few words
 
 
 class LiveAudio:
@@ -88,16 +97,23 @@ class LiveAudio:
 
 class LiveFront:
     def __init__(self, session: RealtimeSession, translator: LiveTranslator, audio: LiveAudio,
-                 playout: PlayoutBuffer, started_at: float) -> None:
+                 playout: PlayoutBuffer, started_at: float, *, delegation: ClientDelegation | ResponsesDelegation | None,
+                 prepare: PrepareRun | None) -> None:
         self.session = session
         self.translator = translator
         self.audio = audio
         self.playout = playout
         self.started_at = started_at  # time.monotonic() at the session's start: 0 on its timeline
         self.muted = False
+        self.delegations = LiveDelegations(
+            delegation, prepare=prepare, say=self._say, speak=self._speak, acknowledge=self._acknowledge,
+            report=session.send_error, clock_ms=self.clock_ms) if delegation is not None else None
+        translator.on_call = self._function_called
         self._pacer: asyncio.Task[None] | None = None
         self._playing: Item | None = None  # the reply whose audio is going out
         self._words_sent = 0  # of its words
+        self._notes: deque[str] = deque()  # what the voice is to say once it is free
+        self._speaker: asyncio.Task[None] | None = None
 
     def clock_ms(self) -> int:
         return int((time.monotonic() - self.started_at) * 1000)
@@ -106,10 +122,13 @@ class LiveFront:
         self._pacer = asyncio.create_task(self._pace(), name=f"live pacer {self.session.id}")
 
     async def close(self) -> None:
-        if self._pacer is not None:
-            self._pacer.cancel()
-            await asyncio.gather(self._pacer, return_exceptions=True)
-            self._pacer = None
+        if self.delegations is not None:
+            await self.delegations.close()
+        for task in (self._pacer, self._speaker):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._pacer = self._speaker = None
 
     # -- the client's events ------------------------------------------------------------------------------------
 
@@ -139,7 +158,7 @@ class LiveFront:
                 self._say({"type": "session.input_audio.muted" if self.muted else "session.input_audio.unmuted"},
                           event)
             case InstructionsAppend():
-                self._no_delegation(event)
+                self._check_delegation(event)
                 config = session.config
                 instructions = f"{config.instructions}\n\n{event.content}".strip()
                 if len(instructions) > MAX_INSTRUCTIONS_CHARS:
@@ -148,16 +167,22 @@ class LiveFront:
                 session.feed(ConfigChanged(config.model_copy(update={"instructions": instructions})))
                 self._appended("session.instructions.appended", event)
             case ThinkingAppend():
-                self._no_delegation(event)
+                self._check_delegation(event)
                 session.feed(ItemCreated(_note(f"Context for you (do not read it out): {event.content}")))
                 self._appended("session.thinking.appended", event)
             case CommentaryAppend():
-                self._no_delegation(event)
-                session.feed(ItemCreated(_note(f"Tell the user, in your own words: {event.content}")))
+                self._check_delegation(event)
                 self._appended("session.commentary.appended", event)
-                if session.active is None and session.core.open_turn is None:
-                    session.feed(ResponseRequested(ResponseParams(), event.event_id))
+                self._speak(f"Tell the user, in your own words: {event.content}")
+            case ResponseItemCreate():
+                self._delegations("response.item.create").item_create(event.item)
+            case ResponseCreate():
+                self._delegations("response.create").create()
             case SessionUpdate():
+                if event.session.delegation is not None:
+                    delegations = self._delegations("session.delegation")
+                    delegations.update(event.session.delegation)
+                    self.translator.delegation_changed(delegations.config.model_dump(exclude_none=True))
                 self._say({"type": "session.updated", "session": self.translator.resource}, event)
             case SessionStart():
                 raise ApiError("session_already_started", "session.start was already sent on this connection.",
@@ -177,11 +202,74 @@ class LiveFront:
             chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
         voice.append(chunk)
 
-    @staticmethod
-    def _no_delegation(event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> None:
-        if event.delegation_id is not None:
-            raise ApiError("invalid_value", f"Unknown delegation '{event.delegation_id[:64]}': this session has no "
-                           "delegations.", "delegation_id")
+    def _check_delegation(self, event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> None:
+        """Context tied to a delegation names one the application was given (client delegation); any appended
+        thinking or commentary says more than a pending acknowledgement would."""
+        if self.delegations is not None and not isinstance(event, InstructionsAppend):
+            self.delegations.cancel_acks()
+        if event.delegation_id is None:
+            return
+        if self.delegations is None or not self.delegations.knows(event.delegation_id):
+            raise ApiError("invalid_value", f"Unknown delegation '{event.delegation_id[:64]}': only a client "
+                           "delegation's id (session.delegation.created) can be given.", "delegation_id")
+
+    def _delegations(self, what: str) -> LiveDelegations:
+        if self.delegations is None:
+            raise ApiError("invalid_value", f"{what} needs a delegation (session.start's session.delegation).", "type")
+        return self.delegations
+
+    # -- what the voice says of its own accord ----------------------------------------------------------------
+
+    def _free(self) -> bool:
+        """Nobody is speaking: no reply is made or played, and the user is not talking."""
+        core = self.session.core
+        return self.session.active is None and core.open_turn is None and not core.playout_busy
+
+    def _speak(self, note: str) -> None:
+        """The voice says `note`, in its own words, once it is free (commentary, a delegation's result)."""
+        self._notes.append(note)
+        if self._speaker is None or self._speaker.done():
+            self._speaker = asyncio.create_task(self._speak_notes(), name=f"live notes {self.session.id}")
+
+    async def _speak_notes(self) -> None:
+        while self._notes:
+            while not self._free():
+                await asyncio.sleep(NOTE_POLL_S)
+            note = self._notes.popleft()
+            try:
+                self.session.feed(ItemCreated(_note(note)))
+                self.session.feed(ResponseRequested(ResponseParams()))
+            except ApiError as error:  # the conversation is full, say
+                self.session.send_error(error)
+
+    def _acknowledge(self, text: str) -> None:
+        if self._free():
+            config = self.session.config
+            # The live conversation learns of the task (a client's response.create may be the first it hears of it).
+            self.session.feed(ItemCreated(_note("A request of the user's is being worked on in the background.")))
+            self.session.feed(ResponseRequested(ResponseParams(
+                instructions=f"{config.instructions}\n\n{text}".strip(), max_output_tokens=ACK_TOKENS)))
+
+    def _function_called(self, name: str, call_id: str, arguments: str) -> None:
+        """The live model called a tool (its reply's response.done, sent inside the core's step): handled after it."""
+        if name == DELEGATE and self.delegations is not None:
+            asyncio.get_running_loop().call_soon(self._delegate, call_id, arguments)
+        else:
+            log.warning("live session %s: the model called an unknown tool", self.session.id)
+
+    def _delegate(self, call_id: str, arguments: str) -> None:
+        assert self.delegations is not None
+        try:
+            task = str(json.loads(arguments).get("task") or arguments)
+        except (ValueError, AttributeError):
+            task = arguments
+        output = Item(id=new_id("item"), type="function_call_output", call_id=call_id,
+                      output="Delegated. The result will come back to you; keep talking with the user meanwhile.")
+        try:
+            self.session.feed(ItemCreated(output))
+            self.delegations.delegated(task)
+        except ApiError as error:
+            self.session.send_error(error)
 
     def _appended(self, kind: str, event: LiveClientEvent) -> None:
         now = self.clock_ms()
@@ -220,14 +308,16 @@ class LiveFront:
             if frame.item_id is not None:
                 self._say_words(frame.item_id)
         if frame.stopped:
+            if self._playing is not None:  # the reply played out: its last words, up to the end of its audio
+                self._say_words(self._playing.id, until_ms=self._playing.audio_ms_sent)
             self.session.on_playout_event("stopped", frame.item_id)
 
-    def _say_words(self, item_id: str) -> None:
+    def _say_words(self, item_id: str, until_ms: float | None = None) -> None:
         """The reply's words whose audio has now been sent (a clause's words pro rata over its audio)."""
         item = self._reply(item_id)
         if item is None:
             return
-        words = heard_text(item.spoken, self.playout.played_ms(item_id)).split()
+        words = heard_text(item.spoken, self.playout.played_ms(item_id) if until_ms is None else until_ms).split()
         fresh = words[self._words_sent:]
         if not fresh:
             return

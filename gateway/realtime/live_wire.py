@@ -33,11 +33,16 @@ class _InputTurn:
 class LiveTranslator:
     def __init__(self, config: LiveSessionConfig, model: str, clock_ms: Callable[[], int]) -> None:
         self._config = config
+        # A function call the live model made (name, call_id, arguments): its delegation (LiveFront).
+        self.on_call: Callable[[str, str, str], None] | None = None
         self._model = model  # as the client named it (gpt-live-1 is an alias of the served model)
         self._clock_ms = clock_ms
         self._session: dict[str, Any] | None = None  # the resource, from session.created
         self._turns: dict[str, _InputTurn] = {}
         self.input_offset_ms: int | None = None
+
+    def delegation_changed(self, delegation: dict[str, Any]) -> None:
+        self.resource["delegation"] = delegation
 
     @property
     def resource(self) -> dict[str, Any]:
@@ -78,6 +83,9 @@ class LiveTranslator:
             case "conversation.item.deleted":
                 self._turns.pop(event["item_id"], None)
             case "response.done":
+                for item in event["response"].get("output") or []:
+                    if item.get("type") == "function_call" and self.on_call is not None:
+                        self.on_call(item["name"], item["call_id"], item.get("arguments") or "")
                 return [{"type": "session.usage.updated", "usage": self.usage()}]
         return []
 
@@ -105,6 +113,8 @@ class LiveTranslator:
             resource["input"] = [item.model_dump(exclude_none=True) for item in config.input]
         if config.safety_identifier is not None:
             resource["safety_identifier"] = config.safety_identifier
+        if config.delegation is not None:
+            resource["delegation"] = config.delegation.model_dump(exclude_none=True)
         resource["store"] = False
         return resource
 

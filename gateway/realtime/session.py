@@ -152,8 +152,9 @@ class RealtimeSession:
             preempts=settings.voice_preemption, resumes_false_interruptions=settings.resume_false_interruptions, judges_server_vad=settings.server_vad_turn_model and runtime.turn_end is not None,
             can_speak=runtime.tts is not None and speech_factory is not None,
         )
-        # WebRTC only: the outbound audio queue, which knows what the user has actually heard.
+        # WebRTC and GPT-Live: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
+        self._held = False  # its reply is paused by speech over it (barge_in.py), until resumed or cleared
         self._inbox = Inbox(self.feed)
         # What the session learns carrying out a command (what was heard of a cleared reply): handled after the
         # batch, never from inside it (see feed).
@@ -303,12 +304,18 @@ class RealtimeSession:
                 self.response_driver.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
+                    if self._held:
+                        metrics.PAUSED_REPLIES.labels("interrupted").inc()
+                        self._held = False
                     self.playout.clear()
                     if output.measure_item_id is not None:
                         played = self.playout.played_ms(output.measure_item_id)
                         self._learned.append(PlayoutCleared(output.measure_item_id, played))
             case HoldPlayout():
                 if self._playout is not None:
+                    if self._held and not output.held:
+                        metrics.PAUSED_REPLIES.labels("resumed").inc()
+                    self._held = output.held
                     self._playout.hold(output.held)
             case SetProducing():
                 if self.playout is not None:

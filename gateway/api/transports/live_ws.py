@@ -19,16 +19,26 @@ from gateway.api.http_errors import error_response
 from gateway.api.services import Services
 from gateway.api.transports.channel import ChannelClosed, run_session
 from gateway.api.transports.realtime_ws import CLOSE_POLICY, REFUSED_BEFORE_UPGRADE
+from gateway.api.transports.responses_http import response_deps
 from gateway.api.transports.websocket_channel import WebSocketChannel
+from gateway.generation.response_run import ResponseRun
 from gateway.platform.auth import bearer_token, token_from_subprotocols
 from gateway.platform.event_log import log_event
 from gateway.platform.model_names import openai_live_model_names
 from gateway.platform.session_seats import Seat
 from gateway.protocol.codec import encode_server_event
 from gateway.protocol.errors import ApiError
-from gateway.protocol.live_events import LiveSessionConfig, SessionStart, decode_live_event
+from gateway.protocol.live_events import (
+    ClientDelegation,
+    LiveSessionConfig,
+    ResponsesDelegation,
+    SessionStart,
+    decode_live_event,
+)
+from gateway.protocol.responses import ResponseCreateRequest
 from gateway.realtime.conversation import Item, new_id
 from gateway.realtime.inputs import ItemCreated
+from gateway.realtime.live_delegation import DELEGATE_TOOL, check_backend
 from gateway.realtime.live_front import FRAME_MS, LiveAudio, LiveFront
 from gateway.realtime.live_wire import LiveTranslator, live_error
 from gateway.realtime.outbox import Outbox
@@ -68,7 +78,7 @@ async def live_websocket(websocket: WebSocket) -> None:
         start = await _session_start(channel, svc)
         if start is None:
             return
-        session, front = _open(svc, start, request_id)
+        session, front = _open(svc, start, request_id, principal.key_id)
         attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
         seat = None  # the session's now
     except ApiError as error:
@@ -121,10 +131,19 @@ async def _session_start(channel: WebSocketChannel, svc: Services) -> SessionSta
             raise ApiError("model_not_found", f"Unknown model '{model[:100]}'. This server has "
                            f"'{svc.settings.model_name}' (gpt-live-1 and gpt-live-1.1 name it too).", "session.model",
                            status=404, event_id=event.event_id)
+        delegation = event.session.delegation
+        if isinstance(delegation, ResponsesDelegation):
+            try:
+                check_backend(delegation.responses)
+                svc.runtime.require_model(str(delegation.responses["model"]), "session.delegation.responses.model")
+            except ApiError as error:
+                error.event_id = event.event_id
+                raise
         return event
 
 
-def _open(svc: Services, start: SessionStart, request_id: str | None) -> tuple[RealtimeSession, LiveFront]:
+def _open(svc: Services, start: SessionStart, request_id: str | None,
+          owner: str) -> tuple[RealtimeSession, LiveFront]:
     """The realtime session a Live one runs on, its playout at the client's rate, and its Live front."""
     config = start.session
     fmt = config.audio.format if config.audio is not None and config.audio.format is not None else None
@@ -141,7 +160,15 @@ def _open(svc: Services, start: SessionStart, request_id: str | None) -> tuple[R
         initial_config=_realtime_config(config), request_id=request_id, outbox=Outbox(numbered=False),
         translate=translator)
     session.attach_playout(playout)
-    return session, LiveFront(session, translator, audio, playout, started_at)
+
+    async def prepare(request: ResponseCreateRequest) -> ResponseRun:
+        """A delegated task's Responses request, run by the gateway's own Responses service for the session's key."""
+        svc.runtime.require_model(request.model, "session.delegation.responses.model")
+        return await ResponseRun.prepare(response_deps(svc, owner), request, owner)
+
+    # Omitted or null, the application takes the tasks (OpenAI's default).
+    delegation = config.delegation or ClientDelegation(type="client")
+    return session, LiveFront(session, translator, audio, playout, started_at, delegation=delegation, prepare=prepare)
 
 
 def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
@@ -154,6 +181,8 @@ def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
     output = config.audio.output if config.audio is not None else None
     if output is not None and isinstance(output.voice, str):
         realtime["audio"]["output"] = {"voice": output.voice}
+    realtime["tools"] = [DELEGATE_TOOL]  # the live model hands tasks on with its one tool
+    realtime["tool_choice"] = "auto"
     return realtime
 
 

@@ -54,7 +54,8 @@ InputItemsQuery = Annotated[PageQuery, Depends(_input_items_page)]
 InputItemsCaller = Annotated[Caller, Depends(authorized_after(_input_items_page))]
 
 
-def _deps(svc: Services, owner: str) -> ResponseDeps:
+def response_deps(svc: Services, owner: str) -> ResponseDeps:
+    """What a response of `owner`'s draws on (a delegated Live task's too: live_ws.py)."""
     return ResponseDeps(svc.runtime.generator(), svc.stores.store, svc.stores.responses,
                         TokenAccount(svc.gate.quota, owner), MemoryAccount(MemoryStore(svc.stores.store.engine), owner),
                         svc.settings.default_max_tokens,
@@ -77,7 +78,7 @@ async def create_response(request: Request, caller: AuthorizedCaller) -> Respons
 
 async def _respond(svc: Services, request: Request, body: ResponseCreateRequest, owner: str,
                    headers: dict[str, str]) -> Response:
-    run = await ResponseRun.prepare(_deps(svc, owner), body, owner)
+    run = await ResponseRun.prepare(response_deps(svc, owner), body, owner)
     if run.reservation_headers:
         headers = {**headers, **run.reservation_headers}
     if body.store is not False:
