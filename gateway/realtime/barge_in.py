@@ -1,8 +1,9 @@
 """Speech over the assistant's reply on a WebRTC session (with --resume-false-interruptions): the reply's audio
 pauses within the frame, and what the user said decides. A backchannel ("mm-hm", "yeah", "right"), a cough or
-nothing Whisper can read (no words, or words it is unsure of) resumes the audio where it paused, leaves the reply's item whole and drops the user's
-turn (`conversation.item.deleted`); words addressed to the assistant, or speech that goes on past a backchannel's
-length, interrupt it as before (`response.done` cancelled / turn_detected, the item cut to what was heard).
+nothing Whisper can read (no words, or words it is unsure of) resumes the audio where it paused, leaves the
+reply's item whole and drops the user's turn (`conversation.item.deleted`); words addressed to the assistant, or
+speech that goes on past a backchannel's length, interrupt it as before (`response.done` cancelled /
+turn_detected, the item cut to what was heard).
 
 Over a WebSocket the client plays the audio, and what it has been sent it has: a barge-in interrupts at once.
 A pure sub-machine of the core (core.py), which passes itself in as the host."""
@@ -27,8 +28,10 @@ BACKCHANNEL_WORDS = frozenset({
 MOST_BACKCHANNEL_WORDS = 3
 # Whisper's average log-probability below which its words are a guess at sounds it cannot read. Measured on the
 # turn-taking set (benchmarks/turn_taking.py, tiny.en): Piper's "Mm-hm." heard as "and the MHCM." -0.88 (AVX2:
-# -0.93), coughs heard as "You" -1.9 to -2.1; every sentence, interruptions included, -0.44 or above. Whisper's
-# own fallback calls a decode unlikely below -1, which would keep "Mm-hm." as words.
+# -0.93), coughs heard as "You" -1.9 to -2.1; every sentence spoken without noise, interruptions included, -0.44
+# or above. Whisper's own fallback calls a decode unlikely below -1, which would keep "Mm-hm." as words. A single
+# word tiny.en mishears can fall below it too ("Pause." as "boss", -1.2): only speech shorter than
+# LONGEST_BACKCHANNEL_S over a paused reply is judged so.
 LEAST_READABLE_LOGPROB = -0.8
 LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply for longer than this is addressed to the assistant
 UNDECIDED_LIMIT_S = 3.0  # the user's speech never became a turn with a transcript (dropped): the reply goes on
