@@ -170,8 +170,8 @@ async def measure_detectors(utterances: list[Utterance], eagerness: str, judges:
 async def measure_replies(utterances: list[Utterance], judges: Judges, vad_path: Path) -> dict[str, Any]:
     """Over a reply, as a WebSocket session (and a WebRTC one with --no-resume-false-interruptions) takes it:
     speech the VAD hears for 160 ms stops it; and as a WebRTC session takes it now (gateway/realtime/barge_in.py):
-    that speech pauses it, and it stops only when Whisper's words are not a backchannel or the speech outlasts
-    one (1.2 s)."""
+    that speech pauses it, and it stops only when Whisper's words are not a backchannel (the gateway's own test,
+    `is_backchannel`: words Whisper is unsure of count as none) or the speech outlasts one (1.2 s)."""
     stopped: dict[str, dict[str, int]] = {"backchannel": {"at_once": 0, "paused": 0},
                                          "interruption": {"at_once": 0, "paused": 0}}
     counts = {"backchannel": 0, "interruption": 0}
@@ -184,8 +184,9 @@ async def measure_replies(utterances: list[Utterance], judges: Judges, vad_path:
         stopped[u.kind]["at_once"] += 1
         onset, end = speech_span(u.pcm, RATE)
         transcript = await judges.asr.transcribe(u.pcm[:end + RATE // 5].astype(np.float32) / 32768.0, final=True)
-        words = transcript.text if transcript is not None else ""
-        stopped[u.kind]["paused"] += (end - onset) / RATE >= LONGEST_BACKCHANNEL_S or not is_backchannel(words)
+        words, avg_logprob = (transcript.text, transcript.avg_logprob) if transcript is not None else ("", None)
+        stopped[u.kind]["paused"] += ((end - onset) / RATE >= LONGEST_BACKCHANNEL_S
+                                      or not is_backchannel(words, avg_logprob))
     return {
         rule: {
             "backchannels_that_stopped_the_reply_pct": round(100 * stopped["backchannel"][rule] / counts["backchannel"], 1),

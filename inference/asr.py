@@ -65,6 +65,9 @@ class Transcript:
     audio_ms: float  # length of the audio transcribed
     seconds: float  # time spent in the model
     waited_seconds: float  # time queued before the worker took it
+    # Whisper's mean log-probability per token of the text (its end token included, as Whisper counts it): how
+    # sure it is of the words. None: nothing was decoded (audio Whisper took for silence).
+    avg_logprob: float | None
 
 
 @dataclass(frozen=True)
@@ -389,7 +392,7 @@ class AsrEngine:
         waited = time.perf_counter() - job.submitted
         try:
             with using_cores(self.threads, work=job.work):
-                text, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
+                text, avg_logprob, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)
@@ -397,27 +400,28 @@ class AsrEngine:
         if not job.final:
             self._partial_credit -= seconds * self.threads
         audio_ms = 1000.0 * job.audio.shape[0] / ASR_RATE
-        self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited))
+        self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited, avg_logprob))
 
     @staticmethod
     def _resolve(job: _Job, result: Transcript | None) -> None:
         _deliver(job, _set_result, result)
 
-    def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None) -> tuple[str, float]:
+    def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None) -> tuple[str, float | None, float]:
+        """(text, its average log-probability, seconds spent)."""
         started = time.perf_counter()
         beam_size = self.final_beam_size if final else 1
-        text = None
+        decoded = None
         if self.window_s < FULL_WINDOW_S and self.language is not None and audio.shape[0] <= self.window_s * ASR_RATE:
             self.windowed_calls += 1
-            text = self._decode_window(audio, beam_size, prompt)
-            if text is None:
+            decoded = self._decode_window(audio, beam_size, prompt)
+            if decoded is None:
                 self.full_window_retries += 1
-        if text is None:
-            text = self._transcribe_full(audio, beam_size, prompt)
-        return text, time.perf_counter() - started
+        text, avg_logprob = decoded if decoded is not None else self._transcribe_full(audio, beam_size, prompt)
+        return text, avg_logprob, time.perf_counter() - started
 
-    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> str | None:
-        """One decode over a `window_s` window; None when its output looks degenerate."""
+    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> tuple[str, float] | None:
+        """One decode over a `window_s` window: its text and average log-probability; None when its output looks
+        degenerate."""
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_suppressed_tokens
@@ -441,12 +445,18 @@ class AsrEngine:
             max_length=budget + len(tokens),  # whether or not CTranslate2 counts the prompt in it
             suppress_blank=True,
             suppress_tokens=self._suppress,
+            return_scores=True,
         )[0]
         ids = [i for i in result.sequences_ids[0] if i < tokenizer.eot]
         text = tokenizer.decode(ids).strip()
-        return None if looks_degenerate(text, len(result.sequences_ids[0]), budget) else text
+        if looks_degenerate(text, len(result.sequences_ids[0]), budget):
+            return None
+        # CTranslate2's score: the log-probabilities summed, the end token's included, over the text's token count
+        # (length_penalty 1); the mean counts the end token too, as faster-whisper's avg_logprob does.
+        length = len(result.sequences_ids[0])
+        return text, float(result.scores[0]) * length / (length + 1)
 
-    def _transcribe_full(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> str:
+    def _transcribe_full(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> tuple[str, float | None]:
         segments, _info = self._model.transcribe(  # type: ignore[attr-defined]
             audio,
             language=self.language,
@@ -459,7 +469,13 @@ class AsrEngine:
             initial_prompt=prompt or None,
         )
         # segments is lazy: decoding happens while it is consumed, so consume it here on the worker.
-        return " ".join(segment.text.strip() for segment in segments).strip()
+        decoded = list(segments)
+        text = " ".join(segment.text.strip() for segment in decoded).strip()
+        # Each segment's average, weighted by its tokens (and end token): the whole text's average.
+        counted = sum(len(segment.tokens) + 1 for segment in decoded)
+        if not counted:
+            return text, None
+        return text, sum(segment.avg_logprob * (len(segment.tokens) + 1) for segment in decoded) / counted
 
     def close(self) -> None:
         """Queued jobs resolve to None; the job running finishes in the background."""

@@ -271,15 +271,15 @@ class RealtimeCore:
             self.create_response(ResponseParams(instructions=nudge))
 
     def _turn_ready(self, event: TurnReady) -> None:
-        has_text = self._listening.take_committed(event.item_id)
-        if has_text is None:
+        turn = self._listening.take_committed(event.item_id)
+        if turn is None or turn.has_text is None:  # no such turn, or no transcript
             return
-        if self._paused.turn_ready(self, event.item_id):  # a backchannel: the reply plays on
+        if self._paused.turn_ready(self, event.item_id, turn.avg_logprob):  # a backchannel: the reply plays on
             self.turns.transcript_final(False)
             self._paused.resume(self)
             self._out.append(DropTurn(event.item_id))
             return
-        if Action.CREATE_RESPONSE not in self.turns.transcript_final(has_text):
+        if Action.CREATE_RESPONSE not in self.turns.transcript_final(turn.has_text):
             self._out.append(DropTurn(event.item_id))
             return
         if self._queued_turn is not None:  # a newer turn's reply supersedes one still waiting

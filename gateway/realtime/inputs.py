@@ -166,6 +166,7 @@ class TranscriptFinal:
     item_id: str
     text: str  # screened by the driver
     audio_seconds: float
+    avg_logprob: float | None = None  # Whisper's confidence in the words (inference.asr.Transcript); None: unknown
 
 
 @dataclass(frozen=True)

@@ -94,12 +94,14 @@ class _OpenTurn:
 
 
 @dataclass
-class _Committed:
-    """A committed user turn: its item, until its transcript is final, then whether it has words."""
+class Committed:
+    """A committed user turn: its item, until its transcript is final, then whether it has words and how sure
+    Whisper was of them."""
 
     item: Item
     previous_item_id: str | None
     has_text: bool | None = None
+    avg_logprob: float | None = None  # the final transcript's (TranscriptFinal)
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Listening:
 
     stabilizer: Callable[[], Stabilizer]  # one per user turn
     _open: _OpenTurn | None = None  # the user turn the VAD is hearing
-    _committed: dict[str, _Committed] = field(default_factory=dict)
+    _committed: dict[str, Committed] = field(default_factory=dict)
     _deferred: list[ResponseRequested] = field(default_factory=list)  # response.create waiting for transcripts
 
     @property
@@ -138,10 +140,9 @@ class Listening:
         if self._open is not None and self._open.prefill_due:
             self._prefill(self._open, host)
 
-    def take_committed(self, item_id: str) -> bool | None:
-        """TurnReady: the committed turn leaves; whether it has words (None: no such turn, or no transcript)."""
-        turn = self._committed.pop(item_id, None)
-        return None if turn is None else turn.has_text
+    def take_committed(self, item_id: str) -> Committed | None:
+        """TurnReady: the committed turn leaves (None: no such turn)."""
+        return self._committed.pop(item_id, None)
 
     # -- the user's audio ----------------------------------------------------------------------------------
 
@@ -192,7 +193,7 @@ class Listening:
         item = Item(id=item_id, type="message", role="user", status="in_progress",
                     content=[{"type": "input_audio", "transcript": None}])
         conversation.add(item)
-        self._committed[item_id] = _Committed(item, previous)
+        self._committed[item_id] = Committed(item, previous)
         host.emit_event(se.InputCommitted(previous_item_id=previous, item_id=item_id))
         host.emit_event(se.ItemAdded(previous_item_id=previous, item=item.to_wire()))
         host.emit(Transcribe(item_id))
@@ -245,6 +246,7 @@ class Listening:
         if turn is None or turn.has_text is not None:
             return
         turn.has_text = bool(event.text.strip())
+        turn.avg_logprob = event.avg_logprob
         item = turn.item
         item.content[0]["transcript"] = event.text
         item.status = "completed"

@@ -392,7 +392,8 @@ class VoicePipeline:
             self.feed(TranscriptFailed(item_id, refused, refused=True))
             return
         turn.marks.mark("transcript_final")
-        self.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE))
+        avg_logprob = transcript.avg_logprob if transcript is not None else None
+        self.feed(TranscriptFinal(item_id, text, len(turn.audio) / RATE, avg_logprob=avg_logprob))
         log_event("realtime.transcription.completed", session_id=self.session_id, request_id=self.request_id,
                   item_id=item_id, audio_s=round(len(turn.audio) / RATE, 3), words=len(text.split()),
                   content={"transcript": text})

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.realtime.barge_in import is_backchannel
-from gateway.realtime.commands import ClearPlayout, DropTurn, HoldPlayout, StopResponse
+from gateway.realtime.barge_in import LEAST_READABLE_LOGPROB, is_backchannel
+from gateway.realtime.commands import ClearPlayout, CreateResponse, DropTurn, HoldPlayout, Output, StopResponse
 from gateway.realtime.core import RealtimeCore
-from gateway.realtime.inputs import AudioProcessed, ResponseEnded, SpeechBegan
+from gateway.realtime.inputs import AudioProcessed, ResponseEnded, SpeechBegan, SpeechEnded, TranscriptFinal, TurnReady
 from gateway.realtime.response_events import ResponseEvents
 from media.playout import PlayoutBuffer
 from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
@@ -17,13 +17,19 @@ from tests.unit.test_realtime_core import Clock, committed_turn, event, make_cor
 
 @pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes."])
 def test_backchannels(text: str) -> None:
-    assert is_backchannel(text)
+    assert is_backchannel(text, avg_logprob=-0.3)
 
 
 @pytest.mark.parametrize("text", ["Wait, stop.", "What about Berlin?", "No.", "Yeah, but what about Paris?",
                                   "Okay, tell me more."])
 def test_words_addressed_to_the_assistant(text: str) -> None:
-    assert not is_backchannel(text)
+    assert not is_backchannel(text, avg_logprob=-0.3)
+    assert not is_backchannel(text, avg_logprob=None)  # a confidence not measured changes nothing
+
+
+@pytest.mark.parametrize("text", ["and the MHCM.", "You", "Stop, tell me about Berlin instead."])
+def test_words_whisper_is_unsure_of_are_nothing_readable(text: str) -> None:
+    assert is_backchannel(text, avg_logprob=LEAST_READABLE_LOGPROB - 0.1)
 
 
 def speaking_reply(*, playout: bool = True) -> tuple[RealtimeCore, Clock, ResponseEvents]:
@@ -58,6 +64,39 @@ def test_words_over_the_paused_reply_interrupt_it() -> None:
     assert StopResponse("resp_1", "turn_detected", True) in ready and ClearPlayout(None) in ready
     assert "item_u" in [item.id for item in core.conversation.items]  # the turn is answered once the reply ends
     assert core.handle(ResponseEnded("resp_1", "cancelled", {}))[-1].turn == "item_u"  # type: ignore[union-attr]
+
+
+def heard_turn(core: RealtimeCore, item_id: str, text: str, avg_logprob: float) -> list[Output]:
+    """A VAD turn whose final transcript Whisper gave with `avg_logprob`; returns TurnReady's outputs."""
+    core.handle(SpeechBegan(item_id, audio_start_ms=0))
+    core.handle(SpeechEnded(item_id, audio_end_ms=700))
+    core.handle(TranscriptFinal(item_id, text, audio_seconds=0.7, avg_logprob=avg_logprob))
+    return core.handle(TurnReady(item_id))
+
+
+def test_words_whisper_is_unsure_of_over_the_paused_reply_let_it_play_on() -> None:
+    """Piper's "Mm-hm." as Whisper tiny.en hears it: words, but a guess (the turn-taking bench measured -0.88)."""
+    core, _, events = speaking_reply()
+    ready = heard_turn(core, "item_u", "and the MHCM.", avg_logprob=-0.88)
+    assert HoldPlayout(False) in ready and DropTurn("item_u") in ready
+    assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in ready)
+    assert core.response is not None and "item_u" not in [item.id for item in core.conversation.items]
+    assert core.conversation.get(events.item.id).status != "incomplete"
+
+
+def test_a_confident_sentence_over_the_paused_reply_interrupts_it() -> None:
+    core, _, _ = speaking_reply()
+    ready = heard_turn(core, "item_u", "Stop, that's the wrong address.", avg_logprob=-0.23)
+    assert StopResponse("resp_1", "turn_detected", True) in ready and ClearPlayout(None) in ready
+    assert "item_u" in [item.id for item in core.conversation.items]
+
+
+def test_an_unsure_transcript_with_no_reply_paused_is_answered() -> None:
+    """The confidence decides only over a paused reply: a turn of its own is answered whatever Whisper's doubt."""
+    core, _ = make_core(playout=True)
+    core.resumes_false_interruptions = True
+    [create] = heard_turn(core, "item_u", "and the MHCM.", avg_logprob=-0.88)
+    assert isinstance(create, CreateResponse) and create.turn == "item_u"
 
 
 def test_speech_longer_than_a_backchannel_interrupts_without_waiting_for_its_words() -> None:

@@ -26,7 +26,7 @@ class GatedModel:
         self.gate.acquire()
 
         def segments():
-            yield SimpleNamespace(text=f" n{audio.shape[0]}")
+            yield SimpleNamespace(text=f" n{audio.shape[0]}", tokens=[1, 2], avg_logprob=-0.25)
 
         return segments(), None
 
@@ -146,6 +146,29 @@ async def test_model_errors_reach_the_caller() -> None:
             await engine.transcribe(audio(1), final=True)
     finally:
         engine.close()
+
+
+async def test_a_transcripts_confidence_is_whispers_over_all_its_tokens() -> None:
+    """The full window's segments each carry their average log-probability: the transcript's weighs them by
+    their tokens, the end token included; with no segment (Whisper took the audio for silence) it is unknown."""
+
+    class Segments:
+        def __init__(self, *segments: SimpleNamespace) -> None:
+            self.segments = segments
+
+        def transcribe(self, audio, **kwargs):
+            return iter(self.segments), None
+
+    two = Segments(SimpleNamespace(text=" Hello", tokens=[1], avg_logprob=-0.1),
+                   SimpleNamespace(text=" there", tokens=[1, 2, 3], avg_logprob=-0.6))
+    for model, text, avg_logprob in ((two, "Hello there", (-0.1 * 2 - 0.6 * 4) / 6), (Segments(), "", None)):
+        engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
+        try:
+            transcript = await engine.transcribe(audio(1), final=True)
+        finally:
+            engine.close()
+        assert transcript is not None and transcript.text == text
+        assert transcript.avg_logprob == (pytest.approx(avg_logprob) if avg_logprob is not None else None)
 
 
 def test_stabilizer_returns_the_words_two_partials_agree_on() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
+from gateway.protocol.session_config import AUDIO_TURN_THRESHOLDS
 from gateway.realtime.session import RealtimeSession
 from inference.asr import AsrEngine
 from inference.models import ModelNotFound, embedded_turn_model
@@ -46,9 +47,11 @@ def with_pause(pcm: np.ndarray, pause_ms: int) -> np.ndarray:
 
 async def test_the_audio_model_tells_a_finished_question_from_a_cut_off_phrase(
         turn_end: TurnEndModel, tts: TtsEngine) -> None:
+    """Each on its side of the probability at which semantic_vad (auto) ends a turn early, with margin: 0.99 and
+    0.015 on an Intel Xeon, AVX512 and AVX2 kernels alike, where the threshold is 0.5."""
     finished = await turn_end.probability(as_float(with_pause(said(tts, "What is the capital of France?"), 100)))
     cut_off = await turn_end.probability(as_float(with_pause(said(tts, "Hmm, let me think, I want"), 100)))
-    assert finished > 0.5 > cut_off, (finished, cut_off)
+    assert finished >= AUDIO_TURN_THRESHOLDS["auto"] > cut_off, (finished, cut_off)
 
 
 async def test_a_long_turn_is_judged_on_its_end(turn_end: TurnEndModel, tts: TtsEngine) -> None:
@@ -97,12 +100,22 @@ def stop_executors(runtime: Runtime) -> None:
     runtime.denoise_executor.shutdown()
 
 
-async def stream(session: RealtimeSession, pcm24k: np.ndarray) -> None:
-    """In 20 ms appends, in real time: the turn's silence is judged while it runs."""
+async def append(session: RealtimeSession, pcm24k: np.ndarray, seconds_per_append: float = 0.02) -> None:
+    """In 20 ms appends, one every `seconds_per_append` (real time by default)."""
     for i in range(0, len(pcm24k), 480):
         await session.receive(json.dumps({"type": "input_audio_buffer.append",
                                           "audio": base64.b64encode(pcm24k[i:i + 480].tobytes()).decode()}))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(seconds_per_append)
+
+
+async def stream(session: RealtimeSession, pcm24k: np.ndarray) -> None:
+    """In 20 ms appends, in real time: the turn's silence is judged while it runs."""
+    await append(session, pcm24k)
+    await heard(session)
+
+
+async def heard(session: RealtimeSession) -> None:
+    """Once the VAD has taken in all the audio appended."""
     assert session.voice is not None
     await session.voice._drain_queue()
     await asyncio.sleep(0.2)  # the last window's VAD run
@@ -133,8 +146,12 @@ async def test_semantic_vad_ends_a_finished_question_by_its_sound(
             "output_modalities": ["text"], "audio": {"input": {"turn_detection": {
                 "type": "semantic_vad", "eagerness": "auto", "create_response": False}}}}}))
         question = said(tts, "What is the capital of France?", 24000)
-        silence = np.zeros(24000 * 3 // 2, np.int16)
-        await stream(session, np.concatenate([np.zeros(24000 // 4, np.int16), question, silence]))
+        await append(session, np.concatenate([np.zeros(24000 // 4, np.int16), question]))
+        # The VAD counts the silence in samples, the judge answers in wall time (0.02-0.13 s into the silence on
+        # an Intel Xeon, 2 vCPU): 1.5 s of silence, under auto's longest wait, sent at a quarter of real time, so
+        # that the judge has 6 s to answer in, and a machine 5x slower or busy still hears the turn end.
+        await append(session, np.zeros(24000 * 3 // 2, np.int16), seconds_per_append=0.08)
+        await heard(session)
         ended = (await event_types(session)).count("input_audio_buffer.speech_stopped")
         assert ended == (1 if with_model else 0)
     finally:
