@@ -31,6 +31,7 @@ _MAX_LAG_S = 0.1
 
 PlayoutEvent = Literal["started", "stopped"]
 PlayoutCallback = Callable[[PlayoutEvent, str | None], None]
+FrameCallback = Callable[[PlayoutFrame], None]
 ChunkCallback = Callable[[AudioChunk], Awaitable[None] | None]
 
 # aiortc's audio receiver: a 16-packet reorder window that releases a packet once `prefetch` later
@@ -64,17 +65,20 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     aiortc's Opus encoder takes mono or stereo s16 and upmixes itself; G.711 downsamples itself.
     on_event(kind, item_id) runs on the event loop (scheduled with call_soon, so a slow callback
-    never delays a frame).
+    never delays a frame); so does on_frame(frame), with each frame of audio as it goes out and the one that
+    stops it, between its "started" and "stopped" (GPT-Live's words follow the audio the track paces).
     """
 
     kind = "audio"
 
-    def __init__(self, buffer: PlayoutBuffer, on_event: PlayoutCallback | None = None) -> None:
+    def __init__(self, buffer: PlayoutBuffer, on_event: PlayoutCallback | None = None,
+                 on_frame: FrameCallback | None = None) -> None:
         super().__init__()
         if buffer.frame_samples * 1000 != buffer.sample_rate * FRAME_MS:
             raise ValueError(f"the buffer's frames must be {FRAME_MS} ms, got {buffer.frame_samples} at {buffer.sample_rate} Hz")
         self.buffer = buffer
         self._on_event = on_event
+        self._on_frame = on_frame
         self._time_base = fractions.Fraction(1, buffer.sample_rate)
         self._start: float | None = None
         self._pts = 0
@@ -111,11 +115,11 @@ class OutboundAudioTrack(MediaStreamTrack):
     def _report(self, loop: asyncio.AbstractEventLoop, played: PlayoutFrame) -> None:
         if played.item_id is not None:
             self._last_item = played.item_id
-        if self._on_event is None:
-            return
-        if played.started:
+        if self._on_event is not None and played.started:
             loop.call_soon(self._on_event, "started", played.item_id)
-        if played.stopped:
+        if self._on_frame is not None and (played.audio_samples or played.stopped):
+            loop.call_soon(self._on_frame, played)
+        if self._on_event is not None and played.stopped:
             loop.call_soon(self._on_event, "stopped", self._last_item)
 
 

@@ -35,6 +35,8 @@ from gateway.api.transports import (
     conversation_items_http,
     conversation_stream,
     conversations_http,
+    live_sessions,
+    live_webrtc,
     live_ws,
     memories_http,
     realtime_ws,
@@ -124,6 +126,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app = FastAPI(title="Realtime gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = svc
     app.state.calls = webrtc.CallRegistry(svc.sessions)
+    app.state.live_sessions = live_sessions.LiveRegistry(svc.sessions)
     # Innermost: an answer waits for the durable changes its request made (a spent secret, an idempotent answer).
     app.add_middleware(DurableAnswers)
     # The body limit sits inside the request ids, so that its 413s get an id and are counted too.
@@ -194,6 +197,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(responses_http.router)
     app.include_router(realtime_ws.router)
     app.include_router(live_ws.router)
+    app.include_router(live_webrtc.router)
+    app.include_router(live_sessions.router)
     app.include_router(client_secrets.router)
     app.include_router(conversations_http.router)
     app.include_router(conversation_items_http.router)

@@ -2,10 +2,11 @@
 
 Live has no Realtime items, buffers or responses to manage: the client streams its microphone, the server decides
 the turns (the session's VAD, end-of-turn judges and barge-in: a backchannel over the reply pauses it and it plays
-on), and it speaks. So the reply's audio is paced here, 20 ms at a time, from the session's playout buffer (as a
-WebRTC track paces it), a little ahead of real time: what was sent is what the user heard when they cut in, and
-the reply is truncated to it. The assistant's words follow the audio: each word goes out as the audio that carries
-it is sent, placed on the session's timeline, and words never played are never sent.
+on), and it speaks. So the reply's audio is paced here, 20 ms at a time, from the session's playout buffer, a
+little ahead of real time: what was sent is what the user heard when they cut in, and the reply is truncated to it
+(over WebRTC the track paces it instead, and tells `played`). The assistant's words follow the audio: each word goes
+out as the audio that carries it is sent, placed on the session's timeline, and words never played are never sent.
+A sideband hears the audio both ways (live_reflection.py).
 
 The client's events become the session's inputs: appended audio (silence while muted) goes to the voice pipeline,
 appended instructions extend the session's, thinking is a silent system note in the conversation, commentary a
@@ -48,12 +49,13 @@ from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
 from gateway.realtime.inputs import ConfigChanged, ItemCreated, ResponseRequested
 from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
+from gateway.realtime.live_reflection import SidebandReflection
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.response_events import Event
 from gateway.realtime.session import RealtimeSession
 from media.codecs import alaw_decode, alaw_encode, array_to_pcm16, pcm16_to_array, ulaw_decode, ulaw_encode
 from media.frames import AudioChunk
-from media.playout import PlayoutBuffer
+from media.playout import PlayoutBuffer, PlayoutFrame
 from media.resample import Resampler
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ class LiveFront:
         self._words_sent = 0  # of its words
         self._notes: deque[str] = deque()  # what the voice is to say once it is free
         self._speaker: asyncio.Task[None] | None = None
+        self.reflection = SidebandReflection(session.outbox, playout.sample_rate, self.clock_ms)
 
     def clock_ms(self) -> int:
         return int((time.monotonic() - self.started_at) * 1000)
@@ -188,16 +191,26 @@ class LiveFront:
                 raise ApiError("session_already_started", "session.start was already sent on this connection.",
                                "type")
             case SessionClose():
-                self._say(self.translator.closed("close_requested"), event)
-                session.outbox.close()  # the session ends once its last events are out (channel.run_session)
+                self.hang_up(event)
+
+    def hang_up(self, cause: LiveClientEvent | None = None) -> None:
+        """session.close, or a hangup: session.closed, and the session ends once its last events are out
+        (channel.run_session)."""
+        self._say(self.translator.closed("close_requested"), cause)
+        self.session.outbox.close()
 
     def _append(self, event: InputAudioAppend) -> None:
+        self.hear(self.audio.decode(event.audio))
+
+    def hear(self, chunk: AudioChunk) -> None:
+        """The user's audio, appended on the WebSocket or from the WebRTC track: a sideband hears it as it came,
+        the model hears silence while muted."""
         voice = self.session.voice
         if voice is None:
             raise ApiError("voice_unavailable", "This server runs without its voice models.", "type")
-        chunk = self.audio.decode(event.audio)
         if self.translator.input_offset_ms is None:
             self.translator.input_offset_ms = max(0, self.clock_ms() - round(chunk.duration_ms))
+        self.reflection.input(chunk)
         if self.muted:  # the model hears silence: the turns' timeline goes on
             chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
         voice.append(chunk)
@@ -279,7 +292,8 @@ class LiveFront:
         """A Live event of the front's own (not the core's): straight to the outbox."""
         if cause is not None and cause.event_id is not None:
             live_event["client_event_id"] = cause.event_id
-        self.session.outbox.send(live_event, identified=live_event["type"] != "session.output_audio.delta")
+        audio = live_event["type"] == "session.output_audio.delta"  # a sideband has its own copy (reflection)
+        self.session.outbox.send(live_event, identified=not audio, tapped=not audio)
 
     # -- the reply's audio and words, as they play ------------------------------------------------------------
 
@@ -305,12 +319,20 @@ class LiveFront:
             self.session.on_playout_event("started", frame.item_id)
         if frame.audio_samples:
             self._say({"type": "session.output_audio.delta", "delta": self.audio.encode(frame.pcm[:frame.audio_samples])})
+        if frame.audio_samples or frame.stopped:
+            self.played(frame)
+        if frame.stopped:
+            self.session.on_playout_event("stopped", frame.item_id)
+
+    def played(self, frame: PlayoutFrame) -> None:
+        """A frame of audio has gone out, or the audio stopped (the pacer's, or the WebRTC track's that paces
+        it): its words follow, and a sideband hears it."""
+        if frame.audio_samples:
+            self.reflection.output(frame.pcm[:frame.audio_samples])
             if frame.item_id is not None:
                 self._say_words(frame.item_id)
-        if frame.stopped:
-            if self._playing is not None:  # the reply played out: its last words, up to the end of its audio
-                self._say_words(self._playing.id, until_ms=self._playing.audio_ms_sent)
-            self.session.on_playout_event("stopped", frame.item_id)
+        if frame.stopped and self._playing is not None:  # it played out: its last words, to the end of its audio
+            self._say_words(self._playing.id, until_ms=self._playing.audio_ms_sent)
 
     def _say_words(self, item_id: str, until_ms: float | None = None) -> None:
         """The reply's words whose audio has now been sent (a clause's words pro rata over its audio)."""

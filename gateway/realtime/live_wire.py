@@ -31,10 +31,12 @@ class _InputTurn:
 
 
 class LiveTranslator:
-    def __init__(self, config: LiveSessionConfig, model: str, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, config: LiveSessionConfig, model: str, clock_ms: Callable[[], int], *,
+                 wire_audio: bool = True) -> None:
         self._config = config
         # A function call the live model made (name, call_id, arguments): its delegation (LiveFront).
         self.on_call: Callable[[str, str, str], None] | None = None
+        self._wire_audio = wire_audio  # False over WebRTC: the media transport negotiates the audio format
         self._model = model  # as the client named it (gpt-live-1 is an alias of the served model)
         self._clock_ms = clock_ms
         self._session: dict[str, Any] | None = None  # the resource, from session.created
@@ -107,8 +109,12 @@ class LiveTranslator:
                                     "status": "active", "instructions": realtime["instructions"]}
         audio = realtime["audio"]
         fmt = config.audio.format if config.audio is not None and config.audio.format is not None else None
-        resource["audio"] = {"format": fmt.model_dump() if fmt is not None else {"type": "audio/pcm", "rate": 24000},
-                             "output": {"voice": self._voice_name(audio["output"]["voice"])}}
+        resource["audio"] = {"output": {"voice": self._voice_name(audio["output"]["voice"])}}
+        if self._wire_audio:
+            resource["audio"] = {"format": fmt.model_dump() if fmt is not None else {"type": "audio/pcm", "rate": 24000},
+                                 **resource["audio"]}
+        if config.client is not None:
+            resource["client"] = config.client
         if config.input:
             resource["input"] = [item.model_dump(exclude_none=True) for item in config.input]
         if config.safety_identifier is not None:

@@ -52,8 +52,14 @@ class Outbox:
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, event: dict[str, Any], *, identified: bool = True) -> None:
-        """Queue one event, with its id (GPT-Live's audio deltas have none: `identified` False)."""
+    @property
+    def tapped(self) -> bool:
+        """Whether a sideband watches: what only it is sent (reflect) is worth making."""
+        return bool(self._taps)
+
+    def send(self, event: dict[str, Any], *, identified: bool = True, tapped: bool = True) -> None:
+        """Queue one event, with its id (GPT-Live's audio deltas have none: `identified` False); `tapped` False
+        keeps it from the sideband (GPT-Live's primary audio: a sideband is sent its own copy, reflect)."""
         if self._closed:
             return
         sequence = next(self._sequence)
@@ -63,8 +69,9 @@ class Outbox:
         if self._numbered:
             event["sequence_number"] = sequence
         wire = encode_server_event(event)
-        for tap in list(self._taps):
-            tap.put(wire)
+        if tapped:
+            for tap in list(self._taps):
+                tap.put(wire)
         self._queue.append((sequence, wire))
         self._pending_bytes += len(wire)
         self._ready.set()
@@ -72,6 +79,15 @@ class Outbox:
             self.overflowed = True
             self.close()
             raise SlowConsumer(f"more than {self._max_pending_bytes} bytes of events unread")
+
+    def reflect(self, event: dict[str, Any]) -> None:
+        """An event for the sideband alone (GPT-Live reflects the session's audio to it), with no id or sequence
+        number: the attached transport's stream, and its resume, never see it."""
+        if self._closed or not self._taps:
+            return
+        wire = encode_server_event(event)
+        for tap in list(self._taps):
+            tap.put(wire)
 
     def attach(self, after: int | None = None) -> OutboxReader:
         """A reader for the transport now attached, superseding any other. With `after` (the last

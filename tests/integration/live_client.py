@@ -1,6 +1,6 @@
 """A GPT-Live client for the tests: the official SDK's `client.live.connect()`, a microphone that streams 20 ms of
 audio at a time as a real one does (silence between the clips it is given), and every server event checked
-against openai.types.live as it arrives."""
+against openai.types.live as it arrives. Also a sideband (`client.live.sideband.connect()`) the same way."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from openai import AsyncOpenAI
 from openai.resources.live.live import AsyncLiveConnection
+from openai.resources.live.sideband import AsyncSidebandConnection
 
 from tests.integration.sdk_types import assert_valid_live_event
 
@@ -23,7 +24,7 @@ FRAME = RATE // 50
 
 
 class LiveCaller:
-    def __init__(self, connection: AsyncLiveConnection) -> None:
+    def __init__(self, connection: AsyncLiveConnection | AsyncSidebandConnection) -> None:
         self.connection = connection
         self.events: list[dict[str, Any]] = []  # each with "_at": time.monotonic() when it arrived
         self._arrived = asyncio.Condition()
@@ -40,15 +41,30 @@ class LiveCaller:
         async with client.live.connect() as connection:
             caller = cls(connection)
             await caller.send({"type": "session.start", "session": session})
-            caller._tasks.append(asyncio.create_task(caller._read()))
             if microphone:
                 caller._tasks.append(asyncio.create_task(caller._stream()))
-            try:
+            async with caller._reading():
                 yield caller
-            finally:
-                for task in caller._tasks:
-                    task.cancel()
-                await asyncio.gather(*caller._tasks, return_exceptions=True)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def attach(cls, base_url: str, session_id: str, *, api_key: str = "sk-test") -> AsyncIterator[LiveCaller]:
+        """A sideband watching a running session: what it hears, and what it sends to it (no microphone)."""
+        client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key)
+        async with client.live.sideband.connect(session_id=session_id) as connection:
+            caller = cls(connection)
+            async with caller._reading():
+                yield caller
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[None]:
+        self._tasks.insert(0, asyncio.create_task(self._read()))  # first: _reader_error reads it
+        try:
+            yield
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def send(self, event: dict[str, Any]) -> None:
         await self.connection.send(event)  # type: ignore[arg-type]  # a dict the SDK sends as it is

@@ -129,3 +129,18 @@ async def test_a_tap_that_falls_behind_is_cut_off_and_the_session_goes_on() -> N
         received.append(json.loads(wire)["sequence_number"])
     assert received == list(range(1, len(received) + 1)) and len(received) < 10
     assert await _take(reader, 10) == list(range(1, 11))
+
+
+async def test_what_only_a_sideband_hears_never_reaches_the_reader_nor_takes_a_sequence_number() -> None:
+    outbox = Outbox()
+    reader = outbox.attach()
+    outbox.reflect({"type": "session.input_audio.append", "audio": ""})  # nobody watches: dropped
+    tap = outbox.tap()
+    assert outbox.tapped
+    outbox.reflect({"type": "session.input_audio.append", "audio": "AAAA"})
+    outbox.send({"type": "session.output_audio.delta", "delta": "AAAA"}, identified=False, tapped=False)
+    _send(outbox, 1)
+    assert json.loads(await tap.next()) == {"type": "session.input_audio.append", "audio": "AAAA"}
+    assert json.loads(await tap.next())["sequence_number"] == 2  # the primary's audio went to the reader alone
+    assert json.loads(await reader.next())["type"] == "session.output_audio.delta"
+    assert await _take(reader, 1) == [2]

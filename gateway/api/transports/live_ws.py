@@ -18,7 +18,8 @@ from fastapi import APIRouter, WebSocket
 from gateway.api.http_errors import error_response
 from gateway.api.services import Services
 from gateway.api.transports.channel import ChannelClosed, run_session
-from gateway.api.transports.realtime_ws import CLOSE_POLICY, REFUSED_BEFORE_UPGRADE
+from gateway.api.transports.live_sessions import LiveEntry, refuse
+from gateway.api.transports.realtime_ws import REFUSED_BEFORE_UPGRADE
 from gateway.api.transports.responses_http import response_deps
 from gateway.api.transports.websocket_channel import WebSocketChannel
 from gateway.generation.response_run import ResponseRun
@@ -69,7 +70,7 @@ async def live_websocket(websocket: WebSocket) -> None:
             await websocket.send_denial_response(error_response(error))
         else:
             await websocket.accept()
-            await _refuse(websocket, error)
+            await refuse(websocket, error)
         return
     await websocket.accept()
     channel = WebSocketChannel(websocket, kind="live")
@@ -78,22 +79,23 @@ async def live_websocket(websocket: WebSocket) -> None:
         start = await _session_start(channel, svc)
         if start is None:
             return
-        session, front = _open(svc, start, request_id, principal.key_id)
+        session, front = _open(svc, start.session, request_id, principal.key_id)
         attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
         seat = None  # the session's now
     except ApiError as error:
         if session is not None:
             await session.close()
         log_event("live.session.refused", request_id=request_id, code=error.code)
-        await _refuse(websocket, error)
+        await refuse(websocket, error)
         return
     finally:
         if seat is not None:
             await svc.sessions.seats.give_back(seat)
     reader = session.outbox.attach()
     session.start()
-    for item in _history(start.session):
+    for item in history(start.session):
         session.feed(ItemCreated(item))
+    websocket.app.state.live_sessions.add(LiveEntry(session, front, principal.key_id))  # for a sideband, a hangup
     front.start()
 
     async def end() -> None:
@@ -126,35 +128,45 @@ async def _session_start(channel: WebSocketChannel, svc: Services) -> SessionSta
                 await channel.send(_wire(live_error(error.body())))
                 continue
             raise
-        model = event.session.model
-        if model not in openai_live_model_names() and model not in svc.runtime.model_names:
-            raise ApiError("model_not_found", f"Unknown model '{model[:100]}'. This server has "
-                           f"'{svc.settings.model_name}' (gpt-live-1 and gpt-live-1.1 name it too).", "session.model",
-                           status=404, event_id=event.event_id)
-        delegation = event.session.delegation
-        if isinstance(delegation, ResponsesDelegation):
-            try:
-                check_backend(delegation.responses)
-                svc.runtime.require_model(str(delegation.responses["model"]), "session.delegation.responses.model")
-            except ApiError as error:
-                error.event_id = event.event_id
-                raise
+        require_live_config(svc, event.session, event.event_id)
         return event
 
 
-def _open(svc: Services, start: SessionStart, request_id: str | None,
+def require_live_config(svc: Services, config: LiveSessionConfig, event_id: str | None = None) -> None:
+    """What session.start's checks cannot know alone: the model names this server answers to, and a Responses
+    delegation's settings, checked as the Responses request they become."""
+    if config.model not in openai_live_model_names() and config.model not in svc.runtime.model_names:
+        raise ApiError("model_not_found", f"Unknown model '{config.model[:100]}'. This server has "
+                       f"'{svc.settings.model_name}' (gpt-live-1 and gpt-live-1.1 name it too).", "session.model",
+                       status=404, event_id=event_id)
+    if isinstance(config.delegation, ResponsesDelegation):
+        try:
+            check_backend(config.delegation.responses)
+            svc.runtime.require_model(str(config.delegation.responses["model"]), "session.delegation.responses.model")
+        except ApiError as error:
+            error.event_id = event_id
+            raise
+
+
+def _open(svc: Services, config: LiveSessionConfig, request_id: str | None,
           owner: str) -> tuple[RealtimeSession, LiveFront]:
     """The realtime session a Live one runs on, its playout at the client's rate, and its Live front."""
-    config = start.session
     fmt = config.audio.format if config.audio is not None and config.audio.format is not None else None
     audio = LiveAudio(fmt.type, fmt.rate) if fmt is not None else LiveAudio("audio/pcm", 24000)
+    return open_live(svc, config, request_id, audio, owner)
+
+
+def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, audio: LiveAudio, owner: str, *,
+              wire_audio: bool = True) -> tuple[RealtimeSession, LiveFront]:
+    """A Live session on the realtime core, its playout at `audio`'s rate (WebRTC: the track's, and no audio
+    format on the wire), and its Live front."""
     playout = PlayoutBuffer(audio.rate, audio.rate * FRAME_MS // 1000)
     started_at = time.monotonic()
 
     def clock_ms() -> int:
         return int((time.monotonic() - started_at) * 1000)
 
-    translator = LiveTranslator(config, config.model, clock_ms)
+    translator = LiveTranslator(config, config.model, clock_ms, wire_audio=wire_audio)
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="live", speech_factory=PlayoutSpeech.create,
         initial_config=_realtime_config(config), request_id=request_id, outbox=Outbox(numbered=False),
@@ -186,7 +198,7 @@ def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
     return realtime
 
 
-def _history(config: LiveSessionConfig) -> list[Item]:
+def history(config: LiveSessionConfig) -> list[Item]:
     """session.start's `input`: the conversation so far, as text (a developer's message is a system one)."""
     items = []
     for message in config.input or []:
@@ -199,9 +211,3 @@ def _history(config: LiveSessionConfig) -> list[Item]:
 
 def _wire(event: dict[str, Any]) -> str:
     return encode_server_event({"event_id": f"event_{secrets.token_hex(8)}", **event})
-
-
-async def _refuse(websocket: WebSocket, error: ApiError) -> None:
-    """A refusal on the accepted connection: an `error` event, then the close (1008 auth and not found, 1013)."""
-    await websocket.send_text(_wire(live_error(error.body())))
-    await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else 1013, error.code)

@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import aioice.ice
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -79,6 +79,12 @@ def ice_servers(settings: Settings) -> list[RTCIceServer]:
         else:
             servers.append(RTCIceServer(urls=url))
     return servers
+
+
+class CallIndex(Protocol):
+    """Where a call is found by its id, until it ends (CallRegistry; GPT-Live's sessions, live_sessions.py)."""
+
+    def remove(self, call_id: str) -> None: ...
 
 
 class CallRegistry:
@@ -153,7 +159,16 @@ class Call:
         """Ends the call (its supervisor closes the session and the peer connection)."""
         self.ended.set()
 
-    async def supervise(self, sessions: SessionRegistry, calls: CallRegistry) -> None:
+    def follow_connection(self) -> None:
+        """The peer connection's state: connected, or the call ends when it fails or closes."""
+        @self.pc.on("connectionstatechange")
+        def _on_state() -> None:
+            if self.pc.connectionState == "connected":
+                self.connected.set()
+            elif self.pc.connectionState in ("failed", "closed"):
+                self.ended.set()
+
+    async def supervise(self, sessions: SessionRegistry, calls: CallIndex) -> None:
         """Owns the call: waits for its end (hang-up, failure, timeout), then closes everything."""
         try:
             waits = [asyncio.ensure_future(event.wait()) for event in (self.connected, self.ended)]
@@ -218,11 +233,11 @@ def _last_sequence(protocol: str) -> int | None:
     return int(value)
 
 
-def _digest(token: str | None) -> str | None:
+def digest(token: str | None) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest() if token else None
 
 
-def _validate_offer(sdp: str) -> None:
+def validate_offer(sdp: str) -> None:
     if not sdp.startswith("v=0") or "\nm=" not in sdp.replace("\r\n", "\n"):
         raise ApiError("invalid_sdp", "The body is not an SDP offer.", "sdp")
     if not re.search(r"^m=audio ", sdp, flags=re.MULTILINE):
@@ -328,7 +343,7 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
                        conversation: str | None, seat: Seat) -> Response:
     """The offer read, the session and its peer connection set up on `seat`, and the SDP answer."""
     sdp, session_config = await _read_offer(request)
-    _validate_offer(sdp)
+    validate_offer(sdp)
     initial = principal.ephemeral_session or {}
     if session_config:
         initial = {**initial, **session_config}  # its type too: a "transcription" call only transcribes
@@ -351,16 +366,10 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
     token = bearer_token(request.headers.get("authorization"))
     # The id names this replica, so that another replica can forward its hangup here.
     call = Call(id=new_id(f"rtc_{svc.settings.replica_id}"), pc=pc, session=session, playout=playout,
-                secret_digest=_digest(token))
+                secret_digest=digest(token))
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
-
-    @pc.on("connectionstatechange")
-    def _on_state() -> None:
-        if pc.connectionState == "connected":
-            call.connected.set()
-        elif pc.connectionState in ("failed", "closed"):
-            call.ended.set()
+    call.follow_connection()
 
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
@@ -399,7 +408,7 @@ async def hang_up(call_id: str, request: Request) -> Response:
     token = bearer_token(request.headers.get("authorization"))
     # Not the caller dependency: the call's own client secret hangs it up without a key, and a call of another
     # replica is forwarded there before any check.
-    if call is None or call.secret_digest is None or _digest(token) != call.secret_digest:
+    if call is None or call.secret_digest is None or digest(token) != call.secret_digest:
         await svc.gate.authorize(token)
     if call is None:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
