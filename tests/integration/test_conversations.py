@@ -586,7 +586,10 @@ async def test_a_cancelled_realtime_reply_is_stored_as_cancelled(stored: tuple[G
     user, reply = stored_messages(gateway, conversation, 2)
     assert user["status"] == "completed" and reply["status"] == "cancelled"
     assert reply["content"][0]["text"] == done["response"]["output"][0]["content"][0]["text"]
-    assert reply["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"] < 400
+    if done["response"]["usage"] is None:  # a busy engine's counts came after the cancel stopped waiting (USAGE_WAIT_S)
+        assert reply["usage"] is None
+    else:
+        assert reply["usage"]["output_tokens"] == done["response"]["usage"]["output_tokens"] < 400
 
 
 async def test_sigkill_mid_realtime_response_keeps_the_text_streamed(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def seconds(value: str) -> float:
 
 def test_headers_reserve_and_give_back(quota_gateway: GatewayProcess) -> None:
     key = KEYS[0]
+    started = time.monotonic()  # the bucket refills from the first's reservation on, however slow its reply
     first = chat(quota_gateway, key, 60)
     assert first.status_code == 200
     usage = first.json()["usage"]
@@ -65,7 +66,6 @@ def test_headers_reserve_and_give_back(quota_gateway: GatewayProcess) -> None:
     # Reserved: the prompt plus max_tokens (a full bucket, refilled by at most the request's own time).
     assert TPM - usage["prompt_tokens"] - 60 - 1 <= remaining(first) <= TPM - usage["prompt_tokens"] - 60 + 10
     assert 0 < seconds(first.headers["x-ratelimit-reset-tokens"]) <= 60
-    started = time.monotonic()
     second = chat(quota_gateway, key, 60)
     # What the first did not generate came back: the second starts from the first's actual use.
     refill = (time.monotonic() - started + 2) * TPM / 60
