@@ -22,10 +22,11 @@ class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
 
     url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
-    mode: Literal["chat", "text", "voice", "webrtc"] = Field(
+    mode: Literal["chat", "text", "voice", "webrtc", "live"] = Field(
         "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text "
         "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD; webrtc: the same over a "
-        "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel).")
+        "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel); live: spoken turns over "
+        "GPT-Live's WebSocket (/v1/live/sessions: the server's turn-taking, its audio paced; no server stages).")
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
     sessions: str = Field("4", description="Sessions (chat: conversations) run at once; several counts, as "
@@ -72,8 +73,8 @@ class Bench(BaseModel):
             if not self.url.startswith(("http://", "https://")):
                 raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
             for option, given in (("--barge-in", self.barge_in), ("--audio", self.audio is not None)):
-                if given and self.mode not in ("voice", "webrtc"):
-                    raise BenchError(f"{option} needs --mode voice or --mode webrtc")
+                if given and self.mode not in ("voice", "webrtc", "live"):
+                    raise BenchError(f"{option} needs --mode voice, webrtc or live")
             if self.listen and self.mode != "voice":
                 raise BenchError("--listen needs --mode voice (--mode webrtc waits for each answer's playout anyway)")
             if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:

@@ -28,6 +28,7 @@ from rich.live import Live
 from gateway.bench.audio import spoken_questions, wav_questions
 from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target, probe_clock
 from gateway.bench.ladder import build_ladder, host_cpu, per_turn, print_ladder, read_core_seconds, write_ladder
+from gateway.bench.live import LiveVoiceClient
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
 from gateway.bench.voice import VOICE_RATE, RealtimeVoiceClient, SpokenClient
@@ -71,7 +72,7 @@ class BenchConfig:
 
     @property
     def spoken(self) -> bool:
-        return self.mode in ("voice", "webrtc")
+        return self.mode in ("voice", "webrtc", "live")
 
     def public(self) -> dict[str, Any]:
         """The configuration as report.json records it (never the key)."""
@@ -171,6 +172,8 @@ async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient) ->
         return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s, listens=config.listen)
     if config.mode == "webrtc":
         return await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
+    if config.mode == "live":
+        return await LiveVoiceClient.open(target, prompt, barge_in_after_s)
     return await RealtimeTextClient.open(target, prompt)
 
 
@@ -244,6 +247,10 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
     if config.mode == "webrtc":
         call = await RealtimeCallClient.open(target, http, None, None)
         await call.close()
+        return
+    if config.mode == "live":
+        live = await LiveVoiceClient.open(target, None, None)
+        await live.close()
         return
     body = {"model": target.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
     try:

@@ -183,7 +183,10 @@ class LiveFront:
                 self._delegations("response.create").create()
             case SessionUpdate():
                 if event.session.delegation is not None:
-                    delegations = self._delegations("session.delegation")
+                    if self.delegations is None:
+                        raise ApiError("invalid_value", "This session started without a delegation, and its type "
+                                       "cannot change.", "session.delegation.type")
+                    delegations = self.delegations
                     delegations.update(event.session.delegation)
                     self.translator.delegation_changed(delegations.config.model_dump(exclude_none=True))
                 self._say({"type": "session.updated", "session": self.translator.resource}, event)

@@ -189,7 +189,7 @@ async def test_context_appended_while_it_runs_is_acknowledged_on_the_timeline(li
 
 @pytest.mark.parametrize(("event", "code", "param"), [
     ({"type": "decision.create"}, "unsupported_event", "type"),
-    ({"type": "response.create"}, "invalid_value", "type"),  # a client delegation (the default) has no backend
+    ({"type": "response.create"}, "invalid_value", "type"),  # no Responses delegation
     ({"type": "session.output_audio.fixture.play", "audio": ""}, "unsupported_event", "type"),
     ({"type": "session.update", "session": {"triggers": [{"type": "x"}]}}, "unsupported_value", "session.triggers"),
     ({"type": "session.update", "session": {"delegation": {"type": "responses"}}}, "invalid_value",

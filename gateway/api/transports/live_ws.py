@@ -30,7 +30,6 @@ from gateway.platform.session_seats import Seat
 from gateway.protocol.codec import encode_server_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_events import (
-    ClientDelegation,
     LiveSessionConfig,
     ResponsesDelegation,
     SessionStart,
@@ -178,9 +177,8 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
         svc.runtime.require_model(request.model, "session.delegation.responses.model")
         return await ResponseRun.prepare(response_deps(svc, owner), request, owner)
 
-    # Omitted or null, the application takes the tasks (OpenAI's default).
-    delegation = config.delegation or ClientDelegation(type="client")
-    return session, LiveFront(session, translator, audio, playout, started_at, delegation=delegation, prepare=prepare)
+    return session, LiveFront(session, translator, audio, playout, started_at, delegation=config.delegation,
+                              prepare=prepare)
 
 
 def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
@@ -193,8 +191,12 @@ def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
     output = config.audio.output if config.audio is not None else None
     if output is not None and isinstance(output.voice, str):
         realtime["audio"]["output"] = {"voice": output.voice}
-    realtime["tools"] = [DELEGATE_TOOL]  # the live model hands tasks on with its one tool
-    realtime["tool_choice"] = "auto"
+    if config.delegation is not None:
+        # The live model hands tasks on with its one tool. Only when asked (OpenAI's Live gives it to every
+        # session): a reply that may be a call is not spoken ahead of the turn's end, which costs a voice turn
+        # 250-400 ms of first audio here, and the small embedded model never delegates well.
+        realtime["tools"] = [DELEGATE_TOOL]
+        realtime["tool_choice"] = "auto"
     return realtime
 
 
