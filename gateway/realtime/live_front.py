@@ -10,14 +10,12 @@ A sideband hears the audio both ways (live_reflection.py).
 
 The client's events become the session's inputs: appended audio (silence while muted) goes to the voice pipeline,
 appended instructions extend the session's, thinking is a silent system note in the conversation, commentary a
-note the assistant may say (it answers at once when nothing else is under way).
+note the voice says in its own words once it is free (as it says a delegated task's result: live_delegation.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import time
@@ -48,53 +46,22 @@ from gateway.protocol.live_events import (
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
 from gateway.realtime.inputs import ConfigChanged, ItemCreated, ResponseRequested
+from gateway.realtime.live_audio import LiveAudio
 from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
 from gateway.realtime.live_reflection import SidebandReflection
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.response_events import Event
 from gateway.realtime.session import RealtimeSession
-from media.codecs import alaw_decode, alaw_encode, array_to_pcm16, pcm16_to_array, ulaw_decode, ulaw_encode
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer, PlayoutFrame
-from media.resample import Resampler
 
 log = logging.getLogger(__name__)
 
 FRAME_MS = 20
 LEAD_MS = 60  # audio is sent this far ahead of real time: a client's jitter never starves its player
 MAX_LAG_MS = 100  # a pacer this late (a stalled loop) starts its clock again rather than bursting to catch up
-ASR_RATE = 16000
 NOTE_POLL_S = 0.05  # how often a note waiting for the voice looks whether it is free
 ACK_TOKENS = 24  # an acknowledgement is a few words
-
-
-class LiveAudio:
-    """The session's wire format (audio/pcm at 16 or 24 kHz, G.711 at 8 kHz) both ways, and 16 kHz for the ASR."""
-
-    def __init__(self, kind: str, rate: int) -> None:
-        self.kind = kind
-        self.rate = rate
-        self._to_asr = Resampler(rate, ASR_RATE)
-
-    def decode(self, audio_b64: str) -> AudioChunk:
-        try:
-            data = base64.b64decode(audio_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError("invalid_audio", "'audio' is not valid base64.", "audio") from None
-        if self.kind == "audio/pcm":
-            if len(data) % 2:
-                raise ApiError("invalid_audio", "audio/pcm is 16-bit: an odd number of bytes was sent.", "audio")
-            pcm = pcm16_to_array(data)
-        else:
-            pcm = ulaw_decode(data) if self.kind == "audio/pcmu" else alaw_decode(data)
-        return AudioChunk(self._to_asr.process(pcm), ASR_RATE)
-
-    def encode(self, pcm: np.ndarray) -> str:
-        if self.kind == "audio/pcm":
-            data = array_to_pcm16(pcm)
-        else:
-            data = ulaw_encode(pcm) if self.kind == "audio/pcmu" else alaw_encode(pcm)
-        return base64.b64encode(data).decode("ascii")
 
 
 class LiveFront:

@@ -111,6 +111,17 @@ async def refuse(websocket: WebSocket, error: ApiError) -> None:
     await websocket.close(CLOSE_POLICY if error.status in (401, 403, 404) else CLOSE_TRY_AGAIN, error.code)
 
 
+async def refuse_connection(websocket: WebSocket, error: ApiError, event: str) -> None:
+    """A Live connection refused before it is accepted: over HTTP when a router or client can act on the status (a
+    full replica, a key at its bound), else said on the accepted connection (refuse)."""
+    log_event(event, request_id=getattr(websocket.state, "request_id", None), code=error.code)
+    if error.status in REFUSED_BEFORE_UPGRADE:
+        await websocket.send_denial_response(error_response(error))
+    else:
+        await websocket.accept()
+        await refuse(websocket, error)
+
+
 @router.websocket("/v1/live/sessions/{session_id}/attach")
 async def attach(websocket: WebSocket, session_id: str) -> None:
     svc: Services = websocket.app.state.services
@@ -122,12 +133,7 @@ async def attach(websocket: WebSocket, session_id: str) -> None:
             raise ApiError("invalid_value", "graceful_close must be true or false.", "graceful_close")
         entry = websocket.app.state.live_sessions.owned(session_id, principal.key_id)
     except ApiError as error:
-        log_event("live.sideband.refused", request_id=getattr(websocket.state, "request_id", None), code=error.code)
-        if error.status in REFUSED_BEFORE_UPGRADE:
-            await websocket.send_denial_response(error_response(error))
-        else:
-            await websocket.accept()
-            await refuse(websocket, error)
+        await refuse_connection(websocket, error, "live.sideband.refused")
         return
     await websocket.accept()
     session = entry.session

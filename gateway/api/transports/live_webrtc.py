@@ -16,7 +16,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 from fastapi import APIRouter, Request
@@ -37,6 +37,7 @@ from gateway.api.transports.webrtc import (
     Call,
     CallIndex,
     DataChannel,
+    answer_offer,
     digest,
     ice_servers,
     validate_offer,
@@ -46,10 +47,11 @@ from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_media import DataChannelPermissions, LiveCreate, decode_live_create, peek_event
 from gateway.realtime.inputs import ItemCreated
-from gateway.realtime.live_front import LiveAudio, LiveFront
+from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session_hub import Attachment
 from media.frames import AudioChunk
-from media.tracks import InboundAudioReader, OutboundAudioTrack, shorten_audio_reorder_wait
+from media.tracks import InboundAudioReader, OutboundAudioTrack
 
 router = APIRouter()
 
@@ -173,21 +175,8 @@ async def _set_up(svc: Services, request: Request, principal: Principal, create:
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
     call.follow_connection()
-    try:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=create.sdp, type="offer"))
-        shorten_audio_reorder_wait(pc, svc.settings.webrtc_audio_reorder_frames)
-        pc.addTrack(OutboundAudioTrack(front.playout, on_event=session.on_playout_event, on_frame=front.played))
-        await pc.setLocalDescription(await pc.createAnswer())
-    except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
-        await pc.close()
-        await session.close()
-        raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "transport.sdp") from None
-    try:
-        await svc.sessions.open_session(session, principal, seat)  # spends a client secret
-    except ApiError:
-        await pc.close()
-        await session.close()
-        raise
+    track = OutboundAudioTrack(front.playout, on_event=session.on_playout_event, on_frame=front.played)
+    await answer_offer(svc, pc, session, track, create.sdp, principal, seat, sdp_param="transport.sdp")
     session.start()  # session.started: the data channel's first event
     for item in history(create.session):
         session.feed(ItemCreated(item))

@@ -15,11 +15,9 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from gateway.api.http_errors import error_response
 from gateway.api.services import Services
 from gateway.api.transports.channel import ChannelClosed, run_session
-from gateway.api.transports.live_sessions import LiveEntry, refuse
-from gateway.api.transports.realtime_ws import REFUSED_BEFORE_UPGRADE
+from gateway.api.transports.live_sessions import LiveEntry, refuse, refuse_connection
 from gateway.api.transports.responses_http import response_deps
 from gateway.api.transports.websocket_channel import WebSocketChannel
 from gateway.generation.response_run import ResponseRun
@@ -38,8 +36,9 @@ from gateway.protocol.live_events import (
 from gateway.protocol.responses import ResponseCreateRequest
 from gateway.realtime.conversation import Item, new_id
 from gateway.realtime.inputs import ItemCreated
+from gateway.realtime.live_audio import LiveAudio
 from gateway.realtime.live_delegation import DELEGATE_TOOL, check_backend
-from gateway.realtime.live_front import FRAME_MS, LiveAudio, LiveFront
+from gateway.realtime.live_front import FRAME_MS, LiveFront
 from gateway.realtime.live_wire import LiveTranslator, live_error
 from gateway.realtime.outbox import Outbox
 from gateway.realtime.session import RealtimeSession
@@ -64,12 +63,7 @@ async def live_websocket(websocket: WebSocket) -> None:
         svc.runtime.require_ready()
         seat = await svc.sessions.take_seat(principal.key_id)
     except ApiError as error:
-        log_event("live.session.refused", request_id=request_id, code=error.code)
-        if error.status in REFUSED_BEFORE_UPGRADE:
-            await websocket.send_denial_response(error_response(error))
-        else:
-            await websocket.accept()
-            await refuse(websocket, error)
+        await refuse_connection(websocket, error, "live.session.refused")
         return
     await websocket.accept()
     channel = WebSocketChannel(websocket, kind="live")

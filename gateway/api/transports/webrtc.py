@@ -371,21 +371,8 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
     pc.on("track", call.attach_track)
     call.follow_connection()
 
-    try:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        shorten_audio_reorder_wait(pc, svc.settings.webrtc_audio_reorder_frames)
-        pc.addTrack(OutboundAudioTrack(playout, on_event=session.on_playout_event))
-        await pc.setLocalDescription(await pc.createAnswer())
-    except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
-        await pc.close()
-        await session.close()
-        raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", "sdp") from None
-    try:
-        await svc.sessions.open_session(session, principal, seat)  # spends a client secret
-    except ApiError:
-        await pc.close()
-        await session.close()
-        raise
+    await answer_offer(svc, pc, session, OutboundAudioTrack(playout, on_event=session.on_playout_event), sdp,
+                       principal, seat, sdp_param="sdp")
     call.hub = svc.sessions.hub
     session.start()
     calls: CallRegistry = request.app.state.calls
@@ -397,6 +384,28 @@ async def _set_up_call(svc: Services, request: Request, principal: Principal, he
         media_type="application/sdp",
         headers={**headers, "location": f"/v1/realtime/calls/{call.id}"},
     )
+
+
+async def answer_offer(svc: Services, pc: RTCPeerConnection, session: RealtimeSession, track: OutboundAudioTrack,
+                       sdp: str, principal: Principal, seat: Seat, *, sdp_param: str) -> None:
+    """The offer taken, the session's track added and the answer made (pc.localDescription), then the session
+    opened on `seat` (a client secret spent). On failure the peer connection and the session are closed; an
+    offer aiortc cannot use is `invalid_sdp` (Realtime and GPT-Live calls alike)."""
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        shorten_audio_reorder_wait(pc, svc.settings.webrtc_audio_reorder_frames)
+        pc.addTrack(track)
+        await pc.setLocalDescription(await pc.createAnswer())
+    except Exception as exc:  # aiortc raises ValueError and friends on offers it cannot use
+        await pc.close()
+        await session.close()
+        raise ApiError("invalid_sdp", f"The SDP offer could not be used: {exc}", sdp_param) from None
+    try:
+        await svc.sessions.open_session(session, principal, seat)  # spends a client secret
+    except ApiError:
+        await pc.close()
+        await session.close()
+        raise
 
 
 @router.post("/v1/realtime/calls/{call_id}/hangup", responses=error_responses(401, 404, 429))
