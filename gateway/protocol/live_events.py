@@ -159,6 +159,13 @@ class SessionClose(_Event):
     type: Literal["session.close"]
 
 
+class OutputAudioFixturePlay(_Event):
+    """Play a recording through the session's output (raw PCM16 at 24 kHz, whatever the session's format)."""
+
+    type: Literal["session.output_audio.fixture.play"]
+    audio: str
+
+
 class ResponseItemCreate(_Event):
     """An input item for the Responses delegation's next request (a user message, a function call's output)."""
 
@@ -174,7 +181,7 @@ class ResponseCreate(_Event):
 
 LiveClientEvent = Annotated[
     SessionStart | SessionUpdate | InputAudioAppend | InputAudioMute | InputAudioUnmute | InstructionsAppend
-    | ThinkingAppend | CommentaryAppend | SessionClose | ResponseItemCreate | ResponseCreate,
+    | ThinkingAppend | CommentaryAppend | SessionClose | ResponseItemCreate | ResponseCreate | OutputAudioFixturePlay,
     Field(discriminator="type"),
 ]
 LIVE_CLIENT_EVENT_ADAPTER: TypeAdapter[LiveClientEvent] = TypeAdapter(LiveClientEvent)  # type: ignore[arg-type]  # an Annotated union
@@ -182,10 +189,10 @@ SERVED_TYPES = frozenset({
     "session.start", "session.update", "session.input_audio.append", "session.input_audio.mute",
     "session.input_audio.unmute", "session.instructions.append", "session.thinking.append",
     "session.commentary.append", "session.close", "response.item.create", "response.create",
+    "session.output_audio.fixture.play",
 })
 # The protocol's other client events, and why this server refuses them.
 REFUSED_TYPES = {
-    "session.output_audio.fixture.play": "Audio fixtures are not served by this server.",
     "decision.create": "The Decisions API is not served by this server.",
     "decision.item.create": "The Decisions API is not served by this server.",
     "decision.item.delete": "The Decisions API is not served by this server.",

@@ -16,6 +16,8 @@ note the voice says in its own words once it is free (as it says a delegated tas
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import time
@@ -34,6 +36,7 @@ from gateway.protocol.live_events import (
     InputAudioUnmute,
     InstructionsAppend,
     LiveClientEvent,
+    OutputAudioFixturePlay,
     ResponseCreate,
     ResponseItemCreate,
     ResponsesDelegation,
@@ -45,15 +48,17 @@ from gateway.protocol.live_events import (
 )
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
-from gateway.realtime.inputs import ConfigChanged, ItemCreated, ResponseRequested
+from gateway.realtime.inputs import ConfigChanged, ItemCreated, OutputClearRequested, ResponseRequested
 from gateway.realtime.live_audio import LiveAudio
 from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
 from gateway.realtime.live_reflection import SidebandReflection
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.response_events import Event
 from gateway.realtime.session import RealtimeSession
+from media.codecs import pcm16_to_array
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer, PlayoutFrame
+from media.resample import resample
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ LEAD_MS = 60  # audio is sent this far ahead of real time: a client's jitter nev
 MAX_LAG_MS = 100  # a pacer this late (a stalled loop) starts its clock again rather than bursting to catch up
 NOTE_POLL_S = 0.05  # how often a note waiting for the voice looks whether it is free
 ACK_TOKENS = 24  # an acknowledgement is a few words
+FIXTURE_RATE = 24000  # an audio fixture's PCM16, whatever the session's format
+MAX_FIXTURE_S = 30
 
 
 class LiveFront:
@@ -74,6 +81,8 @@ class LiveFront:
         self.playout = playout
         self.started_at = started_at  # time.monotonic() at the session's start: 0 on its timeline
         self.muted = False
+        self._fixture: str | None = None  # the audio fixture playing (its item id in the playout), if any
+        self._fixture_audio: np.ndarray | None = None  # its audio, until the reply it cuts has stopped
         self.delegations = LiveDelegations(
             delegation, prepare=prepare, say=self._say, speak=self._speak, acknowledge=self._acknowledge,
             report=session.send_error, clock_ms=self.clock_ms) if delegation is not None else None
@@ -117,6 +126,9 @@ class LiveFront:
             error.event_id = error.event_id or event.event_id
             self.session.send_error(error)
         await self.session.settle()
+        if self._fixture is not None and self._fixture_audio is not None:  # the cut reply's task has ended
+            self.playout.write(self._fixture, self._fixture_audio)
+            self._fixture_audio = None
 
     def _handle(self, event: LiveClientEvent) -> None:
         session = self.session
@@ -127,6 +139,8 @@ class LiveFront:
                 self.muted = isinstance(event, InputAudioMute)
                 self._say({"type": "session.input_audio.muted" if self.muted else "session.input_audio.unmuted"},
                           event)
+            case OutputAudioFixturePlay():
+                self._play_fixture(event)
             case InstructionsAppend():
                 self._check_delegation(event)
                 config = session.config
@@ -181,13 +195,15 @@ class LiveFront:
         if self.translator.input_offset_ms is None:
             self.translator.input_offset_ms = max(0, self.clock_ms() - round(chunk.duration_ms))
         self.reflection.input(chunk)
-        if self.muted:  # the model hears silence: the turns' timeline goes on
+        if self.muted or self._fixture is not None:  # the model hears silence: the turns' timeline goes on
             chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
         voice.append(chunk)
 
     def _check_delegation(self, event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> None:
         """Context tied to a delegation names one the application was given (client delegation); any appended
-        thinking or commentary says more than a pending acknowledgement would."""
+        thinking or commentary says more than a pending acknowledgement would. None while a fixture plays."""
+        if self._fixture is not None:
+            raise ApiError("fixture_active", f"{event.type} is refused while an audio fixture plays.", "type")
         if self.delegations is not None and not isinstance(event, InstructionsAppend):
             self.delegations.cancel_acks()
         if event.delegation_id is None:
@@ -206,7 +222,8 @@ class LiveFront:
     def _free(self) -> bool:
         """Nobody is speaking: no reply is made or played, and the user is not talking."""
         core = self.session.core
-        return self.session.active is None and core.open_turn is None and not core.playout_busy
+        return (self.session.active is None and core.open_turn is None and not core.playout_busy
+                and self._fixture is None)
 
     def _speak(self, note: str) -> None:
         """The voice says `note`, in its own words, once it is free (commentary, a delegation's result)."""
@@ -286,13 +303,42 @@ class LiveFront:
     def _send_frame(self) -> None:
         frame = self.playout.read_frame()
         if frame.started:
-            self.session.on_playout_event("started", frame.item_id)
+            self.playout_event("started", frame.item_id)
         if frame.audio_samples:
             self._say({"type": "session.output_audio.delta", "delta": self.audio.encode(frame.pcm[:frame.audio_samples])})
         if frame.audio_samples or frame.stopped:
             self.played(frame)
         if frame.stopped:
-            self.session.on_playout_event("stopped", frame.item_id)
+            self.playout_event("stopped", frame.item_id)
+
+    def playout_event(self, kind: str, item_id: str | None) -> None:
+        """The playout started or stopped (this pacer's, or the WebRTC track's): a reply's marks go to the session;
+        a fixture's end says it played (fixture.played) and lets the model speak and hear again."""
+        if self._fixture is None:
+            self.session.on_playout_event(kind, item_id)
+        elif kind == "stopped":
+            self._fixture = None
+            self._say({"type": "session.output_audio.fixture.played"})
+
+    def _play_fixture(self, event: OutputAudioFixturePlay) -> None:
+        """Checked whole first; then the reply speaking is cut (as an interruption is), the input is silenced, and
+        the recording plays through the session's output; inference waits until it has played."""
+        if self._fixture is not None:
+            raise ApiError("fixture_active", "An audio fixture is already playing; wait for fixture.played.", "type")
+        try:
+            data = base64.b64decode(event.audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("invalid_audio", "'audio' is not valid base64.", "audio") from None
+        if not data or len(data) % 2:
+            raise ApiError("invalid_audio", "A fixture is raw PCM16 at 24 kHz: an even, non-zero number of bytes.",
+                           "audio")
+        if len(data) > MAX_FIXTURE_S * FIXTURE_RATE * 2:
+            raise ApiError("invalid_audio", f"A fixture is at most {MAX_FIXTURE_S} s.", "audio")
+        pcm = resample(pcm16_to_array(data), FIXTURE_RATE, self.playout.sample_rate)
+        self.session.feed(OutputClearRequested())  # the reply stops where it was heard, as in a barge-in
+        self._fixture = new_id("fixture")
+        self._fixture_audio = pcm  # queued once the reply has stopped (receive settles it first)
+        self._say({"type": "session.output_audio.fixture.playing"}, event)
 
     def played(self, frame: PlayoutFrame) -> None:
         """A frame of audio has gone out, or the audio stopped (the pacer's, or the WebRTC track's that paces

@@ -190,7 +190,8 @@ async def test_context_appended_while_it_runs_is_acknowledged_on_the_timeline(li
 @pytest.mark.parametrize(("event", "code", "param"), [
     ({"type": "decision.create"}, "unsupported_event", "type"),
     ({"type": "response.create"}, "invalid_value", "type"),  # no Responses delegation
-    ({"type": "session.output_audio.fixture.play", "audio": ""}, "unsupported_event", "type"),
+    ({"type": "session.output_audio.fixture.play", "audio": ""}, "invalid_audio", "audio"),
+    ({"type": "session.output_audio.fixture.play", "audio": "AAAA"}, "invalid_audio", "audio"),  # 3 bytes: odd
     ({"type": "session.update", "session": {"triggers": [{"type": "x"}]}}, "unsupported_value", "session.triggers"),
     ({"type": "session.update", "session": {"delegation": {"type": "responses"}}}, "invalid_value",
      "session.delegation.type"),
@@ -318,3 +319,25 @@ async def test_a_responses_delegation_runs_the_backend_and_the_client_runs_its_f
         assert response_events(caller, "response.output_text.done"), "the backend answered in text"
         await played_out(caller)
         assert len(caller.audio(since=second["_at"])) > 0, "the voice says the result"
+
+
+async def test_an_audio_fixture_plays_through_the_output_and_the_session_waits_for_it(
+    live_gateway: GatewayProcess
+) -> None:
+    tone = (np.sin(np.arange(RATE) * 2 * np.pi * 440 / RATE) * 8000).astype(np.int16)  # 1 s at 24 kHz
+    async with LiveCaller.connect(live_gateway.url, {"model": "gpt-live-1"}, microphone=False) as caller:
+        await caller.wait_for("session.started")
+        await caller.send({"type": "session.output_audio.fixture.play", "event_id": "evt_fixture",
+                           "audio": base64.b64encode(tone.tobytes()).decode()})
+        playing = await caller.wait_for("session.output_audio.fixture.playing")
+        assert playing["client_event_id"] == "evt_fixture"
+        await caller.send({"type": "session.output_audio.fixture.play", "audio": base64.b64encode(tone.tobytes()).decode()})
+        await caller.send({"type": "session.commentary.append", "content": "Say hello."})
+        errors = [await caller.wait_for("error", count=n) for n in (1, 2)]
+        assert [e["error"]["code"] for e in errors] == ["fixture_active", "fixture_active"]
+        played = await caller.wait_for("session.output_audio.fixture.played", timeout=10)
+        started_at = caller.of_type("session.output_audio.fixture.playing")[0]["_at"]
+        assert played["_at"] - started_at >= 0.8  # it plays in real time
+        assert np.array_equal(caller.audio(), tone)  # every sample, once, in the session's format
+        await caller.send({"type": "session.commentary.append", "content": "Say hello."})
+        await caller.wait_for("session.commentary.appended")  # and the session goes on

@@ -61,6 +61,8 @@ MEDIA_ONLY = {
                       "do not send session.start on its data channel."),
     "session.input_audio.append": ("unsupported_event", "A WebRTC session hears its audio track; "
                                    "session.input_audio.append is for a Live WebSocket."),
+    "session.output_audio.fixture.play": ("unsupported_event", "An audio fixture is played from the primary "
+                                          "WebSocket or a sideband, not from a WebRTC front end."),
 }
 
 
@@ -175,7 +177,7 @@ async def _set_up(svc: Services, request: Request, principal: Principal, create:
     pc.on("datachannel", call.attach_channel)
     pc.on("track", call.attach_track)
     call.follow_connection()
-    track = OutboundAudioTrack(front.playout, on_event=session.on_playout_event, on_frame=front.played)
+    track = OutboundAudioTrack(front.playout, on_event=front.playout_event, on_frame=front.played)
     await answer_offer(svc, pc, session, track, create.sdp, principal, seat, sdp_param="transport.sdp")
     session.start()  # session.started: the data channel's first event
     for item in history(create.session):
