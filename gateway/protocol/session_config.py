@@ -172,17 +172,22 @@ AUDIO_SHORTEST_WAITS_MS = {"high": 150, "medium": 250, "auto": 250, "low": 400}
 # audio model alone ended 58% of the mid-thought pauses (Piper's voice stays up at a comma less than a
 # person's does); with this veto, see the README.
 TEXT_CUT_OFF = 0.01
+# Cut-off words the audio model heard finished: the LLM is not always right ("Name 3 colors.": 0.004), so such a
+# turn waits out a mid-thought pause (500-900 ms in the test set), not the longest silence.
+VETOED_WAITS_MS = {"high": 700, "medium": 1000, "auto": 1000, "low": 2000}
 
 
 def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float | None = None) -> int:
     """The silence that ends a semantic_vad turn, from its judges: the audio model's probability that the turn is
     complete and the LLM's from its words (semantic_wait_ms), None for a judge that is not there. Words that are
-    cut off wait the longest; otherwise the shorter of the judges' waits."""
+    cut off wait the longest (a mid-thought pause's worth when they sound finished); otherwise the shorter of the
+    judges' waits."""
     shortest_text, longest = SEMANTIC_WAITS_MS[eagerness]
+    sounds_finished = audio is not None and audio >= AUDIO_TURN_THRESHOLDS[eagerness]
     if text is not None and text < TEXT_CUT_OFF:
-        return longest
+        return VETOED_WAITS_MS[eagerness] if sounds_finished else longest
     waits = [longest]
-    if audio is not None and audio >= AUDIO_TURN_THRESHOLDS[eagerness]:
+    if sounds_finished:
         waits.append(AUDIO_SHORTEST_WAITS_MS[eagerness])
     if text is not None:
         waits.append(semantic_wait_ms(eagerness, text))
