@@ -126,7 +126,8 @@ class RealtimeSession:
         self.transport = transport
         self.speech_factory = speech_factory
         self.id = session_id or new_id("sess")
-        self.outbox = outbox or Outbox(replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
+        self.outbox = outbox if outbox is not None else Outbox(
+            replay_bytes=settings.resume_buffer_bytes if settings.resume_window_s > 0 else 0)
         self._translate = translate
         # Reconnecting with it (and the last sequence number received) resumes this session: SessionHub.
         # Names the replica, so that a resume reaching another one is relayed here (transports/realtime_ws.py).
