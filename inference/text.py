@@ -115,8 +115,9 @@ class ClauseSplitter:
             i += 1
         if n > self.max_chars:
             space = text.rfind(" ", 0, self.max_chars)
-            if space > 0:
-                return space, space + 1
+            # A run with no space at all (the small model's digits or symbols) is cut where it is, rather than held
+            # to the reply's end: 256 such tokens kept a live reply silent for 8 s.
+            return (space, space + 1) if space > 0 else (self.max_chars, self.max_chars)
         return None
 
     def _short_first_chunk(self, text: str) -> tuple[int, int] | None:

@@ -102,6 +102,13 @@ def test_run_on_text_is_cut_at_a_space() -> None:
     assert " ".join(out) == words
 
 
+def test_a_run_without_spaces_is_cut_at_the_limit_not_held_to_the_end() -> None:
+    splitter = ClauseSplitter(max_chars=100)
+    out = splitter.push("7" * 250)
+    assert out == ["7" * 100, "7" * 100]  # spoken while the reply goes on
+    assert splitter.flush() == ["7" * 50]
+
+
 def test_flush_resets_for_the_next_response() -> None:
     s = ClauseSplitter()
     assert s.push("One two three four, five. ") == ["One two three four,", "five."]
