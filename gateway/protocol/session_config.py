@@ -173,8 +173,9 @@ AUDIO_SHORTEST_WAITS_MS = {"high": 150, "medium": 250, "auto": 250, "low": 400}
 # person's does); with this veto, see the README.
 TEXT_CUT_OFF = 0.01
 # Cut-off words the audio model heard finished: the LLM is not always right ("Name 3 colors.": 0.004), so such a
-# turn waits out a mid-thought pause (500-900 ms in the test set), not the longest silence.
-VETOED_WAITS_MS = {"high": 700, "medium": 1000, "auto": 1000, "low": 2000}
+# turn waits out a long mid-thought pause (the test set's are 0.5-0.9 s; a thinking pause may pass 1 s), not the
+# longest silence.
+VETOED_WAITS_MS = {"high": 700, "medium": 1500, "auto": 1500, "low": 3000}
 
 
 def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float | None = None) -> int:

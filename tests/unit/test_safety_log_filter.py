@@ -29,7 +29,9 @@ def test_message_arguments_fields_and_exception_are_redacted() -> None:
     for log_format in ("json", "text"):
         line = emit(log_format, "frame < %s", '{"text": "mail jo@example.com"}', event="x",
                     content={"last_user_message": ["call +44 20 7946 0958", {"iban": "DE89 3704 0044 0532 0130 00"}]})
-        assert "jo@example.com" not in line and "4111" not in line and "7946" not in line and "DE89" not in line
+        # Whole fragments: the timestamp's microseconds may hold "4111" or "7946" by chance.
+        assert "jo@example.com" not in line and "4111 1111" not in line and "20 7946" not in line
+        assert "DE89" not in line
         assert "[email]" in line and "[payment_card]" in line and "[phone]" in line and "[iban]" in line
     record = json.loads(emit("json", "plain %d", 5, event="y", count=3))
     assert record["message"] == "plain 5" and record["count"] == 3  # what holds no personal data is untouched

@@ -72,12 +72,12 @@ def test_noise_reduction_is_served(kind: str) -> None:
 
 def test_the_judges_set_the_silence_together() -> None:
     """semantic_vad's wait from the audio model and the LLM (auto: 250 ms to 2 s): words cut off wait the
-    longest, or a mid-thought pause's worth (1 s) when they sound finished; otherwise the shorter of the two
+    longest, or a long mid-thought pause's worth (1.5 s) when they sound finished; otherwise the shorter of the two
     waits; no judge, the longest."""
     assert turn_end_wait_ms("auto") == 2000
     assert turn_end_wait_ms("auto", audio=0.9) == 250
     assert turn_end_wait_ms("auto", audio=0.2) == 2000
-    assert turn_end_wait_ms("auto", audio=0.9, text=0.001) == 1000
+    assert turn_end_wait_ms("auto", audio=0.9, text=0.001) == 1500
     assert turn_end_wait_ms("auto", audio=0.2, text=0.001) == turn_end_wait_ms("auto", text=0.001) == 2000
     assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9) == 400
     assert turn_end_wait_ms("auto", audio=0.9, text=0.9) == 250
