@@ -48,6 +48,8 @@ DELEGATION_SETS = ("input", "previous_response_id", "conversation", "stream", "s
 LIFECYCLE = ("response.created", "response.in_progress", "response.completed", "response.incomplete",
              "response.failed")
 
+MAX_PENDING_ITEMS = 128  # items created for the next request, before its response.create
+
 PrepareRun = Callable[[ResponseCreateRequest], Awaitable[ResponseRun]]
 
 
@@ -115,6 +117,8 @@ class LiveDelegations:
         self._responses_only("response.item.create")
         if not isinstance(item.get("type"), str):
             raise ApiError("missing_required_parameter", "Missing required parameter: 'item.type'.", "item.type")
+        if len(self._pending) >= MAX_PENDING_ITEMS:
+            raise ApiError("invalid_value", f"At most {MAX_PENDING_ITEMS} items wait for response.create.", "item")
         self._pending.append(item)
 
     def create(self) -> None:
@@ -197,6 +201,10 @@ class LiveDelegations:
         except asyncio.CancelledError:
             run.cancel()
             raise
+        except Exception:  # a defect of ours mid-stream: the client is told, the session goes on
+            log.exception("delegation %s failed", delegation.id)
+            self._report(ApiError("server_error", "The delegated response failed.", type="server_error", status=500))
+            return
         delegation.waits_for_client = calls
         if text.strip():
             self.cancel_acks()

@@ -14,7 +14,7 @@ from gateway.protocol.live_events import (
     ResponsesDelegation,
     ResponsesDelegationUpdate,
 )
-from gateway.realtime.live_delegation import LiveDelegations, check_backend
+from gateway.realtime.live_delegation import MAX_PENDING_ITEMS, LiveDelegations, check_backend
 from gateway.realtime.live_wire import LiveTranslator
 from tests.integration.sdk_types import assert_valid_live_event
 
@@ -86,3 +86,15 @@ def test_the_live_models_function_calls_reach_the_front() -> None:
         {"type": "message", "content": []},
         {"type": "function_call", "name": "delegate", "call_id": "call_1", "arguments": '{"task": "x"}'}]}})
     assert calls == [("delegate", "call_1", '{"task": "x"}')]
+
+
+def test_items_waiting_for_response_create_are_bounded() -> None:
+    driver, _ = delegations(ResponsesDelegation(type="responses", responses={"model": "m"}))
+    for _ in range(MAX_PENDING_ITEMS):
+        driver.item_create({"type": "message", "role": "user", "content": "x"})
+    with pytest.raises(ApiError) as refused:
+        driver.item_create({"type": "message", "role": "user", "content": "x"})
+    assert refused.value.param == "item"
+    with pytest.raises(ApiError) as untyped:
+        driver.item_create({"role": "user"})
+    assert untyped.value.param == "item.type"
