@@ -29,7 +29,7 @@ from gateway.api.services import Services
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import run_session
 from gateway.api.transports.live_sessions import LiveEntry, LiveRegistry
-from gateway.api.transports.live_ws import history, open_live, require_live_config
+from gateway.api.transports.live_ws import feed_history, open_live, require_live_config
 from gateway.api.transports.webrtc import (
     EVENTS_CHANNEL,
     MAX_SDP_BYTES,
@@ -46,7 +46,6 @@ from gateway.platform.auth import Principal, bearer_token
 from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_media import DataChannelPermissions, LiveCreate, decode_live_create, peek_event
-from gateway.realtime.inputs import ItemCreated
 from gateway.realtime.live_audio import LiveAudio
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session_hub import Attachment
@@ -180,8 +179,7 @@ async def _set_up(svc: Services, request: Request, principal: Principal, create:
     track = OutboundAudioTrack(front.playout, on_event=front.playout_event, on_frame=front.played)
     await answer_offer(svc, pc, session, track, create.sdp, principal, seat, sdp_param="transport.sdp")
     session.start()  # session.started: the data channel's first event
-    for item in history(create.session):
-        session.feed(ItemCreated(item))
+    feed_history(session, create.session)
     if create.session.client is not None:
         session.outbox.send({"type": "info", "code": "data_channel_permissions",
                              "message": create.permissions.describe()})

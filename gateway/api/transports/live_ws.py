@@ -86,8 +86,7 @@ async def live_websocket(websocket: WebSocket) -> None:
             await svc.sessions.seats.give_back(seat)
     reader = session.outbox.attach()
     session.start()
-    for item in history(start.session):
-        session.feed(ItemCreated(item))
+    feed_history(session, start.session)
     websocket.app.state.live_sessions.add(LiveEntry(session, front, principal.key_id))  # for a sideband, a hangup
     front.start()
 
@@ -194,15 +193,19 @@ def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
     return realtime
 
 
-def history(config: LiveSessionConfig) -> list[Item]:
-    """session.start's `input`: the conversation so far, as text (a developer's message is a system one)."""
-    items = []
+def feed_history(session: RealtimeSession, config: LiveSessionConfig) -> None:
+    """session.start's `input` into the started session: the conversation so far, as text (a developer's message
+    is a system one). Past the conversation's bounds the rest is refused with an error, and the session goes on."""
     for message in config.input or []:
         role = "system" if message.role == "developer" else message.role
         kind = "output_text" if role == "assistant" else "input_text"
-        items.append(Item(id=new_id("item"), type="message", role=role, status="completed",
-                          content=[{"type": kind, "text": message.content[0].text}]))
-    return items
+        item = Item(id=new_id("item"), type="message", role=role, status="completed",
+                    content=[{"type": kind, "text": message.content[0].text}])
+        try:
+            session.feed(ItemCreated(item))
+        except ApiError as error:
+            session.send_error(error)
+            return
 
 
 def _wire(event: dict[str, Any]) -> str:
