@@ -15,8 +15,9 @@ from gateway.protocol.validation import api_error_from_validation
 UNION_TAGS = CLIENT_EVENT_TYPES | ITEM_TYPES
 
 
-def decode_client_event(raw: str | bytes, *, max_bytes: int) -> ClientEvent:
-    """Parse one WebSocket / data channel message. Raises ApiError carrying the event's id when known."""
+def event_envelope(raw: str | bytes, *, max_bytes: int) -> tuple[dict[str, Any], str, str | None]:
+    """One message of a Realtime or GPT-Live client: its JSON object, its type and its event id (when it has one).
+    Raises ApiError for a message too large, not a JSON object, or without a type."""
     size = len(raw.encode() if isinstance(raw, str) else raw)
     if size > max_bytes:
         raise ApiError("message_too_large", f"Event of {size} bytes exceeds the {max_bytes}-byte limit.")
@@ -27,6 +28,12 @@ def decode_client_event(raw: str | bytes, *, max_bytes: int) -> ClientEvent:
     event_type = data.get("type")
     if not isinstance(event_type, str):
         raise ApiError("missing_required_parameter", "Missing required parameter: 'type'.", "type", event_id=event_id)
+    return data, event_type, event_id
+
+
+def decode_client_event(raw: str | bytes, *, max_bytes: int) -> ClientEvent:
+    """Parse one WebSocket / data channel message. Raises ApiError carrying the event's id when known."""
+    data, event_type, event_id = event_envelope(raw, max_bytes=max_bytes)
     if event_type not in CLIENT_EVENT_TYPES:
         raise ApiError(
             "unknown_event_type",

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gateway.protocol.codec import event_envelope
 from gateway.protocol.errors import ApiError
-from gateway.protocol.json_input import decode_json
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.protocol.validation import api_error_from_validation
 
@@ -203,16 +203,7 @@ REFUSED_TYPES = {
 
 def decode_live_event(raw: str | bytes, *, max_bytes: int) -> LiveClientEvent:
     """One Live WebSocket message; an ApiError (with the event's id when known) for anything refused."""
-    size = len(raw.encode() if isinstance(raw, str) else raw)
-    if size > max_bytes:
-        raise ApiError("message_too_large", f"Event of {size} bytes exceeds the {max_bytes}-byte limit.")
-    data = decode_json(raw)
-    if not isinstance(data, dict):
-        raise ApiError("invalid_json", "An event must be a JSON object.")
-    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
-    event_type = data.get("type")
-    if not isinstance(event_type, str):
-        raise ApiError("missing_required_parameter", "Missing required parameter: 'type'.", "type", event_id=event_id)
+    data, event_type, event_id = event_envelope(raw, max_bytes=max_bytes)
     if event_type in REFUSED_TYPES:
         raise ApiError("unsupported_event", REFUSED_TYPES[event_type], "type", event_id=event_id)
     if event_type not in SERVED_TYPES:

@@ -5,6 +5,7 @@ Realtime services) parse. The test clients check each event they receive here.""
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from typing import Any, Literal
 
 from openai import BaseModel
@@ -45,33 +46,30 @@ def _extra_fields(value: Any, path: str) -> list[str]:
     return []
 
 
-def assert_valid_server_event(event: dict[str, Any]) -> None:
+def _assert_declared(event: dict[str, Any], types: dict[str, type[BaseModel]], contract: str,
+                     allowed: Callable[[str, str], bool]) -> None:
+    """The event validates against its type in `types`, and every field it has is declared there (or `allowed`)."""
     wire = {key: value for key, value in event.items() if not key.startswith("_")}  # "_" keys: the test client's notes
-    model = SERVER_EVENT_TYPES.get(wire.get("type"))
+    model = types.get(wire.get("type"))
     if model is None:
-        raise AssertionError(f"{wire.get('type')!r} is not a server event type of the openai SDK: {wire}")
+        raise AssertionError(f"{wire.get('type')!r} is not a server event type of {contract}: {wire}")
     try:
         parsed = model.model_validate(wire)
     except ValidationError as exc:
-        raise AssertionError(f"{event.get('type')} does not validate against the openai SDK's types:\n{exc}\n{wire}") from None
-    extras = [path for path in (extra[1:] for extra in _extra_fields(parsed, ""))
-              if path not in ADDITIONS and f"{path}@{wire['type']}" not in ADDITIONS]
+        raise AssertionError(f"{wire.get('type')} does not validate against {contract}:\n{exc}\n{wire}") from None
+    extras = [path for path in (extra[1:] for extra in _extra_fields(parsed, "")) if not allowed(path, wire["type"])]
     if extras:
-        raise AssertionError(f"{wire['type']} has fields the openai SDK's types do not declare: {extras}\n{wire}")
+        raise AssertionError(f"{wire['type']} has fields {contract} does not declare: {extras}\n{wire}")
+
+
+def assert_valid_server_event(event: dict[str, Any]) -> None:
+    _assert_declared(event, SERVER_EVENT_TYPES, "the openai SDK's Realtime types",
+                     lambda path, kind: path in ADDITIONS or f"{path}@{kind}" in ADDITIONS)
 
 
 def assert_valid_live_event(event: dict[str, Any]) -> None:
     """A GPT-Live server event, against openai.types.live: every field declared there, and nothing else."""
-    model = LIVE_EVENT_TYPES.get(event.get("type"))
-    if model is None:
-        raise AssertionError(f"{event.get('type')!r} is not a Live server event type of the openai SDK: {event}")
-    try:
-        parsed = model.model_validate(event)
-    except ValidationError as exc:
-        raise AssertionError(f"{event.get('type')} does not validate against openai.types.live:\n{exc}\n{event}") from None
-    extras = [extra[1:] for extra in _extra_fields(parsed, "")]
-    if extras:
-        raise AssertionError(f"{event['type']} has fields openai.types.live does not declare: {extras}\n{event}")
+    _assert_declared(event, LIVE_EVENT_TYPES, "openai.types.live", lambda path, kind: False)
 
 
 # -- POST /v1/audio/speech with stream_format "sse" -------------------------------------------------------
