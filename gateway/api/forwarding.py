@@ -1,6 +1,7 @@
 """Requests that reach a replica which does not own their call or session, passed on to the one that does.
 
-Call ids (`rtc_<replica>_...`) and resume tokens (`<replica>.<...>`) name the replica that holds them;
+Call ids (`rtc_<replica>_...`), GPT-Live session ids (`sess_<replica>_...`) and resume tokens (`<replica>.<...>`)
+name the replica that holds them;
 the Redis directory (gateway/platform/redis_state.py) gives its URL. A router that is sticky per session sends most
 requests to the owner already; these cover the rest (a hangup from a backend server, a client resuming
 after its connection moved).
@@ -30,9 +31,10 @@ _NOT_FORWARDED = {"host", "connection", "content-length", "transfer-encoding", "
 
 
 def replica_of(identifier: str) -> str:
-    """The replica named in a call id (`rtc_<replica>_<hex>`) or a resume token (`<replica>.<token>`);
-    "" when it names none (an id from before replicas had names)."""
-    if identifier.startswith("rtc_") and identifier.count("_") >= 2:
+    """The replica named in a call id (`rtc_<replica>_<hex>`), a GPT-Live session id (`sess_<replica>_<hex>`) or a
+    resume token (`<replica>.<token>`); "" when it names none (a Realtime session id, an id from before replicas
+    had names)."""
+    if identifier.startswith(("rtc_", "sess_")) and identifier.count("_") >= 2:
         return identifier.split("_", 2)[1]
     head, dot, _ = identifier.partition(".")
     return head if dot else ""

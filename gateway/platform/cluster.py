@@ -141,11 +141,13 @@ def haproxy_config(port: int, servers: dict[str, int], *, hash_header: str | Non
     lines = "\n".join(f"    server {name} 127.0.0.1:{server_port} check inter 1s fall 2 rise 1"
                       for name, server_port in servers.items())
     if not hash_header:
-        # Sticky by id: a call's hangup, a sideband connection and a resume go to the replica their id
-        # names (server names are the replica ids); the gateway forwards what reaches another one anyway.
+        # Sticky by id: a call's hangup, a sideband connection, a resume and a GPT-Live session's sideband and
+        # hangup go to the replica their id names (server names are the replica ids); the gateway forwards what
+        # reaches another one anyway.
         lines = "\n".join(
             f"    use-server {name} if {{ path_beg /v1/realtime/calls/rtc_{name}_ }} || "
-            f"{{ url_param(call_id) -m beg rtc_{name}_ }} || {{ url_param(resume) -m beg {name}. }}"
+            f"{{ url_param(call_id) -m beg rtc_{name}_ }} || {{ url_param(resume) -m beg {name}. }} || "
+            f"{{ path_beg /v1/live/sessions/sess_{name}_ }}"
             for name in servers) + "\n" + lines
     return f"""global
     maxconn 4096

@@ -116,7 +116,7 @@ class RealtimeSession:
         speech_factory: SpeechFactory | None,
         initial_config: dict[str, Any] | None = None,
         request_id: str | None = None,
-        session_id: str | None = None,  # the id its client secret announced when it was minted
+        session_id: str | None = None,  # the id its client secret announced, or one naming its replica (Live)
         outbox: Outbox | None = None,
         translate: Translate | None = None,
     ) -> None:

@@ -2,8 +2,8 @@
 routers, started by `gateway cluster`'s own launcher on loopback (issue 18).
 
 What must hold across replicas: a client secret minted on one opens one session on the other, once; an
-idempotent retry on the other replica replays; a rate limit is one bucket for both; a hangup or a resume
-that reaches the wrong replica reaches the owner; a replica drained mid-conversation hands its session
+idempotent retry on the other replica replays; a rate limit is one bucket for both; a hangup, a sideband or a
+resume that reaches the wrong replica reaches the owner, for a Realtime call and a GPT-Live session alike; a replica drained mid-conversation hands its session
 off, and the client goes on on the other one with the conversation intact."""
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from aiortc import RTCSessionDescription
 
 from gateway.platform.cluster import Cluster
 from tests.integration.conftest import MODEL
+from tests.integration.live_client import LiveCaller
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.test_http_hardening import make_offer
 
 pytestmark = pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("haproxy")),
                                 reason="needs redis-server and haproxy (Debian packages; .ci/run installs them)")
 
-KEYS = {name: f"sk-{name}" for name in ("secrets", "idempotency", "rate", "call", "resume", "drain")}
+KEYS = {name: f"sk-{name}" for name in ("secrets", "idempotency", "rate", "call", "live", "resume", "drain")}
 RATE_PER_MINUTE = 30
 TEXT_ONLY = {"type": "session.update", "session": {"output_modalities": ["text"], "temperature": 0, "max_output_tokens": 30}}
 
@@ -132,6 +133,32 @@ async def test_a_sideband_and_a_hangup_on_the_wrong_replica_reach_the_owner(clus
             assert unknown.status_code == 404
     finally:
         await pc.close()
+
+
+async def test_a_live_sessions_sideband_and_hangup_on_the_wrong_replica_reach_the_owner(cluster: Cluster) -> None:
+    first, second = replica_urls(cluster)
+    async with LiveCaller.connect(first, {"model": "gpt-live-1"}, microphone=False, api_key=KEYS["live"]) as caller:
+        session_id = (await caller.wait_for("session.started"))["session"]["id"]
+        assert session_id.startswith("sess_r0_")  # it names its replica
+        async with LiveCaller.attach(second, session_id, api_key=KEYS["live"]) as sideband:
+            await sideband.send({"type": "session.instructions.append", "content": "Be brief.", "event_id": "evt_1"})
+            steered = await sideband.wait_for("session.instructions.appended")
+            assert steered["client_event_id"] == "evt_1"
+            await caller.wait_for("session.instructions.appended")  # it reached the session on the owner
+        async with httpx.AsyncClient(timeout=30) as http:
+            other_key = await http.post(f"{second}/v1/live/sessions/{session_id}/hangup", headers=bearer("call"))
+            assert other_key.status_code == 404 and other_key.json()["error"]["code"] == "session_not_found"
+            hung_up = await http.post(f"{second}/v1/live/sessions/{session_id}/hangup", headers=bearer("live"))
+            assert hung_up.status_code == 200, hung_up.text
+            assert (await caller.wait_for("session.closed", timeout=10))["reason"] == "close_requested"
+            for _ in range(100):  # the owner ends the session: it no longer knows it
+                gone = await http.post(f"{first}/v1/live/sessions/{session_id}/hangup", headers=bearer("live"))
+                if gone.status_code == 404:
+                    break
+                await asyncio.sleep(0.05)
+            assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
+            unknown = await http.post(f"{second}/v1/live/sessions/sess_zz_0123/hangup", headers=bearer("live"))
+            assert unknown.status_code == 404
 
 
 async def test_a_resume_that_reaches_the_other_replica_is_relayed_to_the_owner(cluster: Cluster) -> None:

@@ -1,6 +1,7 @@
 """A running GPT-Live session by its id, WebSocket or WebRTC: the trusted sideband that watches and steers it
 (`GET /v1/live/sessions/{id}/attach`, what `client.live.sideband.connect(session_id=...)` opens) and its hangup
-(`POST /v1/live/sessions/{id}/hangup`). SIP (accept, reject, refer), forks and recordings are refused by name.
+(`POST /v1/live/sessions/{id}/hangup`). SIP (accept, reject, refer), forks and recordings are refused by name. A
+session held by another replica is reached there: its id names it (`sess_<replica>_...`, gateway/api/forwarding.py).
 
 The sideband uses an API key (the session's key: another key's session is as unknown as a wrong id). It gets the
 session's Live events from when it attaches, and what only a sideband hears (live_reflection.py): the primary
@@ -18,6 +19,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 
 from gateway.api.caller import AuthorizedCaller
+from gateway.api.forwarding import forward_post, relay_websocket, replica_of
 from gateway.api.http_errors import error_response
 from gateway.api.openapi import error_responses
 from gateway.api.services import Services
@@ -131,11 +133,17 @@ async def attach(websocket: WebSocket, session_id: str) -> None:
         principal = (await svc.gate.authorize(token)).principal  # an API key: a client secret is refused
         if websocket.query_params.get("graceful_close", "true") not in ("true", "false"):
             raise ApiError("invalid_value", "graceful_close must be true or false.", "graceful_close")
-        entry = websocket.app.state.live_sessions.owned(session_id, principal.key_id)
+        registry: LiveRegistry = websocket.app.state.live_sessions
+        owner = None if registry.get(session_id) is not None else await svc.stores.owner_url(replica_of(session_id))
+        entry = registry.owned(session_id, principal.key_id) if owner is None else None
     except ApiError as error:
         await refuse_connection(websocket, error, "live.sideband.refused")
         return
     await websocket.accept()
+    if entry is None:  # the session lives on another replica: relayed to its owner, which checks the key
+        assert owner is not None
+        await relay_websocket(websocket, owner, None)
+        return
     session = entry.session
     tap = session.outbox.tap()
     try:  # a watcher: it always closes with a close frame (graceful_close), and the session goes on
@@ -152,6 +160,8 @@ async def hang_up(session_id: str, request: Request) -> Response:
     token = bearer_token(request.headers.get("authorization"))
     # Not the caller dependency: the client secret that opened a WebRTC session hangs it up without a key.
     opened = registry.get(session_id)
+    if opened is None and (owner := await svc.stores.owner_url(replica_of(session_id))) is not None:
+        return await forward_post(owner, request)  # the session lives on another replica: its owner answers
     if opened is not None and opened.secret_digest is not None and digest(token) == opened.secret_digest:
         entry, headers = opened, {}
     else:

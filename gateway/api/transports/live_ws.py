@@ -162,7 +162,9 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="live", speech_factory=PlayoutSpeech.create,
         initial_config=_realtime_config(config), request_id=request_id, outbox=Outbox(numbered=False),
-        translate=translator)
+        translate=translator,
+        # The id names this replica, so that another replica can pass its sideband and hangup on to it.
+        session_id=new_id(f"sess_{svc.settings.replica_id}"))
     session.attach_playout(playout)
 
     async def prepare(request: ResponseCreateRequest) -> ResponseRun:
