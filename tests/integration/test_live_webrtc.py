@@ -8,16 +8,15 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import websockets
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
+from aiortc import MediaStreamTrack, RTCSessionDescription
 from openai import AsyncOpenAI
 
 from inference.asr import AsrEngine
@@ -25,64 +24,24 @@ from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
 from tests.conftest import QUESTION
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.live_client import RATE as LIVE_RATE
 from tests.integration.live_client import LiveCaller
 from tests.integration.sdk_types import assert_valid_live_event
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, transcribe, with_silence, words
+from tests.integration.webrtc_peer import RATE, BrowserPeer, loopback_ice, loud  # noqa: F401  (an autouse fixture)
 from tests.peers import PacedClipTrack
-
-RATE = 48000
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aioice never offers 127.0.0.1 by itself (the gateway has --ice-host-addresses for this).
-    monkeypatch.setattr("aioice.ice.get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @dataclass
-class LivePeer:
-    """A browser's side of a Live WebRTC session: its microphone, the `oai-events` channel, the audio it hears."""
+class LivePeer(BrowserPeer):
+    """A browser's side of a Live WebRTC session."""
 
-    pc: RTCPeerConnection
-    channel: Any
     session_id: str = ""
-    events: list[dict[str, Any]] = field(default_factory=list)
-    received: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (arrival time, 48 kHz mono)
-    invalid: list[str] = field(default_factory=list)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def of_type(self, kind: str) -> list[dict[str, Any]]:
-        return [event for event in self.events if event["type"] == kind]
-
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 60.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while len(self.of_type(kind)) < count:
-            assert not self.invalid, self.invalid[0]
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {kind} in {timeout} s; got {[e['type'] for e in self.events][-30:]}")
-            await asyncio.sleep(0.02)
-        assert not self.invalid, self.invalid[0]
-        return self.of_type(kind)[count - 1]
-
-    def send(self, event: dict[str, Any]) -> None:
-        self.channel.send(json.dumps(event))
-
-    def receive(self, message: str) -> None:
-        event = json.loads(message)
-        try:
-            assert_valid_live_event(event)
-        except AssertionError as exc:
-            self.invalid.append(str(exc))
-        self.events.append({**event, "_at": time.monotonic()})
+    contract = staticmethod(assert_valid_live_event)
 
     def said(self) -> str:
         return "".join(event["delta"] for event in self.of_type("session.output_transcript.delta"))
-
-    def audio_between(self, start: float, end: float) -> np.ndarray:
-        frames = [pcm for at, pcm in self.received if start <= at <= end]
-        return np.concatenate(frames) if frames else np.zeros(0, np.int16)
 
 
 def client(gateway: GatewayProcess) -> AsyncOpenAI:
@@ -90,34 +49,15 @@ def client(gateway: GatewayProcess) -> AsyncOpenAI:
 
 
 async def create(gateway: GatewayProcess, microphone: MediaStreamTrack, session: dict[str, Any]) -> LivePeer:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    peer = LivePeer(pc, pc.createDataChannel("oai-events"))
-    peer.channel.on("message", peer.receive)
-    peer.channel.on("close", peer.closed.set)
-    opened = asyncio.Event()
-    peer.channel.on("open", opened.set)
-    pc.addTrack(microphone)
-
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        async def listen() -> None:
-            try:
-                while True:
-                    frame = await track.recv()
-                    pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-                    peer.received.append((time.monotonic(), resample(pcm, frame.sample_rate, RATE)))
-            except MediaStreamError:
-                return
-
-        asyncio.ensure_future(listen())
-
+    peer = LivePeer.open(microphone)
+    pc = peer.pc
     await pc.setLocalDescription(await pc.createOffer())
     created = await client(gateway).live.create(session=session,  # type: ignore[arg-type]  # a dict, sent as it is
                                                 transport={"type": "webrtc", "sdp": pc.localDescription.sdp})
     assert created.transport.type == "webrtc"
     peer.session_id = created.session.id
     await pc.setRemoteDescription(RTCSessionDescription(sdp=created.transport.sdp, type="answer"))
-    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.wait_for(peer.opened.wait(), 10)
     return peer
 
 
@@ -129,10 +69,6 @@ async def peers(gateway: GatewayProcess) -> AsyncIterator[list[LivePeer]]:
         for peer in created:
             await http.post(f"/v1/live/sessions/{peer.session_id}/hangup")  # 404 once it has ended
             await peer.pc.close()
-
-
-def loud(pcm: np.ndarray) -> bool:
-    return pcm.size > 0 and float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > 300
 
 
 async def test_a_spoken_question_is_answered_on_the_track_with_its_words_on_the_data_channel(
@@ -177,6 +113,29 @@ async def test_a_spoken_question_is_answered_on_the_track_with_its_words_on_the_
     closed = await peer.wait_for("session.closed", timeout=10)
     assert closed["reason"] == "close_requested" and closed["session"]["id"] == peer.session_id
     await asyncio.wait_for(peer.closed.wait(), 10)  # then the data channel closes
+
+
+@pytest.fixture(scope="module")
+def short_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    process = start_gateway("--max-session-duration-s", "3", log_path=tmp_path_factory.mktemp("short") / "gateway.log")
+    yield process
+    process.stop()
+
+
+async def test_an_expiring_session_says_so_on_the_data_channel_before_the_call_closes(
+    short_sessions: GatewayProcess
+) -> None:
+    peer = await create(short_sessions, PacedClipTrack(np.zeros(0, np.int16)), {"model": "gpt-live-1"})
+    try:
+        await peer.wait_for("session.started")
+        closed = await peer.wait_for("session.closed", timeout=15)
+        assert closed["reason"] == "expired" and closed["session"]["id"] == peer.session_id
+        expired = peer.of_type("error")
+        assert expired and expired[-1]["error"]["code"] == "session_expired", peer.events
+        assert peer.events.index(expired[-1]) < peer.events.index(closed)
+        await asyncio.wait_for(peer.closed.wait(), 10)  # then the data channel closes
+    finally:
+        await peer.pc.close()
 
 
 async def test_client_capabilities_restrict_the_data_channel_but_not_the_sideband(

@@ -32,7 +32,7 @@ from tests.integration.realtime_client import RealtimeClient
 from tests.integration.speech import encode_chunks, with_silence
 from tests.integration.test_webrtc_call import RATE as RTC_RATE
 from tests.integration.test_webrtc_call import call as webrtc_call
-from tests.integration.test_webrtc_call import loud
+from tests.integration.webrtc_peer import loud
 from tests.peers import PacedClipTrack
 
 QUESTION = "What is the capital of France?"

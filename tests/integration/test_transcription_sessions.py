@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCSessionDescription
 from openai import AsyncOpenAI
 from openai.types.realtime import ClientSecretCreateResponse, RealtimeTranscriptionSessionCreateRequest
 
@@ -23,7 +23,8 @@ from tests.gateway_process import GatewayProcess
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import HEARD_AS_SAID, encode_chunks, heard_as, with_silence
-from tests.integration.test_webrtc_call import RATE, Caller, hangups, loopback_ice  # noqa: F401
+from tests.integration.test_webrtc_call import RATE, Caller, hangups  # noqa: F401
+from tests.integration.webrtc_peer import loopback_ice  # noqa: F401  (an autouse fixture)
 from tests.peers import PacedClipTrack
 
 TRANSCRIPTION = {"model": "gpt-4o-transcribe", "language": "en"}
@@ -139,12 +140,8 @@ async def test_type_changes_only_before_the_first_item(gateway: GatewayProcess) 
 
 async def offer_with_session_part(gateway: GatewayProcess, microphone: PacedClipTrack, session: dict[str, Any]) -> Caller:
     """A call whose session comes in the offer's multipart `session` part, as a browser's backend posts it."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    caller = Caller(pc, pc.createDataChannel("oai-events"))
-    caller.channel.on("message", caller.receive)
-    opened = asyncio.Event()
-    caller.channel.on("open", opened.set)
-    pc.addTrack(microphone)
+    caller = Caller.open(microphone)
+    pc = caller.pc
     await pc.setLocalDescription(await pc.createOffer())
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         answer = await http.post("/v1/realtime/calls", files={"sdp": (None, pc.localDescription.sdp),
@@ -152,7 +149,7 @@ async def offer_with_session_part(gateway: GatewayProcess, microphone: PacedClip
     assert answer.status_code == 201, answer.text
     caller.call_url = answer.headers["location"]
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
-    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.wait_for(caller.opened.wait(), 10)
     return caller
 
 

@@ -6,14 +6,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
 
 from inference.asr import AsrEngine
 from inference.tts import TtsEngine
@@ -25,81 +24,23 @@ from tests.integration.conftest import MODEL
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, transcribe, with_silence, words
+from tests.integration.webrtc_peer import RATE, BrowserPeer, loopback_ice, loud  # noqa: F401  (an autouse fixture)
 from tests.peers import PacedClipTrack
-
-RATE = 48000
-
-
-@pytest.fixture(autouse=True)
-def loopback_ice(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aioice never offers 127.0.0.1 by itself (the gateway has --ice-host-addresses for this).
-    monkeypatch.setattr("aioice.ice.get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"])
 
 
 @dataclass
-class Caller:
-    """The browser's side of a call: a microphone track, the events channel, the received audio."""
+class Caller(BrowserPeer):
+    """The browser's side of a call; its data channel carries the same contract as the WebSocket."""
 
-    pc: RTCPeerConnection
-    channel: Any = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    received: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (arrival time, 48 kHz mono)
     call_url: str = ""
-    invalid: list[str] = field(default_factory=list)  # events that break the openai SDK's types
-
-    def of_type(self, kind: str) -> list[dict[str, Any]]:
-        return [event for event in self.events if event["type"] == kind]
-
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 60.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while len(self.of_type(kind)) < count:
-            assert not self.invalid, self.invalid[0]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {kind} in {timeout} s; got {[e['type'] for e in self.events]}")
-            await asyncio.sleep(0.02)
-        assert not self.invalid, self.invalid[0]
-        return self.of_type(kind)[count - 1]
-
-    def send(self, event: dict[str, Any]) -> None:
-        self.channel.send(json.dumps(event))
-
-    def receive(self, message: str) -> None:
-        event = json.loads(message)
-        try:
-            assert_valid_server_event(event)  # the data channel carries the same contract as the WebSocket
-        except AssertionError as exc:
-            self.invalid.append(str(exc))
-        self.events.append({**event, "_at": time.monotonic()})
-
-    def audio_between(self, start: float, end: float) -> np.ndarray:
-        frames = [pcm for at, pcm in self.received if start <= at <= end]
-        return np.concatenate(frames) if frames else np.zeros(0, np.int16)
+    contract = staticmethod(assert_valid_server_event)
 
 
 async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: dict[str, Any],
                conversation: str | None = None) -> Caller:
     """A call with a client secret minted for `session`; with `conversation`, it continues that stored one."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    channel = pc.createDataChannel("oai-events")
-    caller = Caller(pc, channel)
-    channel.on("message", caller.receive)
-    opened = asyncio.Event()
-    channel.on("open", opened.set)
-    pc.addTrack(microphone)
-
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        async def listen() -> None:
-            try:
-                while True:
-                    frame = await track.recv()
-                    pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].astype(np.int16)
-                    caller.received.append((time.monotonic(), resample(pcm, frame.sample_rate, RATE)))
-            except MediaStreamError:
-                return
-
-        asyncio.ensure_future(listen())
-
+    caller = Caller.open(microphone)
+    pc = caller.pc
     await pc.setLocalDescription(await pc.createOffer())
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         secret = (await http.post("/v1/realtime/client_secrets", json={"session": session})).json()["value"]
@@ -113,7 +54,7 @@ async def call(gateway: GatewayProcess, microphone: MediaStreamTrack, session: d
     assert answer.headers["content-type"].startswith("application/sdp")
     caller.call_url = answer.headers["location"]
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
-    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.wait_for(caller.opened.wait(), 10)
     return caller
 
 
@@ -125,10 +66,6 @@ async def hangups(gateway: GatewayProcess) -> AsyncIterator[list[Caller]]:
         for caller in callers:
             await http.post(f"{caller.call_url}/hangup")
             await caller.pc.close()
-
-
-def loud(pcm: np.ndarray) -> bool:
-    return pcm.size > 0 and float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > 300
 
 
 async def test_spoken_question_over_webrtc(
