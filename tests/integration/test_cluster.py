@@ -3,8 +3,9 @@ routers, started by `gateway cluster`'s own launcher on loopback (issue 18).
 
 What must hold across replicas: a client secret minted on one opens one session on the other, once; an
 idempotent retry on the other replica replays; a rate limit is one bucket for both; a hangup, a sideband or a
-resume that reaches the wrong replica reaches the owner, for a Realtime call and a GPT-Live session alike; a replica drained mid-conversation hands its session
-off, and the client goes on on the other one with the conversation intact."""
+resume that reaches the wrong replica reaches the owner, for a Realtime call and a GPT-Live session alike; a
+replica drained mid-conversation hands its session off, and the client goes on on the other one with the
+conversation intact."""
 
 from __future__ import annotations
 
