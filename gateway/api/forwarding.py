@@ -56,15 +56,17 @@ async def forward_post(owner_url: str, request: Request) -> Response:
     return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
 
 
-async def relay_websocket(websocket: WebSocket, owner_url: str, subprotocol: str | None) -> None:
+async def relay_websocket(websocket: WebSocket, owner_url: str) -> None:
     """Carry an accepted WebSocket's frames to and from the same path and query on the owner replica, and
-    close each side with the code the other closed with."""
+    close each side with the code the other closed with. The owner is offered the client's own subprotocols, so a
+    key sent in one (`openai-insecure-api-key.<key>`, as browsers send theirs) authenticates there too."""
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     target = owner_url.rstrip("/").replace("http", "ws", 1) + websocket.url.path
     if websocket.url.query:
         target += f"?{websocket.url.query}"
     try:
         upstream = await websockets.connect(target, additional_headers=_headers(websocket.headers),
-                                            subprotocols=[subprotocol] if subprotocol else None,  # type: ignore[list-item]
+                                            subprotocols=offered or None,  # type: ignore[arg-type]
                                             open_timeout=FORWARD_TIMEOUT_S, max_size=None)
     except (TimeoutError, OSError, websockets.WebSocketException) as exc:
         log.warning("relay to %s failed: %s", owner_url, exc)

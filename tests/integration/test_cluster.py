@@ -146,6 +146,14 @@ async def test_a_live_sessions_sideband_and_hangup_on_the_wrong_replica_reach_th
             steered = await sideband.wait_for("session.instructions.appended")
             assert steered["client_event_id"] == "evt_1"
             await caller.wait_for("session.instructions.appended")  # it reached the session on the owner
+        # A key sent as a subprotocol, as a browser sends it, reaches the owner through the relay too.
+        async with websockets.connect(f"{second.replace('http', 'ws', 1)}/v1/live/sessions/{session_id}/attach",
+                                      subprotocols=[f"openai-insecure-api-key.{KEYS['live']}"]) as raw:  # type: ignore[list-item]
+            await raw.send(json.dumps({"type": "session.thinking.append", "content": "The user is busy.",
+                                       "event_id": "evt_2"}))
+            while (event := json.loads(await asyncio.wait_for(raw.recv(), 30)))["type"] != "session.thinking.appended":
+                assert event["type"] != "error", event
+            assert event["client_event_id"] == "evt_2"
         async with httpx.AsyncClient(timeout=30) as http:
             other_key = await http.post(f"{second}/v1/live/sessions/{session_id}/hangup", headers=bearer("call"))
             assert other_key.status_code == 404 and other_key.json()["error"]["code"] == "session_not_found"

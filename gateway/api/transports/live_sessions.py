@@ -142,7 +142,7 @@ async def attach(websocket: WebSocket, session_id: str) -> None:
     await websocket.accept()
     if entry is None:  # the session lives on another replica: relayed to its owner, which checks the key
         assert owner is not None
-        await relay_websocket(websocket, owner, None)
+        await relay_websocket(websocket, owner)
         return
     session = entry.session
     tap = session.outbox.tap()

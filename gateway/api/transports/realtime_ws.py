@@ -68,11 +68,11 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     fresh: RealtimeSession | None = None  # a new session, closed again if it is refused
     try:
         if call_id is not None:  # a sideband connection to a call
-            await serve_sideband(websocket, svc, principal, call_id, accept_subprotocol)
+            await serve_sideband(websocket, svc, principal, call_id)
             return
         if resume_token is not None and (owner := await svc.stores.owner_url(replica_of(resume_token))) is not None:
             # The session lives on another replica (the router sent the resume here): relay to its owner.
-            await relay_websocket(websocket, owner, accept_subprotocol)
+            await relay_websocket(websocket, owner)
             return
         if resume_token is not None:
             session, attachment, reader = _resume(svc, resume_token, principal.key_id, query)

@@ -16,14 +16,13 @@ from gateway.platform.auth import Principal
 from gateway.protocol.errors import ApiError
 
 
-async def serve_sideband(websocket: WebSocket, svc: Services, principal: Principal, call_id: str,
-                         subprotocol: str | None) -> None:
+async def serve_sideband(websocket: WebSocket, svc: Services, principal: Principal, call_id: str) -> None:
     """Raises ApiError before it serves (the caller reports it); afterwards the connection is its own."""
     if principal.secret is not None:
         raise ApiError("invalid_api_key", "A sideband connection uses an API key, not a client secret.", status=401)
     call = websocket.app.state.calls.get(call_id)
     if call is None and (owner := await svc.stores.owner_url(replica_of(call_id))) is not None:
-        await relay_websocket(websocket, owner, subprotocol)
+        await relay_websocket(websocket, owner)
         return
     # Another key's call is as unknown as a wrong id.
     seat = svc.sessions.live.get(call.session) if call is not None else None
