@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,23 +104,32 @@ _END = object()
 
 class GenerationStream:
     """The client side of one generation request (lives on the event loop). A backend delivers with
-    :meth:`deliver` on the stream's loop and learns of a cancel through ``on_cancel``."""
+    :meth:`deliver` on the stream's loop and learns of a cancel through ``on_cancel``.
+
+    ``so_far``: the request's result as it stands (its tokens generated until now). With it, a cancel
+    answers :meth:`result` at once with those counts, instead of when the backend stops the request (the
+    in-process engine's next step: 20-30 ms with 8 streams, which a barge-in's response.done waited for).
+    """
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
                  on_cancel: Callable[[], object] | None = None,
-                 on_pace: Callable[[float], object] | None = None) -> None:
+                 on_pace: Callable[[float], object] | None = None,
+                 so_far: Callable[[], GenerationResult] | None = None) -> None:
         self.request_id = request_id
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self._result: asyncio.Future = loop.create_future()
         self._on_cancel = on_cancel
         self._on_pace = on_pace
+        self._so_far = so_far
+        self._delivered: list[str] = []
         self.cancelled = False
 
     # Called on the event loop.
     def deliver(self, delta: str | None, result: GenerationResult | None, error: BaseException | None) -> None:
         if delta:
             self._queue.put_nowait(delta)
+            self._delivered.append(delta)
         if error is not None:
             self._queue.put_nowait(error)
             if not self._result.done():
@@ -158,6 +167,22 @@ class GenerationStream:
         self.cancelled = True
         if self._on_cancel is not None:
             self._on_cancel()
+        if self._so_far is not None:
+            try:
+                on_loop = asyncio.get_running_loop() is self._loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                self._answer_cancel()
+            else:
+                self._loop.call_soon_threadsafe(self._answer_cancel)
+
+    def _answer_cancel(self) -> None:
+        """On the loop: the result as it stands, with the text this stream delivered (the reader's, to the
+        last delta): tokens whose text the backend had not sent yet count, as they were generated."""
+        assert self._so_far is not None
+        if not self._result.done():
+            self.deliver(None, replace(self._so_far(), text="".join(self._delivered)), None)
 
     def pace(self, not_needed_before: float) -> None:
         """The reader needs no further token before this ``time.monotonic()`` (a spoken reply whose audio

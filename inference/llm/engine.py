@@ -207,7 +207,8 @@ class LLMEngine:
         req = self.intake.generation(prompt_ids, params, loop, conversation_id=conversation_id,
                                      constraint=constraint, background=background)
         req.stream = GenerationStream(req.id, loop, on_cancel=lambda: self._cancel(req),
-                                      on_pace=lambda until: setattr(req, "not_needed_before", until))
+                                      on_pace=lambda until: setattr(req, "not_needed_before", until),
+                                      so_far=lambda: req.result("cancelled", time.monotonic()))
         self._enqueue(req)
         return req.stream
 

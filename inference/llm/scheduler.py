@@ -166,6 +166,10 @@ class Scheduler:
             with self._lock:
                 if len(self._running) >= self.max_batch_size:
                     return admitted
+                # A cancelled request's reader has its result at the cancel (GenerationStream.so_far), so
+                # its next turn may already wait: that one comes in once the engine has cached this one's KV.
+                if any(r.cancel_requested for r in self._running):
+                    return admitted
                 queued = list(self._waiting)
             # The oldest request that need not wait; the waiting ones keep their place. Judged outside
             # the lock, which submit() takes on the event loop; only this thread removes from the queue.
