@@ -367,6 +367,8 @@ class RealtimeCore:
                                      final_text=final_text))
         if self.has_playout:
             self._out.append(SetProducing(False))
+            if events.audio and events.item.audio_ms_sent == 0:  # no audio (a function call): none will play out
+                self._playout.silent(events.item)
         if not self.playout_busy:
             self._reply_finished()
         self._out.append(ResponseFinished(events, event.status, event.reason, event.usage, error))

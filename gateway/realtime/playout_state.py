@@ -34,6 +34,12 @@ class PlayoutView:
         self._speaking = (item, response_id)
         return [SetProducing(True)]
 
+    def silent(self, item: Item) -> None:
+        """The reply `item` ended without writing audio (it called functions, or failed first): the playout has
+        nothing of it to play, so no PlayoutStopped comes, and the assistant is not speaking."""
+        if self._speaking is not None and self._speaking[0] is item:
+            self._speaking = None
+
     def clear(self, generating: Item | None) -> list[Output]:
         """Barge-in or a new reply: drop the queued audio. ``generating``: the item of the response still in
         progress (it is trimmed when it ends); a reply that had finished generating is cut to what was heard."""

@@ -260,8 +260,22 @@ def test_webrtc_barge_in_after_generation_truncates_the_reply_to_what_was_played
 def test_webrtc_playout_stopping_ends_the_bots_turn() -> None:
     core, clock = make_core(playout=True)
     events = start_reply(core)
+    spoken(core, events, ("Paris.", 600))
     core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert core.playout_busy
     assert types(core.handle(PlayoutStopped(events.item.id))) == ["output_audio_buffer.stopped"]
+    clock.seconds += 10
+    assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == [
+        "input_audio_buffer.speech_started", "PrefillDraft"]
+
+
+def test_a_spoken_reply_that_wrote_no_audio_leaves_the_playout_free() -> None:
+    """A reply that only called a function (or failed before its first clause) gets no PlayoutStopped: the
+    playout has nothing of it. It had counted the assistant as speaking until the next reply."""
+    core, clock = make_core(playout=True)
+    start_reply(core)
+    outputs = core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert "output_audio_buffer.stopped" not in types(outputs) and not core.playout_busy
     clock.seconds += 10
     assert types(core.handle(SpeechBegan("item_u", audio_start_ms=0))) == [
         "input_audio_buffer.speech_started", "PrefillDraft"]
