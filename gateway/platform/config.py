@@ -190,6 +190,11 @@ class Settings(BaseSettings):
         description="Realtime sessions' default temperature. 0 (greedy) for the embedded 135M model: at 0.2 it answered "
         "in garbled French in 2 of 4 three-turn sessions; raise it for bigger models.",
     )
+    live_delegate: Literal["auto", "every_turn"] = Field(
+        "auto", description="GPT-Live sessions with a delegation: `auto`, the live model decides when to call its "
+        "delegate tool (as OpenAI's); `every_turn`, each of the user's turns is delegated, the live model only "
+        "writing the task, and the voice keeps the conversation going and says the result (a small local voice in "
+        "front of a bigger backend or an application's own agent).")
     default_instructions: str = Field(
         "You are a friendly voice assistant. Reply in plain English with one short sentence.",
         description="Realtime sessions' instructions unless the client sets its own.",

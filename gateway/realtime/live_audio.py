@@ -1,5 +1,6 @@
 """A GPT-Live session's audio on its wire: audio/pcm at 16 or 24 kHz, or G.711 at 8 kHz, base64 both ways; what
-the client sends is resampled to the 16 kHz the VAD and Whisper take. No I/O."""
+the client sends is decoded at its own rate (what a sideband hears), then resampled to the 16 kHz the VAD and
+Whisper take. No I/O."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ ASR_RATE = 16000
 
 
 class LiveAudio:
-    """The session's wire format (audio/pcm at 16 or 24 kHz, G.711 at 8 kHz) both ways, and 16 kHz for the ASR."""
+    """The session's input at `rate` (the wire format's: audio/pcm at 16 or 24 kHz, G.711 at 8 kHz; over WebRTC,
+    the track's), 16 kHz for the ASR, and the wire format both ways."""
 
     def __init__(self, kind: str, rate: int) -> None:
         self.kind = kind
@@ -35,7 +37,13 @@ class LiveAudio:
             pcm = pcm16_to_array(data)
         else:
             pcm = ulaw_decode(data) if self.kind == "audio/pcmu" else alaw_decode(data)
-        return AudioChunk(self._to_asr.process(pcm), ASR_RATE)
+        return AudioChunk(pcm, self.rate)
+
+    def to_asr(self, chunk: AudioChunk) -> AudioChunk:
+        """A chunk of the session's input (at its rate) at the 16 kHz the VAD and Whisper take."""
+        if chunk.sample_rate != self.rate:
+            raise ValueError(f"the session's input is at {self.rate} Hz, not {chunk.sample_rate}")
+        return AudioChunk(self._to_asr.process(chunk.pcm), ASR_RATE)
 
     def encode(self, pcm: np.ndarray) -> str:
         if self.kind == "audio/pcm":

@@ -187,14 +187,15 @@ class LiveFront:
         self.hear(self.audio.decode(event.audio))
 
     def hear(self, chunk: AudioChunk) -> None:
-        """The user's audio, appended on the WebSocket or from the WebRTC track: a sideband hears it as it came,
-        the model hears silence while muted."""
+        """The user's audio at the session's input rate, appended on the WebSocket or from the WebRTC track: a
+        sideband hears it as it came (before the 16 kHz the model hears), the model hears silence while muted."""
         voice = self.session.voice
         if voice is None:
             raise ApiError("voice_unavailable", "This server runs without its voice models.", "type")
         if self.translator.input_offset_ms is None:
             self.translator.input_offset_ms = max(0, self.clock_ms() - round(chunk.duration_ms))
         self.reflection.input(chunk)
+        chunk = self.audio.to_asr(chunk)
         if self.muted or self._fixture is not None:  # the model hears silence: the turns' timeline goes on
             chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
         voice.append(chunk)
@@ -238,7 +239,7 @@ class LiveFront:
             note = self._notes.popleft()
             try:
                 self.session.feed(ItemCreated(_note(note)))
-                self.session.feed(ResponseRequested(ResponseParams()))
+                self.session.feed(ResponseRequested(ResponseParams(tool_choice="none")))
             except ApiError as error:  # the conversation is full, say
                 self.session.send_error(error)
 
@@ -248,7 +249,8 @@ class LiveFront:
             # The live conversation learns of the task (a client's response.create may be the first it hears of it).
             self.session.feed(ItemCreated(_note("A request of the user's is being worked on in the background.")))
             self.session.feed(ResponseRequested(ResponseParams(
-                instructions=f"{config.instructions}\n\n{text}".strip(), max_output_tokens=ACK_TOKENS)))
+                instructions=f"{config.instructions}\n\n{text}".strip(), max_output_tokens=ACK_TOKENS,
+                tool_choice="none")))
 
     def _function_called(self, name: str, call_id: str, arguments: str) -> None:
         """The live model called a tool (its reply's response.done, sent inside the core's step): handled after it."""

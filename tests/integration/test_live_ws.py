@@ -38,8 +38,10 @@ STORY = ("Once upon a time a small green dragon lived in a library at the edge o
 
 @pytest.fixture(scope="module")
 def live_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """Its own gateway: the tests read its metrics of paused replies, which no other test moves."""
-    process = start_gateway(log_path=tmp_path_factory.mktemp("live") / "gateway.log")
+    """Its own gateway: the tests read its metrics of paused replies, which no other test moves. Every user turn of
+    a session with a delegation is delegated (--live-delegate every_turn): the embedded 135M model never calls its
+    delegate tool by itself; a session without one is not affected."""
+    process = start_gateway("--live-delegate", "every_turn", log_path=tmp_path_factory.mktemp("live") / "gateway.log")
     yield process
     process.stop()
 
@@ -319,6 +321,50 @@ async def test_a_responses_delegation_runs_the_backend_and_the_client_runs_its_f
         assert response_events(caller, "response.output_text.done"), "the backend answered in text"
         await played_out(caller)
         assert len(caller.audio(since=second["_at"])) > 0, "the voice says the result"
+
+
+async def test_a_client_delegation_goes_to_the_application_whose_commentary_the_voice_says(
+    live_gateway: GatewayProcess, tts: TtsEngine
+) -> None:
+    """The user's spoken turn is delegated to the application (session.delegation.created, no task text in it);
+    the voice acknowledges at once, and says what the application answers with commentary tied to the delegation.
+    Neither of the voice's own replies delegates again."""
+    session = {"model": "gpt-live-1", "delegation": {"type": "client", "acknowledgement_delay_ms": 0}}
+    async with LiveCaller.connect(live_gateway.url, session) as caller:
+        started = await caller.wait_for("session.started")
+        assert started["session"]["delegation"]["type"] == "client"
+        caller.say(speech(tts, "Please book a table for two at eight tonight."))
+        created = await caller.wait_for("session.delegation.created", timeout=90)
+        task = created["delegation"]
+        assert task["target"] == "client" and task["id"].startswith("deleg_") and task.get("response_id") is None
+        heard = caller.of_type("session.input_transcript.delta")
+        assert heard and created["offset_ms"] >= heard[0]["start_ms"]
+        await caller.wait_for("session.output_audio.delta", timeout=60)  # the acknowledgement: no dead air
+
+        await caller.send({"type": "session.commentary.append", "delegation_id": task["id"], "event_id": "evt_done",
+                           "content": "The table for two is booked for eight o'clock tonight."})
+        appended = await caller.wait_for("session.commentary.appended")
+        assert appended["client_event_id"] == "evt_done"
+        await caller.wait_for("session.output_audio.delta", timeout=90, where=lambda e: e["_at"] > appended["_at"])
+        await played_out(caller)
+        assert len(caller.of_type("session.delegation.created")) == 1
+        assert not caller.of_type("error"), caller.of_type("error")
+
+
+async def test_a_sideband_hears_the_callers_audio_sample_for_sample(live_gateway: GatewayProcess,
+                                                                    tts: TtsEngine) -> None:
+    """audio/pcm at 24 kHz is reflected as it came, not from the 16 kHz the model hears (which lost all above 8 kHz)."""
+    async with LiveCaller.connect(live_gateway.url, {"model": "gpt-live-1"}) as caller:
+        started = await caller.wait_for("session.started")
+        async with LiveCaller.attach(live_gateway.url, started["session"]["id"]) as sideband:
+            await sideband.wait_for("session.input_audio.append")  # the microphone's silence, already
+            clip = speech(tts, "Hello there.")
+            caller.clip_sent.clear()
+            caller.say(clip)
+            await caller.clip_sent.wait()
+            await sideband.wait_for("session.input_transcript.delta", timeout=30)
+            reflected = b"".join(base64.b64decode(e["audio"]) for e in sideband.of_type("session.input_audio.append"))
+            assert clip.tobytes() in reflected
 
 
 async def test_an_audio_fixture_plays_through_the_output_and_the_session_waits_for_it(

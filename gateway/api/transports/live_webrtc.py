@@ -119,7 +119,8 @@ class LiveCall(Call):
             except ApiError as error:
                 self.session.send_error(error)
 
-        self.reader = InboundAudioReader(track, on_chunk, on_end=self.ended.set).start()
+        # At the playout's rate, the front's input rate (LiveAudio): a sideband hears the track's own audio.
+        self.reader = InboundAudioReader(track, on_chunk, out_rate=PLAYOUT_RATE, on_end=self.ended.set).start()
 
     async def supervise(self, sessions: SessionRegistry, calls: CallIndex) -> None:
         try:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, WebSocket
 
@@ -37,7 +37,7 @@ from gateway.protocol.responses import ResponseCreateRequest
 from gateway.realtime.conversation import Item, new_id
 from gateway.realtime.inputs import ItemCreated
 from gateway.realtime.live_audio import LiveAudio
-from gateway.realtime.live_delegation import DELEGATE_TOOL, check_backend
+from gateway.realtime.live_delegation import DELEGATE, DELEGATE_TOOL, check_backend
 from gateway.realtime.live_front import FRAME_MS, LiveFront
 from gateway.realtime.live_wire import LiveTranslator, live_error
 from gateway.realtime.outbox import Outbox
@@ -161,7 +161,7 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
     translator = LiveTranslator(config, config.model, clock_ms, wire_audio=wire_audio)
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="live", speech_factory=PlayoutSpeech.create,
-        initial_config=_realtime_config(config), request_id=request_id, outbox=Outbox(numbered=False),
+        initial_config=_realtime_config(config, svc.settings.live_delegate), request_id=request_id, outbox=Outbox(numbered=False),
         translate=translator,
         # The id names this replica, so that another replica can pass its sideband and hangup on to it.
         session_id=new_id(f"sess_{svc.settings.replica_id}"))
@@ -176,9 +176,10 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
                               prepare=prepare)
 
 
-def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
+def _realtime_config(config: LiveSessionConfig, delegate: Literal["auto", "every_turn"]) -> dict[str, Any]:
     """The Realtime session a Live one is: spoken replies, the gateway's own turn-taking (semantic_vad: the
-    end-of-turn models, a backchannel does not interrupt), its voice."""
+    end-of-turn models, a backchannel does not interrupt), its voice; with a delegation, its tool (`delegate`:
+    --live-delegate)."""
     realtime: dict[str, Any] = {"output_modalities": ["audio"],
                                 "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
     if config.instructions is not None and config.instructions.strip():
@@ -191,7 +192,9 @@ def _realtime_config(config: LiveSessionConfig) -> dict[str, Any]:
         # session): a reply that may be a call is not spoken ahead of the turn's end, which costs a voice turn
         # 250-400 ms of first audio here, and the small embedded model never delegates well.
         realtime["tools"] = [DELEGATE_TOOL]
-        realtime["tool_choice"] = "auto"
+        # every_turn: the replies to the user's turns are the call (the voice's own replies choose none:
+        # live_front.py).
+        realtime["tool_choice"] = {"type": "function", "name": DELEGATE} if delegate == "every_turn" else "auto"
     return realtime
 
 
