@@ -6,7 +6,9 @@ work took per turn side by side, in ladder.json, a table and ladder.png (latency
 
 The core-seconds come from the server's /metrics, read before and after a level: this gateway's
 `gateway_core_seconds_total{work}` (each model call's wall time times its cores) and the process's own
-`process_cpu_seconds_total`. A server without them gets no such column; nothing else depends on them.
+`process_cpu_seconds_total`. So does the server's part of a barge-in (`gateway_barge_in_seconds`: speech
+detected to the reply stopped and trimmed), beside the client's onset-to-stop figure, whose detection varies
+with the VAD's 32 ms windows. A server without them gets no such column; nothing else depends on them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from rich.table import Table
 from gateway.bench.stages import MEASURED, STAGES
 
 PROCESS = "process"  # the process's own CPU seconds, beside the model work's core-seconds
+# gateway_barge_in_seconds' sum and count, kept beside the core-seconds of a reading (not work: see barge_in_stop)
+BARGE_IN_SUM, BARGE_IN_COUNT = "gateway_barge_in_seconds_sum", "gateway_barge_in_seconds_count"
 
 
 def parse_sessions(value: str | int | list[int]) -> list[int]:
@@ -45,8 +49,9 @@ def parse_sessions(value: str | int | list[int]) -> list[int]:
     return levels
 
 
-def core_seconds_in(text: str) -> dict[str, float]:
-    """The core-seconds by work and the process's CPU seconds, from Prometheus text ({} when it has neither)."""
+def server_counters_in(text: str) -> dict[str, float]:
+    """The core-seconds by work and the process's CPU seconds, from Prometheus text ({} when it has neither), and
+    the barge-ins' stop time (BARGE_IN_SUM, BARGE_IN_COUNT) where it has them."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -54,10 +59,12 @@ def core_seconds_in(text: str) -> dict[str, float]:
                 found[sample.labels["work"]] = float(sample.value)
             elif sample.name == "process_cpu_seconds_total":
                 found[PROCESS] = float(sample.value)
+            elif sample.name in (BARGE_IN_SUM, BARGE_IN_COUNT):
+                found[sample.name] = float(sample.value)
     return found
 
 
-async def read_core_seconds(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, float] | None:
+async def read_server_counters(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, float] | None:
     """The server's counters now, or None where it serves no /metrics (another server: no CPU columns)."""
     try:
         response = await http.get(f"{url}/metrics", headers=headers, timeout=10)
@@ -66,7 +73,7 @@ async def read_core_seconds(http: httpx.AsyncClient, url: str, headers: dict[str
     if response.status_code != 200:
         return None
     try:
-        return core_seconds_in(response.text) or None
+        return server_counters_in(response.text) or None
     except ValueError:  # not Prometheus text
         return None
 
@@ -75,8 +82,20 @@ def per_turn(before: dict[str, float] | None, after: dict[str, float] | None, tu
     """What each kind of work took per turn between two readings (work that did not run is left out)."""
     if before is None or after is None or turns <= 0:
         return None
-    used = {work: after[work] - before.get(work, 0.0) for work in after}
+    used = {work: after[work] - before.get(work, 0.0) for work in after if work not in (BARGE_IN_SUM, BARGE_IN_COUNT)}
     return {work: round(seconds / turns, 3) for work, seconds in sorted(used.items()) if seconds > 0}
+
+
+def barge_in_stop(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """The server's barge-ins between two readings: how many, and their mean from speech detected to the reply
+    stopped (ms); None where there were none, or the server does not say."""
+    if before is None or after is None or BARGE_IN_COUNT not in after:
+        return None
+    count = after[BARGE_IN_COUNT] - before.get(BARGE_IN_COUNT, 0.0)
+    if count <= 0:
+        return None
+    seconds = after[BARGE_IN_SUM] - before.get(BARGE_IN_SUM, 0.0)
+    return {"count": int(count), "mean_ms": round(1000 * seconds / count, 1)}
 
 
 def _planned(report: dict[str, Any]) -> int | None:
@@ -88,6 +107,7 @@ def level_row(report: dict[str, Any]) -> dict[str, Any]:
     """One level of the ladder from its run's report."""
     measured = MEASURED.get(report["config"]["mode"], "ttft_ms")
     planned = _planned(report)
+    stop = report.get("server_barge_in_stop")
     summary = report[measured]
     return {
         "sessions": report["config"]["sessions"],
@@ -102,7 +122,8 @@ def level_row(report: dict[str, Any]) -> dict[str, Any]:
         "core_seconds_per_turn": report.get("server_core_seconds_per_turn"),
         # --barge-in: from the onset of the interrupting speech to the answer stopped (VAD's 160 ms included).
         "barge_in_ms": ({"p50": report["barge_in_ms"]["p50"], "p95": report["barge_in_ms"]["p95"],
-                         "missed": report.get("barge_in_missed", 0)}
+                         "missed": report.get("barge_in_missed", 0),
+                         "server_stop_mean": (stop or {}).get("mean_ms")}
                         if report.get("barge_in_ms", {}).get("count") else None),
         # Voice over the WebSocket: the silence a listener would hear within an answer (voice.py).
         "audio_stall_ms": ({"p95": stall["p95"], "max": stall["max"]}
@@ -147,6 +168,9 @@ def print_ladder(ladder: dict[str, Any], console: Console) -> None:
         table.add_row("barge_in_ms p50 / p95 (missed)", *(
             f"{_ms(b['p50'])} / {_ms(b['p95'])} ({b['missed']})" if (b := level["barge_in_ms"]) else "-"
             for level in levels))
+        table.add_row("server's stop ms, mean", *(
+            f"{b['server_stop_mean']:.1f}" if (b := level["barge_in_ms"]) and b.get("server_stop_mean") is not None
+            else "-" for level in levels))
     if any(level["audio_stall_ms"] for level in levels):
         table.add_row("audio stall ms p95 / max", *(
             f"{_ms(s['p95'])} / {_ms(s['max'])}" if (s := level["audio_stall_ms"]) else "-" for level in levels))

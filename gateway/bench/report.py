@@ -24,7 +24,8 @@ COMPARED = (*METRICS, "tokens_per_s", "audio_rtf", "audio_stall_ms")  # the summ
 
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
                  overhead: dict[str, Any], interrupted: bool, clock: ClockOffset | None,
-                 core_seconds_per_turn: dict[str, float] | None = None) -> dict[str, Any]:
+                 core_seconds_per_turn: dict[str, float] | None = None,
+                 barge_in_stop: dict[str, float] | None = None) -> dict[str, Any]:
     ok = [turn for turn in turns if turn.error is None]
     rates = [rate for turn in ok if (rate := turn.tokens_per_s) is not None]
     stages = {stage: summarize(values) for stage in STAGES if (values := stage_values(turns, stage))}
@@ -45,6 +46,8 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         # The server's core-seconds per turn by kind of work, and its process's CPU seconds (ladder.py); None
         # where the server has no such /metrics.
         "server_core_seconds_per_turn": core_seconds_per_turn,
+        # The server's barge-ins in the run: their count and mean stop time, speech detected to the reply stopped.
+        "server_barge_in_stop": barge_in_stop,
         "overhead": overhead,
     }
 

@@ -27,7 +27,15 @@ from rich.live import Live
 
 from gateway.bench.audio import spoken_questions, wav_questions
 from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target, probe_clock
-from gateway.bench.ladder import build_ladder, host_cpu, per_turn, print_ladder, read_core_seconds, write_ladder
+from gateway.bench.ladder import (
+    barge_in_stop,
+    build_ladder,
+    host_cpu,
+    per_turn,
+    print_ladder,
+    read_server_counters,
+    write_ladder,
+)
 from gateway.bench.live import LiveVoiceClient
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
@@ -370,16 +378,17 @@ async def _run(config: BenchConfig, target: Target, interrupt: Interrupt, consol
         server_before = server_after = None
         if prepared is not None:
             target, questions = prepared
-            server_before = await read_core_seconds(http, target.url, target.headers)
+            server_before = await read_server_counters(http, target.url, target.headers)
             await _drive(config, target, http, questions, progress, interrupt, console)
-            server_after = await read_core_seconds(http, target.url, target.headers)
+            server_after = await read_server_counters(http, target.url, target.headers)
     elapsed = progress.elapsed()
     overhead = {"loop_lag_ms": summarize(progress.lags_ms),
                 "cpu_percent": round(100 * (_cpu_s() - cpu_before) / max(elapsed, 1e-9), 1)}
     turns_ok = sum(1 for turn in progress.turns if turn.error is None)
     report = build_report(progress.turns, config=config.public(), version=_version(), duration_s=elapsed,
                           overhead=overhead, interrupted=interrupt.stop.is_set(), clock=target.clock,
-                          core_seconds_per_turn=per_turn(server_before, server_after, turns_ok))
+                          core_seconds_per_turn=per_turn(server_before, server_after, turns_ok),
+                          barge_in_stop=barge_in_stop(server_before, server_after))
     write_outputs(config.out, report, progress.turns, progress.concurrency)
     print_table(report, console)
     console.print(f"report: {config.out / 'report.json'}, {config.out / 'turns.csv'}, {config.out / 'report.html'}")

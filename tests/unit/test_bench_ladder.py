@@ -12,12 +12,13 @@ from rich.console import Console
 
 from gateway.bench.ladder import (
     PROCESS,
+    barge_in_stop,
     build_ladder,
-    core_seconds_in,
     level_row,
     parse_sessions,
     per_turn,
     print_ladder,
+    server_counters_in,
     write_ladder,
 )
 
@@ -44,14 +45,27 @@ def test_sessions_is_one_count_or_a_rising_ladder() -> None:
 
 
 def test_core_seconds_are_read_from_prometheus_text_and_divided_by_the_turns() -> None:
-    before = core_seconds_in(METRICS_TEXT)
+    before = server_counters_in(METRICS_TEXT)
     assert before == {"asr_final": 1.5, "tts": 4.0, PROCESS: 12.0}
-    after = core_seconds_in(METRICS_TEXT.replace(" 1.5", " 2.5").replace(" 4.0", " 4.0").replace(" 12.0", " 16.0")
+    after = server_counters_in(METRICS_TEXT.replace(" 1.5", " 2.5").replace(" 4.0", " 4.0").replace(" 12.0", " 16.0")
                             + 'gateway_core_seconds_total{work="llm"} 2.0\n')
     # tts did not move: left out; llm is new since the first reading: all of it counts.
     assert per_turn(before, after, 4) == {"asr_final": 0.25, "llm": 0.5, PROCESS: 1.0}
     assert per_turn(None, after, 4) is None and per_turn(before, after, 0) is None
-    assert core_seconds_in("# nothing here\n") == {}
+    assert server_counters_in("# nothing here\n") == {}
+
+
+def test_the_servers_barge_ins_are_counted_apart_from_the_work() -> None:
+    histogram = ("# HELP gateway_barge_in_seconds From the interruption to the reply stopped\n"
+                 "# TYPE gateway_barge_in_seconds histogram\n"
+                 'gateway_barge_in_seconds_bucket{le="+Inf"} %d\ngateway_barge_in_seconds_count %d\n'
+                 "gateway_barge_in_seconds_sum %s\n")
+    before = server_counters_in(METRICS_TEXT + histogram % (2, 2, "0.05"))
+    after = server_counters_in(METRICS_TEXT.replace(" 12.0", " 16.0") + histogram % (6, 6, "0.062"))
+    assert barge_in_stop(before, after) == {"count": 4, "mean_ms": 3.0}
+    assert per_turn(before, after, 4) == {PROCESS: 1.0}  # no barge-in counter passes for work
+    assert barge_in_stop(before, before) is None and barge_in_stop(None, after) is None
+    assert barge_in_stop(server_counters_in(METRICS_TEXT), server_counters_in(METRICS_TEXT)) is None
 
 
 def _report(sessions: int, ok: int, turns: int, p50: float | None, mode: str = "voice") -> dict[str, Any]:
@@ -63,7 +77,7 @@ def _report(sessions: int, ok: int, turns: int, p50: float | None, mode: str = "
             "turns": turns, "turns_ok": ok, "errors": {"timeout": turns - ok} if turns > ok else {},
             "voice_to_voice_ms": metric if mode == "voice" else empty, "ttft_ms": metric if mode != "voice" else empty,
             "server_stages_ms": {"asr": {"p50": 10.0, "p95": 20.0, "count": ok}}, "duration_s": 9.0,
-            "server_core_seconds_per_turn": {"tts": 0.5}}
+            "server_core_seconds_per_turn": {"tts": 0.5}, "server_barge_in_stop": {"count": 2, "mean_ms": 2.5}}
 
 
 def test_a_level_counts_turns_never_started_as_lost_and_reads_its_modes_metric() -> None:
@@ -72,7 +86,7 @@ def test_a_level_counts_turns_never_started_as_lost_and_reads_its_modes_metric()
     assert (row["p50_ms"], row["p95_ms"]) == (300.0, 600.0)
     assert row["stages_ms"] == {"asr": {"p50": 10.0, "p95": 20.0}}
     assert row["core_seconds_per_turn"] == {"tts": 0.5}
-    assert row["barge_in_ms"] == {"p50": 210.0, "p95": 250.0, "missed": 1}
+    assert row["barge_in_ms"] == {"p50": 210.0, "p95": 250.0, "missed": 1, "server_stop_mean": 2.5}
     text = level_row(_report(sessions=1, ok=3, turns=3, p50=80.0, mode="text"))
     assert text["metric"] == "ttft_ms" and text["barge_in_ms"] is None
 
@@ -92,4 +106,4 @@ def test_the_ladders_table_has_a_column_per_level_and_a_row_per_stage_and_work()
     table = out.getvalue()
     assert "1 sessions" in table and "2 sessions" in table and "a CPU" in table
     assert "300 / 600" in table and "stage asr p50 / p95" in table and "core-s / turn tts" in table
-    assert "210 / 250 (1)" in table
+    assert "210 / 250 (1)" in table and "server's stop ms, mean" in table and "2.5" in table

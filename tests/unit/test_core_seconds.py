@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from gateway.bench.ladder import PROCESS, core_seconds_in
+from gateway.bench.ladder import PROCESS, server_counters_in
 from gateway.platform.metrics import REGISTRY
 from inference.cpu import charge, core_seconds, cores_in_use, using_cores
 
@@ -25,6 +25,6 @@ def test_a_block_charges_its_work_its_wall_time_times_its_cores() -> None:
 
 def test_metrics_export_the_core_seconds_by_work_and_the_process_cpu() -> None:
     charge("test_export", 1.25)
-    exported = core_seconds_in(generate_latest(REGISTRY).decode())
+    exported = server_counters_in(generate_latest(REGISTRY).decode())
     assert exported["test_export"] >= 1.25
     assert exported[PROCESS] > 0
