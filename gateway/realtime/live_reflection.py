@@ -4,8 +4,8 @@ The user's audio is reflected as it arrives from the primary transport (before m
 user said, the model hears silence) as `session.input_audio.append` server events, with no id or timestamps; the
 assistant's as it goes out, as `session.output_audio.delta` with its place on the session's timeline. Both are mono
 PCM16LE at 24 kHz whatever the primary transport carries, resampled from its own audio (the caller's, not the 16 kHz
-the model hears: audio/pcm at 24 kHz is reflected sample for sample). Only a sideband is sent these (Outbox.reflect), and
-nothing is resampled while none watches.
+the model hears: audio/pcm at 24 kHz is reflected sample for sample). Only a sideband is sent these
+(Outbox.reflect), and nothing is resampled while none watches.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 # How long a cancelled response task may take to unwind before the session stops waiting.
 CANCEL_TIMEOUT_S = 2.0
-USAGE_WAIT_S = 0.15  # a cancel's wait for the token counts: the in-process engine answers at once, a remote one as it unwinds
+# A cancel's wait for the token counts: the in-process engine answers at once, a remote one as its request unwinds.
+USAGE_WAIT_S = 0.15
 # A spoken reply whose audio made so far plays on for more than this needs no token now: the engine leaves
 # it out of steps that other replies' prompts and first words need (Scheduler.schedule). It covers the next
 # clause's ~10 tokens and its synthesis on a busy CPU (0.3-0.5 s each at 8 sessions) with room to spare.

@@ -161,8 +161,8 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
     translator = LiveTranslator(config, config.model, clock_ms, wire_audio=wire_audio)
     session = RealtimeSession(
         svc.runtime, svc.settings, transport="live", speech_factory=PlayoutSpeech.create,
-        initial_config=_realtime_config(config, svc.settings.live_delegate), request_id=request_id, outbox=Outbox(numbered=False),
-        translate=translator,
+        initial_config=_realtime_config(config, svc.settings.live_delegate), request_id=request_id,
+        outbox=Outbox(numbered=False), translate=translator,
         # The id names this replica, so that another replica can pass its sideband and hangup on to it.
         session_id=new_id(f"sess_{svc.settings.replica_id}"))
     session.attach_playout(playout)
