@@ -431,7 +431,10 @@ def test_a_prepared_draft_is_prewarmed_and_prepares_are_bounded(stored: tuple[Ga
         conversation = http.post("/backend-api/conversations", json={"title": "warm"}).json()["id"]
         prepared = http.post(f"/backend-api/conversation/{conversation}/prepare", json={"content": draft})
         assert prepared.status_code == 202 and prepared.json()["prompt_tokens"] > 200
-        time.sleep(1.0)
+        # The prefill is done once the engine is idle (on a loaded machine a fixed wait was not always enough).
+        deadline = time.monotonic() + 60
+        while (engine_stat(http, "queue_depth") or engine_stat(http, "active")) and time.monotonic() < deadline:
+            time.sleep(0.1)
         events = post_message(http, conversation, content=draft, max_tokens=4)
         final = next(e["data"] for e in events if e.get("event") == "delta" and e["data"].get("o") == "patch")
         metadata = final["v"][1]["v"]
