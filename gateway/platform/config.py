@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
+LiveDelegate = Literal["auto", "every_turn"]  # when a GPT-Live session's model delegates: --live-delegate
 # Where a number written without a country code (`(415) 555-0132`) is read as dialled; a `+` number is found
 # whatever this says (--safety-phone-region).
 DEFAULT_PHONE_REGION = "US"
@@ -190,7 +191,7 @@ class Settings(BaseSettings):
         description="Realtime sessions' default temperature. 0 (greedy) for the embedded 135M model: at 0.2 it answered "
         "in garbled French in 2 of 4 three-turn sessions; raise it for bigger models.",
     )
-    live_delegate: Literal["auto", "every_turn"] = Field(
+    live_delegate: LiveDelegate = Field(
         "auto", description="GPT-Live sessions with a delegation: `auto`, the live model decides when to call its "
         "delegate tool (as OpenAI's); `every_turn`, each of the user's turns is delegated, the live model only "
         "writing the task, and the voice keeps the conversation going and says the result (a small local voice in "

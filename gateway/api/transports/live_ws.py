@@ -11,7 +11,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
@@ -22,6 +22,7 @@ from gateway.api.transports.responses_http import response_deps
 from gateway.api.transports.websocket_channel import WebSocketChannel
 from gateway.generation.response_run import ResponseRun
 from gateway.platform.auth import bearer_token, token_from_subprotocols
+from gateway.platform.config import LiveDelegate
 from gateway.platform.event_log import log_event
 from gateway.platform.model_names import openai_live_model_names
 from gateway.platform.session_seats import Seat
@@ -176,7 +177,7 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
                               prepare=prepare)
 
 
-def _realtime_config(config: LiveSessionConfig, delegate: Literal["auto", "every_turn"]) -> dict[str, Any]:
+def _realtime_config(config: LiveSessionConfig, delegate: LiveDelegate) -> dict[str, Any]:
     """The Realtime session a Live one is: spoken replies, the gateway's own turn-taking (semantic_vad: the
     end-of-turn models, a backchannel does not interrupt), its voice; with a delegation, its tool (`delegate`:
     --live-delegate)."""
