@@ -181,11 +181,12 @@ class Scheduler:
                 req = None if busy else next((r for r in queued if not self._should_wait_for_shared_prefix(r)), None)
             if req is None:
                 return admitted
-            with self._lock:
-                self._waiting.remove(req)
             admitted.append(self._start(req))
 
     def _start(self, req: Request) -> Admitted:
+        """Load its cached prefix, then move it from the queue to the running set in one go: the queue
+        depth and the running count never both miss it (a reader that waits for the engine to be idle
+        saw 0 and 0 while the prefix loaded)."""
         req.admitted_at = time.monotonic()
         try:
             match = self.kv.match(req.prompt, max_length=req.prefix_limit)
@@ -196,15 +197,22 @@ class Scheduler:
                 self.kv.free(handle)
                 raise
         except Exception as exc:
+            self._dequeue(req)
             return Admitted(req, error=exc)
         req.kv = handle
         req.cached = match.length
         req.status = RequestStatus.PREFILLING
         if not req.generates and match.length == len(req.prompt):
+            self._dequeue(req)
             return Admitted(req, complete=True)  # every token was cached already
         with self._lock:
+            self._waiting.remove(req)
             self._running.append(req)
         return Admitted(req)
+
+    def _dequeue(self, req: Request) -> None:
+        with self._lock:
+            self._waiting.remove(req)
 
     def _should_wait_for_shared_prefix(self, req: Request) -> bool:
         if not self.kv.caches_prefixes:

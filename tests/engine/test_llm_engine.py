@@ -336,6 +336,24 @@ async def test_early_prefill(make_engine, chat_ids, collect):
     assert r.token_ids == fresh.token_ids
 
 
+async def test_a_request_whose_prefix_loads_counts_as_queued_or_running(make_engine, chat_ids, monkeypatch):
+    """A reader that waits for the engine to be idle (queue depth and running both 0) must not see it
+    idle while a request's cached prefix loads: a prepared draft's test read 0 and 0 then, and asked
+    before the prefill had run."""
+    eng = make_engine()
+    seen: list[tuple[float, float]] = []
+    load_prefix = eng.kv.load_prefix
+
+    def observed(handle, match):
+        stats = eng.stats()
+        seen.append((stats["queue_depth"], stats["active"]))
+        load_prefix(handle, match)
+
+    monkeypatch.setattr(eng.kv, "load_prefix", observed)
+    await eng.prefill(chat_ids(("user", QUESTIONS[0])), conversation_id="draft", background=True)
+    assert seen and all(queued + active >= 1 for queued, active in seen), seen
+
+
 # -- sampling -------------------------------------------------------------------------------------------------
 async def test_seeded_sampling_alone_and_batched(make_engine, chat_ids, collect):
     eng = make_engine(prefix_cache_bytes=0)
