@@ -51,6 +51,7 @@ from .intake import Intake
 from .kv_manager import KVManager
 from .loader import LoadedLM
 from .model_runner import ModelRunner
+from .overlap import InFlight, StepOverlap
 from .request import Request
 from .sampling import DevicePenalties, sample_rows
 from .scheduler import Scheduler, StepPlan
@@ -90,6 +91,9 @@ class EngineConfig:
     # Decoding rows over static, bucketed buffers (model_runner.py): None = on CUDA. CUDA graphs are
     # captured over them where the device is CUDA; elsewhere they run without capture (tests).
     static_decode: bool | None = None
+    # Launch a decoding step before the host has read the previous one's tokens (overlap.py): None = where
+    # the static path runs on a GPU (a CPU computes the step on the host's own cores: nothing to overlap).
+    overlap_steps: bool | None = None
 
 
 class LLMEngine:
@@ -115,6 +119,11 @@ class LLMEngine:
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
         # The static path's greedy rows keep their penalties' ids on the device (sampling.py).
         self._masks = DevicePenalties(config.max_batch_size, self.fwd.device) if static else None
+        overlap = config.overlap_steps if config.overlap_steps is not None else static and not on_cpu
+        if overlap and not static:
+            raise ValueError("overlapped steps run on the static decode path")
+        self._overlap = StepOverlap(self.fwd.device, config.max_batch_size) if overlap else None
+        self._in_flight: InFlight | None = None  # the scheduler thread's
         self.threads = ThreadPolicy(torch.get_num_threads(), fixed=config.threads if on_cpu else 1,
                                     probe_weight=self.fwd.layers[0].gu[0] if self.fwd.weight_format == "native"
                                     else None)
@@ -261,7 +270,9 @@ class LLMEngine:
         return {**self.kv.stats(), **self.threads.snapshot(), **self.runner.stats(), **self.counts.as_stats(),
                 "queue_depth": self.scheduler.queued, "active": self.scheduler.active,
                 "requests_waited_for_shared_prefix": self.scheduler.requests_waited_for_prefix,
-                "decode_rows_paced": self.scheduler.rows_paced}
+                "decode_rows_paced": self.scheduler.rows_paced,
+                "steps_overlapped": self._overlap.steps if self._overlap is not None else 0,
+                "overlapped_accept_seconds_total": self._overlap.accept_seconds if self._overlap is not None else 0.0}
 
     # -- scheduler thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -287,10 +298,15 @@ class LLMEngine:
                 if self.scheduler.active and not self._give_way():
                     with self._deliveries.step():
                         self._step()
+                elif self._in_flight is not None:  # no step follows it now: its tokens go out
+                    with self._deliveries.step():
+                        self._accept_in_flight()
             except Exception as exc:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("LLM engine step failed")
+                self._in_flight = None
                 for r in self.scheduler.take_running():
                     self._ends.fail(r, exc)
+        self._in_flight = None  # its requests end below
         self._finish_leftovers()
         log.debug("LLM engine thread stopped")
 
@@ -320,20 +336,83 @@ class LLMEngine:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        overlap = self._overlap
+        if overlap is not None and self._in_flight is not None and self._step_ahead(overlap, t0):
+            return
         plan = self.scheduler.schedule()
         if plan is None:
             return
-        out = self._execute(plan)
-        if out is None:  # every request in the step failed
-            self.scheduler.remove_finished()
-            return
-        logits, failed = out
+        if overlap is not None and overlap.overlappable(plan):
+            try:
+                self._in_flight = self._launch(overlap, plan, None)
+                self.counts.step_seconds += time.perf_counter() - t0
+                return
+            except Exception:
+                log.exception("a step launched to overlap failed; running it again as a plain step")
+        self._run_step(plan, t0)
+
+    def _step_ahead(self, overlap: StepOverlap, t0: float) -> bool:
+        """Launch the step after the one in flight before accepting that one's tokens, if it may follow
+        it (StepOverlap.next_plan); else, or if it fails, accept them first. True: a step was launched."""
+        prev = self._in_flight
+        assert prev is not None
+        self._in_flight = None
+        plan = overlap.next_plan(prev, self.scheduler.active, time.monotonic())
+        launched = None
+        if plan is not None:
+            try:
+                launched = self._launch(overlap, plan, prev.ids)
+            except Exception:
+                log.exception("a step launched to overlap failed; the one before it is accepted first")
+        t1 = time.perf_counter()
+        self._accept_step(prev.plan.sampling, prev.tokens())
+        if launched is None:
+            return False
+        overlap.steps += 1
+        overlap.accept_seconds += time.perf_counter() - t1
+        self.counts.step_seconds += time.perf_counter() - t0
+        if all(r.finished for r in launched.plan.requests):  # each ended at the step before: nothing to accept
+            self._accept_step(launched.plan.sampling, [])
+        else:
+            self._in_flight = launched
+        return True
+
+    def _launch(self, overlap: StepOverlap, plan: StepPlan, sampled: torch.Tensor | None) -> InFlight:
+        """Run ``plan`` (its input ids ``sampled`` on the device, where given) and sample its rows on the
+        device, leaving the ids there."""
+        threads = self.threads.before_step(plan.rows)
+        t0 = time.perf_counter()
+        logits = self.runner.execute(plan, sampled)
+        seconds = time.perf_counter() - t0
+        self.threads.after_step(plan.rows, seconds)
+        if logits.device.type == "cpu":
+            charge("llm", threads * seconds)
+        assert self._masks is not None
+        ids = self._masks.greedy_ids(logits, list(range(plan.rows)), [r.sampler for r in plan.sampling])  # type: ignore[misc]
+        self._count_step(plan)
+        return overlap.in_flight(plan, ids)
+
+    def _accept_in_flight(self) -> None:
+        prev, self._in_flight = self._in_flight, None
+        if prev is not None:
+            self._accept_step(prev.plan.sampling, prev.tokens())
+
+    def _count_step(self, plan: StepPlan) -> None:
         counts = self.counts
         counts.steps += 1
         counts.step_rows += len(plan.requests)
         if self.step_observer is not None:
             self.step_observer(len(plan.requests))
         counts.prefill_tokens += plan.prefill_tokens
+
+    def _run_step(self, plan: StepPlan, t0: float) -> None:
+        """A step whose tokens the host reads and accepts before the next one is planned."""
+        out = self._execute(plan)
+        if out is None:  # every request in the step failed
+            self.scheduler.remove_finished()
+            return
+        logits, failed = out
+        self._count_step(plan)
         for req in self.scheduler.prefilled(plan, failed):
             # The prompt's KV goes to the shared cache as soon as it exists: concurrent requests with
             # the same prefix (system prompt) reuse it without waiting for this one to finish.
@@ -341,22 +420,26 @@ class LLMEngine:
             if not req.generates:
                 self._ends.finish(req, "stop")
         sampling = [r for r in plan.sampling if id(r) not in failed]
+        tokens = sample_rows(logits, [r.sampler for r in sampling], self._masks) if sampling else []  # type: ignore[misc]
+        self._accept_step(sampling, tokens)
+        self.counts.step_seconds += time.perf_counter() - t0
+
+    def _accept_step(self, sampling: Sequence[Request], tokens: Sequence[int | Exception]) -> None:
+        """Each sampling request takes its token (a request that ended since takes none); those that end
+        with it finish; the running list drops every finished request."""
         finished: list[tuple[Request, FinishReason]] = []
-        if sampling:
-            tokens = sample_rows(logits, [r.sampler for r in sampling], self._masks)  # type: ignore[misc]
-            for u in self.scheduler.update_from_output(sampling, tokens, time.monotonic()):
-                if u.error is not None:
-                    log.error("request %s failed at its token: %r", u.request.id, u.error, exc_info=u.error)
-                    self._ends.fail(u.request, u.error)
-                    continue
-                counts.tokens_generated += 1
-                self._deliveries.delta(u.request, u.delta)
-                if u.finish is not None:
-                    finished.append((u.request, u.finish))
+        for u in self.scheduler.update_from_output(sampling, tokens, time.monotonic()):
+            if u.error is not None:
+                log.error("request %s failed at its token: %r", u.request.id, u.error, exc_info=u.error)
+                self._ends.fail(u.request, u.error)
+                continue
+            self.counts.tokens_generated += 1
+            self._deliveries.delta(u.request, u.delta)
+            if u.finish is not None:
+                finished.append((u.request, u.finish))
         for req, reason in finished:
             self._ends.finish(req, reason)
         self.scheduler.remove_finished()
-        counts.step_seconds += time.perf_counter() - t0
 
     def _execute(self, plan: StepPlan) -> tuple[torch.Tensor, set[int]] | None:
         """Run the step: (logits of the sampling rows, ids of failed requests), or None. If the batched pass

@@ -224,11 +224,16 @@ class ModelRunner:
         return torch.cuda.memory_reserved(dev), total - free
 
     # -- a step ----------------------------------------------------------------------------------------
-    def execute(self, plan: StepPlan) -> torch.Tensor:
+    def execute(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``). A step that raises may be run again,
         whole or a request at a time (the engine's fallback): each row writes its KV at its own
-        position, and a slot's length only grows to what was written."""
+        position, and a slot's length only grows to what was written. ``sampled``: the decoding rows'
+        input ids as the previous step left them on the device, in the plan's row order (a step launched
+        before the host has those tokens: overlap.py); the plan's own ids are then placeholders."""
         pool = self.kv.pool
+        if sampled is not None and (not self.static_decode or plan.rows != len(plan.segments)
+                                    or len(plan.logit_rows) != plan.rows):
+            raise ValueError("ids from the device feed decoding rows on the static path only")
         self.kv.reserve(plan.end)
         dev = self.fwd.device
         if not self.static_decode:
@@ -241,7 +246,7 @@ class ModelRunner:
         pieces = []
         if n_dec:
             wanted_dec = [r for r in plan.logit_rows if r < n_dec]
-            dec = self._decode(plan, n_dec, wanted_dec)
+            dec = self._decode(plan, n_dec, wanted_dec, sampled)
             if wanted_dec:
                 pieces.append(dec)
         if n_dec < len(plan.segments):
@@ -275,11 +280,13 @@ class ModelRunner:
         logits = torch.cat(pieces) if pieces else torch.empty((0, self.fwd.vocab_size), device=dev)
         return logits, failed
 
-    def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int]) -> torch.Tensor:
+    def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int], sampled: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """The single-token rows of ``plan`` on the static path: the logits of its rows ``wanted``
         (indices into its first ``n_dec``), in that order. The inputs are staged on the host in numpy
         and reach the device in one copy; the rows to return travel in the same copy (or, where they
-        are slots ``0..k-1`` in order, the usual case, the logits' first rows are returned as they are)."""
+        are slots ``0..k-1`` in order, the usual case, the logits' first rows are returned as they are).
+        ``sampled`` (every row's id, on the device) is then scattered to the rows' slots."""
         pool = self.kv.pool
         segs = plan.segments[:n_dec]
         slots = np.fromiter((s.slot for s in segs), dtype=np.int64, count=n_dec)
@@ -302,6 +309,8 @@ class ModelRunner:
         self._inputs.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+        if sampled is not None:  # every row is wanted: _take[:k] holds the rows' slots in order
+            self._ids.index_copy_(0, self._take[:k], sampled)
         self.input_copies += 1
         clean = pool.clean
         for slot in range(B):  # every position a row reads must be finite (a no-op on a zero-filled pool)

@@ -329,12 +329,19 @@ class DevicePenalties:
         self._key = None
 
     def greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
-        with torch.inference_mode():  # the forward's logits are inference tensors, changed in place here
-            return self._greedy_tokens(logits, rows, samplers)
+        return self.greedy_ids(logits, rows, samplers).tolist()
 
-    def _greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+    def greedy_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
+        """The rows' tokens as a tensor on the logits' device (no wait for the device): a step launched
+        before the host has read them takes them as its inputs (overlap.py). Each sampler's row holds
+        them at once; the engine observes them later (``mask_marked`` counts both)."""
+        with torch.inference_mode():  # the forward's logits are inference tensors, changed in place here
+            return self._greedy_ids(logits, rows, samplers)
+
+    def _greedy_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
         for s in samplers:
-            if s.mask_row is None or s.mask_marked != s.observed:
+            # Its row lacks a token it observed (sampled on another path): written again from the host.
+            if s.mask_row is None or s.mask_marked < s.observed:
                 self._attach(s)
         key = tuple(s.mask_row for s in samplers if s.mask_row is not None)  # every one has its row now
         width = max(self.fill[r] for r in key)
@@ -362,16 +369,15 @@ class DevicePenalties:
             factor = self._factor.to(picked.dtype)
             picked.scatter_(1, at, torch.where(score < 0, score * factor, score / factor))
         if picked.device.type == "cpu":  # numpy's vectorized argmax (see argmax_rows)
-            host = picked.numpy().argmax(axis=-1)
-            ids = torch.from_numpy(host)
+            ids = torch.from_numpy(picked.numpy().argmax(axis=-1))
         else:
             ids = picked.argmax(dim=-1)
         self.ids.index_put_((self._index, self.filled.index_select(0, self._index)), ids)
         self.filled.index_add_(0, self._index, self._ones)
-        for s in samplers:  # the engine observes each picked token next
+        for s in samplers:  # the engine observes each picked token later
             self.fill[s.mask_row] += 1  # type: ignore[index]
-            s.mask_marked = s.observed + 1
-        return host.tolist() if picked.device.type == "cpu" else ids.tolist()
+            s.mask_marked += 1
+        return ids
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

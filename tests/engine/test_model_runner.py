@@ -9,6 +9,8 @@ does not) must not break a step, so the CPU tests make sdpa return one.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 
 import pytest
@@ -272,30 +274,76 @@ def test_a_failed_capture_is_a_warning_and_counted(monkeypatch, caplog):
     assert captures.count((2, 128)) == 1 and not caplog.records
 
 
+async def _run_engine(lm, prompts, params, *, static: bool, overlap: bool = False, cancel_after: int | None = None):
+    """Each prompt's result on a fresh engine (requests come and go at different times: they differ in
+    length); with ``cancel_after``, the first stream is cancelled after that many deltas."""
+    engine = LLMEngine(lm, EngineConfig(max_batch_size=4, prefill_chunk_tokens=32, static_decode=static,
+                                        overlap_steps=overlap, prefix_cache_bytes=0))
+    engine.start()
+    try:
+        streams = [engine.submit(p, params) for p in prompts]
+        if cancel_after is not None:
+            seen = 0
+            async for _ in streams[0]:
+                seen += 1
+                if seen == cancel_after:
+                    streams[0].cancel()
+                    break
+        results = [await s.result() for s in streams]
+        for _ in range(200):  # its thread accepts a step in flight after the last result went out
+            if engine.stats()["active"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        return results, engine.stats(), engine.describe()
+    finally:
+        engine.close()
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
 async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path, repetition_penalty):
-    """The engine with static decoding (what a GPU runs, here without capture) against the eager
-    engine: the same greedy tokens for requests that come and go at different times (with a repetition
-    penalty too: the static path's masks on the device against the eager path's seen-id lists)."""
+    """The engine with static decoding (what a GPU runs, here without capture), with and without steps
+    launched before the previous step's tokens are read (overlap.py), against the eager engine: the same
+    greedy tokens and endings for requests that come and go at different times (with a repetition
+    penalty too: the static path's masks on the device against the eager path's seen-id lists). One
+    token a request samples is made its EOS, so some end at a step that has a step launched after it."""
     lm = random_loaded_lm(tmp_path, layers=LAYERS, dtype=torch.float64, kernels="torch")
-    params = SamplingParams(temperature=0.0, repetition_penalty=repetition_penalty, max_tokens=12, ignore_eos=True)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 3, 75, 12, 50)]
-    tokens = {}
-    for static in (False, True):
-        engine = LLMEngine(lm, EngineConfig(max_batch_size=4, prefill_chunk_tokens=32, static_decode=static,
-                                            prefix_cache_bytes=0))
-        engine.start()
-        try:
-            streams = [engine.submit(p, params) for p in prompts]
-            results = [await s.result() for s in streams]
-        finally:
-            engine.close()
-        tokens[static] = [r.token_ids for r in results]
-        if static:
-            assert engine.describe()["decode"] == "static" and engine.stats()["padded_rows"] > 0
-    assert tokens[True] == tokens[False]
+    free = SamplingParams(temperature=0.0, repetition_penalty=repetition_penalty, max_tokens=12, ignore_eos=True)
+    first, _, _ = await _run_engine(lm, prompts, free, static=False)
+    lm = dataclasses.replace(lm, eos_token_ids=frozenset({first[2].token_ids[6]}))
+    params = dataclasses.replace(free, ignore_eos=False)
+    runs = {(static, overlap): await _run_engine(lm, prompts, params, static=static, overlap=overlap)
+            for static, overlap in ((False, False), (True, False), (True, True))}
+    ends = {key: [(r.token_ids, r.finish_reason, r.text) for r in results] for key, (results, _, _) in runs.items()}
+    assert ends[(True, False)] == ends[(False, False)]
+    assert ends[(True, True)] == ends[(False, False)]
+    assert "stop" in [reason for _, reason, _ in ends[(True, True)]] and "length" in [r for _, r, _ in ends[(True, True)]]
+    for (static, overlap), (_, stats, described) in runs.items():
+        assert described["decode"] == ("static" if static else "eager")
+        assert (stats["steps_overlapped"] > 0) is overlap and (stats["padded_rows"] > 0) is static
+        assert stats["requests_finished"] == len(prompts) and stats["active"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_request_cancelled_while_its_next_step_is_in_flight_leaves_the_others_alone(tmp_path):
+    """With overlapped steps, a stream cancelled mid-reply ends with the tokens it was sent, and the
+    requests beside it give the tokens they give without overlap (and as many steps, uncancelled)."""
+    lm = random_loaded_lm(tmp_path, layers=LAYERS, dtype=torch.float64, kernels="torch")
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (20, 40, 9)]
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=24, ignore_eos=True)
+    plain, plain_stats, _ = await _run_engine(lm, prompts, params, static=True)
+    # Uncancelled, every reply ends at its last token: no step runs after it, as without overlap.
+    full, full_stats, _ = await _run_engine(lm, prompts, params, static=True, overlap=True)
+    assert [r.token_ids for r in full] == [r.token_ids for r in plain]
+    assert full_stats["steps"] == plain_stats["steps"] and full_stats["steps_overlapped"] > 0
+    cut, stats, _ = await _run_engine(lm, prompts, params, static=True, overlap=True, cancel_after=3)
+    assert cut[0].finish_reason == "cancelled" and 3 <= cut[0].completion_tokens < 24
+    assert cut[0].token_ids == plain[0].token_ids[: cut[0].completion_tokens]
+    assert [r.token_ids for r in cut[1:]] == [r.token_ids for r in plain[1:]]
+    assert stats["steps_overlapped"] > 0 and stats["requests_cancelled"] == 1
 
 
 # The kernels one decoding step issues per layer, counted where no GPU is, on the path a CUDA graph
