@@ -409,16 +409,23 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     """The host's time per decoding step at each batch: ``batch`` greedy streams of a 64-token random
     prompt decode ``tokens`` tokens. Each step of exactly ``batch`` decoding rows (no prompt in it) is
     timed whole (the engine's ``_step``: scheduling to delivery) and in parts: the forward's call
-    (``decode_static``), the runner's work around it (``execute`` less the forward), ``sample_rows``,
-    and the rest (scheduling, accepting tokens, detokenizing, delivery). Medians over the steps: the
-    host figures are tenths of a millisecond beside a forward of tens on a CPU, where one preemption
-    by another process outweighs them. ``forwards``: ``model`` runs the model's forward; ``stub``
-    returns a copy of fixed random logits instead, so that the host's code runs as it would beside a
-    GPU, with its caches not emptied by a forward of tens of milliseconds on the same cores (the
-    tokens are then those logits', penalized)."""
+    (``decode_static``), the runner's work around it (``execute`` less the forward), the sampling
+    (``sample_rows``, or an overlapped step's ``greedy_ids``), and the rest (scheduling, accepting
+    tokens, detokenizing, delivery). Medians over the steps: the host figures are tenths of a
+    millisecond beside a forward of tens on a CPU, where one preemption by another process outweighs
+    them. ``forwards``: ``model`` runs the model's forward; ``stub`` returns a copy of fixed random
+    logits instead, so that the host's code runs as it would beside a GPU, with its caches not emptied
+    by a forward of tens of milliseconds on the same cores (the tokens are then those logits', penalized).
+    Each runs with steps overlapped (overlap.py; a GPU's default) and without: overlapped, a step also
+    accepts the tokens of the step before it, after launching its own forward, so the device computes
+    while the host accepts; ``exposed_host_ms`` is the host's time less that part, what the device
+    waits for (on the CPU, where the forward is the host's, nothing overlaps: the parts are measured)."""
     from inference.llm import engine as engine_module
+    from inference.llm.overlap import StepOverlap
 
     fwd, runner = engine.fwd, engine.runner
+    masks = engine._masks
+    assert masks is not None, "the host section measures the static path"
     forward, eager, execute = _Timed(fwd.decode_static), _Timed(fwd.forward), _Timed(runner.execute)
     model_forward = forward.fn
     fixed = torch.randn((runner.buckets[-1], fwd.vocab_size), generator=torch.Generator().manual_seed(0)).to(
@@ -427,30 +434,39 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     def stub(kv, ids, *args):
         return fixed[: ids.shape[0]].clone()
 
-    sample = _Timed(engine_module.sample_rows)
+    sample, sample_ids = _Timed(engine_module.sample_rows), _Timed(masks.greedy_ids)
+    overlap_before = engine._overlap
     step_fn = engine._step
     rows: list[int] = []
-    steps: list[tuple[int, float, float, float, float]] = []  # rows, step, forward, execute, sample
+    steps: list[tuple[int, float, float, float, float, float]] = []  # rows, step, forward, execute, sample, accepted
+
+    def accepted() -> float:
+        return engine._overlap.accept_seconds if engine._overlap is not None else 0.0
+
+    def sampled() -> float:  # a plain step's sample_rows calls greedy_ids, an overlapped step calls it itself
+        return sample_ids.seconds if engine._overlap is not None else sample.seconds
 
     def step() -> None:
-        before = (forward.seconds, eager.seconds, execute.seconds, sample.seconds)
+        before = (forward.seconds, eager.seconds, execute.seconds, sampled(), accepted())
         rows.clear()
         t0 = time.perf_counter()
         step_fn()
         wall = time.perf_counter() - t0
         if rows and eager.seconds == before[1] and forward.seconds > before[0]:  # decoding rows alone
             steps.append((rows[0], wall, forward.seconds - before[0], execute.seconds - before[2],
-                          sample.seconds - before[3]))
+                          sampled() - before[3], accepted() - before[4]))
 
     observer = engine.step_observer
     engine.step_observer = rows.append
     fwd.decode_static, fwd.forward, runner.execute = forward, eager, execute  # type: ignore[method-assign]
     engine_module.sample_rows = sample
+    masks.greedy_ids = sample_ids  # type: ignore[method-assign]
     engine._step = step  # type: ignore[method-assign]
     out = []
     try:
-        for kind, batch in [(k, b) for k in forwards for b in batches]:
+        for kind, overlapped, batch in [(k, o, b) for k in forwards for o in (False, True) for b in batches]:
             forward.fn = stub if kind == "stub" else model_forward
+            engine._overlap = StepOverlap(fwd.device, engine.config.max_batch_size) if overlapped else None
             if batch > runner.buckets[-1]:
                 out.append({"batch": batch, "skipped": f"past the engine's {runner.buckets[-1]} rows"})
                 continue
@@ -461,22 +477,27 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
             streams = [engine.submit(p, params) for p in random_prompts(fwd.vocab_size, batch, 64, seed=batch)]
             await asyncio.gather(*(s.result() for s in streams))
             mine = [s for s in steps if s[0] == batch]
+            row: dict[str, Any] = {"forward": kind, "overlapped": overlapped, "batch": batch, "steps": len(mine)}
             if not mine:
-                out.append({"forward": kind, "batch": batch, "steps": 0})
+                out.append(row)
                 continue
 
             def ms(values: list[float]) -> float:
                 return round(statistics.median(values) * 1000.0, 4)
 
-            out.append({"forward": kind, "batch": batch, "steps": len(mine), "step_ms": ms([s[1] for s in mine]),
-                        "forward_ms": ms([s[2] for s in mine]), "host_ms": ms([s[1] - s[2] for s in mine]),
+            row.update({"step_ms": ms([s[1] for s in mine]), "forward_ms": ms([s[2] for s in mine]),
+                        "host_ms": ms([s[1] - s[2] for s in mine]),
                         "host_min_ms": round(min(s[1] - s[2] for s in mine) * 1000.0, 4),
+                        "exposed_host_ms": ms([s[1] - s[2] - s[5] for s in mine]),
                         "runner_host_ms": ms([s[3] - s[2] for s in mine]), "sample_rows_ms": ms([s[4] for s in mine]),
+                        "accept_overlapped_ms": ms([s[5] for s in mine]),
                         "rest_ms": ms([s[1] - s[3] - s[4] for s in mine]), "repetition_penalty": repetition_penalty})
+            out.append(row)
     finally:
-        del fwd.decode_static, fwd.forward, runner.execute, engine._step
+        del fwd.decode_static, fwd.forward, runner.execute, engine._step, masks.greedy_ids
         engine_module.sample_rows = sample.fn
         engine.step_observer = observer
+        engine._overlap = overlap_before
     return out
 
 
@@ -586,7 +607,8 @@ async def main_async(args, em: Emitter) -> None:
         setup["memory_bound"] = bound = memory_bound(base, args.bandwidth_gbs if cuda else 0.0)
         if lm is not None:
             config = EngineConfig(max_batch_size=32, max_queued_requests=64, prefill_chunk_tokens=args.prefill_chunk,
-                                  static_decode=True if args.device == "cpu" else None)
+                                  static_decode=True if args.device == "cpu" else None,
+                                  overlap_steps=True if args.device == "cpu" else None)
             t0 = time.perf_counter()
             async with running(LLMEngine(lm, config)) as engine:
                 setup["paths"] = engine.describe()

@@ -264,7 +264,10 @@ class LLMEngine:
             self._conversations.apply()
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "in-process", **self.fwd.describe(), **self.runner.describe()}
+        out = {"backend": "in-process", **self.fwd.describe(), **self.runner.describe()}
+        if self.runner.static_decode:
+            out["overlap"] = "on" if self._overlap is not None else "off"  # overlap.py
+        return out
 
     def stats(self) -> dict[str, float]:
         return {**self.kv.stats(), **self.threads.snapshot(), **self.runner.stats(), **self.counts.as_stats(),

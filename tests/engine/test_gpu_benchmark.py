@@ -41,6 +41,7 @@ def test_gpu_benchmark_runs_on_random_weights(device, capsys):
     assert setup["paths"]["device"] == device
     # The CPU runs the path CUDA replays (the static buffers), uncaptured.
     assert setup["paths"]["decode"] == ("cuda-graphs" if device == "cuda" else "static")
+    assert setup["paths"]["overlap"] == "on"  # the CPU's run takes the GPU's path
     capture = report["capture"]
     if device == "cuda":
         assert capture["captured"] == len(capture["batch_buckets"]) * len(capture["length_buckets"])
@@ -140,14 +141,21 @@ def test_a_vocabulary_without_room_for_the_bytes_is_refused(capsys):
 
 def test_host_section_reports_the_host_time_per_step(capsys):
     """The host section times the engine's decoding steps of each batch, with the model's forward and
-    with the stub that returns fixed logits; every part it reports is a time, the host's below the step's."""
+    with the stub that returns fixed logits, with steps overlapped and without; every part it reports is
+    a time, the host's below the step's; overlapped, the tokens accepted behind the next step's launch are
+    the part of it the device would not wait for."""
     assert gpu.main(["--device", "cpu", "--layers", "2", "--sections", "host", "--tokens", "8",
                      "--host-batches", "1,4", "--vocab", "512"]) == 0
     sections = _sections(capsys.readouterr().out)
     assert sections["setup"]["result"]["vocab"] == 512
     report = sections["host"]["result"]
-    assert [(r["forward"], r["batch"]) for r in report] == [("model", 1), ("model", 4), ("stub", 1), ("stub", 4)]
+    assert [(r["forward"], r["overlapped"], r["batch"]) for r in report] == [
+        (forward, overlapped, batch) for forward in ("model", "stub") for overlapped in (False, True) for batch in (1, 4)]
     for row in report:
         assert row["steps"] >= 5, row
         assert 0 < row["host_ms"] < row["step_ms"] and row["forward_ms"] > 0
         assert min(row["runner_host_ms"], row["sample_rows_ms"], row["rest_ms"]) > 0
+        if row["overlapped"]:
+            assert row["accept_overlapped_ms"] > 0 and 0 < row["exposed_host_ms"] < row["host_ms"], row
+        else:
+            assert row["accept_overlapped_ms"] == 0 and row["exposed_host_ms"] == row["host_ms"], row

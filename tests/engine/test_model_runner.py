@@ -322,6 +322,7 @@ async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path, repeti
     assert "stop" in [reason for _, reason, _ in ends[(True, True)]] and "length" in [r for _, r, _ in ends[(True, True)]]
     for (static, overlap), (_, stats, described) in runs.items():
         assert described["decode"] == ("static" if static else "eager")
+        assert described.get("overlap") == ({True: "on", False: "off"}[overlap] if static else None)
         assert (stats["steps_overlapped"] > 0) is overlap and (stats["padded_rows"] > 0) is static
         assert stats["requests_finished"] == len(prompts) and stats["active"] == 0
 
