@@ -356,17 +356,14 @@ class LLMEngine:
 
     def _step_ahead(self, overlap: StepOverlap, t0: float) -> bool:
         """Launch the step after the one in flight before accepting that one's tokens, if it may follow
-        it (StepOverlap.next_plan); else, or if it fails, accept them first. True: a step was launched."""
+        it (StepOverlap.next_plan); else accept them first. True: a step was launched. (A launch that
+        raises fails the running requests, as a failed step does: its KV may be written past the tokens
+        the host has, which no plan can take up again.)"""
         prev = self._in_flight
         assert prev is not None
         self._in_flight = None
         plan = overlap.next_plan(prev, self.scheduler.active, time.monotonic())
-        launched = None
-        if plan is not None:
-            try:
-                launched = self._launch(overlap, plan, prev.ids)
-            except Exception:
-                log.exception("a step launched to overlap failed; the one before it is accepted first")
+        launched = self._launch(overlap, plan, prev.ids) if plan is not None else None
         t1 = time.perf_counter()
         self._accept_step(prev.plan.sampling, prev.tokens())
         if launched is None:
