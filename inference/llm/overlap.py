@@ -17,7 +17,6 @@ host) ends the overlap: the step in flight is accepted first, then the scheduler
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,6 @@ class InFlight:
     ids: torch.Tensor
     host: torch.Tensor
     copied: torch.cuda.Event | None
-    launched_at: float
 
     def tokens(self) -> list[int]:
         if self.copied is not None:
@@ -66,13 +64,13 @@ class StepOverlap:
     def in_flight(self, plan: StepPlan, ids: torch.Tensor) -> InFlight:
         """``plan`` launched, its rows' ids sampled into ``ids``: start their copy to the host."""
         if self.device.type != "cuda":
-            return InFlight(plan, ids, ids, None, time.perf_counter())
+            return InFlight(plan, ids, ids, None)
         host = self._buffers[self._turn][: ids.shape[0]]
         self._turn ^= 1
         host.copy_(ids, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
-        return InFlight(plan, ids, host, copied, time.perf_counter())
+        return InFlight(plan, ids, host, copied)
 
     @staticmethod
     def next_plan(step: InFlight, running: int, now: float) -> StepPlan | None:
