@@ -410,7 +410,7 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     prompt decode ``tokens`` tokens. Each step of exactly ``batch`` decoding rows (no prompt in it) is
     timed whole (the engine's ``_step``: scheduling to delivery) and in parts: the forward's call
     (``decode_static``), the runner's work around it (``execute`` less the forward), the sampling
-    (``sample_rows``, or an overlapped step's ``greedy_ids``), and the rest (scheduling, accepting
+    (``sample_rows``, or an overlapped step's ``sample_ids``), and the rest (scheduling, accepting
     tokens, detokenizing, delivery). Medians over the steps: the host figures are tenths of a
     millisecond beside a forward of tens on a CPU, where one preemption by another process outweighs
     them. ``forwards``: ``model`` runs the model's forward; ``stub`` returns a copy of fixed random
@@ -434,7 +434,7 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     def stub(kv, ids, *args):
         return fixed[: ids.shape[0]].clone()
 
-    sample, sample_ids = _Timed(engine_module.sample_rows), _Timed(masks.greedy_ids)
+    sample, sample_ids = _Timed(engine_module.sample_rows), _Timed(masks.sample_ids)
     overlap_before = engine._overlap
     step_fn = engine._step
     rows: list[int] = []
@@ -443,7 +443,7 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     def accepted() -> float:
         return engine._overlap.accept_seconds if engine._overlap is not None else 0.0
 
-    def sampled() -> float:  # a plain step's sample_rows calls greedy_ids, an overlapped step calls it itself
+    def sampled() -> float:  # a plain step's sample_rows calls sample_ids, an overlapped step calls it itself
         return sample_ids.seconds if engine._overlap is not None else sample.seconds
 
     def step() -> None:
@@ -460,7 +460,7 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
     engine.step_observer = rows.append
     fwd.decode_static, fwd.forward, runner.execute = forward, eager, execute  # type: ignore[method-assign]
     engine_module.sample_rows = sample
-    masks.greedy_ids = sample_ids  # type: ignore[method-assign]
+    masks.sample_ids = sample_ids  # type: ignore[method-assign]
     engine._step = step  # type: ignore[method-assign]
     out = []
     try:
@@ -494,7 +494,7 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
                         "rest_ms": ms([s[1] - s[3] - s[4] for s in mine]), "repetition_penalty": repetition_penalty})
             out.append(row)
     finally:
-        del fwd.decode_static, fwd.forward, runner.execute, engine._step, masks.greedy_ids
+        del fwd.decode_static, fwd.forward, runner.execute, engine._step, masks.sample_ids
         engine_module.sample_rows = sample.fn
         engine.step_observer = observer
         engine._overlap = overlap_before

@@ -117,7 +117,7 @@ class LLMEngine:
         self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
                             prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
-        # The static path's greedy rows keep their penalties' ids on the device (sampling.py).
+        # The static path samples greedy and temperature rows on the device, their penalties' ids kept there (sampling.py).
         self._masks = DevicePenalties(config.max_batch_size, self.fwd.device) if static else None
         overlap = config.overlap_steps if config.overlap_steps is not None else static and not on_cpu
         if overlap and not static:
@@ -388,7 +388,7 @@ class LLMEngine:
         if logits.device.type == "cpu":
             charge("llm", threads * seconds)
         assert self._masks is not None
-        ids = self._masks.greedy_ids(logits, list(range(plan.rows)), [r.sampler for r in plan.sampling])  # type: ignore[misc]
+        ids = self._masks.sample_ids(logits, list(range(plan.rows)), [r.sampler for r in plan.sampling])  # type: ignore[misc]
         self._count_step(plan)
         return overlap.in_flight(plan, ids)
 

@@ -2,7 +2,7 @@
 
 Without overlap the device idles while the host reads a step's tokens, accepts them (detokenizing,
 stop strings, delivery) and plans the next step. Here a step whose rows all decode and sample on the
-device (greedy rows, their penalties kept there: ``DevicePenalties``) leaves its sampled ids on the
+device (greedy rows and rows with a temperature alone: ``DevicePenalties``) leaves its sampled ids on the
 device and is *in flight*; the next step of the same rows is launched at once with those ids as its
 inputs, and only then does the host read and accept the first one's tokens, while the device runs
 the second. One step is in flight at most.
@@ -12,7 +12,7 @@ launched after it: that step stores the KV of the request's last real token (con
 tokens, so the prefix cache may keep it) and samples a token nobody accepts. Where a request will
 reach its last token (``max_new``) at the step in flight, the next one is not launched early.
 Anything else (a request admitted, cancelled or paced out, a prompt chunk, a row sampled on the
-host) ends the overlap: the step in flight is accepted first, then the scheduler plans as usual.
+host: top-k or top-p, a grammar, OpenAI's penalties) ends the overlap: the step in flight is accepted first, then the scheduler plans as usual.
 """
 
 from __future__ import annotations
@@ -96,6 +96,5 @@ class StepOverlap:
 
 
 def _on_device(req: Request) -> bool:
-    s = req.sampler
-    return s is not None and s.greedy and not s.per_row
+    return req.sampler is not None and req.sampler.device_sampled
 

@@ -7,7 +7,9 @@ OpenAI's presence and frequency penalties (over the generated tokens, as OpenAI 
 and a grammar's mask (constraints.py) come first; a row that has either is sampled on its own, so
 the batch's other rows keep the vectorized path.
 A seeded request draws from its own ``torch.Generator``, one draw per token, so its output does not
-depend on what else runs in the batch.
+depend on what else runs in the batch; on the static path (a GPU's) a row with a temperature alone is
+drawn on the device instead, by Gumbel-max over noise hashed from its seed (:class:`DevicePenalties`),
+likewise independent of the batch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class RowSampler:
 
     __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "generator", "seen", "_seen_ids",
                  "suppress_ids", "_suppress", "presence_penalty", "frequency_penalty", "generated_counts",
-                 "constraint", "probe_ids", "probed", "observed", "mask_row", "mask_marked")
+                 "constraint", "probe_ids", "probed", "observed", "mask_row", "mask_marked", "seed_value")
 
     def __init__(
         self,
@@ -65,9 +67,10 @@ class RowSampler:
         self.top_k = int(top_k)
         self.repetition_penalty = float(repetition_penalty)
         self.generator: torch.Generator | None = None
+        self.seed_value = int(seed) if seed is not None else random.getrandbits(63)  # also DevicePenalties' noise
         if not self.greedy:
             self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(int(seed) if seed is not None else random.getrandbits(63))
+            self.generator.manual_seed(self.seed_value)
         self.seen: set[int] = set(int(t) for t in prompt_ids) if self.repetition_penalty != 1.0 else set()
         # The seen ids as a tensor too, appended in place: ``_seen_ids[:len(self.seen)]``.
         self._seen_ids = torch.tensor(sorted(self.seen), dtype=torch.long, device=device)
@@ -81,6 +84,11 @@ class RowSampler:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def device_sampled(self) -> bool:
+        """On the static path, sampled by DevicePenalties: greedy, or a temperature alone (no top-k or top-p)."""
+        return not self.per_row and (self.greedy or (self.top_k == 0 and self.top_p == 1.0))
 
     @property
     def per_row(self) -> bool:
@@ -163,19 +171,23 @@ def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler],
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
     out: list[int | Exception] = [0] * len(samplers)
-    greedy = [i for i, s in enumerate(samplers) if s.greedy and not s.per_row]
-    if greedy:
+    if masks is not None:  # the static path: greedy rows and rows with a temperature alone on the device
+        batched = [i for i, s in enumerate(samplers) if s.device_sampled]
+    else:
+        batched = [i for i, s in enumerate(samplers) if s.greedy and not s.per_row]
+    if batched:
         try:
-            rows = [samplers[i] for i in greedy]
-            picked = masks.greedy_tokens(logits, greedy, rows) if masks is not None else _greedy_tokens(
-                logits, greedy, rows)
-            for i, t in zip(greedy, picked):
+            rows = [samplers[i] for i in batched]
+            picked = masks.sample_tokens(logits, batched, rows) if masks is not None else _greedy_tokens(
+                logits, batched, rows)
+            for i, t in zip(batched, picked):
                 out[i] = t
         except Exception as exc:
-            for i in greedy:
+            for i in batched:
                 out[i] = exc
+    done = set(batched)
     for i, s in enumerate(samplers):
-        if not s.greedy or s.per_row:
+        if i not in done:
             try:
                 out[i] = s.sample(logits[i])
             except Exception as exc:  # e.g. NaN probabilities from a broken row
@@ -253,7 +265,10 @@ def _greedy_tokens_on_device(logits: torch.Tensor, rows: list[int], samplers: li
 
 
 class DevicePenalties:
-    """The greedy rows' penalties kept on the logits' device, for the static path (a GPU's). Each
+    """The static path's (a GPU's) rows sampled on the logits' device, their penalties' state kept there:
+    greedy rows, and rows with a temperature alone (``RowSampler.device_sampled``), drawn by Gumbel-max
+    with noise hashed from the request's seed, its draw's index and the token id (:func:`gumbel_noise`),
+    so that a request's tokens do not depend on its batch and no generator runs per row. Each
     sampler that comes here gets a row of ``ids``: the ids it has seen (its prompt's where it has a
     repetition penalty), then every token it samples, appended on the device by the step that samples
     it; the rest of the row repeats its first entry (0 where it has none: a factor of 1 writes the
@@ -275,8 +290,11 @@ class DevicePenalties:
         self.suppressing = torch.zeros((rows, 1), dtype=torch.bool, device=self.device)  # entry is an id
         self._free = list(range(rows - 1, -1, -1))
         self._key: tuple[int, ...] | None = None
+        self.seeds = torch.zeros(rows, dtype=torch.long, device=self.device)  # each row's request's seed
+        self.drawn = torch.zeros(rows, dtype=torch.long, device=self.device)  # tokens it drew so far
         self._index = self._factor = self._ones = self._sup_ids = self._sup_real = torch.empty(0)
-        self._any_suppressed = self._any_penalty = False
+        self._temperature = self._noisy = self._tokens = torch.empty(0)
+        self._any_suppressed = self._any_penalty = self._any_sampled = False
         self.host_writes = 0  # rows written from the host (a sampler's first step, or a resync)
 
     def release(self, sampler: RowSampler) -> None:
@@ -293,6 +311,8 @@ class DevicePenalties:
             self.filled = torch.cat([self.filled, torch.zeros_like(self.filled[:rows])])
             self.suppressed = torch.cat([self.suppressed, torch.zeros_like(self.suppressed[:rows])])
             self.suppressing = torch.cat([self.suppressing, torch.zeros_like(self.suppressing[:rows])])
+            self.seeds = torch.cat([self.seeds, torch.zeros_like(self.seeds[:rows])])
+            self.drawn = torch.cat([self.drawn, torch.zeros_like(self.drawn[:rows])])
             self.fill += [0] * rows
             self._free = list(range(n + rows - 1, n - 1, -1)) + self._free
         while width > self.ids.shape[1]:  # new columns repeat each row's first id
@@ -324,21 +344,23 @@ class DevicePenalties:
         real = torch.full((self.suppressed.shape[1],), bool(s.suppress_ids), dtype=torch.bool)
         self.suppressed[row].copy_(sup.to(self.device))
         self.suppressing[row].copy_(real.to(self.device))
+        self.seeds[row] = s.seed_value & (2**62 - 1)
+        self.drawn[row] = s.observed
         s.mask_marked = s.observed
         self.host_writes += 1
         self._key = None
 
-    def greedy_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
-        return self.greedy_ids(logits, rows, samplers).tolist()
+    def sample_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+        return self.sample_ids(logits, rows, samplers).tolist()
 
-    def greedy_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
+    def sample_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
         """The rows' tokens as a tensor on the logits' device (no wait for the device): a step launched
         before the host has read them takes them as its inputs (overlap.py). Each sampler's row holds
         them at once; the engine observes them later (``mask_marked`` counts both)."""
         with torch.inference_mode():  # the forward's logits are inference tensors, changed in place here
-            return self._greedy_ids(logits, rows, samplers)
+            return self._sample_ids(logits, rows, samplers)
 
-    def _greedy_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
+    def _sample_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
         for s in samplers:
             # Its row lacks a token it observed (sampled on another path): written again from the host.
             if s.mask_row is None or s.mask_marked < s.observed:
@@ -355,6 +377,12 @@ class DevicePenalties:
             self._ones = torch.ones(len(key), dtype=torch.long, device=self.device)
             self._any_suppressed = any(s.suppress_ids for s in samplers)
             self._any_penalty = any(s.repetition_penalty != 1.0 for s in samplers)
+            self._any_sampled = any(not s.greedy for s in samplers)
+            if self._any_sampled:  # a greedy row: divided by 1, no noise
+                self._temperature = torch.tensor([[1.0 if s.greedy else s.temperature] for s in samplers],
+                                                 dtype=torch.float32).to(self.device, non_blocking=True)
+                self._noisy = torch.tensor([[0.0 if s.greedy else 1.0] for s in samplers],
+                                           dtype=torch.float32).to(self.device, non_blocking=True)
             if self._any_suppressed:
                 self._sup_ids = self.suppressed.index_select(0, self._index)
                 self._sup_real = self.suppressing.index_select(0, self._index)
@@ -368,6 +396,13 @@ class DevicePenalties:
             score = picked.gather(1, at)
             factor = self._factor.to(picked.dtype)
             picked.scatter_(1, at, torch.where(score < 0, score * factor, score / factor))
+        if self._any_sampled:  # Gumbel-max: argmax(logits / t + g) is drawn from softmax(logits / t)
+            if self._tokens.shape[0] != picked.shape[1]:
+                self._tokens = torch.arange(picked.shape[1], device=self.device)
+            noise = gumbel_noise(self.seeds.index_select(0, self._index), self.drawn.index_select(0, self._index),
+                                 self._tokens)
+            picked = picked.float().div_(self._temperature).add_(noise.mul_(self._noisy))
+            self.drawn.index_add_(0, self._index, self._ones)
         if picked.device.type == "cpu":  # numpy's vectorized argmax (see argmax_rows)
             ids = torch.from_numpy(picked.numpy().argmax(axis=-1))
         else:
@@ -378,6 +413,30 @@ class DevicePenalties:
             self.fill[s.mask_row] += 1  # type: ignore[index]
             s.mask_marked += 1
         return ids
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
+def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 (torch's is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def gumbel_noise(seeds: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise ``[rows, vocab]`` (float32), a function of each row's seed, its draw's index and
+    the token id alone: splitmix64's finalizer over ``seed * golden + draw * golden^2 + token`` (int64
+    arithmetic wraps), its top 24 bits a uniform in (0, 1), then ``-log(-log(u))``."""
+    x = seeds.unsqueeze(1) * _GOLDEN + drawn.unsqueeze(1) * _int64((0x9E3779B97F4A7C15 ** 2) % (1 << 64)) + tokens
+    x = (x ^ _shift(x, 30)) * _MIX1
+    x = (x ^ _shift(x, 27)) * _MIX2
+    x = x ^ _shift(x, 31)
+    u = _shift(x, 40).float().add_(0.5).mul_(2.0**-24)
+    return u.log_().neg_().log_().neg_()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

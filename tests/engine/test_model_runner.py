@@ -330,6 +330,35 @@ async def test_engine_on_the_static_path_gives_the_eager_tokens(tmp_path, repeti
 
 
 @pytest.mark.asyncio
+async def test_sampled_replies_overlap_too_and_keep_their_seeds_tokens(tmp_path):
+    """Replies with a temperature (the gateway's default 0.7) sample on the device on the static path, so
+    their steps overlap as greedy ones do: seeded, each gives the same tokens overlapped or not, and alone
+    as beside the others."""
+    lm = random_loaded_lm(tmp_path, layers=LAYERS, dtype=torch.float64, kernels="torch")
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (25, 8, 60)]
+    params = [SamplingParams(temperature=0.7, repetition_penalty=1.1, max_tokens=16, ignore_eos=True, seed=s)
+              for s in (1, 2, 3)]
+
+    async def run(overlap: bool, which: list[int]):
+        engine = LLMEngine(lm, EngineConfig(max_batch_size=4, prefill_chunk_tokens=32, static_decode=True,
+                                            overlap_steps=overlap, prefix_cache_bytes=0))
+        engine.start()
+        try:
+            streams = [engine.submit(prompts[i], params[i]) for i in which]
+            return [(await s.result()).token_ids for s in streams], engine.stats()
+        finally:
+            engine.close()
+
+    plain, plain_stats = await run(False, [0, 1, 2])
+    overlapped, stats = await run(True, [0, 1, 2])
+    alone, _ = await run(True, [2])
+    assert overlapped == plain and alone == [plain[2]]
+    assert stats["steps_overlapped"] > 0 and plain_stats["steps_overlapped"] == 0
+    assert len({tuple(t) for t in plain}) == 3 and all(len(set(t)) > 2 for t in plain)
+
+
+@pytest.mark.asyncio
 async def test_a_request_cancelled_while_its_next_step_is_in_flight_leaves_the_others_alone(tmp_path):
     """With overlapped steps, a stream cancelled mid-reply ends with the tokens it was sent, and the
     requests beside it give the tokens they give without overlap (and as many steps, uncancelled)."""
