@@ -18,7 +18,9 @@ only enqueue); one scheduler thread owns the model, the KV buffers and the prefi
 2. builds one ragged batch: one token per decoding request plus prompt chunks of prefilling requests
    (at most ``prefill_chunk_tokens`` prompt tokens per step, so a long prompt never stalls the others);
 3. runs one forward pass (:mod:`.forward`), samples one token for every row that needs it
-   (:mod:`.sampling`), and hands text deltas to the event loop with ``call_soon_threadsafe``.
+   (:mod:`.sampling`), and hands text deltas to the event loop with ``call_soon_threadsafe``. On the
+   static path (a GPU's), a step whose rows all sample on the device may be launched before the host
+   has read the previous step's tokens, which it accepts while the device computes (:mod:`.overlap`).
 
 A request that finishes (any reason) leaves the KV of its prompt + generated tokens in the prefix cache.
 With a ``conversation_id`` that KV is also pinned for the conversation until its next request or
