@@ -24,13 +24,14 @@ Sections (``--sections``, in this order whatever the order given; the default is
   step at that batch and context (its decoding steps while every stream decodes);
 - ``host``: the engine's host time per decoding step at 1, 8 and 32 streams (``--host-batches``), with
   the model's forward and with a stub returning fixed logits (the host's caches as beside a GPU):
-  the step's wall time (scheduling, staging, the forward, sampling, detokenizing, delivery) less the
-  forward's own call (``decode_static``, timed inside the step), split into the runner's staging around
-  it, ``sample_rows`` and the rest; greedy with ``--host-repetition-penalty`` (the gateway's default
-  1.1). On the CPU the forward runs uncaptured and synchronously, so the rest is the host's own work
-  plus the vocabulary-wide arithmetic a GPU would do (penalties, argmax: 0.3 ms of 32 rows of 49152
-  logits), which ``--vocab 512`` all but removes; on CUDA it also holds the wait for the device at the
-  step's one synchronization;
+  the step's wall time (scheduling, staging, the forward, sampling, detokenizing, delivery) less what
+  a GPU replays as captured graphs (the forward, ``decode_static``, and the sampler's step,
+  ``DeviceSampler.run``, each timed inside the step), split into the runner's staging and the sampler's
+  bookkeeping, and the rest; greedy with ``--host-repetition-penalty`` (the gateway's default 1.1),
+  overlapped and not. On the CPU the graphs' work runs uncaptured and synchronously, and is reported
+  beside (``forward_ms``, ``device_sampling_ms``); ``--vocab 512`` leaves the host's own work without
+  the vocabulary-wide arithmetic in between, which a GPU does; on CUDA the host time also holds the wait
+  for the device at the step's one synchronization;
 - ``prefill``: the forward alone over a 762-token prompt against the engine's TTFT of it (cold);
 - ``1_ttft`` *: TTFT of a ~762-token prompt (a system prompt and a question) seen for the first
   time, and of the same system prompt with another question (the prefix cache);
@@ -408,59 +409,60 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
                        forwards: tuple[str, ...] = ("model", "stub")) -> list[dict]:
     """The host's time per decoding step at each batch: ``batch`` greedy streams of a 64-token random
     prompt decode ``tokens`` tokens. Each step of exactly ``batch`` decoding rows (no prompt in it) is
-    timed whole (the engine's ``_step``: scheduling to delivery) and in parts: the forward's call
-    (``decode_static``), the runner's work around it (``execute`` less the forward), the sampling
-    (``sample_rows``, or an overlapped step's ``sample_ids``), and the rest (scheduling, accepting
-    tokens, detokenizing, delivery). Medians over the steps: the host figures are tenths of a
-    millisecond beside a forward of tens on a CPU, where one preemption by another process outweighs
-    them. ``forwards``: ``model`` runs the model's forward; ``stub`` returns a copy of fixed random
-    logits instead, so that the host's code runs as it would beside a GPU, with its caches not emptied
-    by a forward of tens of milliseconds on the same cores (the tokens are then those logits', penalized).
-    Each runs with steps overlapped (overlap.py; a GPU's default) and without: overlapped, a step also
-    accepts the tokens of the step before it, after launching its own forward, so the device computes
-    while the host accepts; ``exposed_host_ms`` is the host's time less that part, what the device
-    waits for (on the CPU, where the forward is the host's, nothing overlaps: the parts are measured)."""
-    from inference.llm import engine as engine_module
+    timed whole (the engine's ``_step``: scheduling to delivery) and in parts: what a GPU runs as the
+    replay of a captured graph (the forward, ``decode_static``, and the sampler's step, ``DeviceSampler.run``),
+    the runner's work around them (staging the inputs, the sampler's bookkeeping), and the rest
+    (scheduling, accepting tokens, detokenizing, delivery). The host's time is the step's less the graphs'
+    work (on a GPU, each graph costs the host one replay call besides, which no CPU run measures).
+    Medians over the steps: the host figures are tenths of a millisecond beside a forward of tens on a
+    CPU, where one preemption by another process outweighs them. ``forwards``: ``model`` runs the
+    model's forward; ``stub`` returns a copy of fixed random logits instead, so that the host's code runs
+    as it would beside a GPU, with its caches not emptied by a forward of tens of milliseconds on the same
+    cores (the tokens are then those logits', penalized). Each runs with steps overlapped (overlap.py; a
+    GPU's default) and without: overlapped, a step also accepts the tokens of the step before it, after
+    launching its own forward, so the device computes while the host accepts; ``exposed_host_ms`` is the
+    host's time less that part, what the device waits for (on the CPU, where the forward is the host's,
+    nothing overlaps: the parts are measured)."""
     from inference.llm.overlap import StepOverlap
 
     fwd, runner = engine.fwd, engine.runner
-    masks = engine._masks
-    assert masks is not None, "the host section measures the static path"
-    forward, eager, execute = _Timed(fwd.decode_static), _Timed(fwd.forward), _Timed(runner.execute)
+    sampler = runner.sampler
+    assert sampler is not None, "the host section measures the static path"
+    forward, eager, sampling = _Timed(fwd.decode_static), _Timed(fwd.forward), _Timed(sampler.run)
+    execute, execute_sampled = _Timed(runner.execute), _Timed(runner.execute_sampled)
     model_forward = forward.fn
     fixed = torch.randn((runner.buckets[-1], fwd.vocab_size), generator=torch.Generator().manual_seed(0)).to(
         dtype=fwd.logits_dtype, device=fwd.device)
 
     def stub(kv, ids, *args):
-        return fixed[: ids.shape[0]].clone()
+        out = args[-1]
+        return out.copy_(fixed[: ids.shape[0]])
 
-    sample, sample_ids = _Timed(engine_module.sample_rows), _Timed(masks.sample_ids)
     overlap_before = engine._overlap
     step_fn = engine._step
     rows: list[int] = []
-    steps: list[tuple[int, float, float, float, float, float]] = []  # rows, step, forward, execute, sample, accepted
+    steps: list[tuple[int, float, float, float, float, float]] = []  # rows, step, forward, sampling, runner, accepted
 
     def accepted() -> float:
         return engine._overlap.accept_seconds if engine._overlap is not None else 0.0
 
-    def sampled() -> float:  # a plain step's sample_rows calls sample_ids, an overlapped step calls it itself
-        return sample_ids.seconds if engine._overlap is not None else sample.seconds
+    def runner_seconds() -> float:
+        return execute.seconds + execute_sampled.seconds
 
     def step() -> None:
-        before = (forward.seconds, eager.seconds, execute.seconds, sampled(), accepted())
+        before = (forward.seconds, sampling.seconds, eager.seconds, runner_seconds(), accepted())
         rows.clear()
         t0 = time.perf_counter()
         step_fn()
         wall = time.perf_counter() - t0
-        if rows and eager.seconds == before[1] and forward.seconds > before[0]:  # decoding rows alone
-            steps.append((rows[0], wall, forward.seconds - before[0], execute.seconds - before[2],
-                          sampled() - before[3], accepted() - before[4]))
+        if rows and eager.seconds == before[2] and forward.seconds > before[0]:  # decoding rows alone
+            steps.append((rows[0], wall, forward.seconds - before[0], sampling.seconds - before[1],
+                          runner_seconds() - before[3], accepted() - before[4]))
 
     observer = engine.step_observer
     engine.step_observer = rows.append
-    fwd.decode_static, fwd.forward, runner.execute = forward, eager, execute  # type: ignore[method-assign]
-    engine_module.sample_rows = sample
-    masks.sample_ids = sample_ids  # type: ignore[method-assign]
+    fwd.decode_static, fwd.forward, sampler.run = forward, eager, sampling  # type: ignore[method-assign]
+    runner.execute, runner.execute_sampled = execute, execute_sampled  # type: ignore[method-assign]
     engine._step = step  # type: ignore[method-assign]
     out = []
     try:
@@ -485,17 +487,17 @@ async def host_section(engine: LLMEngine, batches: list[int], tokens: int, repet
             def ms(values: list[float]) -> float:
                 return round(statistics.median(values) * 1000.0, 4)
 
+            host = [s[1] - s[2] - s[3] for s in mine]
             row.update({"step_ms": ms([s[1] for s in mine]), "forward_ms": ms([s[2] for s in mine]),
-                        "host_ms": ms([s[1] - s[2] for s in mine]),
-                        "host_min_ms": round(min(s[1] - s[2] for s in mine) * 1000.0, 4),
-                        "exposed_host_ms": ms([s[1] - s[2] - s[5] for s in mine]),
-                        "runner_host_ms": ms([s[3] - s[2] for s in mine]), "sample_rows_ms": ms([s[4] for s in mine]),
+                        "device_sampling_ms": ms([s[3] for s in mine]), "host_ms": ms(host),
+                        "host_min_ms": round(min(host) * 1000.0, 4),
+                        "exposed_host_ms": ms([h - s[5] for h, s in zip(host, mine)]),
+                        "runner_host_ms": ms([s[4] - s[2] - s[3] for s in mine]),
                         "accept_overlapped_ms": ms([s[5] for s in mine]),
-                        "rest_ms": ms([s[1] - s[3] - s[4] for s in mine]), "repetition_penalty": repetition_penalty})
+                        "rest_ms": ms([s[1] - s[4] for s in mine]), "repetition_penalty": repetition_penalty})
             out.append(row)
     finally:
-        del fwd.decode_static, fwd.forward, runner.execute, engine._step, masks.sample_ids
-        engine_module.sample_rows = sample.fn
+        del fwd.decode_static, fwd.forward, runner.execute, runner.execute_sampled, engine._step, sampler.run
         engine.step_observer = observer
         engine._overlap = overlap_before
     return out

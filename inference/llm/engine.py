@@ -55,7 +55,7 @@ from .loader import LoadedLM
 from .model_runner import ModelRunner
 from .overlap import InFlight, StepOverlap
 from .request import Request
-from .sampling import DevicePenalties, sample_rows
+from .sampling import sample_rows
 from .scheduler import Scheduler, StepPlan
 from .threads import ThreadPolicy
 
@@ -119,8 +119,8 @@ class LLMEngine:
         self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
                             prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
-        # The static path samples greedy and temperature rows on the device, their penalties' ids kept there (sampling.py).
-        self._masks = DevicePenalties(config.max_batch_size, self.fwd.device) if static else None
+        # The static path samples greedy and temperature rows on the device, their state kept there (device_sampler.py).
+        self._sampler = self.runner.sampler
         overlap = config.overlap_steps if config.overlap_steps is not None else static and not on_cpu
         if overlap and not static:
             raise ValueError("overlapped steps run on the static decode path")
@@ -138,7 +138,7 @@ class LLMEngine:
         self._conversations = ConversationOps(self.kv, self.scheduler, self._lock)
         self._deliveries = Deliveries()
         self.counts = EngineCounts()  # written by the scheduler thread, read anywhere
-        self._ends = Finisher(self.kv, self._masks, self._conversations, self._deliveries, self.counts)
+        self._ends = Finisher(self.kv, self._sampler, self._conversations, self._deliveries, self.counts)
         self._thread: threading.Thread | None = None
         self._running = False
         self._closed = False
@@ -382,17 +382,21 @@ class LLMEngine:
     def _launch(self, overlap: StepOverlap, plan: StepPlan, sampled: torch.Tensor | None) -> InFlight:
         """Run ``plan`` (its input ids ``sampled`` on the device, where given) and sample its rows on the
         device, leaving the ids there."""
-        threads = self.threads.before_step(plan.rows)
-        t0 = time.perf_counter()
-        logits = self.runner.execute(plan, sampled)
-        seconds = time.perf_counter() - t0
-        self.threads.after_step(plan.rows, seconds)
-        if logits.device.type == "cpu":
-            charge("llm", threads * seconds)
-        assert self._masks is not None
-        ids = self._masks.sample_ids(logits, list(range(plan.rows)), [r.sampler for r in plan.sampling])  # type: ignore[misc]
+        ids = self._execute_sampled(plan, sampled)
         self._count_step(plan)
         return overlap.in_flight(plan, ids)
+
+    def _execute_sampled(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's forward and its rows' sampling on the device (every row decodes and samples there:
+        StepOverlap.overlappable): their ids, on the device."""
+        threads = self.threads.before_step(plan.rows)
+        t0 = time.perf_counter()
+        ids = self.runner.execute_sampled(plan, [r.sampler for r in plan.sampling], sampled)  # type: ignore[misc]
+        seconds = time.perf_counter() - t0
+        self.threads.after_step(plan.rows, seconds)
+        if ids.device.type == "cpu":
+            charge("llm", threads * seconds)
+        return ids
 
     def _accept_in_flight(self) -> None:
         prev, self._in_flight = self._in_flight, None
@@ -409,6 +413,16 @@ class LLMEngine:
 
     def _run_step(self, plan: StepPlan, t0: float) -> None:
         """A step whose tokens the host reads and accepts before the next one is planned."""
+        if self._sampler is not None and StepOverlap.overlappable(plan):
+            try:
+                ids = self._execute_sampled(plan)
+            except Exception:
+                log.exception("a step sampled on the device failed; running it again with its rows sampled apart")
+            else:
+                self._count_step(plan)
+                self._accept_step(plan.sampling, ids.tolist())
+                self.counts.step_seconds += time.perf_counter() - t0
+                return
         out = self._execute(plan)
         if out is None:  # every request in the step failed
             self.scheduler.remove_finished()
@@ -422,7 +436,7 @@ class LLMEngine:
             if not req.generates:
                 self._ends.finish(req, "stop")
         sampling = [r for r in plan.sampling if id(r) not in failed]
-        tokens = sample_rows(logits, [r.sampler for r in sampling], self._masks) if sampling else []  # type: ignore[misc]
+        tokens = sample_rows(logits, [r.sampler for r in sampling], self._sampler) if sampling else []  # type: ignore[misc]
         self._accept_step(sampling, tokens)
         self.counts.step_seconds += time.perf_counter() - t0
 

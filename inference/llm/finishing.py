@@ -10,18 +10,18 @@ from .backend import FinishReason
 from .conversation_ops import ConversationOps
 from .counts import EngineCounts
 from .delivery import Deliveries
+from .device_sampler import DeviceSampler
 from .kv_manager import KVManager
 from .request import Request, RequestStatus
-from .sampling import DevicePenalties
 
 log = logging.getLogger(__name__)
 
 
 class Finisher:
-    def __init__(self, kv: KVManager, masks: DevicePenalties | None, conversations: ConversationOps,
+    def __init__(self, kv: KVManager, sampler: DeviceSampler | None, conversations: ConversationOps,
                  deliveries: Deliveries, counts: EngineCounts) -> None:
         self._kv = kv
-        self._masks = masks
+        self._sampler = sampler
         self._conversations = conversations
         self._deliveries = deliveries
         self._counts = counts
@@ -66,8 +66,8 @@ class Finisher:
         self._deliveries.error(req, exc)
 
     def _release(self, req: Request) -> None:
-        if self._masks is not None and req.sampler is not None:
-            self._masks.release(req.sampler)
+        if self._sampler is not None and req.sampler is not None:
+            self._sampler.release(req.sampler)
         if req.kv is not None:
             self._kv.free(req.kv)
             req.kv = None

@@ -708,7 +708,8 @@ class LeanForward:
 
     @torch.inference_mode()
     def decode_static(self, kv: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-                      write_slots: torch.Tensor, seq_lens: torch.Tensor, length: int) -> torch.Tensor:
+                      write_slots: torch.Tensor, seq_lens: torch.Tensor, length: int,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
         """One decoding step of ``B`` rows over inputs of fixed shapes, so that it can be captured as a
         CUDA graph and replayed (``model_runner.py``); on torch's kernels and sdpa only.
 
@@ -717,7 +718,9 @@ class LeanForward:
         ``write_slots[i]`` (a padding row writes the pool's scratch slot and reads one position).
         Nothing reads a host value, and every shape depends only on ``(B, length)``. ``kv`` is the
         pool's tensor; positions ``[0, length)`` of slots ``0..B-1`` must hold finite numbers. Returns
-        logits ``[B, vocab]`` in ``logits_dtype``; the caller records the slots' new lengths."""
+        logits ``[B, vocab]`` in ``logits_dtype`` (written into ``out`` where given: every graph of a batch
+        bucket writes the one buffer the device sampler's graph reads); the caller records the slots' new
+        lengths."""
         if self._attention_lib is not None:
             raise ValueError("decode_static runs on sdpa; this forward attends on the engine's kernels")
         H, KVH, D, G = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
@@ -755,4 +758,10 @@ class LeanForward:
             inter = gu.shape[1] // 2
             x = self._residual_add(x, L.act(gu[:, :inter]).mul_(gu[:, inter:]), L.down)
         hs = self._norm(x, self.final_norm, self.final_eps)
-        return self._lin_head(hs, self.head).to(self.logits_dtype)
+        if out is None:
+            return self._lin_head(hs, self.head).to(self.logits_dtype)
+        if self.weight_format == "native" and self.dtype == self.logits_dtype:
+            self._lin_into(hs, self.head, out)  # the GEMM writes the buffer itself
+        else:
+            out.copy_(self._lin_head(hs, self.head))  # the cast to logits_dtype is the copy
+        return out

@@ -24,14 +24,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
+from .device_sampler import ALL_FLAGS, DeviceSampler, SampleFlags
 from .forward import LeanForward
 from .kv_manager import KVManager
 from .request import Request
+from .sampling import RowSampler
 from .scheduler import StepPlan
 
 log = logging.getLogger(__name__)
@@ -74,10 +76,21 @@ def length_buckets(upto: int, capacity: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class _Views:
+    ids: torch.Tensor
+    positions: torch.Tensor
+    write_slots: torch.Tensor
+    seq_lens: torch.Tensor
+    take: torch.Tensor
+    state_rows: torch.Tensor
+    logits: torch.Tensor
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # the captured step's output buffer
+    out: torch.Tensor  # the captured step's output buffer
 
 
 MAX_LISTED_FAILURES = 8
@@ -108,7 +121,8 @@ class ModelRunner:
     def __init__(self, fwd: LeanForward, kv: KVManager, *, static_decode: bool | None = None,
                  capture: bool | None = None) -> None:
         """``static_decode``: run decoding rows over the static buffers (default: on CUDA, where the
-        forward attends on sdpa). ``capture``: capture them as CUDA graphs (default: on CUDA)."""
+        forward attends on sdpa), and sample their greedy and temperature rows on the device
+        (``sampler``). ``capture``: capture both as CUDA graphs (default: on CUDA)."""
         on_cuda = fwd.device.type == "cuda"
         if static_decode is None:
             static_decode = on_cuda and fwd.decode_attention == "sdpa"
@@ -128,21 +142,34 @@ class ModelRunner:
         n = self.buckets[-1]
         dev = fwd.device
         # The static input buffers, rows of one tensor: every graph reads their first B entries. Row 4
-        # holds the decoding rows' logits to return, in the plan's order.
-        self._inputs = torch.zeros((5, n), dtype=torch.long, device=dev)
-        self._ids, self._positions, self._write_slots, self._seq_lens, self._take = self._inputs
+        # holds the decoding rows' logits to return, in the plan's order; row 5 each row's state row in
+        # the device sampler (its scratch row for padding).
+        self._inputs = torch.zeros((6, n), dtype=torch.long, device=dev)
+        self._ids, self._positions, self._write_slots, self._seq_lens, self._take, self._state_rows = self._inputs
         self._seq_lens.fill_(1)
+        self.sampler: DeviceSampler | None = None
+        self._logits = torch.empty(0)
+        if static_decode:
+            self.sampler = DeviceSampler(n, kv.pool.max_capacity + 1, fwd.vocab_size, dev)
+            self._state_rows.fill_(self.sampler.scratch)
+            # Every forward graph of a batch bucket writes its logits here, where the sampler's graph reads them.
+            self._logits = torch.zeros((n, fwd.vocab_size), dtype=fwd.logits_dtype, device=dev)
         # Host staging, filled through numpy: one copy of the whole buffer to the device a step (contiguous,
         # so it is one asynchronous copy from pinned memory; a slice's rows would be copied through
         # temporaries). The next step waits for it before writing here again (the copy of the sampled ids
         # back usually has already).
         pin = on_cuda
-        self._host = torch.zeros((5, n), dtype=torch.long, pin_memory=pin)
+        self._host = torch.zeros((6, n), dtype=torch.long, pin_memory=pin)
         self._host_np = self._host.numpy()
         self._copied = torch.cuda.Event() if on_cuda else None
         self.input_copies = 0  # host-to-device copies of the static path's inputs (one a step)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._uncapturable: set[tuple[int, int]] = set()
+        # The sampler's step per batch bucket and flags, captured with the rest by capture_all only (a
+        # capture's warm-up runs the step: here, only over the scratch row).
+        self._sample_graphs: dict[tuple[int, SampleFlags], _Graph] = {}
+        self._take_is_prefix = True  # the last static step's wanted rows are its first slots, in order
+        self._views: dict[int, _Views] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
         self._pool_generation = kv.pool.generation
         self.graph_replays = 0
@@ -160,7 +187,7 @@ class ModelRunner:
 
     def stats(self) -> dict[str, float]:
         report = self.capture_report
-        return {"cuda_graphs": len(self._graphs), "cuda_graph_failures": report.failed,
+        return {"cuda_graphs": len(self._graphs) + len(self._sample_graphs), "cuda_graph_failures": report.failed,
                 "cuda_graph_capture_seconds": report.seconds, "cuda_graph_memory_bytes": report.memory_bytes,
                 "cuda_graph_device_memory_bytes": report.device_memory_bytes,
                 "graph_replays": self.graph_replays, "padded_rows": self.padded_rows}
@@ -177,15 +204,20 @@ class ModelRunner:
         self._ids.zero_()
         self._positions.zero_()
         lengths = length_buckets(max_length, pool.capacity)
+        assert self.sampler is not None
+        self._state_rows.fill_(self.sampler.scratch)
         for B in reversed(self.buckets):  # the largest first: the others reuse its memory pool
             for L in lengths:
                 self._graph_for(B, L)
+            for flags in ALL_FLAGS:
+                self._captured(f"{B}x{flags_name(flags)}", partial(self._capture_sampling, B, flags))
         r = self.capture_report
-        log.info("captured %d CUDA graphs of the decode step (%d batch x %d length buckets, up to %d positions) "
-                 "in %.2f s, using %.0f MiB of GPU memory (%.0f MiB on the device)%s", r.captured, len(self.buckets),
-                 len(lengths), lengths[-1], r.seconds, r.memory_bytes / 2**20, r.device_memory_bytes / 2**20,
+        log.info("captured %d CUDA graphs of the decode step (%d batch x %d length buckets, up to %d positions) and "
+                 "of its sampling (%d batch buckets x %d flags) in %.2f s, using %.0f MiB of GPU memory (%.0f MiB on "
+                 "the device)%s", r.captured, len(self.buckets), len(lengths), lengths[-1], len(self.buckets),
+                 len(ALL_FLAGS), r.seconds, r.memory_bytes / 2**20, r.device_memory_bytes / 2**20,
                  f"; {r.failed} failed and run uncaptured" if r.failed else "")
-        return len(self._graphs)
+        return len(self._graphs) + len(self._sample_graphs)
 
     def padding_step(self, B: int, L: int) -> tuple[Callable[[], torch.Tensor], bool]:
         """Bucket ``(B, L)``'s decoding step for a measurement, while no request runs: every row reads
@@ -207,11 +239,12 @@ class ModelRunner:
         if graph is not None:
             def replay() -> torch.Tensor:
                 graph.graph.replay()
-                return graph.logits
+                return graph.out
             return replay, True
         data = pool.data
         assert data is not None
-        args = (data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L)
+        args = (data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L,
+                self._logits[:B])
         return lambda: self.fwd.decode_static(*args), False
 
     def _memory_in_use(self) -> tuple[int, int]:
@@ -225,14 +258,14 @@ class ModelRunner:
 
     # -- a step ----------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
-        """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``). A step that raises may be run again,
+        """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``): on the static path its
+        decoding rows' lie in a buffer the next step writes again. A step that raises may be run again,
         whole or a request at a time (the engine's fallback): each row writes its KV at its own
         position, and a slot's length only grows to what was written. ``sampled``: the decoding rows'
         input ids as the previous step left them on the device, in the plan's row order (a step launched
         before the host has those tokens: overlap.py); the plan's own ids are then placeholders."""
         pool = self.kv.pool
-        if sampled is not None and (not self.static_decode or plan.rows != len(plan.segments)
-                                    or len(plan.logit_rows) != plan.rows):
+        if sampled is not None and not self._all_decode(plan):
             raise ValueError("ids from the device feed decoding rows on the static path only")
         self.kv.reserve(plan.end)
         dev = self.fwd.device
@@ -246,9 +279,9 @@ class ModelRunner:
         pieces = []
         if n_dec:
             wanted_dec = [r for r in plan.logit_rows if r < n_dec]
-            dec = self._decode(plan, n_dec, wanted_dec, sampled)
+            full, k = self._decode(plan, n_dec, wanted_dec, sampled)
             if wanted_dec:
-                pieces.append(dec)
+                pieces.append(self._taken(full, k))
         if n_dec < len(plan.segments):
             local = [r - n_dec for r in plan.logit_rows if r >= n_dec]
             # The prompt rows' ids and positions in one copy to the device.
@@ -257,6 +290,45 @@ class ModelRunner:
         if not pieces:
             return torch.empty((0, self.fwd.vocab_size), dtype=self.fwd.logits_dtype, device=dev)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _all_decode(self, plan: StepPlan) -> bool:
+        return (self.static_decode and plan.rows == len(plan.segments) == len(plan.logit_rows)
+                and list(plan.logit_rows) == list(range(plan.rows)))
+
+    def execute_sampled(self, plan: StepPlan, samplers: list[RowSampler], sampled: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """A step whose rows all decode and sample on the device (``RowSampler.device_sampled``): the
+        forward, then the sampler's step over its logits, each one graph's replay where captured. Returns
+        the rows' ids on the device, in the plan's order, without waiting for them. ``sampled``: as for
+        :meth:`execute`."""
+        sampler = self.sampler
+        if sampler is None or not self._all_decode(plan) or len(samplers) != plan.rows:
+            raise ValueError("sampling on the device takes decoding rows on the static path, one sampler each")
+        try:
+            flags = sampler.prepare(samplers)
+            self.kv.reserve(plan.end)
+            state_rows = [row for s in samplers if (row := s.mask_row) is not None]  # prepare gave each one
+            full, k = self._decode(plan, plan.rows, list(range(plan.rows)), sampled, state_rows)
+            B = full.shape[0]
+            graph = self._sample_graphs.get((B, flags)) if self.capture else None
+            if graph is not None:
+                graph.graph.replay()
+                self.graph_replays += 1
+                ids = graph.out
+            else:
+                width = max(sampler.fill[r] for r in state_rows)
+                ids = sampler.run(full, self._views[B].state_rows, width, flags)
+        except Exception:
+            sampler.invalidate(samplers)  # their rows may hold a token the host does not count
+            raise
+        sampler.advance_host(samplers)
+        return self._taken(ids, k)
+
+    def _taken(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """The last static step's rows (slot order) that the plan wants, in its order (``_take[:k]``)."""
+        if self._take_is_prefix:
+            return rows if rows.shape[0] == k else rows[:k]
+        return rows.index_select(0, self._views[k].take if k in self._views else self._take[:k])
 
     def execute_each(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, tuple[Request, Exception]]]:
         """After ``plan``'s batched pass raised: each request's part of it alone, to find the culprit
@@ -272,7 +344,7 @@ class ModelRunner:
             try:
                 out = self.execute(alone)
                 if alone.logit_rows:
-                    pieces.append(out)
+                    pieces.append(out.clone())  # the next request's step writes the static path's buffer again
             except Exception as error:
                 failed[id(req)] = (req, error)
             r0 += seg.n
@@ -280,37 +352,45 @@ class ModelRunner:
         logits = torch.cat(pieces) if pieces else torch.empty((0, self.fwd.vocab_size), device=dev)
         return logits, failed
 
-    def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int], sampled: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """The single-token rows of ``plan`` on the static path: the logits of its rows ``wanted``
-        (indices into its first ``n_dec``), in that order. The inputs are staged on the host in numpy
-        and reach the device in one copy; the rows to return travel in the same copy (or, where they
-        are slots ``0..k-1`` in order, the usual case, the logits' first rows are returned as they are).
-        ``sampled`` (every row's id, on the device) is then scattered to the rows' slots."""
+    def _decode(self, plan: StepPlan, n_dec: int, wanted: list[int], sampled: torch.Tensor | None = None,
+                state_rows: list[int] | None = None) -> tuple[torch.Tensor, int]:
+        """The single-token rows of ``plan`` on the static path: the logits of the whole batch bucket, in
+        slot order, and how many of its rows ``wanted`` (indices into its first ``n_dec``) picks (their
+        slots, in that order, are ``_take``: :meth:`_taken`). The inputs are staged on the host in numpy
+        and reach the device in one copy, with the rows to return and each row's ``state_rows`` (its row
+        in the device sampler). ``sampled`` (every row's id, on the device) is then scattered to the rows'
+        slots."""
         pool = self.kv.pool
         segs = plan.segments[:n_dec]
-        slots = np.fromiter((s.slot for s in segs), dtype=np.int64, count=n_dec)
-        starts = np.fromiter((s.start for s in segs), dtype=np.int64, count=n_dec)
-        B = bucket_for(int(slots.max()) + 1, self.buckets)
-        L = length_bucket(int(starts.max()) + 1, pool.capacity)
+        slots = [seg.slot for seg in segs]
+        starts = [seg.start for seg in segs]
+        B = bucket_for(max(slots) + 1, self.buckets)
+        L = length_bucket(max(starts) + 1, pool.capacity)
+        # Staged in Python lists and written to numpy in one assignment: numpy's own indexing costs a few
+        # microseconds a call, more than these few dozen integers.
+        ids, positions, write_slots, lengths = [0] * B, [0] * B, [pool.scratch_slot] * B, [1] * B
+        rows = [self.sampler.scratch if self.sampler is not None else 0] * B
+        token_ids = plan.token_ids
+        for j, slot in enumerate(slots):
+            ids[slot] = token_ids[j]
+            positions[slot] = starts[j]
+            write_slots[slot] = slot
+            lengths[slot] = starts[j] + 1
+        if state_rows is not None:
+            for j, slot in enumerate(slots):
+                rows[slot] = state_rows[j]
+        take = [slots[w] for w in wanted]
+        k = len(take)
+        self._take_is_prefix = take == list(range(k))
         if self._copied is not None:
             self._copied.synchronize()  # the last step's copy has read the buffer
-        host = self._host_np
-        host[:2, :B] = 0
-        host[2, :B] = pool.scratch_slot
-        host[3, :B] = 1
-        host[0, slots] = plan.token_ids[:n_dec]
-        host[1, slots] = starts
-        host[2, slots] = slots
-        host[3, slots] = starts + 1
-        take = slots[wanted]
-        k = len(take)
-        host[4, :k] = take
+        self._host_np[:, :B] = (ids, positions, write_slots, lengths, take + [0] * (B - k), rows)
         self._inputs.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+        views = self._views.get(B) or self._views_of(B)
         if sampled is not None:  # every row is wanted: _take[:k] holds the rows' slots in order
-            self._ids.index_copy_(0, self._take[:k], sampled)
+            self._ids.index_copy_(0, (self._views.get(k) or self._views_of(k)).take, sampled)
         self.input_copies += 1
         clean = pool.clean
         for slot in range(B):  # every position a row reads must be finite (a no-op on a zero-filled pool)
@@ -322,15 +402,19 @@ class ModelRunner:
         if graph is not None:
             graph.graph.replay()
             self.graph_replays += 1
-            logits = graph.logits
+            logits = graph.out
         else:
-            logits = self.fwd.decode_static(pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B],
-                                            self._seq_lens[:B], L)
+            logits = self.fwd.decode_static(pool.data, views.ids, views.positions, views.write_slots, views.seq_lens,
+                                            L, views.logits)
         for seg in segs:
             pool.commit(seg.slot, seg.start + 1)
-        if bool((take == np.arange(k)).all()):
-            return logits[:k]
-        return logits.index_select(0, self._take[:k])
+        return logits, k
+
+    def _views_of(self, B: int) -> _Views:
+        """The static buffers' first ``B`` rows (a slice costs the host a microsecond or two each step)."""
+        self._views[B] = _Views(self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B],
+                                self._take[:B], self._state_rows[:B], self._logits[:B])
+        return self._views[B]
 
     def _graph_for(self, B: int, L: int) -> _Graph | None:
         """The captured step for this bucket, captured now if it is not yet; None where its capture
@@ -342,18 +426,25 @@ class ModelRunner:
         found = self._graphs.get((B, L))
         if found is not None or (B, L) in self._uncapturable:
             return found
+        found = self._captured(f"{B}x{L}", lambda: self._capture(B, L))
+        if found is None:
+            self._uncapturable.add((B, L))
+        return found
+
+    def _captured(self, name: str, capture: Callable[[], _Graph]) -> _Graph | None:
+        """``capture()``'s graph, its time and memory in ``capture_report``; None, with a warning and its
+        reason there, where it failed (that step then runs uncaptured: slower, never wrong)."""
         report = self.capture_report
         t0, before = time.perf_counter(), self._memory_in_use()
+        found = None
         try:
-            found = self._capture(B, L)
+            found = capture()
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            log.warning("capturing the decode step for %d rows over %d positions failed (%s); that bucket runs "
-                        "uncaptured", B, L, reason)
-            self._uncapturable.add((B, L))
+            log.warning("capturing the decoding step %s failed (%s); it runs uncaptured", name, reason)
             report.failed += 1
             if len(report.failures) < MAX_LISTED_FAILURES:
-                report.failures.append(f"{B}x{L}: {reason}")
+                report.failures.append(f"{name}: {reason}")
         else:
             report.captured += 1
         finally:
@@ -363,22 +454,40 @@ class ModelRunner:
             report.device_memory_bytes += after[1] - before[1]
         return found
 
-    def _capture(self, B: int, L: int) -> _Graph:
-        pool = self.kv.pool
-        assert pool.data is not None
-        args = (pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L)
-        # torch's recipe: warm up on a side stream (kernel selection, allocations), then capture. The
-        # warm-up computes this very step, so its KV writes are the ones the replay makes again.
+    def _graph_of(self, step: Callable[[], torch.Tensor]) -> _Graph:
+        """``step`` captured, by torch's recipe: warmed up on a side stream (kernel selection, allocations),
+        then captured. The warm-up runs the step: it must be one whose running twice is harmless."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.fwd.decode_static(*args)
+            step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the ASR and TTS models may use the GPU from their own threads meanwhile.
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
-            logits = self.fwd.decode_static(*args)
-        captured = _Graph(graph, logits)
+            out = step()
+        return _Graph(graph, out)
+
+    def _capture(self, B: int, L: int) -> _Graph:
+        pool = self.kv.pool
+        assert pool.data is not None
+        # The warm-up computes this very step, so its KV writes are the ones the replay makes again.
+        args = (pool.data, self._ids[:B], self._positions[:B], self._write_slots[:B], self._seq_lens[:B], L,
+                self._logits[:B])
+        captured = self._graph_of(lambda: self.fwd.decode_static(*args))
         self._graphs[(B, L)] = captured
         log.debug("captured the decode step for %d rows over %d positions", B, L)
         return captured
+
+    def _capture_sampling(self, B: int, flags: SampleFlags) -> _Graph:
+        """The sampler's step over bucket ``B``'s logits, over its whole width (any row's ids fit). Only
+        while every row points at the scratch row (capture_all): the warm-up samples and appends."""
+        sampler = self.sampler
+        assert sampler is not None
+        captured = self._graph_of(lambda: sampler.run(self._logits[:B], self._state_rows[:B], sampler.width, flags))
+        self._sample_graphs[(B, flags)] = captured
+        return captured
+
+
+def flags_name(flags: SampleFlags) -> str:
+    return "+".join(name for name, on in flags._asdict().items() if on) or "greedy"

@@ -7,20 +7,26 @@ OpenAI's presence and frequency penalties (over the generated tokens, as OpenAI 
 and a grammar's mask (constraints.py) come first; a row that has either is sampled on its own, so
 the batch's other rows keep the vectorized path.
 A seeded request draws from its own ``torch.Generator``, one draw per token, so its output does not
-depend on what else runs in the batch; on the static path (a GPU's) a row with a temperature alone is
-drawn on the device instead, by Gumbel-max over noise hashed from its seed (:class:`DevicePenalties`),
-likewise independent of the batch.
+depend on what else runs in the batch; on the static path (a GPU's) greedy rows and rows with a
+temperature alone are sampled on the device instead (device_sampler.py), likewise independent of the batch.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from inference.llm.constraints import TokenConstraint
+
+if TYPE_CHECKING:
+    from .device_sampler import DeviceSampler
+
+# Suppressed ids a row sampled on the device may have (a model's EOS ids under ignore_eos: one to three).
+MAX_DEVICE_SUPPRESSED = 8
 
 
 class RowSampler:
@@ -67,7 +73,7 @@ class RowSampler:
         self.top_k = int(top_k)
         self.repetition_penalty = float(repetition_penalty)
         self.generator: torch.Generator | None = None
-        self.seed_value = int(seed) if seed is not None else random.getrandbits(63)  # also DevicePenalties' noise
+        self.seed_value = int(seed) if seed is not None else random.getrandbits(63)  # also the device's noise
         if not self.greedy:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(self.seed_value)
@@ -77,7 +83,7 @@ class RowSampler:
         self.suppress_ids = tuple(int(t) for t in suppress_ids)  # never sampled (e.g. EOS with ignore_eos)
         self._suppress: torch.Tensor | None = None
         self.observed = 0  # tokens observed
-        # Its row of a DevicePenalties (the static path's greedy rows), and how many observed tokens it holds.
+        # Its row of a DeviceSampler (the static path's), and how many observed tokens that row holds.
         self.mask_row: int | None = None
         self.mask_marked = 0
 
@@ -87,8 +93,10 @@ class RowSampler:
 
     @property
     def device_sampled(self) -> bool:
-        """On the static path, sampled by DevicePenalties: greedy, or a temperature alone (no top-k or top-p)."""
-        return not self.per_row and (self.greedy or (self.top_k == 0 and self.top_p == 1.0))
+        """On the static path, sampled on the device (device_sampler.py): greedy, or a temperature alone (no
+        top-k or top-p), with at most MAX_DEVICE_SUPPRESSED suppressed ids."""
+        return (not self.per_row and len(self.suppress_ids) <= MAX_DEVICE_SUPPRESSED
+                and (self.greedy or (self.top_k == 0 and self.top_p == 1.0)))
 
     @property
     def per_row(self) -> bool:
@@ -163,7 +171,7 @@ class RowSampler:
 
 
 def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler],
-                masks: DevicePenalties | None = None) -> list[int | Exception]:
+                masks: DeviceSampler | None = None) -> list[int | Exception]:
     """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler, or the
     exception that row's sampling raised (the other rows still get theirs). On the CPU, the greedy
     rows of ``logits`` are overwritten with their penalized scores. With ``masks`` (the static path's,
@@ -262,181 +270,6 @@ def _greedy_tokens_on_device(logits: torch.Tensor, rows: list[int], samplers: li
         values = picked[at[0], at[1]]
         picked[at[0], at[1]] = torch.where(values < 0, values * factor, values / factor)
     return picked.argmax(dim=-1).tolist()
-
-
-class DevicePenalties:
-    """The static path's (a GPU's) rows sampled on the logits' device, their penalties' state kept there:
-    greedy rows, and rows with a temperature alone (``RowSampler.device_sampled``), drawn by Gumbel-max
-    with noise hashed from the request's seed, its draw's index and the token id (:func:`gumbel_noise`),
-    so that a request's tokens do not depend on its batch and no generator runs per row. Each
-    sampler that comes here gets a row of ``ids``: the ids it has seen (its prompt's where it has a
-    repetition penalty), then every token it samples, appended on the device by the step that samples
-    it; the rest of the row repeats its first entry (0 where it has none: a factor of 1 writes the
-    value back), and a row's suppressed ids are a row of ``suppressed`` likewise. A step gathers its rows' logits at those ids, penalizes them (the same
-    float32 arithmetic as :meth:`RowSampler.process`; a repeated id gets the same value twice) and
-    scatters them back, takes the argmax and appends it: a fixed dozen operations on the host whatever
-    the rows have seen, over rows x seen ids on the device (not the vocabulary). Before, every row's
-    seen ids were gathered into lists and copied to the device each step. A sampler's row is written
-    from the host once, when it first comes (again only if it observed a token another path sampled);
-    the batch's row indices and penalties are copied again only when the batch changes. :meth:`release`
-    hands a finished request's row back."""
-
-    def __init__(self, rows: int, device: torch.device | str, width: int = 256) -> None:
-        self.device = torch.device(device)
-        self.ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
-        self.filled = torch.zeros(rows, dtype=torch.long, device=self.device)  # entries of each row
-        self.fill = [0] * rows  # the same, as the host knows it
-        self.suppressed = torch.zeros((rows, 1), dtype=torch.long, device=self.device)
-        self.suppressing = torch.zeros((rows, 1), dtype=torch.bool, device=self.device)  # entry is an id
-        self._free = list(range(rows - 1, -1, -1))
-        self._key: tuple[int, ...] | None = None
-        self.seeds = torch.zeros(rows, dtype=torch.long, device=self.device)  # each row's request's seed
-        self.drawn = torch.zeros(rows, dtype=torch.long, device=self.device)  # tokens it drew so far
-        self._index = self._factor = self._ones = self._sup_ids = self._sup_real = torch.empty(0)
-        self._temperature = self._noisy = self._tokens = torch.empty(0)
-        self._any_suppressed = self._any_penalty = self._any_sampled = False
-        self.host_writes = 0  # rows written from the host (a sampler's first step, or a resync)
-
-    def release(self, sampler: RowSampler) -> None:
-        if sampler.mask_row is not None:
-            self._free.append(sampler.mask_row)
-            sampler.mask_row = None
-            self._key = None
-
-    def _grow(self, rows: int = 0, width: int = 0, suppressed: int = 0) -> None:
-        """Room for ``rows`` more rows, ``width`` ids a row and ``suppressed`` suppressed ids a row."""
-        if rows:
-            n = self.ids.shape[0]
-            self.ids = torch.cat([self.ids, torch.zeros_like(self.ids[:rows])])
-            self.filled = torch.cat([self.filled, torch.zeros_like(self.filled[:rows])])
-            self.suppressed = torch.cat([self.suppressed, torch.zeros_like(self.suppressed[:rows])])
-            self.suppressing = torch.cat([self.suppressing, torch.zeros_like(self.suppressing[:rows])])
-            self.seeds = torch.cat([self.seeds, torch.zeros_like(self.seeds[:rows])])
-            self.drawn = torch.cat([self.drawn, torch.zeros_like(self.drawn[:rows])])
-            self.fill += [0] * rows
-            self._free = list(range(n + rows - 1, n - 1, -1)) + self._free
-        while width > self.ids.shape[1]:  # new columns repeat each row's first id
-            self.ids = torch.cat([self.ids, self.ids[:, :1].expand(-1, self.ids.shape[1])], dim=1)
-        if suppressed > self.suppressed.shape[1]:
-            extra = suppressed - self.suppressed.shape[1]
-            self.suppressed = torch.cat([self.suppressed, self.suppressed[:, :1].expand(-1, extra)], dim=1)
-            self.suppressing = torch.cat([self.suppressing, self.suppressing[:, :1].expand(-1, extra)], dim=1)
-        self._key = None
-
-    def _attach(self, s: RowSampler) -> None:
-        if s.mask_row is None:
-            if not self._free:  # more samplers than rows (none released yet)
-                self._grow(rows=self.ids.shape[0])
-            s.mask_row = self._free.pop()
-            self._key = None
-        row = s.mask_row
-        seen = s.seen_ids(torch.device("cpu")) if s.repetition_penalty != 1.0 else torch.empty(0, dtype=torch.long)
-        n = int(seen.shape[0])
-        self._grow(width=n + 1, suppressed=len(s.suppress_ids))
-        line = torch.full((self.ids.shape[1],), int(seen[0]) if n else 0, dtype=torch.long)
-        line[:n] = seen
-        self.ids[row].copy_(line.to(self.device))
-        self.filled[row] = n
-        self.fill[row] = n
-        sup = torch.full((self.suppressed.shape[1],), s.suppress_ids[0] if s.suppress_ids else 0, dtype=torch.long)
-        sup[: len(s.suppress_ids)] = torch.tensor(s.suppress_ids, dtype=torch.long)
-        # A row with suppressed ids repeats its first one (and suppresses it again: one value per id).
-        real = torch.full((self.suppressed.shape[1],), bool(s.suppress_ids), dtype=torch.bool)
-        self.suppressed[row].copy_(sup.to(self.device))
-        self.suppressing[row].copy_(real.to(self.device))
-        self.seeds[row] = s.seed_value & (2**62 - 1)
-        self.drawn[row] = s.observed
-        s.mask_marked = s.observed
-        self.host_writes += 1
-        self._key = None
-
-    def sample_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
-        return self.sample_ids(logits, rows, samplers).tolist()
-
-    def sample_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
-        """The rows' tokens as a tensor on the logits' device (no wait for the device): a step launched
-        before the host has read them takes them as its inputs (overlap.py). Each sampler's row holds
-        them at once; the engine observes them later (``mask_marked`` counts both)."""
-        with torch.inference_mode():  # the forward's logits are inference tensors, changed in place here
-            return self._sample_ids(logits, rows, samplers)
-
-    def _sample_ids(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> torch.Tensor:
-        for s in samplers:
-            # Its row lacks a token it observed (sampled on another path): written again from the host.
-            if s.mask_row is None or s.mask_marked < s.observed:
-                self._attach(s)
-        key = tuple(s.mask_row for s in samplers if s.mask_row is not None)  # every one has its row now
-        width = max(self.fill[r] for r in key)
-        if width + 1 > self.ids.shape[1]:
-            self._grow(width=width + 1)
-        if key != self._key:
-            self._key = key
-            self._index = torch.tensor(key, dtype=torch.long).to(self.device, non_blocking=True)
-            self._factor = torch.tensor([[s.repetition_penalty] for s in samplers], dtype=torch.float32).to(
-                self.device, non_blocking=True)
-            self._ones = torch.ones(len(key), dtype=torch.long, device=self.device)
-            self._any_suppressed = any(s.suppress_ids for s in samplers)
-            self._any_penalty = any(s.repetition_penalty != 1.0 for s in samplers)
-            self._any_sampled = any(not s.greedy for s in samplers)
-            if self._any_sampled:  # a greedy row: divided by 1, no noise
-                self._temperature = torch.tensor([[1.0 if s.greedy else s.temperature] for s in samplers],
-                                                 dtype=torch.float32).to(self.device, non_blocking=True)
-                self._noisy = torch.tensor([[0.0 if s.greedy else 1.0] for s in samplers],
-                                           dtype=torch.float32).to(self.device, non_blocking=True)
-            if self._any_suppressed:
-                self._sup_ids = self.suppressed.index_select(0, self._index)
-                self._sup_real = self.suppressing.index_select(0, self._index)
-        # In place where every row is greedy (no copy of the logits), as the host path does.
-        picked = logits if len(rows) == logits.shape[0] else logits[rows]
-        if self._any_suppressed:
-            values = picked.gather(1, self._sup_ids)
-            picked.scatter_(1, self._sup_ids, values.masked_fill(self._sup_real, float("-inf")))
-        if self._any_penalty and width:
-            at = self.ids[:, :width].index_select(0, self._index)
-            score = picked.gather(1, at)
-            factor = self._factor.to(picked.dtype)
-            picked.scatter_(1, at, torch.where(score < 0, score * factor, score / factor))
-        if self._any_sampled:  # Gumbel-max: argmax(logits / t + g) is drawn from softmax(logits / t)
-            if self._tokens.shape[0] != picked.shape[1]:
-                self._tokens = torch.arange(picked.shape[1], device=self.device)
-            noise = gumbel_noise(self.seeds.index_select(0, self._index), self.drawn.index_select(0, self._index),
-                                 self._tokens)
-            picked = picked.float().div_(self._temperature).add_(noise.mul_(self._noisy))
-            self.drawn.index_add_(0, self._index, self._ones)
-        if picked.device.type == "cpu":  # numpy's vectorized argmax (see argmax_rows)
-            ids = torch.from_numpy(picked.numpy().argmax(axis=-1))
-        else:
-            ids = picked.argmax(dim=-1)
-        self.ids.index_put_((self._index, self.filled.index_select(0, self._index)), ids)
-        self.filled.index_add_(0, self._index, self._ones)
-        for s in samplers:  # the engine observes each picked token later
-            self.fill[s.mask_row] += 1  # type: ignore[index]
-            s.mask_marked += 1
-        return ids
-
-
-def _int64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _MIX1, _MIX2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
-
-
-def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """A logical right shift of int64 (torch's is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def gumbel_noise(seeds: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise ``[rows, vocab]`` (float32), a function of each row's seed, its draw's index and
-    the token id alone: splitmix64's finalizer over ``seed * golden + draw * golden^2 + token`` (int64
-    arithmetic wraps), its top 24 bits a uniform in (0, 1), then ``-log(-log(u))``."""
-    x = seeds.unsqueeze(1) * _GOLDEN + drawn.unsqueeze(1) * _int64((0x9E3779B97F4A7C15 ** 2) % (1 << 64)) + tokens
-    x = (x ^ _shift(x, 30)) * _MIX1
-    x = (x ^ _shift(x, 27)) * _MIX2
-    x = x ^ _shift(x, 31)
-    u = _shift(x, 40).float().add_(0.5).mul_(2.0**-24)
-    return u.log_().neg_().log_().neg_()
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

@@ -112,7 +112,7 @@ def _run(fwd: LeanForward, static: bool, steps) -> tuple[list[torch.Tensor], tor
         # float64 logits for a float64 model, static or eager: rounded to float32 they would differ
         # by a float32 unit wherever a GPU's kernels differ in the last bits.
         assert out.dtype == (torch.float64 if fwd.dtype == torch.float64 else torch.float32)
-        logits.append(out.double().cpu())
+        logits.append(out.double().cpu().clone())  # the static path's are valid until the next step
     pool = kv.pool
     assert pool.data is not None
     written = torch.cat([pool.data[:, :, slot, :, : pool.lengths[slot]].flatten() for slot in range(5)])
@@ -143,13 +143,37 @@ def test_static_decode_sees_a_wrong_slot_mapping(monkeypatch):
     eager, _, _ = _run(fwd, False, steps)
     real = fwd.decode_static
 
-    def swapped(kv, ids, positions, write_slots, seq_lens, length):
-        return real(kv, ids, positions, write_slots.flip(0), seq_lens, length)
+    def swapped(kv, ids, positions, write_slots, seq_lens, length, out=None):
+        return real(kv, ids, positions, write_slots.flip(0), seq_lens, length, out)
 
     monkeypatch.setattr(fwd, "decode_static", swapped)
     static, _, _ = _run(fwd, True, steps)
     worst = max((e - s).abs().max().item() / e.abs().max().item() for e, s in zip(eager, static))
     assert worst > 1e-3
+
+
+def test_each_request_run_alone_after_a_failed_pass_keeps_its_own_logits():
+    """After a batched pass raised, the runner runs each request alone (the engine's fallback): on the
+    static path every one of those steps writes the same logits buffer, so each request's logits must be
+    its own, not the last request's, and equal the batched pass's."""
+    fwd = _forward("cpu", torch.float64)
+    kv = KVManager(fwd.kv_layout, 3, max_capacity=512, prefix_cache_bytes=0, capacity=256)
+    for _ in range(3):
+        kv.allocate()
+    runner = ModelRunner(fwd, kv, static_decode=True)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, fwd.vocab_size, (n,), generator=g).tolist() for n in (12, 20, 7)]
+    runner.execute(StepPlan(segments=[Segment(i, 0, len(p)) for i, p in enumerate(prompts)],
+                            token_ids=[t for p in prompts for t in p], positions=[i for p in prompts for i in range(len(p))],
+                            logit_rows=[11, 31, 38]))
+    plan = StepPlan(segments=[Segment(i, len(p), 1) for i, p in enumerate(prompts)], token_ids=[4, 5, 6],
+                    positions=[len(p) for p in prompts], logit_rows=[0, 1, 2], requests=[object()] * 3)  # type: ignore[list-item]
+    batched = runner.execute(plan).clone()
+    for slot, p in enumerate(prompts):  # the same step again, each request alone
+        kv.pool.lengths[slot] = len(p)
+    alone, failed = runner.execute_each(plan)
+    assert not failed and alone.shape == batched.shape
+    assert (alone - batched).abs().max().item() <= 1e-9 * batched.abs().max().item()
 
 
 def test_static_decode_with_int8_weights_is_their_eager_forward():
@@ -243,24 +267,33 @@ def test_a_failed_capture_is_a_warning_and_counted(monkeypatch, caplog):
         captures.append((B, L))
         if (B, L) == (2, 128):
             raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
-        runner._graphs[(B, L)] = _Graph(graph=None, logits=torch.zeros(B, fwd.vocab_size))  # type: ignore[arg-type]
+        runner._graphs[(B, L)] = _Graph(graph=None, out=torch.zeros(B, fwd.vocab_size))  # type: ignore[arg-type]
         return runner._graphs[(B, L)]
+
+    def capture_sampling(B, flags):
+        captures.append((B, flags))
+        runner._sample_graphs[(B, flags)] = _Graph(graph=None, out=torch.zeros(B, dtype=torch.long))  # type: ignore[arg-type]
+        return runner._sample_graphs[(B, flags)]
 
     in_use = iter(range(0, 10**9, 2**20))
     monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(runner, "_capture_sampling", capture_sampling)
     monkeypatch.setattr(runner, "_memory_in_use", lambda: (next(in_use), 0), raising=False)
+    # Batch buckets 1, 2, 4 over lengths 64, 128 (one failed), and each bucket's sampling in its 8 flags.
     with caplog.at_level(logging.INFO, logger="inference.llm.model_runner"):
-        assert runner.capture_all(128) == 5  # batch buckets 1, 2, 4 over lengths 64, 128: one failed
+        assert runner.capture_all(128) == 5 + 24
+    assert sorted(b for b in captures if isinstance(b[1], int)) == [(B, L) for B in (1, 2, 4) for L in (64, 128)]
+    assert sum(1 for b in captures if not isinstance(b[1], int)) == 24
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "2 rows over 128 positions" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "2x128 failed" in warnings[0].getMessage()
     assert "RuntimeError: CUDA error: out of memory" in warnings[0].getMessage()
-    assert any("captured 5 CUDA graphs" in r.getMessage() and "1 failed" in r.getMessage() for r in caplog.records)
+    assert any("captured 29 CUDA graphs" in r.getMessage() and "1 failed" in r.getMessage() for r in caplog.records)
     report = runner.describe()["cuda_graphs"]
-    assert report["captured"] == 5 and report["failed"] == 1 and report["capture_s"] >= 0
-    assert report["memory_mib"] == 6.0  # each capture's memory after less before: 1 MiB here
+    assert report["captured"] == 29 and report["failed"] == 1 and report["capture_s"] >= 0
+    assert report["memory_mib"] == 30.0  # each capture's memory after less before: 1 MiB here
     assert report["failures"] == ["2x128: RuntimeError: CUDA error: out of memory"]
     stats = runner.stats()
-    assert stats["cuda_graphs"] == 5 and stats["cuda_graph_failures"] == 1
+    assert stats["cuda_graphs"] == 29 and stats["cuda_graph_failures"] == 1
     # That bucket's steps run uncaptured, without trying to capture it again (or warning again).
     caplog.clear()
     g = torch.Generator().manual_seed(0)

@@ -12,11 +12,9 @@ from transformers.generation.logits_process import (
 
 from inference.llm.output import IncrementalDetokenizer, StopChecker, TextOutput
 from inference.llm.sampling import (
-    DevicePenalties,
     RowSampler,
     _greedy_tokens,
     _greedy_tokens_on_device,
-    gumbel_noise,
     sample_rows,
 )
 
@@ -120,96 +118,6 @@ def test_greedy_rows_on_the_device_path_pick_what_the_host_path_picks():
         for rows in ([0, 1, 2], [0, 1, 3]):
             want = _greedy_tokens(logits.clone(), rows, samplers)
             assert _greedy_tokens_on_device(logits.clone(), rows, samplers) == want, (step, rows)
-
-
-def test_penalties_kept_on_the_device_pick_what_the_seen_id_lists_pick():
-    """The static path's penalties as per-row ids on the device, each sampled token appended there,
-    give the tokens of the host path, which builds every row's seen ids a step: over 40 steps of rows
-    that come and go (a finished row's ids go to the next), a penalty above and below 1, suppressed
-    ids, rows without either, a row sampled elsewhere for a step (its row written again), more rows
-    and more ids than it had room for, and logits that make repeating a token tempting. Its rows are
-    written from the host once each, not every step."""
-    torch.manual_seed(11)
-    V = 300
-    masks = DevicePenalties(2, "cpu", width=8)
-    specs = [dict(repetition_penalty=1.3, prompt_ids=list(range(0, 300, 7))), dict(suppress_ids=[7, 9]),
-             dict(repetition_penalty=0.7, prompt_ids=[1, 2, 3], suppress_ids=[4]), dict(),
-             dict(repetition_penalty=1.1, prompt_ids=[5, 5, 6])]
-    pairs = [(sampler(temperature=0, **kw), sampler(temperature=0, **kw)) for kw in specs[:3]]
-    writes = 0
-    for step in range(40):
-        if step == 10:  # a row finishes, two come
-            masks.release(pairs.pop(1)[0])
-            pairs += [(sampler(temperature=0, **kw), sampler(temperature=0, **kw)) for kw in specs[3:]]
-        logits = torch.randn(len(pairs) + 1, V) * 2
-        logits[:, 40 + step % 3] += 4.0  # a few tokens come back again and again: the penalty decides
-        rows = list(range(len(pairs))) if step % 2 else list(range(1, len(pairs) + 1))
-        if step == 20:  # the first row is sampled on its own path this step (not through the masks)
-            mine = masks.sample_tokens(logits.clone(), rows[1:], [p[0] for p in pairs[1:]])
-            mine.insert(0, int(torch.argmax(pairs[0][0].process(logits[rows[0]].clone()))))
-        else:
-            mine = masks.sample_tokens(logits.clone(), rows, [p[0] for p in pairs])
-        want = _greedy_tokens(logits.clone(), rows, [p[1] for p in pairs])
-        assert mine == want, step
-        for (a, b), tok in zip(pairs, want):
-            a.observe(tok)
-            b.observe(tok)
-        writes = masks.host_writes
-    assert masks.ids.shape[0] == 4 and masks.ids.shape[1] >= 64  # 4 rows at once, 43 prompt ids: it grew
-    assert writes == len(specs) + 1  # each sampler's first step, and the row sampled elsewhere
-
-
-def test_hashed_gumbel_noise_draws_from_the_softmax_over_seeds_and_over_draws():
-    """argmax(logits / t + noise) over 4000 seeds (one draw each), and over 4000 draws of one seed, gives
-    each token with softmax(logits / t)'s probability (within 0.03: four standard deviations); a seed and
-    a draw's index give the same noise each time, another index other noise."""
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -0.5])
-    t = 0.7
-    want = torch.softmax(logits / t, -1)
-    tokens = torch.arange(8)
-    n = 4000
-    for seeds, drawn in ((torch.arange(n), torch.zeros(n, dtype=torch.long)),
-                         (torch.full((n,), 12345), torch.arange(n))):
-        picks = (logits / t + gumbel_noise(seeds, drawn, tokens)).argmax(-1)
-        freq = torch.bincount(picks, minlength=8).float() / n
-        assert (freq - want).abs().max().item() < 0.03, (freq, want)
-    once = gumbel_noise(torch.tensor([7]), torch.tensor([3]), tokens)
-    assert torch.equal(once, gumbel_noise(torch.tensor([7]), torch.tensor([3]), tokens))
-    assert not torch.equal(once, gumbel_noise(torch.tensor([7]), torch.tensor([4]), tokens))
-    assert torch.isfinite(once).all()
-
-
-def test_temperature_rows_on_the_device_follow_their_seed_whatever_the_batch():
-    """The static path samples a temperature row on the device (DevicePenalties): a seeded request draws
-    the same tokens alone and beside other rows (greedy or sampled, in another order), a greedy row beside
-    it keeps the host path's argmax, and a row with top-p is left to its own sampler."""
-    torch.manual_seed(3)
-    steps = [torch.randn(4, 50) * 2 for _ in range(12)]
-
-    def run(batch: list[int]) -> list[list[int]]:
-        masks = DevicePenalties(4, "cpu", width=8)
-        samplers = {0: sampler(temperature=0.8, seed=42, repetition_penalty=1.2, prompt_ids=[1, 2]),
-                    1: sampler(temperature=0.0, repetition_penalty=1.2, prompt_ids=[3]),
-                    2: sampler(temperature=1.3, seed=7), 3: sampler(temperature=0.9, top_p=0.9, seed=1)}
-        out: list[list[int]] = [[] for _ in batch]
-        for logits in steps:
-            rows = [samplers[i] for i in batch]
-            got = sample_rows(logits[batch].clone(), rows, masks)
-            for j, (row, token) in enumerate(zip(rows, got)):
-                out[j].append(token)
-                row.observe(token)
-        return out
-
-    alone = run([0])[0]
-    assert run([0, 1, 2])[0] == alone and run([2, 3, 0])[2] == alone
-    assert len(set(alone)) > 1  # sampled, not argmax every time
-    greedy = sampler(temperature=0.0, repetition_penalty=1.2, prompt_ids=[3])
-    want = []
-    for logits in steps:
-        want.append(_greedy_tokens(logits[1:2].clone(), [0], [greedy])[0])
-        greedy.observe(want[-1])
-    assert run([0, 1, 2])[1] == want
-    assert not sampler(temperature=0.9, top_p=0.9).device_sampled and sampler(temperature=0.9).device_sampled
 
 
 def test_a_failing_row_gets_its_exception_and_the_others_their_tokens():
