@@ -18,7 +18,7 @@ tokens do not depend on its batch, and no generator runs per row), takes the arg
 only input besides the logits is ``index``, each logits row's state row; a padding row points at a
 scratch row whose state never advances. Its shapes depend on the batch alone, so the model runner
 captures it per batch bucket, after the forward's graph (model_runner.py), and a step's sampling costs
-the host one replay. The host's part (:meth:`prepare`, :meth:`advance`) is bookkeeping: a row is written
+the host one replay. The host's part (:meth:`prepare`, :meth:`advance_host`) is bookkeeping: a row is written
 from the host once, when its request first comes (again only if it observed a token another path
 sampled), and the flags of a step's rows are worked out again only when its rows change.
 """

@@ -2,7 +2,7 @@
 
 Without overlap the device idles while the host reads a step's tokens, accepts them (detokenizing,
 stop strings, delivery) and plans the next step. Here a step whose rows all decode and sample on the
-device (greedy rows and rows with a temperature alone: ``DevicePenalties``) leaves its sampled ids on the
+device (greedy rows and rows with a temperature alone: ``DeviceSampler``) leaves its sampled ids on the
 device and is *in flight*; the next step of the same rows is launched at once with those ids as its
 inputs, and only then does the host read and accept the first one's tokens, while the device runs
 the second. One step is in flight at most.
