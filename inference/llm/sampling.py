@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from inference.llm.constraints import TokenConstraint
-
-if TYPE_CHECKING:
-    from .device_sampler import DeviceSampler
 
 # Suppressed ids a row sampled on the device may have (a model's EOS ids under ignore_eos: one to three).
 MAX_DEVICE_SUPPRESSED = 8
@@ -170,8 +167,14 @@ class RowSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
+class DeviceRows(Protocol):
+    """What samples the static path's device rows (device_sampler.DeviceSampler)."""
+
+    def sample_tokens(self, logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]: ...
+
+
 def sample_rows(logits: torch.Tensor, samplers: Sequence[RowSampler],
-                masks: DeviceSampler | None = None) -> list[int | Exception]:
+                masks: DeviceRows | None = None) -> list[int | Exception]:
     """One token per row of ``logits`` (``[R, V]``), each with its own request's sampler, or the
     exception that row's sampling raised (the other rows still get theirs). On the CPU, the greedy
     rows of ``logits`` are overwritten with their penalized scores. With ``masks`` (the static path's,
