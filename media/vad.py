@@ -72,6 +72,7 @@ class TurnDetector:
         self._speaking = False
         self._last_speech_end_ms = 0.0
         self._silence_start_ms: float | None = None
+        self._voiced_ms = 0.0  # the speech windows since the onset
 
     @property
     def in_speech(self) -> bool:
@@ -82,30 +83,41 @@ class TurnDetector:
         """Start of the silence running in a turn (it ends the turn after silence_duration_ms), if any."""
         return self._silence_start_ms if self._speaking else None
 
+    @property
+    def voiced_ms(self) -> float:
+        """How much of the turn (pending or speaking) is speech: its windows that count as speech, silences left
+        out, so a short word is short whatever silence the turn waits for after it."""
+        return self._voiced_ms if self._onset_ms is not None else 0.0
+
+    def _voiced(self, window_end_ms: float) -> None:
+        self._last_speech_end_ms = window_end_ms
+        self._voiced_ms += self.window_ms
+
     def feed(self, prob: float, window_end_ms: float) -> list[VadEvent]:
         s = self.settings
         start_ms = window_end_ms - self.window_ms
         if self._onset_ms is None:
             if prob >= s.threshold:
                 self._onset_ms = start_ms
-                self._last_speech_end_ms = window_end_ms
+                self._voiced_ms = 0.0
+                self._voiced(window_end_ms)
                 return self._maybe_start(window_end_ms)
             return []
         if not self._speaking:
             if prob < s.continue_threshold:
                 self._onset_ms = None  # too short: a click, not a turn
                 return []
-            self._last_speech_end_ms = window_end_ms
+            self._voiced(window_end_ms)
             return self._maybe_start(window_end_ms)
         if prob >= s.threshold:
             self._silence_start_ms = None
-            self._last_speech_end_ms = window_end_ms
+            self._voiced(window_end_ms)
         elif prob < s.continue_threshold:
             if self._silence_start_ms is None:
                 self._silence_start_ms = start_ms
         elif self._silence_start_ms is None:
             # Between the two thresholds: speech goes on, but it does not cancel a silence already running.
-            self._last_speech_end_ms = window_end_ms
+            self._voiced(window_end_ms)
         if self._silence_start_ms is not None and window_end_ms - self._silence_start_ms >= s.silence_duration_ms:
             end_ms = self._last_speech_end_ms
             self.reset()

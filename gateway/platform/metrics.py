@@ -72,9 +72,14 @@ END_OF_TURN_SECONDS = Histogram(
     ["judge"], buckets=_SHORT_BUCKETS, registry=REGISTRY,
 )
 PAUSED_REPLIES = Counter(
-    "gateway_paused_replies_total", "Replies paused by speech over them (--resume-false-interruptions), by what the "
-    "speech turned out to be: a backchannel, a cough or noise (resumed), or words for the assistant (interrupted)",
+    "gateway_paused_replies_total", "Holds of a reply's audio by speech over it (--resume-false-interruptions), by how "
+    "each ended: the speech was a backchannel, a cough or noise (resumed), or words for the assistant (interrupted)",
     ["outcome"], registry=REGISTRY,
+)
+REPLY_PAUSE_SECONDS = Histogram(
+    "gateway_reply_pause_seconds", "How long a reply's audio was held by speech over it (--resume-false-interruptions), "
+    "from the pause to its end, by how it ended: the audio played on (resumed) or was cut (interrupted)",
+    ["outcome"], buckets=_SHORT_BUCKETS, registry=REGISTRY,
 )
 BARGE_IN_SECONDS = Histogram(
     "gateway_barge_in_seconds", "From the interruption (speech detected, or cancel) to the reply stopped and trimmed",

@@ -1,9 +1,15 @@
-"""Speech over the assistant's reply on a WebRTC session (with --resume-false-interruptions): the reply's audio
-pauses within the frame, and what the user said decides. A backchannel ("mm-hm", "yeah", "right"), a cough or
-nothing Whisper can read (no words, or words it is unsure of) resumes the audio where it paused, leaves the
-reply's item whole and drops the user's turn (`conversation.item.deleted`); words addressed to the assistant, or
-speech that goes on past a backchannel's length, interrupt it as before (`response.done` cancelled /
+"""Speech over the assistant's reply on a WebRTC or GPT-Live session (with --resume-false-interruptions): the
+reply's audio pauses within the frame, and what the user said decides. A backchannel ("mm-hm", "yeah", "right"),
+a cough or nothing Whisper can read (no words, or words it is unsure of) resumes the audio where it paused, leaves
+the reply's item whole and drops the user's turn (`conversation.item.deleted`); words addressed to the assistant,
+or speech that goes on past a backchannel's length, interrupt it as before (`response.done` cancelled /
 turn_detected, the item cut to what was heard).
+
+Both tests are made on the speech itself, so every turn detector decides alike: its length is its voiced audio
+(the VAD's speech windows), not how long the detector keeps the turn open (semantic_vad's judges may keep it
+open for seconds), and its words are the speculative transcript made at its first short silence
+(TranscriptSpeculated), so the reply resumes a few hundred milliseconds after a "yeah", not once the turn has
+ended and its final transcript is made. The final transcript confirms the decision when the turn ends.
 
 Over a WebSocket the client plays the audio, and what it has been sent it has: a barge-in interrupts at once.
 A pure sub-machine of the core (core.py), which passes itself in as the host."""
@@ -12,7 +18,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
 from gateway.protocol import server_events as se
@@ -33,8 +40,9 @@ MOST_BACKCHANNEL_WORDS = 3
 # word tiny.en mishears can fall below it too ("Pause." as "boss", -1.2): only speech shorter than
 # LONGEST_BACKCHANNEL_S over a paused reply is judged so.
 LEAST_READABLE_LOGPROB = -0.8
-LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply for longer than this is addressed to the assistant
-UNDECIDED_LIMIT_S = 3.0  # the user's speech never became a turn with a transcript (dropped): the reply goes on
+LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply voiced for longer than this is addressed to the assistant
+LONGEST_BACKCHANNEL_MS = 1000 * LONGEST_BACKCHANNEL_S
+UNDECIDED_LIMIT_S = 3.0  # a reply held this long after its turn ended, with no words to decide on, plays on
 
 
 def is_backchannel(transcript: str, avg_logprob: float | None) -> bool:
@@ -67,49 +75,108 @@ class BargeInHost(Protocol):
     def interrupt(self, reason: str) -> None: ...
 
 
+class Overlap(Enum):
+    NONE = "none"  # no speech over the reply (or it was decided and its turn has ended)
+    HELD = "held"  # the reply's audio is held while the speech over it is decided
+    PLAYING_ON = "playing_on"  # its words so far are a backchannel: the reply plays on until its turn confirms them
+
+
 @dataclass
 class PausedReply:
-    """States: no pause (since is None), and paused since a moment, until a decision."""
+    """Speech over the reply, as a state (Overlap) and the user turns spoken over it, which end as backchannels
+    (deleted) or as turns of their own. Every input names the turn it is about; one for a turn that is not the
+    one deciding now changes nothing."""
 
-    since: float | None = None
+    state: Overlap = Overlap.NONE
+    turn: str | None = None  # the user turn whose speech holds the reply, or whose words let it play on
+    since: float = 0.0  # when the state was entered (clock seconds)
+    voiced_ms: float = 0.0  # that turn's voiced audio so far
+    decided_at_ms: float = 0.0  # PLAYING_ON: its voiced audio when its words were judged a backchannel
+    spoken_over: set[str] = field(default_factory=set)  # turns spoken over the reply whose transcripts decide them
 
-    def speech(self, host: BargeInHost) -> None:
+    @property
+    def held(self) -> bool:
+        return self.state is Overlap.HELD
+
+    def speech(self, host: BargeInHost, item_id: str) -> None:
         """Speech over the reply (past the echo guard): pause it where it can resume, else interrupt."""
         if not (host.resumes_false_interruptions and host.has_playout and host.playout_busy):
             host.interrupt("turn_detected")
-        elif self.since is None:
-            self.since = host.clock()
-            host.emit(HoldPlayout(True))
-
-    def tick(self, host: BargeInHost, *, speaking: bool) -> None:
-        if self.since is None:
             return
-        paused_for = host.clock() - self.since
-        if speaking and paused_for >= LONGEST_BACKCHANNEL_S:
+        self.spoken_over.add(item_id)
+        self.voiced_ms = 0.0
+        self._hold(host, item_id)
+
+    def voiced(self, host: BargeInHost, item_id: str, voiced_ms: float) -> None:
+        """The open turn's voiced audio so far (AudioProcessed): speech longer than a backchannel interrupts at
+        once; speech again after words judged a backchannel holds the reply again until they are judged anew."""
+        if item_id != self.turn or self.state is Overlap.NONE:
+            return
+        self.voiced_ms = voiced_ms
+        if voiced_ms >= LONGEST_BACKCHANNEL_MS:
             self._interrupt(host)
-        elif not speaking and paused_for >= UNDECIDED_LIMIT_S:
-            self.resume(host)
+        elif self.state is Overlap.PLAYING_ON and voiced_ms > self.decided_at_ms:
+            self._hold(host, item_id)
+
+    def words(self, host: BargeInHost, item_id: str, transcript: str, avg_logprob: float | None) -> None:
+        """The turn's speculative transcript while it holds the reply: a backchannel lets the reply play on now,
+        anything else interrupts it now."""
+        if item_id != self.turn or self.state is not Overlap.HELD:
+            return
+        if not is_backchannel(transcript, avg_logprob):
+            self._interrupt(host)
+            return
+        self._let_play(host)
+
+    def tick(self, host: BargeInHost) -> None:
+        """No turn is open: a reply held this long with no words to decide on plays on (its turn was dropped, or
+        its transcript is slow: the final one still decides it)."""
+        if self.state is Overlap.HELD and host.clock() - self.since >= UNDECIDED_LIMIT_S:
+            self._let_play(host)
 
     def turn_ready(self, host: BargeInHost, item_id: str, avg_logprob: float | None) -> bool:
-        """The user's turn over the paused reply has its transcript (and Whisper's `avg_logprob` of it): True when
-        it was a backchannel (its item is deleted; the core resumes the reply); otherwise the reply is interrupted
-        and the turn goes on as any other."""
-        if self.since is None:
+        """A turn spoken over the reply has its final transcript (and Whisper's `avg_logprob` of it): True when it
+        was a backchannel (its item is deleted; the reply plays on if it still has audio); otherwise the reply is
+        interrupted and the turn goes on as any other."""
+        if item_id not in self.spoken_over:
             return False
+        self.spoken_over.discard(item_id)
         item = host.conversation.get(item_id)
         transcript = str(item.content[0].get("transcript") or "") if item.content else ""
-        if not is_backchannel(transcript, avg_logprob):
+        voiced_ms = self.voiced_ms if item_id == self.turn else 0.0
+        if voiced_ms >= LONGEST_BACKCHANNEL_MS or not is_backchannel(transcript, avg_logprob):
             self._interrupt(host)
             return False
         host.conversation.delete(item_id)
         host.emit_event(se.ItemDeleted(item_id=item_id))
+        if item_id == self.turn:
+            self._play_on(host)
         return True
 
+    def reset(self) -> None:
+        """The reply was interrupted (by anything): the turns spoken over it are turns of their own."""
+        self.state, self.turn = Overlap.NONE, None
+        self.spoken_over.clear()
+
+    def _hold(self, host: BargeInHost, item_id: str) -> None:
+        if self.state is not Overlap.HELD:
+            host.emit(HoldPlayout(True))
+        self.state, self.turn, self.since = Overlap.HELD, item_id, host.clock()
+
+    def _let_play(self, host: BargeInHost) -> None:
+        """The reply's audio plays while the turn spoken over it goes on being decided."""
+        self.state, self.since, self.decided_at_ms = Overlap.PLAYING_ON, host.clock(), self.voiced_ms
+        host.emit(HoldPlayout(False))
+        host.turns.playing_on()
+
     def _interrupt(self, host: BargeInHost) -> None:
-        self.since = None
+        self.reset()
         host.interrupt("turn_detected")  # clearing the playout ends its pause
 
-    def resume(self, host: BargeInHost) -> None:
-        self.since = None
-        host.emit(HoldPlayout(False))
-        host.turns.resumed()
+    def _play_on(self, host: BargeInHost) -> None:
+        """The overlap is over and was no interruption: the reply's audio plays, and new speech can pause it."""
+        if self.state is Overlap.HELD:
+            host.emit(HoldPlayout(False))
+        self.state, self.turn = Overlap.NONE, None
+        if host.playout_busy:
+            host.turns.resumed()

@@ -92,6 +92,7 @@ from gateway.realtime.inputs import (
     TranscriptFinal,
     TranscriptionAbandoned,
     TranscriptPartial,
+    TranscriptSpeculated,
     TurnReady,
 )
 from gateway.realtime.listening import Listening, ListeningInput, Stabilizer
@@ -249,12 +250,13 @@ class RealtimeCore:
         self._listening.handle(event, self)
 
     def _audio_processed(self, event: AudioProcessed) -> None:
-        if self._listening.open_turn is not None:
+        open_turn = self._listening.open_turn
+        if open_turn is not None:
             if Action.INTERRUPT in self.turns.tick(self.clock() * 1000, user_speaking=True):
-                self.barge_in()
-            self._paused.tick(self, speaking=True)
+                self.barge_in(open_turn)
+            self._paused.voiced(self, open_turn, event.turn_voiced_ms)
             return
-        self._paused.tick(self, speaking=False)
+        self._paused.tick(self)
         detection = self.config.audio.input.turn_detection
         if detection is None or detection.idle_timeout_ms is None or self.response is not None or self.playout_busy:
             return
@@ -276,7 +278,6 @@ class RealtimeCore:
             return
         if self._paused.turn_ready(self, event.item_id, turn.avg_logprob):  # a backchannel: the reply plays on
             self.turns.transcript_final(False)
-            self._paused.resume(self)
             self._out.append(DropTurn(event.item_id))
             return
         if Action.CREATE_RESPONSE not in self.turns.transcript_final(turn.has_text):
@@ -414,13 +415,22 @@ class RealtimeCore:
     def emit_event(self, event: se.ServerEvent) -> None:
         self._out.append(Send(event.wire()))
 
-    def barge_in(self) -> None:
-        """Speech over the reply: paused until the words decide (barge_in.py), or interrupted at once."""
-        self._paused.speech(self)
+    def barge_in(self, item_id: str) -> None:
+        """Speech over the reply (the open turn `item_id`'s): paused until the words decide (barge_in.py), or
+        interrupted at once."""
+        self._paused.speech(self, item_id)
+
+    @property
+    def overlap_held(self) -> bool:
+        """The reply is held by speech over it, until that speech's words decide."""
+        return self._paused.held
+
+    def _transcript_speculated(self, event: TranscriptSpeculated) -> None:
+        self._paused.words(self, event.item_id, event.text, event.avg_logprob)
 
     def interrupt(self, reason: str) -> None:
         """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
-        self._paused.since = None
+        self._paused.reset()
         self._interrupt_playout()
         if self.response is not None:
             self._cancel(reason, barge_in=True)
@@ -451,6 +461,7 @@ _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     SilenceHeard: RealtimeCore._listen,
     TranscriptPartial: RealtimeCore._listen,
     EndOfTurnJudged: RealtimeCore._listen,
+    TranscriptSpeculated: RealtimeCore._transcript_speculated,
     TranscriptFinal: RealtimeCore._listen,
     TranscriptFailed: RealtimeCore._listen,
     TranscriptionAbandoned: RealtimeCore._listen,

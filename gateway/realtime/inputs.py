@@ -127,9 +127,10 @@ class SpeechEnded:
 
 @dataclass(frozen=True)
 class AudioProcessed:
-    """The VAD has taken in more audio (the core's timer tick: echo guard, idle timeout)."""
+    """The VAD has taken in more audio (the core's timer tick: echo guard, idle timeout, a paused reply)."""
 
     audio_end_ms: int
+    turn_voiced_ms: float = 0.0  # the open turn's voiced audio so far (the VAD's speech windows); 0 with none
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,16 @@ class TranscriptFinal:
     text: str  # screened by the driver
     audio_seconds: float
     avg_logprob: float | None = None  # Whisper's confidence in the words (inference.asr.Transcript); None: unknown
+
+
+@dataclass(frozen=True)
+class TranscriptSpeculated:
+    """The open turn's speculative transcript (made at the first short silence) is ready: over a paused reply, its
+    words decide at once whether the speech was a backchannel, before the turn ends."""
+
+    item_id: str
+    text: str  # not screened: it decides only, it is never sent
+    avg_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -297,7 +308,7 @@ class PlayoutCleared:
 Input = (
     ConversationAttached | PlayoutAttached | ErrorOccurred | SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
     | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
-    | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
+    | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptSpeculated | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
     | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
     | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared
 )

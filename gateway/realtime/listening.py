@@ -73,7 +73,10 @@ class ListeningHost(Protocol):
 
     def emit_event(self, event: se.ServerEvent) -> None: ...
 
-    def barge_in(self) -> None: ...  # speech over the reply
+    def barge_in(self, item_id: str) -> None: ...  # speech over the reply, the open turn's
+
+    @property
+    def overlap_held(self) -> bool: ...  # the reply is held until the words spoken over it decide
 
     def create_response(self, params: ResponseParams, *, answers: ResponseRequested | None = None) -> None: ...
 
@@ -161,7 +164,7 @@ class Listening:
         self._open = turn = _OpenTurn(event.item_id, self.stabilizer())
         host.emit_event(se.SpeechStarted(audio_start_ms=event.audio_start_ms, item_id=event.item_id))
         if Action.INTERRUPT in host.turns.speech_started(host.clock() * 1000):
-            host.barge_in()
+            host.barge_in(turn.item_id)
         self._prefill(turn, host)  # the conversation so far: after a barge-in, once the reply has ended
 
     def _prefill(self, turn: _OpenTurn, host: ListeningHost) -> None:
@@ -206,7 +209,9 @@ class Listening:
             return
         detection = host.config.audio.input.turn_detection
         if event.silence_ms is not None and event.silence_ms >= SPECULATIVE_SILENCE_MS:
-            if not turn.speculating and not event.covered:
+            # Over a held reply the speculative transcript is what decides it: it runs even where a partial covers
+            # the speech, whose words come without Whisper's confidence.
+            if not turn.speculating and (not event.covered or host.overlap_held):
                 turn.speculating = True
                 preempt = host.preempts and detection is not None and detection.create_response
                 judged = isinstance(detection, SemanticVad) or (detection is not None and host.judges_server_vad)

@@ -155,7 +155,7 @@ class RealtimeSession:
         )
         # WebRTC and GPT-Live: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self._held = False  # its reply is paused by speech over it (barge_in.py), until resumed or cleared
+        self._held_since: float | None = None  # its reply is held by speech over it (barge_in.py), until played on or cleared
         self._inbox = Inbox(self.feed)
         # What the session learns carrying out a command (what was heard of a cleared reply): handled after the
         # batch, never from inside it (see feed).
@@ -305,18 +305,17 @@ class RealtimeSession:
                 self.response_driver.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
-                    if self._held:
-                        metrics.PAUSED_REPLIES.labels("interrupted").inc()
-                        self._held = False
+                    self._release_hold("interrupted")
                     self.playout.clear()
                     if output.measure_item_id is not None:
                         played = self.playout.played_ms(output.measure_item_id)
                         self._learned.append(PlayoutCleared(output.measure_item_id, played))
             case HoldPlayout():
                 if self._playout is not None:
-                    if self._held and not output.held:
-                        metrics.PAUSED_REPLIES.labels("resumed").inc()
-                    self._held = output.held
+                    if not output.held:
+                        self._release_hold("resumed")
+                    elif self._held_since is None:
+                        self._held_since = time.monotonic()
                     self._playout.hold(output.held)
             case SetProducing():
                 if self.playout is not None:
@@ -347,6 +346,13 @@ class RealtimeSession:
                 assert self.response_driver is not None
                 self.last_activity = time.monotonic()
                 self.response_driver.finished(output)
+
+    def _release_hold(self, outcome: str) -> None:
+        """A held reply plays on (resumed) or is cut (interrupted): how long it was held, and how it ended."""
+        if self._held_since is not None:
+            metrics.PAUSED_REPLIES.labels(outcome).inc()
+            metrics.REPLY_PAUSE_SECONDS.labels(outcome).observe(time.monotonic() - self._held_since)
+            self._held_since = None
 
     async def settle(self) -> None:
         """Wait until the responses being stopped have ended (their response.done is sent)."""

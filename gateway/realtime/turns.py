@@ -97,6 +97,11 @@ class TurnMachine:
         if self.state in (TurnState.RESPONDING, TurnState.BOT_SPEAKING):
             self.state = TurnState.LISTENING
 
+    def playing_on(self) -> None:
+        """The reply paused by the user's speech plays on while their turn is still open (its words so far are a
+        backchannel): more speech over it can pause it again."""
+        self._bot_active = True
+
     def resumed(self) -> None:
         """The speech that paused the reply was not addressed to it (a backchannel): it plays on, and can be
         interrupted again."""

@@ -51,6 +51,7 @@ from gateway.realtime.inputs import (
     TranscriptFinal,
     TranscriptionAbandoned,
     TranscriptPartial,
+    TranscriptSpeculated,
     TurnReady,
 )
 from gateway.realtime.noise_stage import NoiseStage
@@ -283,7 +284,8 @@ class VoicePipeline:
         if turn is None:
             self.buffer.discard_before(self.buffer.end - self.buffer.ms_to_index(IDLE_KEEP_MS))
         # The core's clock tick: a barge-in the echo guard deferred, or the idle timeout.
-        self.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end))))
+        voiced_ms = self.vad.detector.voiced_ms if turn is not None else 0.0
+        self.feed(AudioProcessed(round(self.buffer.index_to_ms(self.buffer.end)), turn_voiced_ms=voiced_ms))
         await self.settle()
         if turn is None or self.turn is not turn:
             return
@@ -316,10 +318,21 @@ class VoicePipeline:
         turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True,
                                                         work="asr_speculative"))
         turn.jobs.append((self.buffer.end, turn.speculative))
+        self._spawn(self._speculated(turn, turn.speculative))
         if preempt:
             turn.preemption = self._spawn(self.head_start.preempt(turn.item_id, preempt, turn.speculative, self._spawn))
         if judge_end:
             turn.end_judge = self._spawn(self._judge_end(turn, turn.speculative))
+
+    async def _speculated(self, turn: UserTurn, job: asyncio.Task[Transcript | None]) -> None:
+        """The speculative transcript's words go to the core (over a held reply they decide it), unless the user
+        went on speaking first (DiscardSpeculation)."""
+        await asyncio.wait([job])
+        if job.cancelled() or job.exception() is not None or turn.speculative is not job:
+            return
+        transcript = job.result()
+        if transcript is not None:
+            self.feed(TranscriptSpeculated(turn.item_id, transcript.text, transcript.avg_logprob))
 
     def discard_speculation(self, item_id: str) -> None:
         """The core's DiscardSpeculation: the user went on speaking."""

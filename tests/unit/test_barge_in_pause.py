@@ -7,9 +7,26 @@ import numpy as np
 import pytest
 
 from gateway.realtime.barge_in import LEAST_READABLE_LOGPROB, is_backchannel
-from gateway.realtime.commands import ClearPlayout, CreateResponse, DropTurn, HoldPlayout, Output, StopResponse
+from gateway.realtime.commands import (
+    ClearPlayout,
+    CreateResponse,
+    DropTurn,
+    HoldPlayout,
+    Output,
+    StartSpeculation,
+    StopResponse,
+)
 from gateway.realtime.core import RealtimeCore
-from gateway.realtime.inputs import AudioProcessed, ResponseEnded, SpeechBegan, SpeechEnded, TranscriptFinal, TurnReady
+from gateway.realtime.inputs import (
+    AudioProcessed,
+    ResponseEnded,
+    SilenceHeard,
+    SpeechBegan,
+    SpeechEnded,
+    TranscriptFinal,
+    TranscriptSpeculated,
+    TurnReady,
+)
 from gateway.realtime.response_events import ResponseEvents
 from media.playout import PlayoutBuffer
 from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
@@ -66,9 +83,11 @@ def test_words_over_the_paused_reply_interrupt_it() -> None:
     assert core.handle(ResponseEnded("resp_1", "cancelled", {}))[-1].turn == "item_u"  # type: ignore[union-attr]
 
 
-def heard_turn(core: RealtimeCore, item_id: str, text: str, avg_logprob: float) -> list[Output]:
-    """A VAD turn whose final transcript Whisper gave with `avg_logprob`; returns TurnReady's outputs."""
-    core.handle(SpeechBegan(item_id, audio_start_ms=0))
+def heard_turn(core: RealtimeCore, item_id: str, text: str, avg_logprob: float, *, began: bool = True) -> list[Output]:
+    """A VAD turn (`began`: its speech starts here) whose final transcript Whisper gave with `avg_logprob`; returns
+    TurnReady's outputs."""
+    if began:
+        core.handle(SpeechBegan(item_id, audio_start_ms=0))
     core.handle(SpeechEnded(item_id, audio_end_ms=700))
     core.handle(TranscriptFinal(item_id, text, audio_seconds=0.7, avg_logprob=avg_logprob))
     return core.handle(TurnReady(item_id))
@@ -99,12 +118,82 @@ def test_an_unsure_transcript_with_no_reply_paused_is_answered() -> None:
     assert isinstance(create, CreateResponse) and create.turn == "item_u"
 
 
-def test_speech_longer_than_a_backchannel_interrupts_without_waiting_for_its_words() -> None:
+def test_speech_voiced_longer_than_a_backchannel_interrupts_without_waiting_for_its_words() -> None:
     core, clock, _ = speaking_reply()
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
-    assert not any(isinstance(o, StopResponse) for o in core.handle(AudioProcessed(500)))
+    assert not any(isinstance(o, StopResponse) for o in core.handle(AudioProcessed(500, turn_voiced_ms=500)))
     clock.seconds += 1.3
-    assert StopResponse("resp_1", "turn_detected", True) in core.handle(AudioProcessed(1800))
+    assert StopResponse("resp_1", "turn_detected", True) in core.handle(AudioProcessed(1800, turn_voiced_ms=1200))
+
+
+def test_a_turn_kept_open_long_after_a_short_word_is_still_a_backchannel() -> None:
+    """Issue 47: semantic_vad's judges keep "yeah" (0.26 s of sound) open for seconds on a busy machine; its length
+    is its voiced audio, so the reply is not interrupted for the judges' slowness, and its words let it play on."""
+    core, clock, events = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    for step in range(1, 40):  # 4 s of a turn the detector keeps open, 260 ms of it voiced
+        clock.seconds += 0.1
+        outputs = core.handle(AudioProcessed(100 * step, turn_voiced_ms=260))
+        assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in outputs)
+    assert core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3)) == [HoldPlayout(False)]
+    ready = heard_turn(core, "item_u", "Yeah.", avg_logprob=-0.3, began=False)
+    assert DropTurn("item_u") in ready and HoldPlayout(False) not in ready  # it already plays
+    assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in ready)
+    assert "item_u" not in [item.id for item in core.conversation.items]
+    assert core.conversation.get(events.item.id).status != "incomplete"
+
+
+def test_the_speculative_words_decide_before_the_turn_ends() -> None:
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(AudioProcessed(400, turn_voiced_ms=300))
+    assert core.handle(TranscriptSpeculated("item_u", "Mm-hm.", avg_logprob=-0.4)) == [HoldPlayout(False)]
+    assert core.handle(TranscriptSpeculated("item_u", "Mm-hm.", avg_logprob=-0.4)) == []  # decided already
+
+    interrupted, _, _ = speaking_reply()
+    interrupted.handle(SpeechBegan("item_u", audio_start_ms=0))
+    interrupted.handle(TranscriptSpeculated("item_v", "Stop.", avg_logprob=-0.2))  # not the turn holding it
+    assert not interrupted.handle(AudioProcessed(400, turn_voiced_ms=300))
+    outputs = interrupted.handle(TranscriptSpeculated("item_u", "Stop.", avg_logprob=-0.2))
+    assert StopResponse("resp_1", "turn_detected", True) in outputs and ClearPlayout(None) in outputs
+
+
+def test_speech_again_after_a_backchannel_holds_the_reply_again() -> None:
+    """ "Yeah... what about Berlin?": the reply plays on after "yeah", is held again as the user goes on, and the
+    turn's words interrupt it."""
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(AudioProcessed(400, turn_voiced_ms=300))
+    core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3))
+    assert core.handle(AudioProcessed(500, turn_voiced_ms=300)) == []  # still silent
+    assert core.handle(AudioProcessed(600, turn_voiced_ms=364)) == [HoldPlayout(True)]
+    assert core.handle(AudioProcessed(700, turn_voiced_ms=428)) == []  # held already
+    ready = heard_turn(core, "item_u", "Yeah, what about Berlin?", avg_logprob=-0.3, began=False)
+    assert StopResponse("resp_1", "turn_detected", True) in ready
+
+
+def test_a_held_reply_with_no_words_plays_on_and_its_final_transcript_still_decides() -> None:
+    core, clock, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(SpeechEnded("item_u", audio_end_ms=700))
+    clock.seconds += 2.9
+    assert core.handle(AudioProcessed(3000)) == []
+    clock.seconds += 0.2
+    assert core.handle(AudioProcessed(3200)) == [HoldPlayout(False)]  # the transcript is late: it plays on
+    core.handle(TranscriptFinal("item_u", "Stop, that's the wrong address.", audio_seconds=0.7, avg_logprob=-0.2))
+    assert StopResponse("resp_1", "turn_detected", True) in core.handle(TurnReady("item_u"))
+
+
+def test_a_new_turn_over_a_reply_that_plays_on_holds_it_again() -> None:
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3))
+    core.handle(SpeechEnded("item_u", audio_end_ms=700))  # its transcript is still being made
+    assert HoldPlayout(True) in core.handle(SpeechBegan("item_v", audio_start_ms=900))
+    core.handle(TranscriptFinal("item_u", "Yeah.", audio_seconds=0.7, avg_logprob=-0.3))
+    ready = core.handle(TurnReady("item_u"))
+    assert DropTurn("item_u") in ready and HoldPlayout(False) not in ready  # item_v still holds it
+    assert core.handle(TranscriptSpeculated("item_v", "Right.", avg_logprob=-0.3)) == [HoldPlayout(False)]
 
 
 def test_over_a_websocket_speech_interrupts_at_once() -> None:
@@ -133,3 +222,11 @@ def test_a_held_playout_sends_silence_and_keeps_its_place() -> None:
     buffer.hold(False)
     second = buffer.read_frame()
     assert second.pcm[0] == 961 and second.stopped  # on from where it paused, then drained
+
+
+def test_over_a_held_reply_the_speculative_transcript_runs_even_where_a_partial_covers_the_speech() -> None:
+    """Its words come with Whisper's confidence, which a partial's do not: they decide the held reply."""
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    started = core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=True))
+    assert [type(o) for o in started] == [StartSpeculation]

@@ -143,3 +143,19 @@ def test_streaming_vad_reset_restarts_the_clock() -> None:
 def test_streaming_vad_refuses_other_rates() -> None:
     with pytest.raises(ValueError):
         StreamingVad(ScriptedModel()).process(AudioChunk.silence(20, 48000))
+
+
+def test_voiced_time_counts_the_speech_windows_not_the_silences_between() -> None:
+    """A backchannel's length over a paused reply (barge_in.py): a short word is short whatever silence the turn
+    then waits for (semantic_vad may wait seconds)."""
+    d = TurnDetector(VadSettings(silence_duration_ms=5000, min_speech_ms=64))
+    run(d, [0.0] * 5 + [0.9] * 8 + [0.1] * 40)
+    assert d.in_speech and d.voiced_ms == pytest.approx(8 * W)
+    run(d, [0.9] * 3 + [0.4] * 2, start_window=53)  # speech again, then between the thresholds: speech goes on
+    assert d.voiced_ms == pytest.approx(13 * W)
+    run(d, [0.1] * 2 + [0.4] * 2, start_window=58)  # between the thresholds once a silence runs: not speech
+    assert d.voiced_ms == pytest.approx(13 * W)
+    d.reset()
+    assert d.voiced_ms == 0.0
+    run(d, [0.9, 0.0])  # a click that never became a turn
+    assert d.voiced_ms == 0.0
