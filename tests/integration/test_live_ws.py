@@ -17,6 +17,7 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.voices import EspeakSpeaker, espeak_available
 from inference.asr import AsrEngine
 from inference.tts import TtsEngine
 from media.codecs import ulaw_decode, ulaw_encode
@@ -118,9 +119,12 @@ async def paused_replies(gateway: GatewayProcess) -> dict[str, float]:
     return counts
 
 
-async def test_a_backchannel_does_not_stop_the_reply_and_an_interruption_does(
-    live_gateway: GatewayProcess, tts: TtsEngine
-) -> None:
+async def test_a_backchannel_does_not_stop_the_reply_and_an_interruption_does(live_gateway: GatewayProcess) -> None:
+    """In an espeak-ng voice, not the gateway's own (issue 47: Piper's "Yeah." was once interrupted here on a slower
+    host, semantic_vad's judges keeping the turn open past the backchannel's length)."""
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed (.ci/run installs it)")
+    voice = EspeakSpeaker("en-us+m7", 160)
     async with LiveCaller.connect(live_gateway.url, {"model": "gpt-live-1"}) as caller:
         await caller.wait_for("session.started")
         # Commentary is something the assistant may say: with nothing else under way, it says it at once.
@@ -132,7 +136,7 @@ async def test_a_backchannel_does_not_stop_the_reply_and_an_interruption_does(
 
         before = await paused_replies(live_gateway)
         caller.clip_sent.clear()
-        caller.say(speech(tts, "Yeah."))
+        caller.say(voice.say("Yeah.", RATE).pcm)
         await caller.clip_sent.wait()
         await caller.wait_for("session.input_transcript.delta", timeout=30)
         heard_at = time.monotonic()
@@ -143,7 +147,7 @@ async def test_a_backchannel_does_not_stop_the_reply_and_an_interruption_does(
         assert len(caller.audio(since=heard_at)) >= RATE, "the reply plays on after the backchannel"
 
         caller.clip_sent.clear()
-        caller.say(speech(tts, "Stop. What is the capital of France?"))
+        caller.say(voice.say("Stop. What is the capital of France?", RATE).pcm)
         await caller.clip_sent.wait()
         cut_at = time.monotonic()
         await asyncio.sleep(0.5)
