@@ -338,9 +338,10 @@ class Settings(BaseSettings):
         "longest silence (2 s) instead of silence_duration_ms.",
     )
     resume_false_interruptions: bool = Field(
-        True, description="WebRTC: speech over a reply pauses its audio; a backchannel (\"mm-hm\", \"yeah\"), a cough or "
-        "nothing Whisper can read lets it play on from there, words addressed to the assistant interrupt it. Off: "
-        "any speech interrupts at once (as over a WebSocket, where the client plays the audio).",
+        True, description="WebRTC and GPT-Live: speech over a reply pauses its audio; a backchannel (\"mm-hm\", "
+        "\"yeah\"), a cough or nothing Whisper can read lets it play on from there, words addressed to the assistant "
+        "(or speech voiced for over 1.2 s) interrupt it, decided on the speech's first short silence whatever the turn "
+        "detector. Off: any speech interrupts at once (as over a WebSocket, where the client plays the audio).",
     )
     voice_preemption: bool = Field(
         True,
