@@ -213,7 +213,10 @@ class Listening:
             # the speech, whose words come without Whisper's confidence.
             if not turn.speculating and (not event.covered or host.overlap_held):
                 turn.speculating = True
-                preempt = host.preempts and detection is not None and detection.create_response
+                # A reply made ahead from words spoken over a held reply would answer "yeah" (or half of "stop,
+                # ..."): it would only take cores from the transcript that decides the held reply.
+                preempt = (host.preempts and detection is not None and detection.create_response
+                           and not host.overlap_held)
                 judged = isinstance(detection, SemanticVad) or (detection is not None and host.judges_server_vad)
                 context = host.reply_context(excluding=turn.item_id) if preempt else None
                 host.emit(StartSpeculation(turn.item_id, preempt, judged, context))

@@ -230,3 +230,4 @@ def test_over_a_held_reply_the_speculative_transcript_runs_even_where_a_partial_
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
     started = core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=True))
     assert [type(o) for o in started] == [StartSpeculation]
+    assert not started[0].preempt  # type: ignore[attr-defined]  # no reply ahead to words over a held reply
