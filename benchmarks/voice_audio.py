@@ -48,6 +48,8 @@ def speech_span(pcm: np.ndarray, rate: int, threshold_dbfs: float = SPEECH_DBFS)
 class Speaker:
     """Piper, loaded once in this process (about 1-3 s), saying texts at any sample rate, the same take every time."""
 
+    name = "piper:joe"  # the embedded voice: the gateway's own output voice
+
     def __init__(self, threads: int = 1) -> None:
         from inference.models import embedded_tts
         from inference.tts import TtsEngine
