@@ -316,6 +316,8 @@ class RealtimeSession:
                         self._release_hold("resumed")
                     elif self._held_since is None:
                         self._held_since = time.monotonic()
+                        if self.voice is not None:
+                            self.voice.partials_held = True
                     self._playout.hold(output.held)
             case SetProducing():
                 if self.playout is not None:
@@ -349,6 +351,8 @@ class RealtimeSession:
 
     def _release_hold(self, outcome: str) -> None:
         """A held reply plays on (resumed) or is cut (interrupted): how long it was held, and how it ended."""
+        if self.voice is not None:
+            self.voice.partials_held = False
         if self._held_since is not None:
             metrics.PAUSED_REPLIES.labels(outcome).inc()
             metrics.REPLY_PAUSE_SECONDS.labels(outcome).observe(time.monotonic() - self._held_since)

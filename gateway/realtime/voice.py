@@ -126,6 +126,9 @@ class VoicePipeline:
         self._jobs: set[asyncio.Task[Any]] = set()
         self.noise = NoiseStage(runtime.denoise_executor)  # audio.input.noise_reduction
         self.judges = TurnJudges(runtime)  # semantic_vad's (and, if asked, server_vad's) end of turn
+        # A reply is held by speech over it (HoldPlayout): no partial transcripts meanwhile, so the speculative one
+        # that decides it has the cores to itself.
+        self.partials_held = False
         self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"voice {session_id}")
 
     # -- configuration ----------------------------------------------------------------------
@@ -300,6 +303,7 @@ class VoicePipeline:
         ))
         if (
             turn.partial_task is None
+            and not self.partials_held
             and speech
             and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
             and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
