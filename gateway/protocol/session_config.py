@@ -77,10 +77,13 @@ class SpeechOptions:
             raise ApiError("invalid_value", f"Unknown transcription model '{model}'. This server transcribes with "
                            f"'{self.transcription_model}' (OpenAI's names also select it).",
                            "session.audio.input.transcription.model")
-        if transcription.language is not None and transcription.language != self.transcription_language:
-            can = f"'{self.transcription_language}' only" if self.transcription_language else "by detecting the language"
-            raise ApiError("invalid_value", f"This server's Whisper model transcribes {can}; "
-                           f"language '{transcription.language}' is not available.",
+        # An English-only model (tiny.en) refuses any other language by name; a multilingual one (--asr-model base)
+        # detects the language it hears, so any language a session names is heard as it is spoken.
+        if (transcription.language is not None and self.transcription_language is not None
+                and transcription.language != self.transcription_language):
+            raise ApiError("invalid_value", f"This server's Whisper model ('{self.transcription_model}') transcribes "
+                           f"'{self.transcription_language}' only; language '{transcription.language}' is not "
+                           "available (--asr-model base transcribes other languages).",
                            "session.audio.input.transcription.language")
 
 

@@ -38,6 +38,7 @@ from media.audio_files import decode_file
 from media.resample import resample
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import API_KEY
+from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import (
     SpeechAudioDeltaEvent,
     SpeechAudioDoneEvent,
@@ -45,7 +46,7 @@ from tests.integration.sdk_types import (
     _extra_fields,
     assert_valid_speech_event,
 )
-from tests.integration.speech import HEARD_AS_SAID, heard_as, with_silence
+from tests.integration.speech import HEARD_AS_SAID, encode_chunks, heard_as, with_silence
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -397,27 +398,91 @@ def test_translation_is_refused_by_the_english_only_model(client: OpenAI, gatewa
     assert {"audio/mpeg", "audio/pcm", "text/event-stream"} <= set(speech_answers)
 
 
-MULTILINGUAL_WHISPER = os.environ.get("GATEWAY_TEST_MULTILINGUAL_WHISPER")  # a faster-whisper model folder
+# The embedded multilingual Whisper base (--asr-model base), or another faster-whisper model folder.
+MULTILINGUAL_WHISPER = os.environ.get("GATEWAY_TEST_MULTILINGUAL_WHISPER") or "base"
+GERMAN = "Guten Morgen. Das Wetter ist heute sehr schön, und ich gehe in den Park."
 
 
 @pytest.fixture(scope="module")
 def multilingual_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    if not MULTILINGUAL_WHISPER:
-        pytest.skip("no multilingual Whisper here (the embedded tiny.en is English-only): set "
-                    "GATEWAY_TEST_MULTILINGUAL_WHISPER to a faster-whisper model folder, such as Whisper base's")
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed (.ci/run installs it): it speaks the German to translate")
-    process = start_gateway("--asr-model", MULTILINGUAL_WHISPER, log_path=tmp_path_factory.mktemp("ml") / "gateway.log")
+    # Text answers are not asked for here: one LLM thread leaves the other core to Whisper.
+    process = start_gateway("--asr-model", MULTILINGUAL_WHISPER, "--llm-threads", "1",
+                            log_path=tmp_path_factory.mktemp("ml") / "gateway.log")
     yield process
     process.stop()
 
 
-def test_a_multilingual_whisper_translates(multilingual_gateway: GatewayProcess, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def german_wav(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """espeak-ng's German (22050 Hz WAV)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (.ci/run installs it): it speaks the German")
+    path = tmp_path_factory.mktemp("german") / "german.wav"
+    subprocess.run(["espeak-ng", "-v", "de", "-w", str(path), GERMAN], check=True, timeout=60)
+    return path.read_bytes()
+
+
+def _german_24k(wav: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(wav)) as reader:
+        rate = reader.getframerate()
+        pcm = np.frombuffer(reader.readframes(reader.getnframes() or 1 << 30), dtype="<i2")
+    return with_silence(resample(pcm.astype(np.int16), rate, 24000), 24000, 0.5, 1.5)
+
+
+def test_healthz_and_the_log_name_the_asr_model(multilingual_gateway: GatewayProcess, gateway: GatewayProcess) -> None:
+    assert httpx.get(f"{gateway.url}/healthz").json()["asr_model"] == "whisper-tiny.en"
+    health = httpx.get(f"{multilingual_gateway.url}/healthz").json()
+    if MULTILINGUAL_WHISPER == "base":
+        assert health["asr_model"] == "whisper-base", health
+    lines = Path(multilingual_gateway.log_path).read_text(errors="replace").splitlines()
+    runs = [m for m in (json.loads(line).get("message", "") for line in lines if line.startswith("{"))
+            if m.startswith("the ASR runs ")]
+    assert runs and runs[0].startswith(f"the ASR runs {health['asr_model']} (multilingual, detects the language)"), runs
+
+
+async def test_a_session_in_german_is_transcribed_in_german(multilingual_gateway: GatewayProcess,
+                                                            german_wav: bytes) -> None:
+    """A multilingual Whisper takes a session's `language` "de" (tiny.en refuses it: the next test), and hears German
+    speech as German words."""
+    realtime = await RealtimeClient.connect(f"{multilingual_gateway.ws_url}/v1/realtime?intent=transcription")
+    try:
+        await realtime.wait_for("session.created")
+        await realtime.send({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "transcription": {"model": "gpt-4o-transcribe", "language": "de"}}}}})
+        updated = await realtime.wait_for("session.updated")
+        assert updated["session"]["audio"]["input"]["transcription"]["language"] == "de"
+        for payload in encode_chunks(_german_24k(german_wav), 24000, "audio/pcm"):
+            await realtime.send({"type": "input_audio_buffer.append", "audio": payload})
+        completed = await realtime.wait_for("conversation.item.input_audio_transcription.completed", timeout=120)
+    finally:
+        await realtime.close()
+    assert not realtime.of_type("error"), realtime.of_type("error")
+    heard = set(norm(completed["transcript"]))
+    # Whisper's words vary with the CPU's kernels (base heard "Guten Morgen, das Metastheutern Commission und ich
+    # gehe in den Park." here): a few of the German words, and not an English translation.
+    assert len(heard & {"guten", "morgen", "wetter", "heute", "park"}) >= 2, completed["transcript"]
+    assert len(heard & {"das", "ist", "und", "ich", "gehe", "den"}) >= 2, completed["transcript"]
+    assert not heard & {"good", "morning", "weather", "today"}, completed["transcript"]
+
+
+async def test_the_english_only_model_refuses_a_german_session(gateway: GatewayProcess) -> None:
+    realtime = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime?intent=transcription")
+    try:
+        await realtime.wait_for("session.created")
+        await realtime.send({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "transcription": {"model": "gpt-4o-transcribe", "language": "de"}}}}})
+        error = (await realtime.wait_for("error"))["error"]
+    finally:
+        await realtime.close()
+    assert error["param"] == "session.audio.input.transcription.language", error
+    assert "'whisper-tiny.en'" in error["message"] and "'de'" in error["message"], error
+
+
+def test_a_multilingual_whisper_translates(multilingual_gateway: GatewayProcess, german_wav: bytes) -> None:
     """German speech (espeak-ng's) comes back as English text, in OpenAI's shapes."""
-    german = tmp_path / "german.wav"
-    subprocess.run(["espeak-ng", "-v", "de", "-w", str(german),
-                    "Guten Morgen. Das Wetter ist heute sehr schön, und ich gehe in den Park."], check=True, timeout=60)
-    file = ("german.wav", german.read_bytes())
+    file = ("german.wav", german_wav)
     with OpenAI(base_url=f"{multilingual_gateway.url}/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
         raw = sdk.audio.translations.with_raw_response.create(model="whisper-1", file=file)
         verbose = sdk.audio.translations.with_raw_response.create(model="whisper-1", file=file,
