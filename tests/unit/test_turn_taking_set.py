@@ -1,50 +1,117 @@
-"""The multi-voice turn-taking set (benchmarks/turn_taking_set.py) and the pure parts of the WebRTC overlap
-benchmark (benchmarks/overlap.py): their structure, with no model."""
+"""The multi-voice turn-taking set (benchmarks/turn_taking_set.py) and the benchmark's replay of the barge-in rule
+and its calibration (benchmarks/turn_taking.py): their structure, with no model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks.overlap import longest_silence_s, reply_stopped
-from benchmarks.turn_taking_set import PAUSES_MS, RATE, TRAIL_S, build, recordings
+from benchmarks.turn_taking import Heard, OverReply, calibrate, decide
+from benchmarks.turn_taking_set import (
+    BACKCHANNELS,
+    COMPLETE,
+    COUGHS,
+    HUMANS,
+    INTERRUPTIONS,
+    NOISES,
+    NOISY_COUNT,
+    PAUSED,
+    PIPER,
+    RATE,
+    TRAIL_S,
+    _cough,
+    _rng,
+    _trail,
+    build,
+    missing_source,
+    recordings,
+    voice_names,
+)
 from benchmarks.voice_audio import speech_span
 from benchmarks.voices import EspeakSpeaker, espeak_available
 
 
 @pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed (.ci/run installs it)")
 def test_an_espeak_voice_speaks_every_kind_with_its_pauses_where_they_are_said() -> None:
-    voice = EspeakSpeaker("en-gb-scotland", 200)
+    voice = EspeakSpeaker("en-gb-scotland", 210)
     utterances = build(voice, seed=1)
-    assert {u.kind for u in utterances} == {"complete", "paused", "backchannel", "interruption", "noisy"}
+    counts = {kind: sum(u.kind == kind for u in utterances)
+              for kind in ("complete", "paused", "backchannel", "interruption", "noisy")}
+    assert counts == {"complete": len(COMPLETE), "paused": len(PAUSED), "backchannel": len(BACKCHANNELS) + COUGHS,
+                      "interruption": len(INTERRUPTIONS), "noisy": NOISY_COUNT}
     assert {u.voice for u in utterances} == {voice.name}
+    assert sum(u.kind == "backchannel" and not u.text for u in utterances) == COUGHS
     for u in utterances:
         assert u.pcm.dtype == np.int16
         assert len(u.pcm) - u.speech_end == pytest.approx(TRAIL_S * RATE, abs=RATE // 50)
+        assert speech_span(u.pcm[:u.speech_end], RATE)[1] > 0
         if u.kind != "noisy":
             assert not u.pcm[u.speech_end:].any()  # silence after the speech
-    for i, u in enumerate(u for u in utterances if u.kind == "paused"):
-        assert u.pause is not None
+    paused = [u for u in utterances if u.kind == "paused"]
+    for u, (text, pause_ms) in zip(paused, PAUSED, strict=True):
+        assert u.pause is not None and "," not in u.text.split(" ")[0] and u.text == text.replace(",", "", 1)
         start, end = u.pause
-        assert end - start == RATE * PAUSES_MS[i % len(PAUSES_MS)] // 1000
+        assert end - start == RATE * pause_ms // 1000  # exactly as long as said
         assert not u.pcm[start:end].any()
-        before, after = speech_span(u.pcm[:start], RATE), speech_span(u.pcm[end:], RATE)
-        assert before[1] > before[0] and after[1] > after[0]  # words on both sides of the pause
+        # Speech right up to the pause and right after it: the pause is where it is said to be, no longer.
+        assert speech_span(u.pcm[start - RATE // 20:start], RATE)[1] > 0
+        assert speech_span(u.pcm[end:end + RATE // 10], RATE)[1] > 0
+    assert {p for _, p in PAUSED} >= {700, 800}
+    noisy = [u for u in utterances if u.kind == "noisy"]
+    assert [u.noise for u in noisy] == [NOISES[i % len(NOISES)] for i in range(NOISY_COUNT)]
+    for u in noisy:
+        assert u.clean is not None and u.pcm[u.speech_end:].any()  # the noise goes on after the speech
+    # Deterministic: espeak-ng says a text the same every time, and the coughs and the noise come from the seed
+    # and the voice's name.
+    assert np.array_equal(voice.say(COMPLETE[0], RATE).pcm, voice.say(COMPLETE[0], RATE).pcm)
+    cough = next(u for u in utterances if u.kind == "backchannel" and not u.text)
+    assert np.array_equal(cough.pcm[:cough.speech_end], _trail(_cough(_rng(1, voice.name)))[0][:cough.speech_end])
 
 
-def test_the_human_recordings_are_complete_utterances_each_voice_its_own() -> None:
+def test_the_human_recordings_are_complete_utterances_and_short_interruptions_each_voice_its_own() -> None:
     utterances, missing = recordings()
     for u in utterances:
-        assert u.kind in ("complete", "noisy") and u.voice.startswith("human:") and u.text
+        assert u.kind in ("complete", "interruption", "noisy") and u.voice in HUMANS and u.text
         assert speech_span(u.pcm[:u.speech_end], RATE)[1] > 0
-    assert len({u.voice for u in utterances}) + len(missing) == 2
+        if u.kind != "noisy":
+            assert not u.pcm[u.speech_end:].any()
+    assert len({u.voice for u in utterances}) + len(missing) == len(HUMANS)
+    for name in HUMANS:
+        assert (missing_source(name) is None) == any(u.voice == name for u in utterances)
+    assert voice_names()[0] == PIPER and set(HUMANS) <= set(voice_names())
 
 
-def test_the_overlap_benchmark_reads_a_stopped_reply_and_a_held_one() -> None:
-    frames = [(0.02 * i, 1000.0 if not 10 <= i < 30 else 5.0) for i in range(60)]  # 20 silent frames at 0.2 s
-    assert longest_silence_s(frames, 0.0, 2.0) == pytest.approx(0.4)
-    assert longest_silence_s(frames, 0.5, 2.0) == pytest.approx(0.1)  # only what falls in the window
-    done = {"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}}
-    assert reply_stopped([done], "resp_1") and not reply_stopped([done], "resp_2")
-    assert reply_stopped([{"type": "output_audio_buffer.cleared"}], "resp_1")
-    assert not reply_stopped([{"type": "conversation.item.deleted"}], "resp_1")
+def _heard(at: float, text: str, logprob: float) -> Heard:
+    return Heard(at, text, logprob, 300.0, 400.0)
+
+
+def test_the_barge_in_replay_decides_on_words_length_and_confidence() -> None:
+    yeah = OverReply("v", "backchannel", "Yeah.", 1000.0,
+                     [("hold", 1000.0, None), ("judged", 1500.0, _heard(1500.0, "Yeah.", -0.3))],
+                     _heard(float("nan"), "Yeah.", -0.3))
+    assert decide(yeah, -0.8) == decide(yeah) and decide(yeah, -0.8).paused_ms == 500.0
+    assert not decide(yeah, -0.8).stopped
+    # A backchannel heard as other words: it stops the reply unless Whisper is unsure of them.
+    misheard = OverReply("v", "backchannel", "Mm-hm.", 1000.0,
+                         [("hold", 1000.0, None), ("judged", 1600.0, _heard(1600.0, "and the MHCM.", -1.3))],
+                         _heard(float("nan"), "and the MHCM.", -1.3))
+    assert not decide(misheard, -0.8).stopped and decide(misheard, -1.4).stopped
+    # Paused twice ("Yeah, right."): both pauses count.
+    twice = OverReply("v", "backchannel", "Yeah, right.", 1000.0,
+                      [("hold", 1000.0, None), ("judged", 1400.0, _heard(1400.0, "Yeah.", -0.2)),
+                       ("hold", 1500.0, None), ("judged", 1900.0, _heard(1900.0, "Yeah, right.", -0.2))],
+                      _heard(float("nan"), "Yeah, right.", -0.2))
+    assert decide(twice).paused_ms == 800.0 and not decide(twice).stopped
+    long = OverReply("v", "interruption", "Hold on, I have a question.", 1000.0,
+                     [("hold", 1000.0, None), ("length", 2100.0, None)], _heard(float("nan"), "Hold on", -2.0))
+    assert decide(long, 0.0) == decide(long, -5.0) and decide(long).how == "length"
+    unsure = OverReply("v", "interruption", "Wait.", 1000.0,
+                       [("hold", 1000.0, None), ("judged", 1500.0, _heard(1500.0, "wait", -1.0))],
+                       _heard(float("nan"), "wait", -1.0))
+    assert not decide(unsure, -0.8).stopped and decide(unsure, -1.2).stopped
+    never = OverReply("v", "cough", "", None, [], _heard(float("nan"), "", None))  # type: ignore[arg-type]
+    assert decide(never).how == "never paused" and not decide(never).stopped
+    found = calibrate([misheard, unsure, yeah])
+    assert found["fewest_errors"] == 0 and found["best_range"] == [-1.3, -1.0]
+    assert found["proposed_threshold"] == pytest.approx(-1.15) and found["margin"] == pytest.approx(0.15)
+
