@@ -115,8 +115,8 @@ class PausedReply:
         self.voiced_ms = voiced_ms
         if voiced_ms >= LONGEST_BACKCHANNEL_MS:
             self._interrupt(host)
-        elif self.state is Overlap.PLAYING_ON and voiced_ms > self.decided_at_ms:
-            self._hold(host, item_id)
+        elif self.state is Overlap.PLAYING_ON and voiced_ms > self.decided_at_ms and host.playout_busy:
+            self._hold(host, item_id)  # (a reply that has played out has nothing left to hold)
 
     def words(self, host: BargeInHost, item_id: str, transcript: str, avg_logprob: float | None) -> None:
         """The turn's speculative transcript while it holds the reply: a backchannel lets the reply play on now,
