@@ -79,7 +79,7 @@ from benchmarks.turn_taking_set import (
 )
 from gateway.protocol.session_config import turn_end_wait_ms
 from gateway.realtime import barge_in
-from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, is_backchannel
+from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, is_backchannel, is_command
 from media.denoise import NoiseReducer, NoiseReduction
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, StreamingVad, VadSettings
@@ -267,7 +267,9 @@ async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> 
 
 
 def readable_backchannel(text: str, avg_logprob: float | None, threshold: float) -> bool:
-    """is_backchannel with LEAST_READABLE_LOGPROB set to `threshold`."""
+    """is_backchannel with LEAST_READABLE_LOGPROB set to `threshold` (a command word is never one)."""
+    if is_command(text):
+        return False
     if avg_logprob is not None and avg_logprob < threshold:
         return True
     return is_backchannel(text, None)

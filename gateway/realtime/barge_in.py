@@ -27,19 +27,23 @@ from gateway.realtime.commands import HoldPlayout, Output
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.turns import TurnMachine
 
-# What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel.
+# What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel; so
+# are hums however Whisper spells them ("Mmmmmm", "M M M").
 BACKCHANNEL_WORDS = frozenset({
     "mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "ah", "oh", "aha", "yeah", "yep", "yes", "ya", "yup",
     "right", "okay", "ok", "sure", "alright", "i", "see", "got", "it", "cool", "nice", "wow", "true", "exactly",
 })
+HUM = re.compile(r"[hm]*m[hm]*")
 MOST_BACKCHANNEL_WORDS = 3
-# Whisper's average log-probability below which its words are a guess at sounds it cannot read. Measured on the
-# turn-taking set (benchmarks/turn_taking.py, tiny.en): Piper's "Mm-hm." heard as "and the MHCM." -0.88 (AVX2:
-# -0.93), coughs heard as "You" -1.9 to -2.1; every sentence spoken without noise, interruptions included, -0.44
-# or above. Whisper's own fallback calls a decode unlikely below -1, which would keep "Mm-hm." as words. A single
-# word tiny.en mishears can fall below it too ("Pause." as "boss", -1.2): only speech shorter than
-# LONGEST_BACKCHANNEL_S over a paused reply is judged so.
-LEAST_READABLE_LOGPROB = -0.8
+# Words that are for the assistant however unsure Whisper is of them: "Wait." and "No, stop." come back at -1.0 to
+# -1.9 in some voices, where they would otherwise count as nothing readable and let the reply play on.
+COMMAND_WORDS = frozenset({"wait", "stop", "no", "hold", "pause", "cancel", "hang"})
+# Whisper's average log-probability below which its words are a guess at sounds it cannot read. Calibrated with
+# `python -m benchmarks.turn_taking` (tiny.en) on the voices other than the output voice (eight espeak-ng voices and
+# speeds, two human recordings: 84 backchannels, 14 coughs, 105 interruptions), each utterance's decisions replayed
+# under every threshold: with the command words above, the fewest errors (2 of 203) lie in [-0.79, -0.68], and this
+# is their middle; the margin is narrow (0.05). The output voice alone would put it anywhere in [-0.80, -0.60].
+LEAST_READABLE_LOGPROB = -0.74
 LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply voiced for longer than this is addressed to the assistant
 LONGEST_BACKCHANNEL_MS = 1000 * LONGEST_BACKCHANNEL_S
 UNDECIDED_LIMIT_S = 3.0  # a reply held this long after its turn ended, with no words to decide on, plays on
@@ -47,11 +51,24 @@ UNDECIDED_LIMIT_S = 3.0  # a reply held this long after its turn ended, with no 
 
 def is_backchannel(transcript: str, avg_logprob: float | None) -> bool:
     """Whether a turn spoken over the reply lets it play on: nothing readable (no words, or words Whisper is
-    unsure of: `avg_logprob`, None when unknown), or a listener's acknowledgement ("Mm-hm.", "Yeah, right.")."""
+    unsure of: `avg_logprob`, None when unknown), or a listener's acknowledgement ("Mm-hm.", "Yeah, right."); never
+    a command ("Wait.", "No, stop."), however unsure."""
+    if is_command(transcript):
+        return False
+    words = _words(transcript)
     if avg_logprob is not None and avg_logprob < LEAST_READABLE_LOGPROB:
         return True
-    words = re.findall(r"[a-z']+", transcript.lower().replace("-", " "))
-    return len(words) <= MOST_BACKCHANNEL_WORDS and all(word in BACKCHANNEL_WORDS for word in words)
+    return len(words) <= MOST_BACKCHANNEL_WORDS and all(
+        word in BACKCHANNEL_WORDS or HUM.fullmatch(word) for word in words)
+
+
+def is_command(transcript: str) -> bool:
+    """Words for the assistant however unsure Whisper is of them ("Wait.", "No, stop.")."""
+    return any(word in COMMAND_WORDS for word in _words(transcript))
+
+
+def _words(transcript: str) -> list[str]:
+    return re.findall(r"[a-z']+", transcript.lower().replace("-", " "))
 
 
 class BargeInHost(Protocol):

@@ -32,7 +32,8 @@ from media.playout import PlayoutBuffer
 from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
 
 
-@pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes."])
+@pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes.",
+                                  "Mmmmmm.", "M M M", "Hmmm."])
 def test_backchannels(text: str) -> None:
     assert is_backchannel(text, avg_logprob=-0.3)
 
@@ -44,9 +45,14 @@ def test_words_addressed_to_the_assistant(text: str) -> None:
     assert not is_backchannel(text, avg_logprob=None)  # a confidence not measured changes nothing
 
 
-@pytest.mark.parametrize("text", ["and the MHCM.", "You", "Stop, tell me about Berlin instead."])
+@pytest.mark.parametrize("text", ["and the MHCM.", "You", "Tell me about Berlin instead."])
 def test_words_whisper_is_unsure_of_are_nothing_readable(text: str) -> None:
     assert is_backchannel(text, avg_logprob=LEAST_READABLE_LOGPROB - 0.1)
+
+
+@pytest.mark.parametrize("text", ["Wait.", "No, stop.", "Stop, tell me about Berlin instead.", "Hold on."])
+def test_a_command_is_for_the_assistant_however_unsure_whisper_is(text: str) -> None:
+    assert not is_backchannel(text, avg_logprob=-1.9)
 
 
 def speaking_reply(*, playout: bool = True) -> tuple[RealtimeCore, Clock, ResponseEvents]:

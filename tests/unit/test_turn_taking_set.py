@@ -105,10 +105,14 @@ def test_the_barge_in_replay_decides_on_words_length_and_confidence() -> None:
     long = OverReply("v", "interruption", "Hold on, I have a question.", 1000.0,
                      [("hold", 1000.0, None), ("length", 2100.0, None)], _heard(float("nan"), "Hold on", -2.0))
     assert decide(long, 0.0) == decide(long, -5.0) and decide(long).how == "length"
-    unsure = OverReply("v", "interruption", "Wait.", 1000.0,
-                       [("hold", 1000.0, None), ("judged", 1500.0, _heard(1500.0, "wait", -1.0))],
-                       _heard(float("nan"), "wait", -1.0))
+    unsure = OverReply("v", "interruption", "Tell me more.", 1000.0,
+                       [("hold", 1000.0, None), ("judged", 1500.0, _heard(1500.0, "tell me more", -1.0))],
+                       _heard(float("nan"), "tell me more", -1.0))
     assert not decide(unsure, -0.8).stopped and decide(unsure, -1.2).stopped
+    command = OverReply("v", "interruption", "Wait.", 1000.0,
+                        [("hold", 1000.0, None), ("judged", 1500.0, _heard(1500.0, "wait", -1.9))],
+                        _heard(float("nan"), "wait", -1.9))
+    assert decide(command, -0.5).stopped and decide(command, -2.0).stopped  # a command, however unsure
     never = OverReply("v", "cough", "", None, [], _heard(float("nan"), "", None))  # type: ignore[arg-type]
     assert decide(never).how == "never paused" and not decide(never).stopped
     found = calibrate([misheard, unsure, yeah])
