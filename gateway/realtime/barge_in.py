@@ -27,8 +27,8 @@ from gateway.realtime.commands import HoldPlayout, Output
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.turns import TurnMachine
 
-# What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel; so
-# are hums however Whisper spells them ("Mmmmmm", "M M M").
+# What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel, and
+# hums however Whisper spells them ("Mmmmmm", "M M M M M M") do not count against the three.
 BACKCHANNEL_WORDS = frozenset({
     "mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "ah", "oh", "aha", "yeah", "yep", "yes", "ya", "yup",
     "right", "okay", "ok", "sure", "alright", "i", "see", "got", "it", "cool", "nice", "wow", "true", "exactly",
@@ -58,8 +58,8 @@ def is_backchannel(transcript: str, avg_logprob: float | None) -> bool:
     words = _words(transcript)
     if avg_logprob is not None and avg_logprob < LEAST_READABLE_LOGPROB:
         return True
-    return len(words) <= MOST_BACKCHANNEL_WORDS and all(
-        word in BACKCHANNEL_WORDS or HUM.fullmatch(word) for word in words)
+    words = [word for word in words if not HUM.fullmatch(word)]  # a hum, however long, is one backchannel
+    return len(words) <= MOST_BACKCHANNEL_WORDS and all(word in BACKCHANNEL_WORDS for word in words)
 
 
 def is_command(transcript: str) -> bool:

@@ -33,7 +33,7 @@ from tests.unit.test_realtime_core import Clock, committed_turn, event, make_cor
 
 
 @pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes.",
-                                  "Mmmmmm.", "M M M", "Hmmm."])
+                                  "Mmmmmm.", "M M M M M M M M M M M M", "Hmmm.", "Mm, yeah, okay, right."])
 def test_backchannels(text: str) -> None:
     assert is_backchannel(text, avg_logprob=-0.3)
 
