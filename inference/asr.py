@@ -145,6 +145,7 @@ class _Job:
     prompt: str | None
     stream: str
     work: str  # what its core-seconds are charged to (inference/cpu.py)
+    language: str | None  # the session's, with a multilingual model (None: the model's own, detected if it has none)
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Transcript | None]
     submitted: float = field(default_factory=time.perf_counter)
@@ -188,8 +189,7 @@ class AsrEngine:
         self.partial_budget = partial_budget
         self._partial_credit = PARTIAL_BURST_S
         self._credit_at = time.monotonic()
-        self._tokenizer: Any = None
-        self._suppress: list[int] | None = None
+        self._tokenizers: dict[str, tuple[Any, list[int]]] = {}  # by language: its tokenizer, its suppressed tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
         # The other workers, for finals only (see the module's docstring); None with one worker.
         self._finals_executor = (ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="asr-final")
@@ -240,23 +240,25 @@ class AsrEngine:
         )
         if warmup:
             # The first call pays one-off allocations (~2x a warm call); take that hit at load, not in a turn.
-            engine._run(np.zeros(ASR_RATE, dtype=np.float32), final=True, prompt=None)
+            engine._run(np.zeros(ASR_RATE, dtype=np.float32), final=True, prompt=None, language=engine.language)
         engine.load_seconds = time.perf_counter() - started
         return engine
 
     async def transcribe(
         self, audio: np.ndarray, *, final: bool, prompt: str | None = None, stream: str = "",
-        work: str | None = None,
+        work: str | None = None, language: str | None = None,
     ) -> Transcript | None:
         """audio: float32 mono 16 kHz. None for a partial superseded before it ran, or a job still queued at close().
-        `work`: what the call's core-seconds are charged to (default asr_final or asr_partial)."""
+        `work`: what the call's core-seconds are charged to (default asr_final or asr_partial). `language`: the
+        session's (a multilingual model decodes it without detecting one, on the short window); None: the model's."""
         if self._closed:
             raise RuntimeError("AsrEngine is closed")
         if audio.ndim != 1:
             raise ValueError(f"ASR takes mono audio, got shape {audio.shape}")
         loop = asyncio.get_running_loop()
         work = work or ("asr_final" if final else "asr_partial")
-        job = _Job(np.asarray(audio, dtype=np.float32), final, prompt, stream, work, loop, loop.create_future())
+        job = _Job(np.asarray(audio, dtype=np.float32), final, prompt, stream, work, language or self.language, loop,
+                   loop.create_future())
         with self._lock:
             if final:
                 self._finals.append(job)
@@ -392,7 +394,8 @@ class AsrEngine:
         waited = time.perf_counter() - job.submitted
         try:
             with using_cores(self.threads, work=job.work):
-                text, avg_logprob, seconds = self._run(job.audio, final=job.final, prompt=job.prompt)
+                text, avg_logprob, seconds = self._run(job.audio, final=job.final, prompt=job.prompt,
+                                                       language=job.language)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)
@@ -406,20 +409,23 @@ class AsrEngine:
     def _resolve(job: _Job, result: Transcript | None) -> None:
         _deliver(job, _set_result, result)
 
-    def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None) -> tuple[str, float | None, float]:
+    def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None,
+             language: str | None) -> tuple[str, float | None, float]:
         """(text, its average log-probability, seconds spent)."""
         started = time.perf_counter()
         beam_size = self.final_beam_size if final else 1
         decoded = None
-        if self.window_s < FULL_WINDOW_S and self.language is not None and audio.shape[0] <= self.window_s * ASR_RATE:
+        if self.window_s < FULL_WINDOW_S and language is not None and audio.shape[0] <= self.window_s * ASR_RATE:
             self.windowed_calls += 1
-            decoded = self._decode_window(audio, beam_size, prompt)
+            decoded = self._decode_window(audio, beam_size, prompt, language)
             if decoded is None:
                 self.full_window_retries += 1
-        text, avg_logprob = decoded if decoded is not None else self._transcribe_full(audio, beam_size, prompt)
+        text, avg_logprob = (decoded if decoded is not None
+                             else self._transcribe_full(audio, beam_size, prompt, language))
         return text, avg_logprob, time.perf_counter() - started
 
-    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> tuple[str, float] | None:
+    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None,
+                       language: str) -> tuple[str, float] | None:
         """One decode over a `window_s` window: its text and average log-probability; None when its output looks
         degenerate."""
         import ctranslate2
@@ -427,10 +433,10 @@ class AsrEngine:
         from faster_whisper.transcribe import get_suppressed_tokens
 
         model: Any = self._model
-        if self._tokenizer is None:
-            self._tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=self.language)
-            self._suppress = get_suppressed_tokens(self._tokenizer, (-1,))
-        tokenizer = self._tokenizer
+        if language not in self._tokenizers:
+            made = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=language)
+            self._tokenizers[language] = (made, get_suppressed_tokens(made, (-1,)))
+        tokenizer, suppress = self._tokenizers[language]
         features = model.feature_extractor(audio)  # [n_mels, frames]; zero-padded like faster-whisper's segments
         frames = int(self.window_s * 100)
         features = np.pad(features, ((0, 0), (0, max(0, frames - features.shape[1]))))[:, :frames]
@@ -444,7 +450,7 @@ class AsrEngine:
             beam_size=beam_size,
             max_length=budget + len(tokens),  # whether or not CTranslate2 counts the prompt in it
             suppress_blank=True,
-            suppress_tokens=self._suppress,
+            suppress_tokens=suppress,
             return_scores=True,
         )[0]
         ids = [i for i in result.sequences_ids[0] if i < tokenizer.eot]
@@ -456,10 +462,11 @@ class AsrEngine:
         length = len(result.sequences_ids[0])
         return text, float(result.scores[0]) * length / (length + 1)
 
-    def _transcribe_full(self, audio: np.ndarray, beam_size: int, prompt: str | None) -> tuple[str, float | None]:
+    def _transcribe_full(self, audio: np.ndarray, beam_size: int, prompt: str | None,
+                         language: str | None) -> tuple[str, float | None]:
         segments, _info = self._model.transcribe(  # type: ignore[attr-defined]
             audio,
-            language=self.language,
+            language=language,
             beam_size=beam_size,
             best_of=1,
             temperature=0.0,  # fallback re-decodes cost 1-2.6 s spikes on short audio

@@ -371,8 +371,10 @@ class VoicePipeline:
     async def _transcribe(self, audio: np.ndarray, *, final: bool, work: str | None = None) -> Transcript | None:
         assert self.runtime.asr is not None
         pcm = AudioChunk(audio, RATE).to_float32()
-        prompt = self.audio.transcription.prompt if self.audio.transcription else None
-        transcript = await self.runtime.asr.transcribe(pcm, final=final, prompt=prompt, stream=self.session_id, work=work)
+        settings = self.audio.transcription
+        transcript = await self.runtime.asr.transcribe(
+            pcm, final=final, prompt=settings.prompt if settings else None, stream=self.session_id, work=work,
+            language=settings.language if settings else None)  # the session's (one the model has: session_config)
         if transcript is not None:
             metrics.ASR_CALL_SECONDS.labels("final" if final else "partial").observe(transcript.seconds)
             log.debug("session %s: %s transcript of %.0f ms: waited %.3f s, ran %.3f s", self.session_id,
