@@ -29,10 +29,10 @@ class FailingFinals:
         self.fail = True
 
     async def transcribe(self, audio: np.ndarray, *, final: bool, prompt: str | None = None,
-                         stream: str = "", work: str | None = None) -> Transcript | None:
+                         stream: str = "", work: str | None = None, language: str | None = None) -> Transcript | None:
         if final and self.fail:
             raise RuntimeError("the decoder ran out of memory")
-        return await self.asr.transcribe(audio, final=final, prompt=prompt, stream=stream, work=work)
+        return await self.asr.transcribe(audio, final=final, prompt=prompt, stream=stream, work=work, language=language)
 
 
 async def test_a_failed_transcription_is_reported_and_the_session_goes_on(asr, tts, question_pcm) -> None:
