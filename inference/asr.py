@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -149,6 +150,14 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Transcript | None]
     submitted: float = field(default_factory=time.perf_counter)
+
+
+@functools.cache
+def whisper_languages() -> frozenset[str]:
+    """The language codes a multilingual Whisper decodes ("de", "fr", ...)."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    return frozenset(_LANGUAGE_CODES)
 
 
 class AsrEngine:

@@ -99,12 +99,15 @@ class Runtime:
         voices = self.voices
         voice = voices.default
         asr_name = asr_model_name(settings.asr_model)  # whisper-tiny.en, whisper-base, or a folder's name
+        from inference.asr import whisper_languages  # faster-whisper's, imported once the ASR loads
+
         if self.asr is not None:
             language = self.asr.language
         else:  # not loaded yet: English-only models say so in their name, as Whisper's do
             language = "en" if asr_name.endswith(".en") else None
         return SpeechOptions(voice=voice, voice_aliases=voices.aliases_of(voice), transcription_model=asr_name,
-                             transcription_aliases=openai_transcription_names(), transcription_language=language)
+                             transcription_aliases=openai_transcription_names(), transcription_language=language,
+                             transcription_languages=whisper_languages())
 
     @property
     def devices(self) -> dict[str, str]:

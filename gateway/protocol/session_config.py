@@ -55,6 +55,8 @@ class SpeechOptions:
     transcription_model: str  # the installed Whisper's name, the default
     transcription_aliases: frozenset[str]
     transcription_language: str | None  # what the Whisper model transcribes (None: it detects the language)
+    # The languages a multilingual Whisper knows (Whisper's codes: "de", "fr", ...); None: not checked.
+    transcription_languages: frozenset[str] | None = None
 
     def apply_defaults(self, config: SessionConfig) -> SessionConfig:
         """A new session speaks with the installed voice and names the installed Whisper."""
@@ -85,6 +87,10 @@ class SpeechOptions:
                            f"'{self.transcription_language}' only; language '{transcription.language}' is not "
                            "available (--asr-model base transcribes other languages).",
                            "session.audio.input.transcription.language")
+        if (transcription.language is not None and self.transcription_languages is not None
+                and transcription.language not in self.transcription_languages):
+            raise ApiError("invalid_value", f"Whisper knows no language '{transcription.language}': name it by its "
+                           "ISO 639-1 code, as 'de' or 'fr'.", "session.audio.input.transcription.language")
 
 
 class AudioFormat(_Strict):

@@ -12,6 +12,7 @@ from gateway.platform.config import Settings
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig, SpeechOptions, apply_session_update
 from inference import models
+from inference.asr import whisper_languages
 from inference.models import (
     WHISPER_BASE_BYTES,
     WHISPER_BASE_FILES,
@@ -97,6 +98,19 @@ def test_a_multilingual_model_takes_any_language(language: str) -> None:
     update = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe", "language": language}}}}
     config = apply_session_update(base.apply_defaults(SessionConfig()), update, speech=base)
     assert config.audio.input.transcription is not None and config.audio.input.transcription.language == language
+
+
+def test_a_language_whisper_does_not_know_is_refused_by_name() -> None:
+    base = SpeechOptions(voice="joe", voice_aliases=frozenset(), transcription_model="whisper-base",
+                         transcription_aliases=frozenset(), transcription_language=None,
+                         transcription_languages=whisper_languages())
+    with pytest.raises(ApiError) as refused:
+        apply_session_update(base.apply_defaults(SessionConfig()),
+                             {"audio": {"input": {"transcription": {"language": "german"}}}}, speech=base)
+    assert refused.value.param == "session.audio.input.transcription.language" and "'german'" in str(refused.value)
+    config = apply_session_update(base.apply_defaults(SessionConfig()),
+                                  {"audio": {"input": {"transcription": {"language": "de"}}}}, speech=base)
+    assert config.audio.input.transcription is not None and config.audio.input.transcription.language == "de"
 
 
 def test_the_english_only_model_refuses_another_language_by_name() -> None:
