@@ -48,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import time
-import wave
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.turn_taking_set import COMPLETE
+from benchmarks.turn_taking import edit_distance
+from benchmarks.turn_taking_set import COMPLETE, beckett_path, read_wav
 from benchmarks.voice_audio import Speaker, speech_span
 from benchmarks.voices import EspeakSpeaker, espeak_available
 
@@ -98,14 +98,9 @@ def words(text: str) -> list[str]:
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(edits, reference words): the word-level Levenshtein distance."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i in range(1, len(ref) + 1):
-        diagonal, row[0] = row[0], i
-        for j in range(1, len(hyp) + 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref[i - 1] != hyp[j - 1]))
-    return row[len(hyp)], len(ref)
+    """(edits, reference words), with this benchmark's spellings (`words`)."""
+    ref = words(reference)
+    return edit_distance(ref, words(hypothesis)), len(ref)
 
 
 def _noise(kind: str, n: int, rng: np.random.Generator, voices: list[np.ndarray]) -> np.ndarray:
@@ -146,26 +141,6 @@ def _turns(voice: str, said: list[tuple[str, np.ndarray]], rng: np.random.Genera
     return out
 
 
-def _read_wav(path: Path) -> np.ndarray:
-    from media.resample import resample
-
-    with wave.open(str(path)) as reader:
-        pcm = np.frombuffer(reader.readframes(reader.getnframes()), dtype="<i2")
-        if reader.getnchannels() > 1:
-            pcm = pcm.reshape(-1, reader.getnchannels())[:, 0]
-        return resample(pcm.astype(np.int16), reader.getframerate(), RATE)
-
-
-def _beckett() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("moonshine_onnx")  # finds the package, never imports it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "assets" / "beckett.wav"
-    return path if path.exists() else None
-
-
 def build_set(seed: int = 0, sentences: list[str] | None = None) -> tuple[list[Turn], list[str]]:
     """Every voice's turns, and a note for each voice that is missing here."""
     rng = np.random.default_rng(seed)
@@ -185,13 +160,13 @@ def build_set(seed: int = 0, sentences: list[str] | None = None) -> tuple[list[T
     else:
         missing.append("espeak-ng voices (apt-get install espeak-ng)")
     if all((ALSA_SOUNDS / f"{name}.wav").exists() for name in ALSA_CLIPS):
-        turns += _turns("human:alsa-utils", [(text, _read_wav(ALSA_SOUNDS / f"{name}.wav"))
+        turns += _turns("human:alsa-utils", [(text, read_wav(ALSA_SOUNDS / f"{name}.wav"))
                                              for name, text in ALSA_CLIPS.items()], rng)
     else:
         missing.append("human:alsa-utils (apt-get install alsa-utils)")
-    beckett = _beckett()
+    beckett = beckett_path()
     if beckett is not None:
-        reading = _read_wav(beckett)
+        reading = read_wav(beckett)
         turns += _turns("human:moonshine-beckett", [(text, reading[round(a * RATE):round(b * RATE)])
                                                     for a, b, text in BECKETT_PARTS], rng)
     else:

@@ -309,13 +309,18 @@ def decide(record: OverReply, threshold: float | None = None) -> Decision:
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """(edits, reference words): the word-level Levenshtein distance."""
-    ref, hyp = _words(reference), _words(hypothesis)
+    ref = _words(reference)
+    return edit_distance(ref, _words(hypothesis)), len(ref)
+
+
+def edit_distance(ref: list[str], hyp: list[str]) -> int:
+    """The word-level Levenshtein distance."""
     row = list(range(len(hyp) + 1))
     for i in range(1, len(ref) + 1):
         diagonal, row[0] = row[0], i
         for j in range(1, len(hyp) + 1):
             diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref[i - 1] != hyp[j - 1]))
-    return row[len(hyp)], len(ref)
+    return row[len(hyp)]
 
 
 def _words(text: str) -> list[str]:

@@ -298,7 +298,7 @@ def _noisy(voice: str, utterances: list[Utterance], speech: list[tuple[str, np.n
     return out
 
 
-def _read_wav(path: Path) -> np.ndarray:
+def read_wav(path: Path) -> np.ndarray:
     """16-bit mono PCM at RATE."""
     from media.resample import resample
 
@@ -320,11 +320,11 @@ def beckett_path() -> Path | None:
 def recording_clips(name: str) -> list[tuple[str, np.ndarray]]:
     """A human voice's clips as (words, pcm at RATE), each its speech after LEAD_S of silence."""
     if name == ALSA:
-        clips = [(text, _read_wav(ALSA_SOUNDS / f"{stem}.wav")) for stem, text in ALSA_CLIPS.items()]
+        clips = [(text, read_wav(ALSA_SOUNDS / f"{stem}.wav")) for stem, text in ALSA_CLIPS.items()]
     elif name == BECKETT:
         path = beckett_path()
         assert path is not None, missing_source(BECKETT)
-        reading = _read_wav(path)
+        reading = read_wav(path)
         clips = [(text, reading[round(a * RATE):round(b * RATE)]) for a, b, text in BECKETT_PHRASES]
     else:
         raise KeyError(name)

@@ -11,11 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import websockets
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.voices import EspeakSpeaker, espeak_available
 from inference.asr import AsrEngine
@@ -26,6 +24,7 @@ from media.resample import resample
 from tests.conftest import QUESTION
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
+from tests.integration.gateway_metrics import by_outcome
 from tests.integration.live_client import RATE, LiveCaller
 from tests.integration.sdk_types import assert_valid_live_event
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, transcribe, words
@@ -108,15 +107,7 @@ async def test_a_spoken_question_gets_a_spoken_answer_whose_words_follow_its_aud
 
 async def paused_replies(gateway: GatewayProcess) -> dict[str, float]:
     """gateway_paused_replies_total by outcome: what speech over a reply turned out to be."""
-    async with httpx.AsyncClient(base_url=gateway.url) as http:
-        text = (await http.get("/metrics")).text
-    counts = {"resumed": 0.0, "interrupted": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name == "gateway_paused_replies":
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    counts[sample.labels["outcome"]] = sample.value
-    return counts
+    return await by_outcome(gateway, "gateway_paused_replies", "_total")
 
 
 async def test_a_backchannel_does_not_stop_the_reply_and_an_interruption_does(live_gateway: GatewayProcess) -> None:

@@ -13,7 +13,6 @@ import httpx
 import numpy as np
 import pytest
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.voices import EspeakSpeaker, espeak_available
 from inference.asr import AsrEngine
@@ -23,6 +22,7 @@ from media.resample import resample
 from tests.conftest import QUESTION
 from tests.gateway_process import GatewayProcess
 from tests.integration.conftest import MODEL
+from tests.integration.gateway_metrics import by_outcome
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sdk_types import assert_valid_server_event
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, transcribe, with_silence, words
@@ -209,15 +209,7 @@ async def test_a_call_continues_a_stored_conversation_and_stores_its_turn(
 
 async def reply_pauses(gateway: GatewayProcess) -> dict[str, float]:
     """gateway_reply_pause_seconds' count by outcome: how the holds of a reply by speech over it ended."""
-    async with httpx.AsyncClient(base_url=gateway.url) as http:
-        text = (await http.get("/metrics")).text
-    counts = {"resumed": 0.0, "interrupted": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name == "gateway_reply_pause_seconds":
-            for sample in family.samples:
-                if sample.name.endswith("_count"):
-                    counts[sample.labels["outcome"]] = sample.value
-    return counts
+    return await by_outcome(gateway, "gateway_reply_pause_seconds", "_count")
 
 
 @pytest.mark.parametrize("detection", ["server_vad", "semantic_vad"])
@@ -258,7 +250,8 @@ async def test_a_backchannel_in_another_voice_over_webrtc_pauses_the_reply_then_
     assert not caller.of_type("output_audio_buffer.cleared"), caller.of_type("output_audio_buffer.cleared")
     assert all(done["response"]["status"] != "cancelled" for done in caller.of_type("response.done"))
     after = await reply_pauses(gateway)
-    assert (after["resumed"] - before["resumed"], after["interrupted"] - before["interrupted"]) == (1, 0), (before, after)
+    # Held and played on; a word Silero hears in two parts may be held twice, but never cut.
+    assert after["resumed"] > before["resumed"] and after["interrupted"] == before["interrupted"], (before, after)
 
     microphone.play(interruption)
     await caller.wait_for("output_audio_buffer.cleared", timeout=30)
