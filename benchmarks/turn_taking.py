@@ -78,8 +78,9 @@ from benchmarks.turn_taking_set import (
     voice_names,
 )
 from gateway.protocol.session_config import turn_end_wait_ms
-from gateway.realtime import barge_in
 from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, is_backchannel, is_command
+from inference import transcript_checks
+from inference.transcript_checks import heard_surely
 from media.denoise import NoiseReducer, NoiseReduction
 from media.frames import AudioChunk
 from media.vad import SileroVad, SpeechStarted, StreamingVad, VadSettings
@@ -120,15 +121,20 @@ class Verdict:
     text: float
     text_s: float
     heard: str
+    avg_logprob: float | None = None  # Whisper's confidence in `heard`
 
 
-def _wait(detector: str, verdict: Verdict, eagerness: str) -> tuple[int, float]:
+WaitPolicy = Callable[..., int]  # turn_end_wait_ms's signature: (eagerness, *, audio=, text=, words_sure=) -> ms
+
+
+def _wait(detector: str, verdict: Verdict, eagerness: str, policy: WaitPolicy = turn_end_wait_ms,
+          ) -> tuple[int, float]:
     """(silence the detector waits, seconds until its judges have answered)."""
     if detector == "semantic_vad_audio":
-        return turn_end_wait_ms(eagerness, audio=verdict.audio), verdict.audio_s
+        return policy(eagerness, audio=verdict.audio), verdict.audio_s
     if detector == "semantic_vad_text":
-        return turn_end_wait_ms(eagerness, text=verdict.text), verdict.text_s
-    return (turn_end_wait_ms(eagerness, audio=verdict.audio, text=verdict.text),
+        return policy(eagerness, text=verdict.text), verdict.text_s
+    return (policy(eagerness, audio=verdict.audio, text=verdict.text, words_sure=heard_surely(verdict.avg_logprob)),
             max(verdict.audio_s, verdict.text_s))  # the gateway runs both at once and answers when both have
 
 
@@ -142,7 +148,8 @@ def verdicts(judges: Judges) -> Callable[[np.ndarray], Awaitable[Verdict]]:
         transcript = await judges.asr.transcribe(pcm, final=True)
         heard = transcript.text if transcript is not None else ""
         p_text = await judges.text.probability(heard) if heard.strip() else 0.0
-        return Verdict(p_audio, audio_s, p_text, time.perf_counter() - started, heard)
+        return Verdict(p_audio, audio_s, p_text, time.perf_counter() - started, heard,
+                       None if transcript is None else transcript.avg_logprob)
     return judge
 
 
@@ -152,14 +159,26 @@ class TurnEnd:
     silence_ms: float | None  # the VAD's start of the silence it ended in
 
 
-async def turn_ends(utterance: Utterance, eagerness: str, judge: Callable[[np.ndarray], Awaitable[Verdict]],
-                    vad_path: Path, detectors: tuple[str, ...] = DETECTORS) -> dict[str, TurnEnd]:
-    """Where each detector ends the utterance's turn: one pass of the VAD, the judges asked once a silence."""
+@dataclass(frozen=True)
+class Silence:
+    """One silence inside a turn as the VAD saw it, with the judges' verdict on the audio before it."""
+
+    start_ms: float  # the VAD's start of the silence
+    judged_ms: float  # stream time when the judges were asked (JUDGE_AFTER_MS into it, on a 20 ms frame)
+    last_ms: float  # the last frame's time inside it: speech again after it, or the stream's end
+    verdict: Verdict
+
+
+async def silences(utterance: Utterance, judge: Callable[[np.ndarray], Awaitable[Verdict]],
+                   vad_path: Path) -> list[Silence]:
+    """Every silence of at least JUDGE_AFTER_MS after the first speech, in one pass of the VAD fed 20 ms at a
+    time, each judged once (the judges see the audio up to that frame)."""
     vad = StreamingVad(SileroVad(vad_path), VadSettings(silence_duration_ms=10**6, min_speech_ms=0))
     pcm = utterance.pcm
     heard = False
-    ends: dict[str, TurnEnd] = {}
-    ends_at: dict[str, float] = {}  # this silence's end of the turn per detector, once judged
+    found: list[Silence] = []
+    current: tuple[float, float, Verdict] | None = None  # (start, judged at, verdict) of the open silence
+    position = 0.0
     for start in range(0, len(pcm) - CHUNK + 1, CHUNK):
         vad.process(AudioChunk(pcm[start:start + CHUNK], RATE))
         state = vad.detector
@@ -168,27 +187,39 @@ async def turn_ends(utterance: Utterance, eagerness: str, judge: Callable[[np.nd
         if not heard:
             continue
         if silence is None:
-            ends_at.clear()  # speech again: the judgements of the last silence are dropped
+            if current is not None:
+                found.append(Silence(current[0], current[1], position, current[2]))
+                current = None
+            position = vad.position_ms
             continue
         position = vad.position_ms
-        if not ends_at and position - silence >= JUDGE_AFTER_MS:
-            open_ = [d for d in detectors if d not in ends]
-            verdict = await judge(pcm[:start + CHUNK]) if any(d != "server_vad" for d in open_) else None
-            for detector in open_:
-                if detector == "server_vad":
-                    ends_at[detector] = silence + SERVER_VAD_SILENCE_MS
-                    continue
-                assert verdict is not None
-                wait_ms, answer_s = _wait(detector, verdict, eagerness)
-                # Until the judges answer the turn waits the longest; their answer sets the silence from then.
-                ends_at[detector] = min(silence + turn_end_wait_ms(eagerness),
-                                        max(silence + wait_ms, position + 1000 * answer_s))
-        for detector, at in list(ends_at.items()):
-            if detector not in ends and position >= at:
-                ends[detector] = TurnEnd(at, silence)
-        if len(ends) == len(detectors):
-            break
-    return {d: ends.get(d, TurnEnd(None, None)) for d in detectors}
+        if current is None and position - silence >= JUDGE_AFTER_MS:
+            current = (silence, position, await judge(pcm[:start + CHUNK]))
+    if current is not None:
+        found.append(Silence(current[0], current[1], position, current[2]))
+    return found
+
+
+def turn_end(found: list[Silence], detector: str, eagerness: str, policy: WaitPolicy = turn_end_wait_ms) -> TurnEnd:
+    """Where `detector` ends the turn over these silences: until the judges answer the turn waits the longest;
+    their answer sets the silence from then; the first silence that lasts that long ends it."""
+    for s in found:
+        if detector == "server_vad":
+            at = s.start_ms + SERVER_VAD_SILENCE_MS
+        else:
+            wait_ms, answer_s = _wait(detector, s.verdict, eagerness, policy)
+            at = min(s.start_ms + policy(eagerness), max(s.start_ms + wait_ms, s.judged_ms + 1000 * answer_s))
+        if at <= s.last_ms:
+            return TurnEnd(at, s.start_ms)
+    return TurnEnd(None, None)
+
+
+async def turn_ends(utterance: Utterance, eagerness: str, judge: Callable[[np.ndarray], Awaitable[Verdict]],
+                    vad_path: Path, detectors: tuple[str, ...] = DETECTORS,
+                    ) -> tuple[dict[str, TurnEnd], list[Silence]]:
+    """Where each detector ends the utterance's turn, and the silences it was read from (to replay a policy)."""
+    found = await silences(utterance, judge, vad_path)
+    return {d: turn_end(found, d, eagerness) for d in detectors}, found
 
 
 @dataclass(frozen=True)
@@ -213,13 +244,14 @@ class OverReply:
     started_ms: float | None  # SpeechStarted's detected time (None: the VAD never paused the reply)
     events: list[tuple[str, float, Heard | None]] = field(default_factory=list)  # hold, judged, length
     final: Heard | None = None  # the whole utterance's transcript
+    speech_end_ms: float = math.nan  # the utterance's last speech sample
 
 
 async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> OverReply:
     """Simulate gateway/realtime/barge_in.py on the utterance (module docstring), in stream time: a transcript's
     words are applied once its ASR time has passed, the VAD going on meanwhile."""
     kind = "cough" if utterance.kind == "backchannel" and not utterance.text else utterance.kind
-    record = OverReply(utterance.voice, kind, utterance.text, None)
+    record = OverReply(utterance.voice, kind, utterance.text, None, speech_end_ms=1000 * utterance.speech_end / RATE)
     pcm = utterance.pcm
     vad = StreamingVad(SileroVad(vad_path), VadSettings(min_speech_ms=BARGE_IN_SPEECH_MS, silence_duration_ms=10**6))
     state = "none"  # none, held, playing_on
@@ -282,14 +314,15 @@ class Decision:
     paused_ms: float  # how long the reply's audio was held, in all
     at_ms: float | None  # when the reply was stopped
     words: str | None = None  # the transcript that decided (None: its length, or nothing heard)
+    resumed_ms: float | None = None  # played on: when the reply last resumed
 
 
 def decide(record: OverReply, threshold: float | None = None) -> Decision:
-    """The rule's outcome on a recorded utterance, with barge_in.LEAST_READABLE_LOGPROB or `threshold`."""
-    least = barge_in.LEAST_READABLE_LOGPROB if threshold is None else threshold
+    """The rule's outcome on a recorded utterance, with transcript_checks.LEAST_READABLE_LOGPROB or `threshold`."""
+    least = transcript_checks.LEAST_READABLE_LOGPROB if threshold is None else threshold
     if record.started_ms is None:
         return Decision(False, "never paused", 0.0, None)
-    held, since = 0.0, None
+    held, since, resumed = 0.0, None, None
     for kind, at, heard in record.events:
         if kind == "hold":
             since = at
@@ -301,10 +334,11 @@ def decide(record: OverReply, threshold: float | None = None) -> Decision:
         assert heard is not None
         if not readable_backchannel(heard.text, heard.avg_logprob, least):
             return Decision(True, "words", held, at, heard.text)
+        resumed = at
     assert record.final is not None
     if not readable_backchannel(record.final.text, record.final.avg_logprob, least):
         return Decision(True, "final transcript", held, None, record.final.text)
-    return Decision(False, "played on", held, None, record.final.text)
+    return Decision(False, "played on", held, None, record.final.text, resumed)
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
@@ -439,7 +473,10 @@ def reply_figures(records: list[OverReply]) -> dict[str, Any]:
     for r in records:
         how.setdefault(r.kind, {}).setdefault(decided[id(r)].how, 0)
         how[r.kind][decided[id(r)].how] += 1
-    pauses = [decided[id(r)].paused_ms for r in bcs if not decided[id(r)].stopped and r.started_ms is not None]
+    played_on = [r for r in bcs if not decided[id(r)].stopped and r.started_ms is not None]
+    pauses = [decided[id(r)].paused_ms for r in played_on]
+    # The part of the hold a listener hears as a gap: from the end of their own word to the reply's return.
+    gaps = [max(0.0, resumed - r.speech_end_ms) for r in played_on if (resumed := decided[id(r)].resumed_ms) is not None]
     asr = [h.asr_ms for r in records for k, _, h in r.events if k == "judged" and h is not None]
     return {
         "at_once": {
@@ -455,6 +492,7 @@ def reply_figures(records: list[OverReply]) -> dict[str, Any]:
             "complete_sentences_that_did_not_pct": _pct(sum(not decided[id(r)].stopped for r in complete),
                                                         len(complete)),
             "backchannel_pause_ms": _percentiles(pauses),
+            "backchannel_gap_after_speech_ms": _percentiles(gaps),
             "backchannels_that_never_paused_it": sum(r.started_ms is None for r in bcs),
             "interruption_stopped_after_speech_start_ms": _percentiles(
                 [d.at_ms - r.started_ms for r in interruptions
@@ -545,7 +583,7 @@ def calibrate(records: list[OverReply]) -> dict[str, Any]:
     low, high = best[0]["from"], best[-1]["to"]
     chosen = round((low + high) / 2, 2)
     bc, missed = _errors(records, chosen)
-    current = barge_in.LEAST_READABLE_LOGPROB
+    current = transcript_checks.LEAST_READABLE_LOGPROB
     bc_now, missed_now = _errors(records, current)
     complete = [r for r in records if r.kind == "complete"]
 
@@ -661,14 +699,23 @@ async def measure_voice(utterances: list[Utterance], args: argparse.Namespace, j
         return verdict
 
     for u in (u for u in utterances if u.kind in ("complete", "paused")):
-        for detector, end in (await turn_ends(u, args.eagerness, judge, vad_path)).items():
-            turns.append({"voice": u.voice, "kind": u.kind, "detector": detector, "end_ms": end.end_ms,
-                          "silence_ms": end.silence_ms, "speech_end_ms": 1000 * u.speech_end / RATE,
-                          "pause_ms": None if u.pause is None else (1000 * u.pause[0] / RATE, 1000 * u.pause[1] / RATE)})
+        ends, found = await turn_ends(u, args.eagerness, judge, vad_path)
+        row = {"voice": u.voice, "kind": u.kind, "text": u.text, "speech_end_ms": 1000 * u.speech_end / RATE,
+               "pause_ms": None if u.pause is None else (1000 * u.pause[0] / RATE, 1000 * u.pause[1] / RATE)}
+        for detector, end in ends.items():
+            turns.append({**row, "detector": detector, "end_ms": end.end_ms, "silence_ms": end.silence_ms})
+        turns.append({**row, "detector": "silences", "silences": [_silence_json(s) for s in found]})
     replies = [await over_a_reply(u, judges, vad_path) for u in utterances
                if u.kind in ("backchannel", "interruption", "complete")]
     noise = await measure_noise(utterances, judges, vad_path, enhancers=args.enhancers and utterances[0].voice == PIPER)
     return turns, replies, noise
+
+
+def _silence_json(s: Silence) -> dict[str, Any]:
+    v = s.verdict
+    return {"start_ms": s.start_ms, "judged_ms": s.judged_ms, "last_ms": s.last_ms, "audio": round(v.audio, 4),
+            "audio_s": round(v.audio_s, 4), "text": float(f"{v.text:.4g}"), "text_s": round(v.text_s, 4),
+            "heard": v.heard, "avg_logprob": None if v.avg_logprob is None else round(v.avg_logprob, 4)}
 
 
 def _record_json(record: OverReply) -> dict[str, Any]:
@@ -680,6 +727,7 @@ def _record_json(record: OverReply) -> dict[str, Any]:
                 None if math.isnan(h.voiced_ms) else round(h.voiced_ms)]
 
     return {"voice": record.voice, "kind": record.kind, "text": record.text, "started_ms": record.started_ms,
+            "speech_end_ms": record.speech_end_ms,
             "events": [[kind, round(at, 1), heard(h)] for kind, at, h in record.events],
             "final": heard(record.final)}
 
@@ -688,7 +736,7 @@ def _table(report: dict[str, Any]) -> str:
     """The targets as a Markdown table, a row per group of voices."""
     head = ["voices", "backchannels stopping (<=10%)", "interruptions not stopping (0%)",
             "pauses ended early (<=10%)", "EoT delay p50 (<=350 ms)", "backchannel pause p95 (<=500 ms)",
-            "p95 EoT delay", "cut-off/true end by 300 ms", "noise WER (clean)"]
+            "gap after the word p95", "p95 EoT delay", "cut-off/true end by 300 ms", "noise WER (clean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     groups = {"overall": report["overall"], "all but the output voice": report["voices_other_than_the_output_voice"],
               **report["per_voice"]}
@@ -704,7 +752,8 @@ def _table(report: dict[str, Any]) -> str:
         def shown(value: Any, unit: str = "") -> str:
             return "n/a" if value is None else f"{value:g}{unit}"
 
-        cells += [shown(turn.get("end_of_turn_delay_ms", {}).get("p95"), " ms"),
+        gap = figures["replies"].get("paused", {}).get("backchannel_gap_after_speech_ms", {})
+        cells += [shown(gap.get("p95"), " ms"), shown(turn.get("end_of_turn_delay_ms", {}).get("p95"), " ms"),
                   f"{shown(turn.get('false_cutoff_by_300_ms_pct'), '%')} / {shown(turn.get('true_end_by_300_ms_pct'), '%')}",
                   f"{shown(noise.get('none', {}).get('wer'))} ({shown(noise.get('clean speech', {}).get('wer'))})"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -768,6 +817,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         "speech sample (-45 dBFS)",
                         "backchannel_pause_ms": "(silence start + 64 ms + ASR wall time) - SpeechStarted detected, "
                         "summed over its pauses, for backchannels and coughs that the reply played on over",
+                        "backchannel_gap_after_speech_ms": "when the reply last resumed - the backchannel's last "
+                        "speech sample (-45 dBFS), for the same: the part of the hold a listener hears as a gap",
                         "backchannels_that_stopped_the_reply_pct": "backchannel words and coughs"},
         "overall": group(runnable, turns, replies, noise),
         "voices_other_than_the_output_voice": group(others, turns, replies, noise),
@@ -776,6 +827,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "calibration": calibrate([r for r in replies if r.voice != PIPER]),
         "calibration_with_the_output_voice": {k: v for k, v in calibrate(replies).items() if k != "by_interval"},
         "over_reply_records": [_record_json(r) for r in replies],
+        "turn_records": [r for r in turns if r["detector"] == "silences"],
         "seconds": round(time.perf_counter() - began, 1),
     }
     report["targets"] = {name: against_targets(figures) for name, figures in

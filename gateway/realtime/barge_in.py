@@ -26,6 +26,7 @@ from gateway.protocol import server_events as se
 from gateway.realtime.commands import HoldPlayout, Output
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.turns import TurnMachine
+from inference.transcript_checks import heard_surely
 
 # What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel, and
 # hums however Whisper spells them ("Mmmmmm", "M M M M M M") do not count against the three.
@@ -38,12 +39,6 @@ MOST_BACKCHANNEL_WORDS = 3
 # Words that are for the assistant however unsure Whisper is of them: "Wait." and "No, stop." come back at -1.0 to
 # -1.9 in some voices, where they would otherwise count as nothing readable and let the reply play on.
 COMMAND_WORDS = frozenset({"wait", "stop", "no", "hold", "pause", "cancel", "hang"})
-# Whisper's average log-probability below which its words are a guess at sounds it cannot read. Calibrated with
-# `python -m benchmarks.turn_taking` (tiny.en) on the voices other than the output voice (eight espeak-ng voices and
-# speeds, two human recordings: 84 backchannels, 14 coughs, 105 interruptions), each utterance's decisions replayed
-# under every threshold: with the command words above, the fewest errors (2 of 203) lie in [-0.79, -0.68], and this
-# is their middle; the margin is narrow (0.05). The output voice alone would put it anywhere in [-0.80, -0.60].
-LEAST_READABLE_LOGPROB = -0.74
 LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply voiced for longer than this is addressed to the assistant
 LONGEST_BACKCHANNEL_MS = 1000 * LONGEST_BACKCHANNEL_S
 UNDECIDED_LIMIT_S = 3.0  # a reply held this long after its turn ended, with no words to decide on, plays on
@@ -56,7 +51,7 @@ def is_backchannel(transcript: str, avg_logprob: float | None) -> bool:
     if is_command(transcript):
         return False
     words = _words(transcript)
-    if avg_logprob is not None and avg_logprob < LEAST_READABLE_LOGPROB:
+    if not heard_surely(avg_logprob):
         return True
     words = [word for word in words if not HUM.fullmatch(word)]  # a hum, however long, is one backchannel
     return len(words) <= MOST_BACKCHANNEL_WORDS and all(word in BACKCHANNEL_WORDS for word in words)

@@ -155,11 +155,13 @@ class SilenceHeard:
 @dataclass(frozen=True)
 class EndOfTurnJudged:
     """The judges' probabilities that the open turn is complete (a silence is running): the audio model's and
-    the LLM's from the words so far; None for a judge that is not there or failed."""
+    the LLM's from the words so far; None for a judge that is not there or failed. `words_sure`: whether Whisper
+    was sure of those words (inference.transcript_checks.heard_surely)."""
 
     item_id: str
     audio: float | None
     text: float | None
+    words_sure: bool = True
 
 
 @dataclass(frozen=True)

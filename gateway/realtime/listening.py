@@ -245,7 +245,8 @@ class Listening:
         if self.open_turn != event.item_id or detection is None:
             return
         if isinstance(detection, SemanticVad):
-            host.emit(SetSilence(event.item_id, turn_end_wait_ms(detection.eagerness, audio=event.audio, text=event.text)))
+            host.emit(SetSilence(event.item_id, turn_end_wait_ms(detection.eagerness, audio=event.audio, text=event.text,
+                                                                 words_sure=event.words_sure)))
         elif host.judges_server_vad and event.audio is not None:
             host.emit(SetSilence(event.item_id, server_vad_wait_ms(detection.silence_duration_ms, event.audio)))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,16 +16,27 @@ from gateway.generation.runtime import Runtime
 from gateway.platform import metrics
 from gateway.realtime.reply_ahead import screened
 from inference.asr import Transcript
+from inference.transcript_checks import heard_surely
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The audio model's and the LLM's probabilities that the turn is complete (None: that judge is absent), and
+    whether Whisper was sure of the words the LLM read."""
+
+    audio: float | None
+    text: float | None
+    words_sure: bool
 
 
 class TurnJudges:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def judge(self, audio: np.ndarray, speculative: asyncio.Task[Transcript | None]) -> tuple[float | None, float | None]:
-        """(the audio model's, the LLM's) probabilities that the turn is complete. `audio`: 16 kHz float32."""
-        heard, words = await asyncio.gather(self._audio(audio), self._words(speculative))
-        return heard, words
+    async def judge(self, audio: np.ndarray, speculative: asyncio.Task[Transcript | None]) -> Judged:
+        """What the judges say of the turn so far. `audio`: 16 kHz float32."""
+        heard, (words, sure) = await asyncio.gather(self._audio(audio), self._words(speculative))
+        return Judged(heard, words, sure)
 
     async def _audio(self, audio: np.ndarray) -> float | None:
         model = self.runtime.turn_end
@@ -35,18 +47,18 @@ class TurnJudges:
         metrics.END_OF_TURN_SECONDS.labels("audio").observe(time.perf_counter() - started)
         return probability
 
-    async def _words(self, speculative: asyncio.Task[Transcript | None]) -> float | None:
+    async def _words(self, speculative: asyncio.Task[Transcript | None]) -> tuple[float | None, bool]:
         end_of_turn = self.runtime.end_of_turn
         if end_of_turn is None:
-            return None
+            return None, True
         started = time.perf_counter()
         transcript = await asyncio.shield(speculative)  # the transcript goes on serving the turn if this stops
         words = screened(self.runtime.safety, transcript.text) if transcript is not None else None
-        if words is None:
-            return None
+        if transcript is None or words is None:
+            return None, True
         try:
             probability = await end_of_turn.probability(words)
         except BACKEND_ERRORS:
-            return None
+            return None, True
         metrics.END_OF_TURN_SECONDS.labels("text").observe(time.perf_counter() - started)
-        return probability
+        return probability, heard_surely(transcript.avg_logprob)

@@ -356,9 +356,9 @@ class VoicePipeline:
         the LLM on its words once they are transcribed. The core sets how long this silence must last from both
         (it may already have lasted that long); a judge that is not there or fails counts as absent."""
         audio = AudioChunk(self.buffer.slice(turn.start, self.buffer.end), RATE).to_float32()
-        heard, text = await self.judges.judge(audio, speculative)
-        if self.turn is turn and self.vad.detector.silence_started_ms is not None and (heard, text) != (None, None):
-            self.feed(EndOfTurnJudged(turn.item_id, audio=heard, text=text))
+        judged = await self.judges.judge(audio, speculative)
+        if self.turn is turn and self.vad.detector.silence_started_ms is not None and (judged.audio, judged.text) != (None, None):
+            self.feed(EndOfTurnJudged(turn.item_id, audio=judged.audio, text=judged.text, words_sure=judged.words_sure))
 
     def set_silence(self, item_id: str, silence_ms: int) -> None:
         """The core's SetSilence: the silence running now ends the turn after `silence_ms`."""

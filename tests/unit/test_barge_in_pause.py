@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.realtime.barge_in import LEAST_READABLE_LOGPROB, is_backchannel
+from gateway.realtime.barge_in import is_backchannel
 from gateway.realtime.commands import (
     ClearPlayout,
     CreateResponse,
@@ -28,6 +28,7 @@ from gateway.realtime.inputs import (
     TurnReady,
 )
 from gateway.realtime.response_events import ResponseEvents
+from inference.transcript_checks import LEAST_READABLE_LOGPROB
 from media.playout import PlayoutBuffer
 from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
 

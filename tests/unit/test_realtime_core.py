@@ -534,6 +534,8 @@ def test_semantic_vad_sets_the_silence_from_the_end_of_turn_probability() -> Non
     assert core.handle(EndOfTurnJudged("item_u", None, 0.0)) == [SetSilence("item_u", 1000)]  # cut off: the longest
     assert core.handle(EndOfTurnJudged("item_u", 0.9, None)) == [SetSilence("item_u", 150)]  # the audio model's
     assert core.handle(EndOfTurnJudged("item_u", 0.9, 0.0)) == [SetSilence("item_u", 700)]  # cut off, sounds finished
+    # Words Whisper was unsure of: finished-sounding audio alone waits a long mid-thought pause.
+    assert core.handle(EndOfTurnJudged("item_u", 0.9, 0.9, words_sure=False)) == [SetSilence("item_u", 600)]
     assert core.handle(EndOfTurnJudged("item_v", 0.9, 0.9)) == []  # not the open turn
     core.handle(SpeechEnded("item_u", audio_end_ms=900))
     assert core.handle(EndOfTurnJudged("item_u", 0.9, 0.9)) == []  # the turn has ended

@@ -6,6 +6,7 @@ import pytest
 
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
+    UNSURE_WAITS_MS,
     SessionConfig,
     SpeechOptions,
     apply_session_update,
@@ -82,6 +83,13 @@ def test_the_judges_set_the_silence_together() -> None:
     assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9) == 400
     assert turn_end_wait_ms("auto", audio=0.9, text=0.9) == 250
     assert turn_end_wait_ms("low", audio=0.6) == 4000 and turn_end_wait_ms("high", audio=0.35) == 150
+    # Words Whisper was unsure of are no judge's: finished-sounding audio waits a long mid-thought pause,
+    # unfinished (or no audio model) the longest; words that are cut off still veto.
+    assert turn_end_wait_ms("auto", audio=0.9, text=0.9, words_sure=False) == UNSURE_WAITS_MS["auto"] == 1100
+    assert turn_end_wait_ms("auto", audio=0.2, text=0.9, words_sure=False) == 2000
+    assert turn_end_wait_ms("auto", text=0.9, words_sure=False) == 2000
+    assert turn_end_wait_ms("auto", audio=0.9, text=0.001, words_sure=False) == 1500
+    assert turn_end_wait_ms("high", audio=0.9, text=0.9, words_sure=False) == 600
     assert server_vad_wait_ms(500, 0.9) == 500 and server_vad_wait_ms(500, 0.1) == 2000
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.turn_taking import Heard, OverReply, calibrate, decide
+from benchmarks.turn_taking import Heard, OverReply, Silence, Verdict, calibrate, decide, reply_figures, turn_end
 from benchmarks.turn_taking_set import (
     BACKCHANNELS,
     COMPLETE,
@@ -102,6 +102,10 @@ def test_the_barge_in_replay_decides_on_words_length_and_confidence() -> None:
                        ("hold", 1500.0, None), ("judged", 1900.0, _heard(1900.0, "Yeah, right.", -0.2))],
                       _heard(float("nan"), "Yeah, right.", -0.2))
     assert decide(twice).paused_ms == 800.0 and not decide(twice).stopped
+    # The gap a listener hears: from the end of their word to the reply's last return.
+    twice.speech_end_ms = 1800.0
+    assert decide(twice).resumed_ms == 1900.0
+    assert reply_figures([twice])["paused"]["backchannel_gap_after_speech_ms"]["p50"] == 100.0
     long = OverReply("v", "interruption", "Hold on, I have a question.", 1000.0,
                      [("hold", 1000.0, None), ("length", 2100.0, None)], _heard(float("nan"), "Hold on", -2.0))
     assert decide(long, 0.0) == decide(long, -5.0) and decide(long).how == "length"
@@ -119,3 +123,21 @@ def test_the_barge_in_replay_decides_on_words_length_and_confidence() -> None:
     assert found["fewest_errors"] == 0 and found["best_range"] == [-1.3, -1.0]
     assert found["proposed_threshold"] == pytest.approx(-1.15) and found["margin"] == pytest.approx(0.15)
 
+
+
+def _silence(start: float, last: float, audio: float, text: float, avg_logprob: float) -> Silence:
+    return Silence(start, start + 64.0, last, Verdict(audio, 0.05, text, 0.15, "words", avg_logprob))
+
+
+def test_a_turn_ends_in_the_first_silence_that_lasts_what_its_judges_ask() -> None:
+    """The replay of session_config.turn_end_wait_ms over recorded silences: a mid-thought pause of 700 ms whose
+    misheard first half sounds finished ends the turn when Whisper was sure of the words, not when it was unsure;
+    server_vad ends it after 400 ms whatever was said; the judges' own time counts."""
+    sure = [_silence(1000.0, 1700.0, audio=0.9, text=0.6, avg_logprob=-0.3), _silence(2500.0, 5000.0, 0.9, 0.9, -0.2)]
+    unsure = [_silence(1000.0, 1700.0, audio=0.9, text=0.6, avg_logprob=-1.0), sure[1]]
+    assert turn_end(sure, "semantic_vad_audio_text", "auto").end_ms == 1250.0  # 250 ms: both judges agree
+    assert turn_end(unsure, "semantic_vad_audio_text", "auto").end_ms == 2750.0  # the pause outlasted
+    assert turn_end(unsure, "server_vad", "auto").end_ms == 1400.0
+    slow = [Silence(1000.0, 1064.0, 5000.0, Verdict(0.9, 0.5, 0.9, 0.8, "words", -0.2))]
+    assert turn_end(slow, "semantic_vad_audio_text", "auto").end_ms == 1864.0  # when the slower judge answered
+    assert turn_end([], "server_vad", "auto").end_ms is None
