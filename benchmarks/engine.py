@@ -269,8 +269,10 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
     """
     ids = render(lm, [{"role": "user", "content": LONG_QUESTIONS[0]}])
     params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
-    # The quantized formats run on the CPU kernels only.
+    # The quantized formats run on the CPU kernels only; a GGUF file's own types where it is one.
     formats = ["native", "int8", "int4"] if lm.device.type == "cpu" else ["native"]
+    if lm.gguf is not None:
+        formats.append("gguf")
     variants = {f: dataclasses.replace(lm, weight_format=f) for f in formats}
     rates: dict[str, list[float]] = {f: [] for f in formats}
     ratios: dict[str, list[float]] = {f: [] for f in formats}

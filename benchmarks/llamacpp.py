@@ -122,7 +122,9 @@ async def main_async(args) -> dict:
     report: dict = {"model": gguf.name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
                     "engine_weight_format": lm.weight_format,
                     "engine_llm": LeanForward.for_model(lm.model, lm.context_window, lm.weight_format,
-                                                        kernel_dir=lm.cache_dir, kernels=lm.kernels).describe(),
+                                                        kernel_dir=lm.cache_dir, kernels=lm.kernels,
+                                                        gguf=lm.gguf if lm.weight_format == "gguf" else None
+                                                        ).describe(),
                     "llama_cpp_system_info": theirs[0]["system_info"],
                     "prompt_tokens": {"short": len(p["short"]), "system": len(p["system_first"])}}
     for key, faster_is in (("short_ttft_s", "lower"), ("decode_tok_s", "higher"), ("system_first_ttft_s", "lower"),

@@ -105,7 +105,7 @@ class LLMEngine:
         self.lm = lm
         self.config = config
         self.fwd = LeanForward.for_model(lm.model, lm.context_window, lm.weight_format, kernel_dir=lm.cache_dir,
-                                         kernels=lm.kernels)
+                                         kernels=lm.kernels, gguf=lm.gguf if lm.weight_format == "gguf" else None)
         on_cpu = self.fwd.device.type == "cpu"
         static = config.static_decode if config.static_decode is not None else (
             not on_cpu and self.fwd.decode_attention == "sdpa")

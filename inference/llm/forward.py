@@ -29,6 +29,8 @@ from torch import nn
 
 from ..memory import return_freed_memory
 from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
+from .gguf_blocks import GroupGrid
+from .gguf_weights import GgufWeights, stacked
 from .layer_stack import LayerStack, LayerWeights
 from .sdpa_attention import SdpaAttention
 from .threads import one_intra_op_thread
@@ -152,7 +154,9 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     return fused_t, bias
 
 
-WEIGHT_FORMATS = ("native", "int8", "int4")
+# "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
+# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 8-bit for Q5_0 ... Q8_0, the output head too.
+WEIGHT_FORMATS = ("native", "int8", "int4", "gguf")
 INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
 
 
@@ -329,6 +333,11 @@ class KernelPaths:
         # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
         # (benchmarks/int4_kernels.py).
         int4_kernel, int4_lib = "", None
+        if weight_format == "gguf":
+            if device.type != "cpu" or lib is None or dtype != torch.float32 or any(n % q4_matmul.TILE for n in out_features):
+                raise UnsupportedModel("a GGUF file's own types run on the engine's kernels, on a CPU that runs them "
+                                       f"(this one: {kernels}), with outputs in multiples of {q4_matmul.TILE}")
+            int4_kernel, int4_lib = kernels, lib
         if weight_format == "int4" and device.type == "cpu":
             if lib is not None and dtype == torch.float32 and all(n % q4_matmul.TILE == 0 for n in out_features):
                 int4_kernel, int4_lib = kernels, lib
@@ -336,8 +345,8 @@ class KernelPaths:
                 int4_kernel = "torch"
         # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
         # on oneDNN (_lin_w8a8).
-        head_lib = lib if (weight_format != "native" and lib is not None and vocab_size % q8_matmul.TILE == 0
-                           and hidden % 16 == 0) else None
+        head_lib = lib if (weight_format not in ("native", "gguf") and lib is not None
+                           and vocab_size % q8_matmul.TILE == 0 and hidden % 16 == 0) else None
         # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
         # activations), else on sdpa.
         attention_lib = lib if lib is not None and decode_attention.supported(head_dim, dtype, device) else None
@@ -349,10 +358,19 @@ class KernelPaths:
             kernels = "torch"
         return cls(kernels, int4_kernel, int4_lib, head_lib, attention_lib, weight_format, device)
 
-    def prepare(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False) -> tuple:
+    def prepare(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False,
+                grids: Sequence[GroupGrid | None] = ()) -> tuple:
         """A ``[in, out]`` weight (and bias) laid out for what multiplies it: as it is (native), int8, int4
-        (packed for the engine's kernel where it runs), or the output head's 8 bits."""
+        (packed for the engine's kernel where it runs), or the output head's 8 bits; under "gguf", the file's
+        own blocks (``grids``, one per fused matrix, from GgufWeights), or as it is where they are floats."""
         w_t, b = fused
+        if self.weight_format == "gguf":
+            if not grids or any(g is None for g in grids):
+                return (w_t, b)  # a float tensor of the file: multiplied as it is
+            grid = stacked([g for g in grids if g is not None])
+            blob = q4_matmul.pack(torch.from_numpy(grid.step), torch.from_numpy(grid.low), torch.from_numpy(grid.q),
+                                  grid.bits)
+            return self.int4_lib, blob, w_t.shape[1], b
         if self.weight_format == "int4" and not head:
             if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
                 raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
@@ -380,7 +398,7 @@ class LeanForward:
 
     @classmethod
     def for_model(cls, model: nn.Module, context_window: int = 0, weight_format: str = "native",
-                  kernel_dir: Path | None = None, kernels: str = "auto") -> LeanForward:
+                  kernel_dir: Path | None = None, kernels: str = "auto", gguf: GgufWeights | None = None) -> LeanForward:
         cache = getattr(model, "_lean_forward", None)
         if not isinstance(cache, dict):
             cache = {}
@@ -392,12 +410,13 @@ class LeanForward:
         if getattr(model, "_lean_released", False):
             raise UnsupportedModel("the model's linear weights were released (LeanForward.release_model_weights)")
         with one_intra_op_thread():  # re-laying the weights must not leave an OpenMP pool on this thread
-            inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir, kernels=kernels)
+            inst = cls(model, context_window, weight_format=weight_format, kernel_dir=kernel_dir, kernels=kernels,
+                       gguf=gguf)
         cache[key] = inst
         return inst
 
     def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native",
-                 kernel_dir: Path | None = None, kernels: str = "auto") -> None:
+                 kernel_dir: Path | None = None, kernels: str = "auto", gguf: GgufWeights | None = None) -> None:
         """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
         as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
         bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
@@ -407,11 +426,16 @@ class LeanForward:
         of its builds, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream,
         norms and attention stay in the model's float32, the KV is float16 where the engine's
         attention kernel runs. Both run the output head as int8, on the CPU with int8 activations
-        too (the engine's q8 kernel, else :func:`_lin_w8a8`). ``kernels`` (``KERNEL_CHOICES``) picks
-        the build of the engine's kernels, or torch's (see :func:`resolve_kernels`)."""
+        too (the engine's q8 kernel, else :func:`_lin_w8a8`). "gguf" (CPU, the engine's kernels) runs each
+        linear weight of the GGUF file ``gguf`` in the grouped format that holds its own type, the output head
+        too (floats where the file's head is floats), on the engine's kernels, with float32 activations
+        elsewhere and float16 KV, as int4. ``kernels`` (``KERNEL_CHOICES``) picks the build of the engine's
+        kernels, or torch's (see :func:`resolve_kernels`)."""
         check_supported(model)
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, not {weight_format!r}")
+        if (weight_format == "gguf") != (gguf is not None):
+            raise ValueError("the gguf weight format runs a GGUF file's blocks: pass the file's GgufWeights with it")
         self.model = model
         self.weight_format = weight_format
         # transformers' modules, read by name (their types say Tensor | Module for any attribute).
@@ -461,7 +485,29 @@ class LeanForward:
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
         # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
         # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
-        self.kv_dtype = torch.float16 if weight_format == "int4" and self._attention_lib is not None else self.dtype
+        self.kv_dtype = (torch.float16 if weight_format in ("int4", "gguf") and self._attention_lib is not None
+                         else self.dtype)
+        module_names = {id(m): n for n, m in model.named_modules()}
+        self.gguf_formats: dict[str, set[str]] = {}  # part -> "TYPE as N-bit groups" (or "as floats"), under gguf
+
+        def grids(part: str, modules: Sequence[nn.Module]) -> list[GroupGrid | None]:
+            if gguf is None:
+                return []
+            found = []
+            for m in modules:
+                name = module_names[id(m)]
+                tensor = gguf.tensor(name)
+                grid = gguf.grid(name)
+                if tensor is None or (grid is None and part != "head"):
+                    raise UnsupportedModel(f"{gguf.path.name}: {name} is "
+                                           f"{'missing' if tensor is None else tensor.kind.name} among quantized "
+                                           "linear weights (a file that mixes float and quantized layers is not "
+                                           "served; --llm-dtype float32 runs it de-quantized)")
+                how = "as floats" if grid is None else f"as {grid.bits}-bit groups"
+                self.gguf_formats.setdefault(part, set()).add(f"{tensor.kind.name} {how}")
+                found.append(grid)
+            return found
+
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -471,14 +517,18 @@ class LeanForward:
                 L.eps1 = float(getattr(layer.input_layernorm, "variance_epsilon", 1e-6))
                 L.ln2 = layer.post_attention_layernorm.weight.to(self.dtype)
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
-                L.qkv = paths.prepare(_fuse_linear([at.q_proj, at.k_proj, at.v_proj]))
-                L.o = paths.prepare(_fuse_linear([at.o_proj]))
-                L.gu = paths.prepare(_fuse_linear([mlp.gate_proj, mlp.up_proj]))
-                L.down = paths.prepare(_fuse_linear([mlp.down_proj]))
+                qkv, gate_up = [at.q_proj, at.k_proj, at.v_proj], [mlp.gate_proj, mlp.up_proj]
+                L.qkv = paths.prepare(_fuse_linear(qkv), grids=grids("qkv", qkv))
+                L.o = paths.prepare(_fuse_linear([at.o_proj]), grids=grids("o", [at.o_proj]))
+                L.gu = paths.prepare(_fuse_linear(gate_up), grids=grids("gate_up", gate_up))
+                L.down = paths.prepare(_fuse_linear([mlp.down_proj]), grids=grids("down", [mlp.down_proj]))
                 L.act = mlp.act_fn
                 self.layers.append(L)
             self.final_norm = self.final_norm.to(self.dtype)
-            self.head = paths.prepare((self.lm_head_t, self.lm_head_bias), head=True)
+            head_source = [head if gguf is None or gguf.tensor(module_names[id(head)]) is not None
+                           else base.embed_tokens]  # a tied head is the file's embedding
+            head_grids = grids("head", head_source) if self.vocab_size % q4_matmul.TILE == 0 else []
+            self.head = paths.prepare((self.lm_head_t, self.lm_head_bias), head=True, grids=head_grids)
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
             pos = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
@@ -503,10 +553,13 @@ class LeanForward:
                                    ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
                 sin_signed=self.sin_signed, scale=self.scaling)
-        self._lin = {"native": _lin_native, "int8": _lin_int8,
+        self._lin = {"native": _lin_native, "int8": _lin_int8, "gguf": _lin_int4_kernel,
                      "int4": _lin_int4_kernel if self._int4_lib is not None else _lin_int4}[weight_format]
-        self._lin_head = _lin_native if weight_format == "native" else (
-            _lin_q8_kernel if self._head_lib is not None else _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
+        if weight_format == "gguf":
+            self._lin_head = _lin_int4_kernel if len(self.head) == 4 else _lin_native
+        else:
+            self._lin_head = _lin_native if weight_format == "native" else (
+                _lin_q8_kernel if self._head_lib is not None else _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
         self._cast_embed = self.embed.dtype != self.dtype
         if weight_format != "native":
             try:  # fail at load time, not in the first step, where the kernel is missing
@@ -549,11 +602,11 @@ class LeanForward:
         slower path is never taken silently: the instruction sets this CPU runs the engine's kernels
         with (``cpu_isas``), the build in use (``kernels``), and per part ``vnni`` / ``avx2`` (that
         build of the engine's kernels), ``torch`` or ``onednn`` (torch's own kernels) or ``sdpa``."""
-        if self._head_lib is not None:
+        if self._head_lib is not None or self._lin_head is _lin_int4_kernel:
             head = self.kernels
         else:
             head = "onednn" if self._lin_head is _lin_w8a8 else "torch"
-        return {
+        described = {
             "device": self.device.type,
             "cpu_isas": ",".join(cpu_kernels.supported_isas()) or "none",
             "kernels": self.kernels,
@@ -563,6 +616,10 @@ class LeanForward:
             "head": head,
             "layers_in_one_call": str(self._stack is not None).lower(),
         }
+        # Under gguf, per part which of the file's types runs in which format ("Q5_0 as 8-bit groups").
+        for part, formats in self.gguf_formats.items():
+            described[f"gguf_{part}"] = ", ".join(sorted(formats))
+        return described
 
     def kv_bytes_per_token(self) -> int:
         return self.kv_layout.bytes_per_token

@@ -6,8 +6,9 @@ checks, an output tensor, marshalling: 6 us for the attention's alone, measured 
 other OpenMP thread waits; a step took about 2 ms longer in all (see ENGINE.md). Here the pointers
 are gathered and checked once, when the weights are laid out, and a step is one call: the same
 kernel calls in the same order on the same buffers, so the hidden states are bit for bit the loop's.
-It runs where every layer's matmuls are on q4_matmul.c, the attention is on decode_attention.c and the
-MLP is SiLU-gated (Llama-family models on this CPU's int4 format).
+It runs where every layer's matmuls are on q4_matmul.c (4- or 8-bit groups, each matrix its own), the
+attention is on decode_attention.c and the MLP is SiLU-gated (Llama-family models on this CPU's int4
+format, or a GGUF's own types).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class LayerStack:
         inputs = {"qkv": self.hidden, "o": self.att_width, "gate_up": self.hidden, "down": self.inter}
         self._keep: list[torch.Tensor] = []  # every tensor a pointer below refers to
         columns: dict[str, list[torch.Tensor | None]] = {f"{k}_{p}": [] for k in expected for p in ("w", "b")}
+        bits: list[int] = []  # each matrix's weight width, layer by layer in the order of `expected`
         for layer in layers:
             for name, width in expected.items():
                 blob, out_features, bias = getattr(layer, name)
@@ -69,6 +71,7 @@ class LayerStack:
                     raise ValueError(f"layer {name} has {out_features} outputs, not {width} like the first layer's")
                 if not q4_matmul.fits(blob, inputs[name], width):
                     raise ValueError(f"layer {name}: not a q4_matmul blob of {inputs[name]} inputs to {width} outputs")
+                bits.append(q4_matmul.bits_of(blob))
                 if bias is not None:
                     if bias.shape != (width,):
                         raise ValueError(f"layer {name}: a bias of {tuple(bias.shape)} for {width} outputs")
@@ -83,8 +86,9 @@ class LayerStack:
                 self._keep.append(norm)
         eps1 = torch.tensor([layer.eps1 for layer in layers], dtype=torch.float32)
         eps2 = torch.tensor([layer.eps2 for layer in layers], dtype=torch.float32)
-        self._keep += [eps1, eps2, cos, sin_signed]
-        self._arrays = [_pointers(columns[f"{k}_w"]) for k in expected] + \
+        widths = torch.tensor(bits, dtype=torch.int32)
+        self._keep += [eps1, eps2, cos, sin_signed, widths]
+        self._arrays = [_pointers(columns[f"{k}_w"]) for k in expected] + [widths.data_ptr()] + \
             [_pointers(columns[f"{k}_b"]) for k in expected] + \
             [_pointers([layer.ln1 for layer in layers]), _pointers([layer.ln2 for layer in layers]),
              eps1.data_ptr(), eps2.data_ptr()]

@@ -26,6 +26,7 @@ import torch
 
 from .constraints import GrammarCompiler
 from .forward import on_int4_grid, resolve_kernels
+from .gguf_weights import GgufIndex, GgufWeights
 from .threads import one_intra_op_thread
 from .tool_calls import ToolFormat, template_tool_format
 
@@ -63,12 +64,14 @@ class LoadedLM(TokenizerModel):
     load_seconds: float = field(kw_only=True)
     converted: bool = field(kw_only=True)  # True when this load did the GGUF -> safetensors conversion
     cache_dir: Path = field(kw_only=True)  # converted weights; also where the engine's C kernels are built (cpu_kernels.py)
-    # Addition: "native" (the engine runs ``dtype`` weights: exact), or "int8" / "int4" (dtype="int8" /
-    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py).
+    # Addition: "native" (the engine runs ``dtype`` weights: exact), "int8" / "int4" (dtype="int8" /
+    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py), or
+    # "gguf" (a GGUF file's own blocks, each linear in the format that holds its type: gguf_weights.py).
     weight_format: str = field(default="native", kw_only=True)
     # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
     # "auto" is the fastest this CPU runs), or "torch" for torch's own.
     kernels: str = field(default="auto", kw_only=True)
+    gguf: GgufWeights | None = field(default=None, kw_only=True)  # the file's blocks, under "gguf"
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -270,7 +273,8 @@ def load_lm(
         torch.set_num_threads(threads)
     # With one intra-op thread: loading must not leave an OpenMP pool on the caller's thread (threads.py).
     with one_intra_op_thread():
-        lm = _load_lm(path, device=device, dtype=dtype, cache_dir=cache_dir, max_context_tokens=max_context_tokens)
+        lm = _load_lm(path, device=device, dtype=dtype, cache_dir=cache_dir, max_context_tokens=max_context_tokens,
+                      kernels=kernels)
     lm.kernels = kernels
     return lm
 
@@ -280,7 +284,7 @@ def load_tokenizer_model(path: Path, *, cache_dir: Path, max_context_tokens: int
     its weights: what a gateway in front of a remote backend renders prompts with."""
     from transformers import AutoConfig, GenerationConfig
 
-    folder, _ = _model_folder(Path(path).expanduser(), Path(cache_dir).expanduser())
+    folder, _, _ = _model_folder(Path(path).expanduser(), Path(cache_dir).expanduser())
     tokenizer = _load_tokenizer(folder)
     config = AutoConfig.from_pretrained(str(folder))
     try:
@@ -292,25 +296,31 @@ def load_tokenizer_model(path: Path, *, cache_dir: Path, max_context_tokens: int
                           eos_token_ids=_eos_ids(config, generation, tokenizer), source=Path(path))
 
 
-def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool]:
-    """The transformers folder of ``path`` (a GGUF file is converted once into the cache), and whether
-    this call converted it."""
+GGUF_INDEX = "gguf-index.json"  # in a conversion's folder: the file's tensor index (gguf_weights.GgufIndex)
+
+
+def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool, GgufIndex | None]:
+    """The transformers folder of ``path`` (a GGUF file is converted once into the cache), whether this call
+    converted it, and a GGUF file's index (its tensors, checked to be of types the engine serves)."""
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
     if not path.is_file():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} has no config.json; not a transformers model folder")
-        return path, False
+        return path, False, None
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a transformers folder")
     folder = gguf_cache_folder(path, cache_dir)
     if _is_complete(folder):
-        return folder, False
+        return folder, False, GgufIndex.read(path, folder / GGUF_INDEX)
+    # A truncated file or a type the engine does not serve is refused by name before any conversion.
+    index = GgufIndex.read(path)
     log.info("converting %s once into %s", path.name, folder)
     _convert_gguf(path, folder)
     for stale in prune_stale_conversions(path, cache_dir):
         log.info("removed %s, the conversion of another version of %s", stale, path.name)
-    return folder, True
+    index.keep(folder / GGUF_INDEX)
+    return folder, True, index
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
@@ -330,7 +340,8 @@ def _context_window(config, max_context_tokens: int) -> int:
     return min(window, int(max_context_tokens)) if max_context_tokens > 0 else window
 
 
-def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_context_tokens: int) -> LoadedLM:
+def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_context_tokens: int,
+             kernels: str) -> LoadedLM:
     from transformers import AutoModelForCausalLM
 
     t_start = time.perf_counter()
@@ -339,7 +350,7 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     quantized = dtype in ("int8", "int4")
     weight_format = dtype if quantized else "native"
     dt = _resolve_dtype("float32" if quantized else dtype, dev)
-    folder, converted = _model_folder(path, Path(cache_dir).expanduser())
+    folder, converted, index = _model_folder(path, Path(cache_dir).expanduser())
     tokenizer = _load_tokenizer(folder)
     t1 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, attn_implementation="sdpa")
@@ -349,7 +360,14 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     t2 = time.perf_counter()
     log.info("model loaded in %.2f s (%s, %s)", t2 - t1, dev, dt)
 
-    if dtype == "auto" and dev.type == "cpu" and _weights_are_4bit(model):
+    gguf = None
+    if index is not None and dtype == "auto" and dev.type == "cpu":
+        found = GgufWeights(index, model)
+        if found.quantized_layers() and resolve_kernels(kernels) != "torch":
+            gguf, weight_format = found, "gguf"  # each linear in the format that holds the file's own type
+            log.info("the engine runs %s's own types: %s", path.name,
+                     ", ".join(f"{k} x{n}" for k, n in sorted(index.types().items())))
+    if weight_format == "native" and dtype == "auto" and dev.type == "cpu" and _weights_are_4bit(model):
         weight_format = "int4"  # the engine keeps these weights exactly, in about a seventh of the bytes
         log.info("the linear weights are 4-bit groups already: the engine runs them as int4")
 
@@ -367,6 +385,7 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
         converted=converted,
         cache_dir=Path(cache_dir).expanduser(),
         weight_format=weight_format,
+        gguf=gguf,
     )
     log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
              sorted(lm.eos_token_ids))

@@ -1,4 +1,5 @@
-/* y = x @ W for W in 4-bit groups of 32 (Q4_1: w = q * d + m, q in 0..15), on AVX512-VNNI or AVX2.
+/* y = x @ W for W in 4-bit or 8-bit groups of 32 (w = q * d + m; q in 0..15 as in Q4_1, or in 0..255), on
+ * AVX512-VNNI or AVX2.
  *
  * Built with the engine's other kernels into one library per instruction set by cpu_kernels.py (gcc,
  * at first use; simd.h says what differs between the builds). Each row of x is written per group of
@@ -11,10 +12,14 @@
  * same instructions whatever the other rows are, and whole numbers add up exactly, so a row's result
  * does not depend on the batch, nor on the build.
  *
- * The weight blob: for each tile of 16 outputs, for each group of 32 inputs, 320 bytes:
- *   256 bytes of 4-bit q: 4 chunks of 64 bytes; chunk c holds input quads 2c (low nibbles) and
+ * The weight blob: for each tile of 16 outputs, for each group of 32 inputs, 320 bytes (4 bits) or 576
+ * (8 bits):
+ *   4 bits: 256 bytes of q: 4 chunks of 64 bytes; chunk c holds input quads 2c (low nibbles) and
  *       2c+1 (high nibbles), byte 4*j + i being output j's input 4*quad + i;
- *   16 float16 d, then 16 float16 m (the tile's outputs).
+ *   8 bits: 512 bytes of q: 8 chunks of 64 bytes, chunk c holding input quad c, byte 4*j + i as above;
+ *   then 16 float16 d, then 16 float16 m (the tile's outputs).
+ * The 8-bit format holds the GGUF types of 5 to 8 bits (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as the 4-bit
+ * one holds Q4_0, Q4_1 and Q4_K (gguf_blocks.py).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -27,6 +32,9 @@
 #define GROUP 32
 #define TILE 16
 #define BLOCK_BYTES 320
+#define BLOCK_BYTES_8 576
+#define Q_BYTES(BITS) ((BITS) == 8 ? 512 : 256)
+#define GROUP_BYTES(BITS) ((BITS) == 8 ? BLOCK_BYTES_8 : BLOCK_BYTES)
 /* Rows multiplied together on each tile's weights, their sums in registers (the AVX2 loop takes them
  * one after another on the weights it holds). */
 #define MAX_ROWS 8
@@ -105,50 +113,61 @@ SIMD_INLINE void quantize_group(const f32x16 v[2], int rows, int r, int k, int g
     f[n] = s / 256.0f * (float)total;
 }
 
-/* The group's weights at blk, fetched ahead into L1 and L2. */
-SIMD_INLINE void prefetch_group(const uint8_t *blk) {
-    for (int line = 0; line < BLOCK_BYTES; line += 64) {
-        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS * BLOCK_BYTES + line), _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS_L2 * BLOCK_BYTES + line), _MM_HINT_T1);
+/* The group's weights at blk (bytes a group), fetched ahead into L1 and L2. */
+SIMD_INLINE void prefetch_group(const uint8_t *blk, const int bytes) {
+    for (int line = 0; line < bytes; line += 64) {
+        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS * bytes + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + PREFETCH_GROUPS_L2 * bytes + line), _MM_HINT_T1);
     }
 }
 
 #ifdef __AVX512F__
-/* One tile of 16 outputs for a block of ROWS (1..MAX_ROWS) rows; inlined with a constant ROWS so
- * that the accumulators stay in registers. */
+/* One tile of 16 outputs for a block of ROWS (1..MAX_ROWS) rows, of BITS-bit weights; inlined with
+ * constant ROWS and BITS so that the accumulators stay in registers. */
 SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y,
-                           int n, int accumulate, const int ROWS) {
+                           int n, int accumulate, const int ROWS, const int BITS) {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    const int bytes = GROUP_BYTES(BITS);
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        const uint8_t *blk = tile_blob + (size_t)g * BLOCK_BYTES;
-        prefetch_group(blk);
+        const uint8_t *blk = tile_blob + (size_t)g * bytes;
+        prefetch_group(blk, bytes);
         const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
         const int8_t *lo = hi + ROWS * GROUP;
         const float *f = factors + (size_t)g * 2 * ROWS;
-        /* Quad pair by quad pair (one 64-byte chunk of weights), each row's hi and lo sums advance
-         * side by side: 2 * ROWS independent VPDPBUSD chains in flight (a chain alone waits on each
-         * instruction's latency), and only the chunk's weights held in registers. */
+        /* Chunk by chunk of 64 bytes of weights, each row's hi and lo sums advance side by side:
+         * 2 * ROWS independent VPDPBUSD chains in flight (a chain alone waits on each instruction's
+         * latency), and only the chunk's weights held in registers. */
         __m512i dot[MAX_ROWS], dot_lo[MAX_ROWS];
         for (int r = 0; r < ROWS; r++) dot[r] = dot_lo[r] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            const __m512i packed = _mm512_loadu_si512((const void *)(blk + 64 * c));
-            const __m512i w_even = _mm512_and_si512(packed, low_nibbles);
-            const __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-            for (int r = 0; r < ROWS; r++) {
-                dot[r] = dot4(dot[r], w_even, hi + r * GROUP + 8 * c);
-                dot_lo[r] = dot4(dot_lo[r], w_even, lo + r * GROUP + 8 * c);
+        if (BITS == 8) {
+            for (int c = 0; c < 8; c++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(blk + 64 * c));
+                for (int r = 0; r < ROWS; r++) {
+                    dot[r] = dot4(dot[r], w, hi + r * GROUP + 4 * c);
+                    dot_lo[r] = dot4(dot_lo[r], w, lo + r * GROUP + 4 * c);
+                }
             }
-            for (int r = 0; r < ROWS; r++) {
-                dot[r] = dot4(dot[r], w_odd, hi + r * GROUP + 8 * c + 4);
-                dot_lo[r] = dot4(dot_lo[r], w_odd, lo + r * GROUP + 8 * c + 4);
+        } else {
+            for (int c = 0; c < 4; c++) {
+                const __m512i packed = _mm512_loadu_si512((const void *)(blk + 64 * c));
+                const __m512i w_even = _mm512_and_si512(packed, low_nibbles);
+                const __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+                for (int r = 0; r < ROWS; r++) {
+                    dot[r] = dot4(dot[r], w_even, hi + r * GROUP + 8 * c);
+                    dot_lo[r] = dot4(dot_lo[r], w_even, lo + r * GROUP + 8 * c);
+                }
+                for (int r = 0; r < ROWS; r++) {
+                    dot[r] = dot4(dot[r], w_odd, hi + r * GROUP + 8 * c + 4);
+                    dot_lo[r] = dot4(dot_lo[r], w_odd, lo + r * GROUP + 8 * c + 4);
+                }
             }
         }
-        /* |256 * dot_hi + dot_lo| <= 257 * 32 * 15 * 127: no int32 overflow. */
+        /* |256 * dot_hi + dot_lo| <= 257 * 32 * 255 * 128: no int32 overflow. */
         for (int r = 0; r < ROWS; r++) dot[r] = _mm512_add_epi32(_mm512_slli_epi32(dot[r], 8), dot_lo[r]);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + Q_BYTES(BITS))));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + Q_BYTES(BITS) + 32)));
         for (int r = 0; r < ROWS; r++) {
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(f[r])), acc[r]);
             acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(f[ROWS + r]), acc[r]);
@@ -161,33 +180,64 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
 }
 #else
 /* The AVX2 build's tile, one 8-output half at a time (the 32 bytes of each 64-byte chunk that hold its
- * outputs). A group's 8 quads of weights are unpacked once into 8 registers, then the rows take their
+ * outputs).
+ * 4 bits: a group's 8 quads of weights are unpacked once into 8 registers, then the rows take their
  * turns on them, one row's two int16 sums (hi and lo) at a time: AVX2's 16 ymm registers cannot hold
  * every row's sums side by side as the VNNI loop does (with them, spilled, 8 rows took 12% longer).
  * VPMADDUBSW multiplies 4-bit weights by int8 activations into int16 pairs (at most 2 * 15 * 127, so
  * no saturation) and the group's 8 quads add up in int16 (at most 30480); VPMADDWD by 256 (hi) and by
  * 1 (lo) then makes the int32 sum 256 * dot_hi + dot_lo: the VNNI build's whole number exactly,
- * followed by the same float operations per lane. */
+ * followed by the same float operations per lane.
+ * 8 bits: VPMADDUBSW would saturate on 255 * 127 * 2, so each weight byte is taken as its two nibbles,
+ * w = 16 * high + low, each as the 4-bit loop takes them (four int16 sums, each at most 30480), and
+ * VPMADDWD by 4096, 16, 256 and 1 makes the same whole number as VNNI's; the row reads its group's
+ * weights from L1 again for each row (16 registers do not hold 16 unpacked quads). */
 SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y,
-                           int n, int accumulate, const int ROWS) {
+                           int n, int accumulate, const int ROWS, const int BITS) {
     const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), times256 = _mm256_set1_epi16(256);
+    const __m256i times16 = _mm256_set1_epi16(16), times4096 = _mm256_set1_epi16(4096);
+    const int bytes = GROUP_BYTES(BITS);
     for (int half = 0; half < 2; half++) {
         __m256 acc[MAX_ROWS];
         for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            const uint8_t *blk = tile_blob + (size_t)g * BLOCK_BYTES;
-            if (half == 0) prefetch_group(blk); /* the second half finds the tile in L1 */
+            const uint8_t *blk = tile_blob + (size_t)g * bytes;
+            if (half == 0) prefetch_group(blk, bytes); /* the second half finds the tile in L1 */
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + Q_BYTES(BITS) + 16 * half)));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + Q_BYTES(BITS) + 32 + 16 * half)));
+            const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
+            const int8_t *lo = hi + ROWS * GROUP;
+            const float *f = factors + (size_t)g * 2 * ROWS;
+            if (BITS == 8) {
+                for (int r = 0; r < ROWS; r++) {
+                    __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                       _mm256_setzero_si256()};
+                    for (int quad = 0; quad < 8; quad++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 64 * quad + 32 * half));
+                        const __m256i w_low = _mm256_and_si256(w, low_nibbles);
+                        const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
+                        const __m256i x_hi = broadcast4(hi + r * GROUP + 4 * quad);
+                        const __m256i x_lo = broadcast4(lo + r * GROUP + 4 * quad);
+                        sums[0] = _mm256_add_epi16(sums[0], _mm256_maddubs_epi16(w_high, x_hi));
+                        sums[1] = _mm256_add_epi16(sums[1], _mm256_maddubs_epi16(w_high, x_lo));
+                        sums[2] = _mm256_add_epi16(sums[2], _mm256_maddubs_epi16(w_low, x_hi));
+                        sums[3] = _mm256_add_epi16(sums[3], _mm256_maddubs_epi16(w_low, x_lo));
+                        __asm__("" : "+x"(sums[0]), "+x"(sums[1]), "+x"(sums[2]), "+x"(sums[3]));
+                    }
+                    const __m256i dot = _mm256_add_epi32(
+                        _mm256_add_epi32(_mm256_madd_epi16(sums[0], times4096), _mm256_madd_epi16(sums[1], times16)),
+                        _mm256_add_epi32(_mm256_madd_epi16(sums[2], times256), _mm256_madd_epi16(sums[3], ones)));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(f[r])), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(f[ROWS + r]), acc[r]);
+                }
+                continue;
+            }
             __m256i w[8]; /* quad by quad */
             for (int c = 0; c < 4; c++) {
                 const __m256i packed = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * half));
                 w[2 * c] = _mm256_and_si256(packed, low_nibbles);
                 w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
             }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256 + 16 * half)));
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + 16 * half)));
-            const int8_t *hi = qx + (size_t)g * 2 * ROWS * GROUP;
-            const int8_t *lo = hi + ROWS * GROUP;
-            const float *f = factors + (size_t)g * 2 * ROWS;
             for (int r = 0; r < ROWS; r++) {
                 __m256i sum_hi = _mm256_maddubs_epi16(w[0], broadcast4(hi + r * GROUP));
                 __m256i sum_lo = _mm256_maddubs_epi16(w[0], broadcast4(lo + r * GROUP));
@@ -216,9 +266,10 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
  * of 32, n of 16. in(x) is x itself, or with norm_w, RMSNorm(x) with that weight and eps; with gated,
  * silu(x[:, :k]) * x[:, k:] for an x of 2k columns. Fusing these here saves the step torch's own
  * calls for them: about 15 us for each of a layer's two norms and 10-20 us for its gating.
- * Returns 0, or -1 when out of memory. */
-int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
-              const float *norm_w, float eps, int gated, int accumulate) {
+ * Returns 0, or -1 when out of memory. BITS (4 or 8) is the weights' width, a constant in each entry
+ * point below so that the tile loops are compiled for it. */
+SIMD_INLINE int grouped_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+                               const float *norm_w, float eps, int gated, int accumulate, const int BITS) {
     const int groups = k / GROUP;
     const int tiles = n / TILE;
     int8_t *qx = (int8_t *)malloc((size_t)rows * k * 2);
@@ -250,12 +301,12 @@ int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float
         }
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; t++) {
-            const uint8_t *tile_blob = blob + (size_t)t * groups * BLOCK_BYTES;
+            const uint8_t *tile_blob = blob + (size_t)t * groups * GROUP_BYTES(BITS);
             for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
                 const int8_t *q = qx + (size_t)2 * r0 * k;
                 const float *f = factors + (size_t)2 * r0 * groups;
                 float *out = y + (size_t)r0 * n + (size_t)t * TILE;
-#define TILE_ROWS(ROWS) tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS)
+#define TILE_ROWS(ROWS) tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS, BITS)
                 switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
                 case 1: TILE_ROWS(1); break;
                 case 2: TILE_ROWS(2); break;
@@ -274,4 +325,14 @@ int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float
     free(factors);
     free(inv_rms);
     return 0;
+}
+
+int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+              const float *norm_w, float eps, int gated, int accumulate) {
+    return grouped_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate, 4);
+}
+
+int q8g_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+               const float *norm_w, float eps, int gated, int accumulate) {
+    return grouped_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate, 8);
 }

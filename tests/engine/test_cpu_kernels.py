@@ -154,7 +154,7 @@ def test_supported_isas_from_the_cpu_flags():
 def test_the_ctypes_signatures_are_kernels_h_prototypes(kernels):
     """kernels.h declares every function the sources export (their others are static), with the
     arguments each defines; the loaded library's functions take exactly those ctypes."""
-    entry_points = {"q4_matmul", "q8_matmul", "decode_attention", "layer_stack"}
+    entry_points = {"q4_matmul", "q8g_matmul", "q8_matmul", "decode_attention", "layer_stack"}
     assert set(cpu_kernels.SIGNATURES) == entry_points
     defined: dict[str, list[type]] = {}
     for source in cpu_kernels.SOURCES:
@@ -164,7 +164,7 @@ def test_the_ctypes_signatures_are_kernels_h_prototypes(kernels):
         fn = getattr(kernels, name)
         assert fn.argtypes == argtypes and fn.restype is ctypes.c_int
     assert cpu_kernels.SIGNATURES["q4_matmul"][7] is ctypes.c_float  # eps, not a pointer
-    assert cpu_kernels.SIGNATURES["layer_stack"][21] is ctypes.c_size_t  # kv_layer_bytes
+    assert cpu_kernels.SIGNATURES["layer_stack"][22] is ctypes.c_size_t  # kv_layer_bytes
     with pytest.raises(ValueError, match="ctypes is not told"):
         cpu_kernels.c_functions("int f(double x);")
 

@@ -15,7 +15,11 @@ from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
 
 
-def int4_blob(gen: torch.Generator, k: int, n: int) -> torch.Tensor:
+def int4_blob(gen: torch.Generator, k: int, n: int, bits: int = 4) -> torch.Tensor:
+    if bits == 8:  # 8-bit groups, as a GGUF's Q5_0 ... Q8_0 weights run
+        step = torch.rand(n, k // 32, generator=gen) * 0.002 + 1e-4
+        q = torch.randint(0, 256, (n, k // 32, 32), generator=gen)
+        return q4_matmul.pack(step, -128 * step, q, 8)
     w_t = torch.randn(k, n, generator=gen) * 0.2
     low, step, q = _int4_grid(w_t)
     return q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
@@ -27,9 +31,15 @@ def rope_tables(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     return angles.cos().contiguous(), torch.cat([-sin[:, : DIM // 2], sin[:, DIM // 2 :]], dim=-1).contiguous()
 
 
-def random_layers(gen: torch.Generator, biases: bool) -> list[LayerWeights]:
+def random_layers(gen: torch.Generator, biases: bool, mixed: bool = False) -> list[LayerWeights]:
+    """``mixed``: 4- and 8-bit matrices in turn, as a GGUF's Q4_K_M file mixes Q4_K with Q5_0 and Q6_K."""
+    made = 0
+
     def linear(k: int, n: int):
-        return int4_blob(gen, k, n), n, (torch.randn(n, generator=gen) * 0.1 if biases else None)
+        nonlocal made
+        made += 1
+        bits = 8 if mixed and made % 2 else 4
+        return int4_blob(gen, k, n, bits), n, (torch.randn(n, generator=gen) * 0.1 if biases else None)
 
     return [LayerWeights(qkv=linear(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), o=linear(HEADS * DIM, HIDDEN),
                          gate_up=linear(HIDDEN, 2 * INTER), down=linear(INTER, HIDDEN),
@@ -52,11 +62,12 @@ def one_by_one(lib, layers: list[LayerWeights], x: torch.Tensor, kv: torch.Tenso
         add(q4_matmul.matmul(lib, gate_up, L.down[0], HIDDEN, gated=True, add_to=x), L.down[2])
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("biases", [False, True])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtype):
+def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtype, mixed):
     gen = torch.Generator().manual_seed(11 + biases)
-    layers = random_layers(gen, biases)
+    layers = random_layers(gen, biases, mixed)
     cos, sin_signed = rope_tables(64)
     stack = LayerStack(kernels, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
                        sin_signed=sin_signed, scale=DIM**-0.5)
@@ -116,14 +127,15 @@ def test_bad_inputs_are_refused_before_the_c_code_reads_them(kernels):
                    heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed, scale=1.0)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("biases", [False, True])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, biases, kv_dtype):
+def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, biases, kv_dtype, mixed):
     """1..9 and 17 rows over 3 slots (several rows of a slot at increasing positions, as a prompt chunk's):
     the residual stream and the KV pool after every layer, bit for bit."""
     vnni, avx2 = vnni_and_avx2(gateway_cache_dir)
     gen = torch.Generator().manual_seed(21 + biases)
-    layers = random_layers(gen, biases)
+    layers = random_layers(gen, biases, mixed)
     cos, sin_signed = rope_tables(64)
     stacks = [LayerStack(lib, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos, sin_signed=sin_signed,
                          scale=DIM**-0.5) for lib in (vnni, avx2)]

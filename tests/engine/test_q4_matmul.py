@@ -1,5 +1,5 @@
-"""The int4 x 15-bit kernel (inference/llm/q4_matmul.c) against float references, in each build this
-machine's CPU runs, and its AVX2 build against its VNNI build, bit for bit."""
+"""The int4 (and 8-bit group) x 15-bit kernel (inference/llm/q4_matmul.c) against float references, in each
+build this machine's CPU runs, and its AVX2 build against its VNNI build, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
 from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 
-def grid_matrix(k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random ``[k, n]`` matrix on Q4_1's grid (fp16 steps and minimums, as a GGUF has), and its blob."""
+def grid_matrix(k: int, n: int, seed: int, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``[k, n]`` matrix on a grid of ``bits`` per weight in groups of 32 (fp16 steps and minimums,
+    as a GGUF has), and its blob."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(k, n, generator=gen) * 0.05
-    low, step, q = _int4_grid(w)
-    low, step = low.half().float(), step.half().float()
-    q = torch.round((w.t().reshape(n, -1, 32) - low[..., None]) / step[..., None]).clamp_(0, 15)
+    top = 2 ** bits - 1
+    groups = w.t().reshape(n, -1, 32)
+    low = groups.amin(dim=2).half().float()
+    step = ((groups.amax(dim=2) - low) / top).clamp(min=1e-6).half().float()
+    q = torch.round((groups - low[..., None]) / step[..., None]).clamp_(0, top)
     on_grid = (q * step[..., None] + low[..., None]).reshape(n, k).t().contiguous()
-    low2, step2, q2 = _int4_grid(on_grid)
-    return on_grid, q4_matmul.pack(step2, low2, torch.round(q2).clamp_(0, 15))
+    return on_grid, q4_matmul.pack(step, low, q, bits)
 
 
 def test_weights_come_back_through_the_kernel(kernels, lm):
@@ -31,6 +33,20 @@ def test_weights_come_back_through_the_kernel(kernels, lm):
     blob = q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
     back = q4_matmul.matmul(kernels, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
     assert torch.allclose(back, w_t, rtol=1e-5, atol=1e-6 * w_t.abs().max().item()), (back - w_t).abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
+def test_8_bit_groups_are_as_close_to_float(kernels, rows):
+    """The 8-bit groups (a GGUF's Q5_0 ... Q8_0, held exactly): the only error is the 15-bit activations'."""
+    w, blob = grid_matrix(576, 960, seed=rows, bits=8)
+    assert q4_matmul.bits_of(blob) == 8 and q4_matmul.fits(blob, 576, 960)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(100 + rows))
+    x[:, 7] *= 30.0
+    exact = (x.double() @ w.double()).float()
+    ours = q4_matmul.matmul(kernels, x, blob, 960)
+    assert ((ours - exact).norm() / exact.norm()).item() < 2e-4
+    # Not vacuous: the same weights read as 4 bits are not this product.
+    assert not torch.allclose(ours, q4_matmul.matmul(kernels, x, grid_matrix(576, 960, seed=rows)[1], 960))
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 70])
@@ -47,8 +63,9 @@ def test_closer_to_float_than_torchs_int4_kernel(kernels, rows):
     assert err_ours < 2e-3 and err_ours < err_theirs / 2, (err_ours, err_theirs)
 
 
-def test_a_row_does_not_depend_on_the_batch(kernels):
-    w, blob = grid_matrix(1536, 576, seed=7)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_does_not_depend_on_the_batch(kernels, bits):
+    w, blob = grid_matrix(1536, 576, seed=7, bits=bits)
     x = torch.randn(19, 1536, generator=torch.Generator().manual_seed(8))
     batched = q4_matmul.matmul(kernels, x, blob, 576)
     alone = torch.cat([q4_matmul.matmul(kernels, x[i : i + 1], blob, 576) for i in range(19)])
@@ -70,13 +87,14 @@ def test_outputs_must_fill_whole_tiles():
         q4_matmul.pack(step, low, torch.round(q))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 8, 21])
-def test_fused_norm_gate_and_residual_add(kernels, rows):
+def test_fused_norm_gate_and_residual_add(kernels, rows, bits):
     """The forward's fused calls against torch's own ops followed by the plain product: a norm's and
     a gate's inputs agree to float32 rounding (so the products to that over the weights' scale), a
     residual add is exactly the sum of the plain product, and each stays batch-invariant."""
     gen = torch.Generator().manual_seed(rows)
-    w, blob = grid_matrix(576, 576, seed=11)
+    w, blob = grid_matrix(576, 576, seed=11, bits=bits)
     x = torch.randn(rows, 576, generator=gen) * 2
     norm_w = torch.rand(576, generator=gen) + 0.5
     tol = 1e-4 * (x.abs().max() * w.abs().sum(0).max()).item()
@@ -116,14 +134,15 @@ def test_fused_calls_check_their_operands(kernels):
         q4_matmul.matmul(kernels, x, blob, 592)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("mode", ["plain", "norm", "gated", "accumulate"])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 32)])
-def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, k, n, mode):
+def test_the_avx2_build_gives_the_vnni_builds_bits(gateway_cache_dir, k, n, mode, bits):
     """Every row count up to two blocks of either build's rows (1..9) and 17, rows of scales from 1e-3
     to 1e3 with an outlier channel, a group of zeros (a zero step), and gates over [-100, 100]: exp
     clamped at both ends, sigmoids down to subnormal floats."""
     vnni, avx2 = vnni_and_avx2(gateway_cache_dir)
-    _, blob = grid_matrix(k, n, seed=k + n)
+    _, blob = grid_matrix(k, n, seed=k + n, bits=bits)
     gen = torch.Generator().manual_seed(k * n)
     norm_w = torch.rand(k, generator=gen) + 0.5
     for rows in [*range(1, 10), 17]:

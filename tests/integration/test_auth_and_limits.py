@@ -157,15 +157,20 @@ def test_healthz_said_503_while_loading_then_200(secured_gateway: GatewayProcess
 def test_healthz_and_metrics_need_no_key(secured_gateway: GatewayProcess) -> None:
     health = httpx.get(f"{secured_gateway.url}/healthz").json()
     assert health["status"] == "ready" and health["voice"] is False
-    # The embedded Q4_1 model runs as int4 on a CPU, on the fastest build of the engine's kernels this
-    # machine runs (or the one the run asked for: GATEWAY_LLM_KERNELS=avx2 plays an AVX2-only host on an
-    # AVX512 one): every part of a step on it, and the report says so.
+    # The embedded GGUF runs its own types on a CPU (Q4_1 layers as 4-bit groups, its Q8_0 head as 8-bit ones), on
+    # the fastest build of the engine's kernels this machine runs (or the one the run asked for:
+    # GATEWAY_LLM_KERNELS=avx2 plays an AVX2-only host on an AVX512 one): every part of a step on it, and the
+    # report says so. Without the engine's kernels the Q4_1 layers run as int4 on torch's.
     isas = cpu_kernels.supported_isas()
     asked = os.environ.get("GATEWAY_LLM_KERNELS", "auto")
     best = (isas[0] if isas else "torch") if asked == "auto" else asked
     own = best != "torch"
-    assert health["llm"] == {"backend": "in-process", "device": "cpu", "cpu_isas": ",".join(isas) or "none", "kernels": best, "weights": "int4",
-                             "matmul": best, "attention": best if own else "sdpa",
-                             "head": best if own else "onednn", "layers_in_one_call": str(own).lower(),
-                             "decode": "eager"}  # CUDA graphs only on a GPU
+    expected = {"backend": "in-process", "device": "cpu", "cpu_isas": ",".join(isas) or "none", "kernels": best,
+                "weights": "gguf" if own else "int4", "matmul": best, "attention": best if own else "sdpa",
+                "head": best if own else "onednn", "layers_in_one_call": str(own).lower(),
+                "decode": "eager"}  # CUDA graphs only on a GPU
+    if own:
+        expected |= {f"gguf_{part}": "Q4_1 as 4-bit groups" for part in ("qkv", "o", "gate_up", "down")}
+        expected["gguf_head"] = "Q8_0 as 8-bit groups"
+    assert health["llm"] == expected
     assert "gateway_http_requests_total" in httpx.get(f"{secured_gateway.url}/metrics").text
