@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import phonenumbers
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -26,6 +26,19 @@ def default_cache_dir() -> Path:
 
 def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "realtime-gateway"
+
+
+EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
+
+
+def own_model_name(llm_model: Path | None) -> str:
+    """What a model is called when --model-name does not say: a GGUF file's name without .gguf (its metadata's
+    general.name often names another build, "... AWQ" in a Q4_K_M file), a folder's name, or the embedded model's."""
+    if llm_model is None:
+        return EMBEDDED_MODEL_NAME
+    path = Path(llm_model).expanduser()
+    name = path.stem if path.suffix.lower() == ".gguf" else path.name
+    return name or EMBEDDED_MODEL_NAME
 
 
 class Settings(BaseSettings):
@@ -65,8 +78,10 @@ class Settings(BaseSettings):
     )
     llm_dtype: DType = Field(
         "auto",
-        description="auto: bfloat16 on cuda; on cpu int4 when the weights are 4-bit groups already (a Q4_1 GGUF, "
-        "such as the embedded model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
+        description="auto: bfloat16 on cuda; on cpu a GGUF file's own types where the engine's kernels run (Q4_0, "
+        "Q4_1, Q4_K as 4-bit groups; Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 as 8-bit groups; /healthz says which runs where), "
+        "else int4 when the weights are 4-bit groups already (a Q4_1 GGUF, such as the embedded model), else "
+        "float32. float32 on cpu gives exactly transformers' generate() tokens. "
         "int8 / int4: quantized weight copies on cpu (slightly different tokens); int4 multiplies 15-bit "
         "activations on an AVX512-VNNI kernel where the CPU has it, else bfloat16 ones on torch's kernel.",
     )
@@ -78,7 +93,8 @@ class Settings(BaseSettings):
     )
     llm_threads: int = Field(0, ge=0, description="torch threads for the LLM (0: all cores).")
     model_name: str = Field(
-        "smollm2-135m-instruct", description="The model id served at /v1/models and accepted in requests."
+        "", description="The model id served at /v1/models and accepted in requests. Default: the model's own name, "
+        "its file's name without .gguf or its folder's name (smollm2-135m-instruct for the embedded model)."
     )
     model_aliases: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -358,6 +374,12 @@ class Settings(BaseSettings):
     min_barge_in_speech_ms: int = Field(
         160, ge=0, description="Speech must last this long before it interrupts the assistant."
     )
+
+    @model_validator(mode="after")
+    def _served_name(self) -> Settings:
+        if not self.model_name.strip():
+            self.model_name = own_model_name(self.llm_model)
+        return self
 
     @field_validator("safety_phone_region")
     @classmethod
