@@ -258,14 +258,16 @@ async def measure_decode(
     return result, (result.completion_tokens - 1) / (result.finished_at - result.first_token_at), stats
 
 
-async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeats: int, threads: int) -> dict:
-    """Paired runs: the engine with each weight format (native float32: exact; int8; int4), then
+async def bench_single_stream(lm: LoadedLM, floats: LoadedLM, stock: LoadedLM, tokens: int, repeats: int,
+                              threads: int) -> dict:
+    """Paired runs: the engine with each weight format (native float32: exact; int8; int4; a GGUF's own types), then
     generate() with 1 and with N threads, right after (same load). Each runs alone: an engine is started
     for its run and closed after it, and generate() runs on a thread that exits afterwards, so no idle
     OpenMP pool throttles the others. The headline figures are those of ``lm``'s own (default) format.
 
     ``stock`` is a second copy of the model that the engine never touched: the engine re-lays the
-    weights of its own copy (fused, transposed), which also changes what generate() runs on it.
+    weights of its own copy (fused, transposed), which also changes what generate() runs on it. ``floats`` is the
+    float32 copy the native, int8 and int4 formats run (``lm`` may hold no float weights: a GGUF's own types).
     """
     ids = render(lm, [{"role": "user", "content": LONG_QUESTIONS[0]}])
     params = SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
@@ -273,7 +275,7 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
     formats = ["native", "int8", "int4"] if lm.device.type == "cpu" else ["native"]
     if lm.gguf is not None:
         formats.append("gguf")
-    variants = {f: dataclasses.replace(lm, weight_format=f) for f in formats}
+    variants = {f: lm if f == lm.weight_format else dataclasses.replace(floats, weight_format=f) for f in formats}
     rates: dict[str, list[float]] = {f: [] for f in formats}
     ratios: dict[str, list[float]] = {f: [] for f in formats}
     results: dict[str, GenerationResult] = {}
@@ -295,11 +297,11 @@ async def bench_single_stream(lm: LoadedLM, stock: LoadedLM, tokens: int, repeat
             ratios[f].append(rates[f][-1] / best)
 
     # The same (re-laid) model: bit-exact with the native format; and the stock copy.
-    ref = await run_in_own_thread(greedy_reference, lm, ids, tokens, True)
+    ref = await run_in_own_thread(greedy_reference, floats, ids, tokens, True)
     sref = await run_in_own_thread(greedy_reference, stock, ids, tokens, True)
 
-    relaid = await run_in_own_thread(generate_rate, lm, ids, tokens, threads)
-    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    relaid = await run_in_own_thread(generate_rate, floats, ids, tokens, threads)
+    weight_bytes = sum(p.numel() * p.element_size() for p in stock.model.parameters())
     bound = BANDWIDTH_BYTES_S / weight_bytes
     default = lm.weight_format
     return {
@@ -477,10 +479,14 @@ async def main_async(args) -> dict:
                                        args.llm_kernels)
     report["load"] = load
     report["engine_weight_format"] = lm.weight_format  # the default for this model and device
-    # A second copy, never given to an engine (which re-lays its model's weights).
+    # A second copy, never given to an engine (which re-lays its model's weights), and the float32 one the other
+    # formats run (the default, a GGUF's own types, has no float weights).
     stock = await run_in_own_thread(
-        lambda: load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device)
-    )
+        lambda: load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device,
+                        dtype="float32" if args.device == "cpu" else "auto"))
+    floats = await run_in_own_thread(
+        lambda: load_lm(embedded_llm(), cache_dir=Path(args.cache_dir).expanduser(), device=args.device,
+                        dtype="float32" if args.device == "cpu" else "auto"))
     async with running(LLMEngine(lm)) as engine:
         report["engine_llm"] = engine.fwd.describe()
         await warm_up(engine, lm)
@@ -491,18 +497,19 @@ async def main_async(args) -> dict:
         report["3_concurrency"] = await bench_concurrency(engine, lm, args.tokens, CONCURRENCY_PAIRS)
     if lm.weight_format != "native":
         # A quantized single stream is already faster, so batching has less left to win: float32 too.
-        exact = dataclasses.replace(lm, weight_format="native")
+        exact = dataclasses.replace(floats, weight_format="native")
         async with running(LLMEngine(exact)) as engine:
             await warm_up(engine, exact)
             report["3_concurrency_float32"] = await bench_concurrency(engine, exact, args.tokens, CONCURRENCY_PAIRS)
-    report["4_single_stream"] = await bench_single_stream(lm, stock, args.tokens, max(3, args.repeats), threads)
+    report["4_single_stream"] = await bench_single_stream(lm, floats, stock, args.tokens, max(3, args.repeats),
+                                                          threads)
     async with running(LLMEngine(lm)) as engine:
         await warm_up(engine, lm)
         report["5_cancel"] = await bench_cancel(engine, lm)
         report["engine_stats"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in engine.stats().items()}
     # Token for token against transformers: the engine runs the same float32 weights here.
     report["6_transformers_continuous_batching"] = await bench_transformers_batching(
-        dataclasses.replace(lm, weight_format="native"), stock, args.tokens, max(1, args.repeats - 1))
+        dataclasses.replace(floats, weight_format="native"), stock, args.tokens, max(1, args.repeats - 1))
     return report
 
 

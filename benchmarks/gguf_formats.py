@@ -43,7 +43,7 @@ async def _drain(stream: Any) -> list[int]:
 
 async def measure(lm: LoadedLM, weight_format: str, tokens: int) -> dict[str, Any]:
     """One format's answers and speeds."""
-    variant = dataclasses.replace(lm, weight_format=weight_format, gguf=lm.gguf if weight_format == "gguf" else None)
+    variant = dataclasses.replace(lm, weight_format=weight_format)
     engine = LLMEngine(variant, EngineConfig(max_batch_size=8))
     engine.start()
     params = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=tokens, ignore_eos=True)
@@ -69,7 +69,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from inference.models import embedded_llm
 
     path = args.model or embedded_llm()
+    # The file's own types read from its blocks (no float weights), and its float32 conversion for the others.
     lm = await asyncio.to_thread(load_lm, path, cache_dir=default_cache_dir(), threads=args.threads)
+    floats = await asyncio.to_thread(load_lm, path, cache_dir=default_cache_dir(), threads=args.threads,
+                                     dtype="float32")
     names = args.formats.split(",")
     unknown = [n for n in names if n not in FORMATS]
     if unknown or "float32" not in names:
@@ -80,7 +83,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.rounds):
         for name in names:
-            runs[name].append(await measure(lm, FORMATS[name], args.tokens))
+            runs[name].append(await measure(lm if name == "gguf" else floats, FORMATS[name], args.tokens))
     reference = runs["float32"][0]["answers"]
     report: dict[str, Any] = {"cpu": _cpu(), "model": str(path), "gguf_name": lm.gguf.index.name if lm.gguf else None,
                               "types": dict(lm.gguf.index.types()) if lm.gguf else None, "tokens": args.tokens,

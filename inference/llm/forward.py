@@ -156,6 +156,15 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
 
 # "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
 # engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 8-bit for Q5_0 ... Q8_0, the output head too.
+def _fuse_bias(modules: Sequence[nn.Linear]) -> tuple[None, torch.Tensor | None]:
+    """What :func:`_fuse_linear` gives of ``modules`` where their weights are not multiplied: (None, their biases
+    one after another, zeros for a module without one), or (None, None)."""
+    if all(m.bias is None for m in modules):
+        return None, None
+    return None, torch.cat([m.bias.data.float() if m.bias is not None else torch.zeros(m.out_features)
+                            for m in modules]).contiguous()
+
+
 WEIGHT_FORMATS = ("native", "int8", "int4", "gguf")
 INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
 
@@ -358,19 +367,22 @@ class KernelPaths:
             kernels = "torch"
         return cls(kernels, int4_kernel, int4_lib, head_lib, attention_lib, weight_format, device)
 
-    def prepare(self, fused: tuple[torch.Tensor, torch.Tensor | None], *, head: bool = False,
+    def prepare(self, fused: tuple[torch.Tensor | None, torch.Tensor | None], *, head: bool = False,
                 grids: Sequence[GroupGrid | None] = ()) -> tuple:
         """A ``[in, out]`` weight (and bias) laid out for what multiplies it: as it is (native), int8, int4
         (packed for the engine's kernel where it runs), or the output head's 8 bits; under "gguf", the file's
-        own blocks (``grids``, one per fused matrix, from GgufWeights), or as it is where they are floats."""
+        own blocks (``grids``, one per fused matrix, from GgufWeights: no float weight needed), or as it is
+        where they are floats."""
         w_t, b = fused
-        if self.weight_format == "gguf":
-            if not grids or any(g is None for g in grids):
-                return (w_t, b)  # a float tensor of the file: multiplied as it is
+        if self.weight_format == "gguf" and grids and all(g is not None for g in grids):
             grid = stacked([g for g in grids if g is not None])
             blob = q4_matmul.pack(torch.from_numpy(grid.step), torch.from_numpy(grid.low), torch.from_numpy(grid.q),
                                   grid.bits)
-            return self.int4_lib, blob, w_t.shape[1], b
+            return self.int4_lib, blob, grid.step.shape[0], b
+        if w_t is None:
+            raise UnsupportedModel("a weight has neither the file's blocks nor floats to multiply")
+        if self.weight_format == "gguf":
+            return (w_t, b)  # a float tensor of the file: multiplied as it is
         if self.weight_format == "int4" and not head:
             if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
                 raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
@@ -462,31 +474,6 @@ class LeanForward:
         # lm_head as a transposed [hidden, vocab] matrix too: for 4-8 rows the NN GEMM took half the time
         # of F.linear's (18 vs 35 ms for 8 rows on one core). A tied input embedding follows it (a row
         # lookup in the transposed view is a strided gather: negligible next to a step).
-        head: Any = model.lm_head
-        if getattr(head, "_lean_fused", None) is None:
-            tied = base.embed_tokens.weight is head.weight
-            with torch.no_grad():
-                w_t = head.weight.data.t().contiguous()
-            param = nn.Parameter(w_t.t(), requires_grad=False)
-            head.weight = param
-            if tied:
-                base.embed_tokens.weight = param
-            head._lean_fused = (w_t, None)
-        self.lm_head_t: torch.Tensor = head._lean_fused[0]
-        self.lm_head_bias: torch.Tensor | None = getattr(head, "bias", None)
-        self.vocab_size = int(self.lm_head_t.shape[1])
-        self.embed: torch.Tensor = base.embed_tokens.weight
-        linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
-        paths = KernelPaths.choose(kernels, kernel_dir, device=self.device, weight_format=weight_format,
-                                   dtype=self.dtype, head_dim=self.head_dim, hidden=self.hidden,
-                                   vocab_size=self.vocab_size, out_features=[m.out_features for m in linears])
-        self.kernels, self.int4_kernel = paths.kernels, paths.int4_kernel
-        self._int4_lib, self._head_lib, self._attention_lib = paths.int4_lib, paths.head_lib, paths.attention_lib
-        self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
-        # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
-        # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
-        self.kv_dtype = (torch.float16 if weight_format in ("int4", "gguf") and self._attention_lib is not None
-                         else self.dtype)
         module_names = {id(m): n for n, m in model.named_modules()}
         self.gguf_formats: dict[str, set[str]] = {}  # part -> "TYPE as N-bit groups" (or "as floats"), under gguf
 
@@ -508,6 +495,41 @@ class LeanForward:
                 found.append(grid)
             return found
 
+        head: Any = model.lm_head
+        self.lm_head_bias: torch.Tensor | None = getattr(head, "bias", None)
+        # Under gguf the head multiplies the file's own blocks (its output.weight, or tied, its embedding) where
+        # they are blocks: no float copy of it is made.
+        head_grids: list[GroupGrid | None] = []
+        if gguf is not None and int(head.out_features) % q4_matmul.TILE == 0:
+            head_grids = grids("head", [head if gguf.tensor(module_names[id(head)]) is not None
+                                        else base.embed_tokens])
+        self.lm_head_t: torch.Tensor | None = None
+        if head_grids and head_grids[0] is not None:
+            self.vocab_size = int(head.out_features)
+        else:
+            if getattr(head, "_lean_fused", None) is None:
+                tied = base.embed_tokens.weight is head.weight
+                with torch.no_grad():
+                    w_t = head.weight.data.t().contiguous()
+                param = nn.Parameter(w_t.t(), requires_grad=False)
+                head.weight = param
+                if tied:
+                    base.embed_tokens.weight = param
+                head._lean_fused = (w_t, None)
+            self.lm_head_t = head._lean_fused[0]
+            self.vocab_size = int(self.lm_head_t.shape[1])
+        self.embed: torch.Tensor = base.embed_tokens.weight
+        linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+        paths = KernelPaths.choose(kernels, kernel_dir, device=self.device, weight_format=weight_format,
+                                   dtype=self.dtype, head_dim=self.head_dim, hidden=self.hidden,
+                                   vocab_size=self.vocab_size, out_features=[m.out_features for m in linears])
+        self.kernels, self.int4_kernel = paths.kernels, paths.int4_kernel
+        self._int4_lib, self._head_lib, self._attention_lib = paths.int4_lib, paths.head_lib, paths.attention_lib
+        self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
+        # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
+        # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
+        self.kv_dtype = (torch.float16 if weight_format in ("int4", "gguf") and self._attention_lib is not None
+                         else self.dtype)
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -518,16 +540,15 @@ class LeanForward:
                 L.ln2 = layer.post_attention_layernorm.weight.to(self.dtype)
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
                 qkv, gate_up = [at.q_proj, at.k_proj, at.v_proj], [mlp.gate_proj, mlp.up_proj]
-                L.qkv = paths.prepare(_fuse_linear(qkv), grids=grids("qkv", qkv))
-                L.o = paths.prepare(_fuse_linear([at.o_proj]), grids=grids("o", [at.o_proj]))
-                L.gu = paths.prepare(_fuse_linear(gate_up), grids=grids("gate_up", gate_up))
-                L.down = paths.prepare(_fuse_linear([mlp.down_proj]), grids=grids("down", [mlp.down_proj]))
+                # Under gguf the file's blocks are multiplied, not the model's float weights: only the biases fuse.
+                fuse = _fuse_bias if gguf is not None else _fuse_linear
+                L.qkv = paths.prepare(fuse(qkv), grids=grids("qkv", qkv))
+                L.o = paths.prepare(fuse([at.o_proj]), grids=grids("o", [at.o_proj]))
+                L.gu = paths.prepare(fuse(gate_up), grids=grids("gate_up", gate_up))
+                L.down = paths.prepare(fuse([mlp.down_proj]), grids=grids("down", [mlp.down_proj]))
                 L.act = mlp.act_fn
                 self.layers.append(L)
             self.final_norm = self.final_norm.to(self.dtype)
-            head_source = [head if gguf is None or gguf.tensor(module_names[id(head)]) is not None
-                           else base.embed_tokens]  # a tied head is the file's embedding
-            head_grids = grids("head", head_source) if self.vocab_size % q4_matmul.TILE == 0 else []
             self.head = paths.prepare((self.lm_head_t, self.lm_head_bias), head=True, grids=head_grids)
             # cos/sin for every position, from the model's own rotary module (so rope scaling is its own).
             # rotate_half(x) * sin == roll(x, d/2) * [-sin_lo, sin_hi]: one op fewer per layer.
@@ -583,16 +604,19 @@ class LeanForward:
         freed = 0
         fused_seen: set[int] = set()
         base: Any = self.model.model
-        for layer in base.layers:
-            for m in layer.modules():
-                if not isinstance(m, nn.Linear):
-                    continue
-                fused = getattr(m, "_lean_fused", None)
-                if fused is not None and id(fused[0]) not in fused_seen:
-                    fused_seen.add(id(fused[0]))
-                    freed += fused[0].numel() * fused[0].element_size()
-                setattr(m, "_lean_fused", None)  # noqa: B010
-                m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
+        linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+        head: Any = self.model.lm_head
+        if self.lm_head_t is None and head.weight is not base.embed_tokens.weight:
+            linears.append(head)  # under gguf a head that runs from the file's blocks
+        for m in linears:
+            fused = getattr(m, "_lean_fused", None)
+            if fused is not None and id(fused[0]) not in fused_seen:
+                fused_seen.add(id(fused[0]))
+                freed += fused[0].numel() * fused[0].element_size()
+            elif fused is None:
+                freed += m.weight.numel() * m.weight.element_size()
+            setattr(m, "_lean_fused", None)  # noqa: B010
+            m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
         setattr(self.model, "_lean_released", True)  # noqa: B010
         return_freed_memory()
         return freed

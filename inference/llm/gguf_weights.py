@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from . import gguf_blocks
 from .gguf_blocks import GroupGrid
@@ -82,6 +82,11 @@ class GgufIndex:
             "architecture": self.architecture, "name": self.name,
             "tensors": [[t.name, int(t.kind), t.rows, t.columns, t.offset, t.nbytes] for t in self.tensors.values()]}))
 
+    def quantized_layers(self) -> bool:
+        """Whether the decoder layers' weights ("blk.N.*") are blocks, not floats."""
+        return any(name.startswith("blk.") and gguf_blocks.bits_for(t.kind) is not None
+                   for name, t in self.tensors.items())
+
     def types(self) -> Counter[str]:
         return Counter(t.kind.name for t in self.tensors.values())
 
@@ -121,8 +126,8 @@ def _write_atomically(target: Path, text: str) -> None:
 
 
 class GgufWeights:
-    """The linear weights of a GGUF file by transformers module name (``model.layers.0.self_attn.q_proj``), for
-    the transformers model converted from it."""
+    """A GGUF file's tensors by the transformers parameter they load into (``model.layers.0.self_attn.q_proj.weight``),
+    for a model of the file's architecture: the linear weights as groups, everything else as floats."""
 
     def __init__(self, index: GgufIndex, model: Any) -> None:
         from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
@@ -139,36 +144,48 @@ class GgufWeights:
         # gguf-py's map of transformers names to the file's, as transformers' own loader uses it (built once
         # here: transformers builds it again for every submodule, 6 s for the embedded model).
         names = get_tensor_name_map(arch, int(config.num_hidden_layers))
-        by_module: dict[str, GgufTensor] = {}
+        params: dict[str, GgufTensor] = {}
         for hf_name in model.state_dict():
-            if not hf_name.endswith(".weight"):
-                continue
-            module = hf_name.removesuffix(".weight")
+            module, _, kind = hf_name.rpartition(".")
             gguf_name = names.get_name(module)
-            tensor = None if gguf_name is None else index.tensors.get(f"{gguf_name}.weight")
+            tensor = None if gguf_name is None else index.tensors.get(f"{gguf_name}.{kind}")
             if tensor is not None:
-                by_module[module] = tensor
-        self._tensors = by_module
-
-    def quantized_layers(self) -> bool:
-        """Whether the decoder layers' weights are blocks (not floats): the file's precision is then the
-        engine's concern."""
-        return any(".layers." in name and gguf_blocks.bits_for(t.kind) is not None for name, t in self._tensors.items())
+                params[hf_name] = tensor
+        self._params = params
 
     def tensor(self, module: str) -> GgufTensor | None:
         """The tensor a module's weight loads from; None when the file has none for it (a tied output head)."""
-        return self._tensors.get(module)
+        return self._params.get(f"{module}.weight")
 
     def grid(self, module: str) -> GroupGrid | None:
         """The module's weight as groups of 32, in its type's width; None for a float type or no tensor."""
-        tensor = self._tensors.get(module)
+        tensor = self.tensor(module)
         if tensor is None or gguf_blocks.bits_for(tensor.kind) is None:
             return None
         grid = gguf_blocks.decode(tensor.kind, self.index.data(tensor), tensor.columns)
-        if self.architecture == "llama" and module.endswith((".q_proj", ".k_proj")):
-            heads = self._heads if module.endswith(".q_proj") else self._kv_heads
-            grid = _rows(grid, _unpermuted_rows(tensor.rows, heads))
+        if self._permuted(module):
+            grid = _rows(grid, _unpermuted_rows(tensor.rows, self._rotary_heads(module)))
         return grid
+
+    def floats(self, param: str) -> np.ndarray | None:
+        """A parameter's values as float32 (``[rows, columns]``, or ``[columns]`` for a vector), de-quantized
+        where they are blocks; None when the file has no tensor for it."""
+        tensor = self._params.get(param)
+        if tensor is None:
+            return None
+        values = quants.dequantize(self.index.data(tensor), tensor.kind).astype(np.float32, copy=False)
+        values = values.reshape(tensor.rows, tensor.columns) if tensor.rows > 1 else values.reshape(tensor.columns)
+        module = param.rpartition(".")[0]
+        if self._permuted(module):
+            values = values[_unpermuted_rows(tensor.rows if tensor.rows > 1 else tensor.columns,
+                                             self._rotary_heads(module))]
+        return values
+
+    def _permuted(self, module: str) -> bool:
+        return self.architecture == "llama" and module.endswith((".q_proj", ".k_proj"))
+
+    def _rotary_heads(self, module: str) -> int:
+        return self._heads if module.endswith(".q_proj") else self._kv_heads
 
 
 def stacked(grids: list[GroupGrid]) -> GroupGrid:

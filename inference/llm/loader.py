@@ -1,6 +1,11 @@
-"""Load a causal LM once: a transformers folder, or a GGUF file converted once into a safetensors cache.
+"""Load a causal LM once: a transformers folder, or a GGUF file.
 
-Loading a GGUF file through transformers takes ~20 s here (parsing its metadata and de-quantizing), so
+A GGUF file whose layers are quantized runs on a CPU with the engine's kernels as its own blocks (weight format
+"gguf", gguf_weights.py): its config, tokenizer and tensor index are read once into
+``cache_dir/<stem>-<hash of its bytes>-config/`` (a few MB: 11 s for the embedded model, 40 s for a 0.5B Qwen,
+then 2-5 s a start), the model is built on the meta device and given only its norms, biases and embedding, and
+the engine packs the layers from the file itself. Otherwise (another dtype, a GPU, no kernels, float layers)
+loading a GGUF file through transformers takes ~20 s here (parsing its metadata and de-quantizing), so
 the first load converts it into ``cache_dir/<stem>-<hash of its bytes>/`` with ``save_pretrained`` and
 every later load reads that folder (< 1-2 s). The cache folder is written to a temporary directory and
 renamed into place, so a crash never leaves a half-written cache behind. The folder is named after
@@ -22,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .constraints import GrammarCompiler
-from .forward import on_int4_grid, resolve_kernels
+from .forward import UnsupportedModel, on_int4_grid, resolve_kernels
 from .gguf_weights import GgufIndex, GgufWeights
 from .threads import one_intra_op_thread
 from .tool_calls import ToolFormat, template_tool_format
@@ -180,7 +186,7 @@ def prune_stale_conversions(path: Path, cache_dir: Path) -> list[Path]:
         return []
     removed = []
     for folder in Path(cache_dir).glob(f"{path.stem}-*"):
-        digest = folder.name[len(path.stem) + 1 :]
+        digest = folder.name[len(path.stem) + 1 :].removesuffix(CONFIG_SUFFIX)
         # Only this stem's conversions: "<stem>-<16 hex digits>" ("<stem>-v2-..." is another model's).
         if folder.is_dir() and _DIGEST.fullmatch(digest) and digest not in live:
             shutil.rmtree(folder, ignore_errors=True)
@@ -284,7 +290,11 @@ def load_tokenizer_model(path: Path, *, cache_dir: Path, max_context_tokens: int
     its weights: what a gateway in front of a remote backend renders prompts with."""
     from transformers import AutoConfig, GenerationConfig
 
-    folder, _, _ = _model_folder(Path(path).expanduser(), Path(cache_dir).expanduser())
+    path, cache_dir = Path(path).expanduser(), Path(cache_dir).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        folder, _ = _gguf_config(path, cache_dir)  # the tokenizer only: no conversion of the weights
+    else:
+        folder, _ = _model_folder(path, cache_dir)
     tokenizer = _load_tokenizer(folder)
     config = AutoConfig.from_pretrained(str(folder))
     try:
@@ -296,31 +306,116 @@ def load_tokenizer_model(path: Path, *, cache_dir: Path, max_context_tokens: int
                           eos_token_ids=_eos_ids(config, generation, tokenizer), source=Path(path))
 
 
-GGUF_INDEX = "gguf-index.json"  # in a conversion's folder: the file's tensor index (gguf_weights.GgufIndex)
+GGUF_INDEX = "gguf-index.json"  # in a config folder: the file's tensor index (gguf_weights.GgufIndex)
+CONFIG_SUFFIX = "-config"  # <stem>-<digest>-config/: a GGUF's config, tokenizer and index, no weights
 
 
-def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool, GgufIndex | None]:
-    """The transformers folder of ``path`` (a GGUF file is converted once into the cache), whether this call
-    converted it, and a GGUF file's index (its tensors, checked to be of types the engine serves)."""
+def gguf_config_folder(path: Path, cache_dir: Path) -> Path:
+    """Where a GGUF file's config, tokenizer and tensor index are kept for the engine that reads its blocks."""
+    return Path(cache_dir) / f"{path.stem}-{gguf_digest(path, cache_dir)}{CONFIG_SUFFIX}"
+
+
+def _gguf_config(path: Path, cache_dir: Path) -> tuple[Path, GgufIndex]:
+    """The file's config folder (written once: transformers reads the config and tokenizer from the GGUF's
+    metadata, seconds, not its weights) and its index."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    folder = gguf_config_folder(path, cache_dir)
+    if (folder / "config.json").is_file() and (folder / GGUF_INDEX).is_file():
+        return folder, GgufIndex.read(path, folder / GGUF_INDEX)
+    started = time.perf_counter()
+    log.info("reading %s's tensors, config and tokenizer once into %s", path.name, folder)
+    index = GgufIndex.read(path)  # a truncated file or a type the engine does not serve: refused here, by name
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        config.save_pretrained(str(tmp))
+        GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        index.keep(tmp / GGUF_INDEX)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / GGUF_INDEX).is_file():  # pragma: no cover - a leftover that is not a config folder
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process wrote it first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for stale in prune_stale_conversions(path, cache_dir):
+        log.info("removed %s, kept for another version of %s", stale, path.name)
+    log.info("%s's config and tokenizer read in %.1f s", path.name, time.perf_counter() - started)
+    return folder, index
+
+
+def _gguf_blocks_model(path: Path, index: GgufIndex, folder: Path) -> tuple[PreTrainedModel, GgufWeights]:
+    """The transformers model of a GGUF file for the engine that multiplies the file's blocks: built on the meta
+    device from the config, then given the file's norms, biases and embedding (de-quantized) and empty linear
+    weights, so no float copy of the layers (nor of a head in blocks) is ever made."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(folder))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    gguf = GgufWeights(index, model)
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if base is None or layers is None or not hasattr(base, "rotary_emb"):
+        raise UnsupportedModel(f"{path.name}: a {config.model_type} model does not have the Llama module layout")
+    from_blocks = {id(m.weight) for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear)}
+    head = model.get_output_embeddings()
+    tied = bool(getattr(config, "tie_word_embeddings", False)) and gguf.tensor("lm_head") is None
+    if not tied and gguf.grid("lm_head") is not None:
+        from_blocks.add(id(head.weight))
+    for name, param in list(model.named_parameters()):
+        module_name, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if id(param) in from_blocks:
+            if gguf.tensor(module_name) is None:
+                raise UnsupportedModel(f"{path.name} has no tensor for {name}")
+            value = torch.empty(0)
+        else:
+            values = gguf.floats(name)
+            if values is None:
+                raise UnsupportedModel(f"{path.name} has no tensor for {name}")
+            value = torch.from_numpy(np.array(values, dtype=np.float32))  # its own, writable copy
+            if tuple(value.shape) != tuple(param.shape):
+                raise UnsupportedModel(f"{path.name}: {name} is {tuple(value.shape)} in the file, "
+                                       f"{tuple(param.shape)} in a {config.model_type} of this config")
+        setattr(module, leaf, torch.nn.Parameter(value, requires_grad=False))
+    if tied:
+        head.weight = base.embed_tokens.weight
+    # The rotary tables are computed, not read: made again on the CPU.
+    base.rotary_emb = type(base.rotary_emb)(config=config)
+    meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if meta:
+        raise UnsupportedModel(f"{path.name}: {', '.join(meta[:3])} are not read from the file")
+    model.eval()
+    return model, gguf
+
+
+def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool]:
+    """The transformers folder of ``path`` (a GGUF file is converted once into the cache), and whether this call
+    converted it."""
     if not path.exists():
         raise FileNotFoundError(f"model not found: {path}")
     if not path.is_file():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} has no config.json; not a transformers model folder")
-        return path, False, None
+        return path, False
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"{path} is a file but not a .gguf file; pass a .gguf file or a transformers folder")
     folder = gguf_cache_folder(path, cache_dir)
     if _is_complete(folder):
-        return folder, False, GgufIndex.read(path, folder / GGUF_INDEX)
-    # A truncated file or a type the engine does not serve is refused by name before any conversion.
-    index = GgufIndex.read(path)
+        return folder, False
+    GgufIndex.read(path)  # a truncated file or a type the engine does not serve: refused by name, before converting
     log.info("converting %s once into %s", path.name, folder)
     _convert_gguf(path, folder)
     for stale in prune_stale_conversions(path, cache_dir):
         log.info("removed %s, the conversion of another version of %s", stale, path.name)
-    index.keep(folder / GGUF_INDEX)
-    return folder, True, index
+    return folder, True
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
@@ -347,10 +442,16 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     t_start = time.perf_counter()
     path = Path(path).expanduser()
     dev = _resolve_device(device)
+    if (dtype == "auto" and dev.type == "cpu" and path.is_file() and path.suffix.lower() == ".gguf"
+            and resolve_kernels(kernels) != "torch"):
+        folder, index = _gguf_config(path, Path(cache_dir).expanduser())
+        if index.quantized_layers():
+            return _load_gguf_blocks(path, index, folder, cache_dir=Path(cache_dir).expanduser(),
+                                     max_context_tokens=max_context_tokens, started=t_start)
     quantized = dtype in ("int8", "int4")
     weight_format = dtype if quantized else "native"
     dt = _resolve_dtype("float32" if quantized else dtype, dev)
-    folder, converted, index = _model_folder(path, Path(cache_dir).expanduser())
+    folder, converted = _model_folder(path, Path(cache_dir).expanduser())
     tokenizer = _load_tokenizer(folder)
     t1 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, attn_implementation="sdpa")
@@ -360,14 +461,7 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     t2 = time.perf_counter()
     log.info("model loaded in %.2f s (%s, %s)", t2 - t1, dev, dt)
 
-    gguf = None
-    if index is not None and dtype == "auto" and dev.type == "cpu":
-        found = GgufWeights(index, model)
-        if found.quantized_layers() and resolve_kernels(kernels) != "torch":
-            gguf, weight_format = found, "gguf"  # each linear in the format that holds the file's own type
-            log.info("the engine runs %s's own types: %s", path.name,
-                     ", ".join(f"{k} x{n}" for k, n in sorted(index.types().items())))
-    if weight_format == "native" and dtype == "auto" and dev.type == "cpu" and _weights_are_4bit(model):
+    if dtype == "auto" and dev.type == "cpu" and _weights_are_4bit(model):
         weight_format = "int4"  # the engine keeps these weights exactly, in about a seventh of the bytes
         log.info("the linear weights are 4-bit groups already: the engine runs them as int4")
 
@@ -385,8 +479,28 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
         converted=converted,
         cache_dir=Path(cache_dir).expanduser(),
         weight_format=weight_format,
-        gguf=gguf,
     )
+    log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
+             sorted(lm.eos_token_ids))
+    return lm
+
+
+def _load_gguf_blocks(path: Path, index: GgufIndex, folder: Path, *, cache_dir: Path, max_context_tokens: int,
+                      started: float) -> LoadedLM:
+    """A GGUF file whose layers are blocks, for the engine that runs its own types (weight format "gguf"):
+    nothing converted, nothing de-quantized but its norms, biases and embedding."""
+    tokenizer = _load_tokenizer(folder)
+    t1 = time.perf_counter()
+    model, gguf = _gguf_blocks_model(path, index, folder)
+    log.info("the engine runs %s's own types (%s); its norms, biases and embedding read in %.2f s", path.name,
+             ", ".join(f"{k} x{n}" for k, n in sorted(index.types().items())), time.perf_counter() - t1)
+    window = _context_window(model.config, max_context_tokens)
+    lm = LoadedLM(
+        model=model, tokenizer=tokenizer, vocab_size=int(model.config.vocab_size), device=torch.device("cpu"),
+        dtype=torch.float32, context_window=window,
+        eos_token_ids=_eos_ids(model.config, getattr(model, "generation_config", None), tokenizer), source=path,
+        load_seconds=time.perf_counter() - started, converted=False, cache_dir=cache_dir, weight_format="gguf",
+        gguf=gguf)
     log.info("LLM ready in %.2f s: %s, %d positions, eos %s", lm.load_seconds, path.name, window,
              sorted(lm.eos_token_ids))
     return lm

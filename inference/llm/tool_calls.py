@@ -97,8 +97,10 @@ def _call_schema(tools: list[ToolSpec]) -> dict[str, Any]:
 
 def tool_call_block(tools: list[ToolSpec], *, parallel: bool, fmt: ToolFormat = "list") -> str:
     """A Lark expression for the valid calls to `tools` in `fmt` (give one tool to force that function)."""
+    # The markers stand alone as literals: where the tokenizer has one as a token of its own (Qwen's
+    # <tool_call>), the grammar compiler makes the literal that token (constraints.GrammarCompiler).
     if fmt == "template":
-        block = f'"{OPEN}\\n" {json_value(_call_schema(tools))} "\\n{CLOSE}"'
+        block = f'"{OPEN}" "\\n" {json_value(_call_schema(tools))} "\\n" "{CLOSE}"'
         return f'{block} ("\\n" {block})*' if parallel else block
     array: dict[str, Any] = {"type": "array", "items": _call_schema(tools), "minItems": 1}
     if not parallel:

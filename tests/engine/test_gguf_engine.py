@@ -16,7 +16,7 @@ from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
 from inference.llm.forward import LeanForward, Segment, UnsupportedModel
 from inference.llm.gguf_weights import GgufIndex, GgufTypeError, GgufWeights
-from inference.llm.loader import GGUF_INDEX, gguf_cache_folder, load_lm
+from inference.llm.loader import GGUF_INDEX, gguf_config_folder, load_lm
 from inference.models import embedded_llm
 from tests.engine.batching import full_pool
 
@@ -25,9 +25,9 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
 
 
 @pytest.fixture(scope="module")
-def gguf(lm, gateway_cache_dir) -> GgufWeights:
-    folder = gguf_cache_folder(embedded_llm(), gateway_cache_dir)
-    return GgufWeights(GgufIndex.read(embedded_llm(), folder / GGUF_INDEX), lm.model)
+def gguf(lm) -> GgufWeights:
+    """The file's blocks for the fixture's float32 model (converted from the same file)."""
+    return GgufWeights(GgufIndex.read(embedded_llm()), lm.model)
 
 
 def _needs(isa: str) -> None:
@@ -86,13 +86,31 @@ def test_the_files_own_types_need_the_engines_kernels(lm, gguf):
         LeanForward(lm.model, 512, weight_format="gguf", kernel_dir=lm.cache_dir)
 
 
-def test_auto_runs_a_gguf_files_own_types_where_the_kernels_run(gateway_cache_dir):
-    own = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, max_context_tokens=512)
-    assert own.weight_format == ("gguf" if cpu_kernels.supported_isas() else "int4")
-    assert (own.gguf is not None) == (own.weight_format == "gguf")
+async def test_auto_reads_a_gguf_files_blocks_without_converting_it(tmp_path, chat_ids, collect):
+    """Where the engine's kernels run: nothing converted, no float copy of a linear weight, a cache of a few MB
+    (config, tokenizer, the tensors' index) that the next start reuses; the answers as from the converted model."""
+    if not cpu_kernels.supported_isas():
+        pytest.skip("the engine's kernels do not run on this CPU")
+    own = load_lm(embedded_llm(), cache_dir=tmp_path, max_context_tokens=512)
+    assert own.weight_format == "gguf" and own.gguf is not None and not own.converted
+    linears = [m for m in own.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.numel() == 0 for m in linears if m is not own.model.lm_head)
+    folder = gguf_config_folder(embedded_llm(), tmp_path)
+    assert (folder / GGUF_INDEX).is_file() and not list(folder.glob("*.safetensors"))
+    assert sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file()) < 20 * 2**20
+    again = load_lm(embedded_llm(), cache_dir=tmp_path, max_context_tokens=512)
+    assert again.load_seconds < own.load_seconds and again.gguf is not None and again.gguf.index == own.gguf.index
+    eng = LLMEngine(own, EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        answer = await collect(eng, chat_ids(("user", "What is the capital of France?")),
+                               SamplingParams(temperature=0, repetition_penalty=1.0, max_tokens=12))
+    finally:
+        eng.close()
+    assert "Paris" in answer.text
 
 
-def test_the_index_is_kept_and_read_back(gguf, gateway_cache_dir, tmp_path):
+def test_the_index_is_kept_and_read_back(gguf, tmp_path):
     kept = tmp_path / "index.json"
     first = GgufIndex.read(embedded_llm(), kept)
     assert kept.is_file() and GgufIndex.read(embedded_llm(), kept) == first == gguf.index
@@ -101,7 +119,7 @@ def test_the_index_is_kept_and_read_back(gguf, gateway_cache_dir, tmp_path):
     assert GgufIndex.read(embedded_llm(), kept) == first
 
 
-def test_a_truncated_file_is_refused_by_name_before_anything_loads(gateway_cache_dir, tmp_path):
+def test_a_truncated_file_is_refused_by_name_before_anything_loads(tmp_path):
     cut = tmp_path / "cut.gguf"
     with open(embedded_llm(), "rb") as source:
         cut.write_bytes(source.read(1 << 20))

@@ -591,8 +591,9 @@ def test_int4_layers_run_in_one_call_as_in_the_loop(isa, lm, monkeypatch):
 async def test_a_quantized_engine_runs_on_after_the_float_weights_are_released(gateway_cache_dir, chat_ids, collect):
     """The gateway frees the model's float32 linear weights once its int4 engine is built: the engine
     answers token for token as before, and the model can no longer be run another way."""
-    own = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, max_context_tokens=1024)  # this test's copy
-    assert own.weight_format == ("gguf" if cpu_kernels.supported_isas() else "int4")
+    # This test's copy, int4 re-quantized from the converted float32 weights (a GGUF's own types never have any).
+    own = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, max_context_tokens=1024, dtype="int4")
+    assert own.weight_format == "int4"
     eng = LLMEngine(own, EngineConfig(prefix_cache_bytes=0))
     eng.start()
     try:

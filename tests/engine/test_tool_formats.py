@@ -82,3 +82,23 @@ def test_template_format_tools_go_to_the_template_and_calls_are_one_block_each(l
                              tools=use.template_tools, tool_format="template")
     assert '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>' in \
         hermes_tokenizer.decode(rendered.token_ids)
+
+
+class _AddedTokens:
+    """A tokenizer's added tokens, as Qwen2.5's has them: its call markers are tokens of their own."""
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {"<tool_call>": 151657, "</tool_call>": 151658, "<|im_end|>": 151645, "x": 7}
+
+
+def test_a_literal_that_is_one_added_token_becomes_that_token_outside_json_schemas() -> None:
+    """The model writes Qwen's <tool_call> as one token, which llguidance matches only by id: a forced call's
+    grammar names it `<[151657]>` (the real model's run: tests/integration/test_users_model.py); the same text
+    inside a schema stays a string, and a grammar without added tokens is untouched."""
+    tools = [ToolSpec("get_weather", None, {"type": "object", "properties": {"tag": {"const": "<tool_call>"}}})]
+    block = plan_tool_use(tools, choice="required", fmt="template").forced_block
+    assert block is not None
+    rewritten = GrammarCompiler(_AddedTokens(), 10).with_added_tokens(f"start: {block} | \"<|im_end|>\"")
+    assert rewritten.startswith("start: <[151657]> ") and '"\\n" <[151658]>' in rewritten
+    assert rewritten.endswith("| <[151645]>") and '"const": "<tool_call>"' in rewritten
+    assert GrammarCompiler(object(), 10).with_added_tokens(block) == block

