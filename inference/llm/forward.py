@@ -154,8 +154,6 @@ def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
     return fused_t, bias
 
 
-# "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
-# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 8-bit for Q5_0 ... Q8_0, the output head too.
 def _fuse_bias(modules: Sequence[nn.Linear]) -> tuple[None, torch.Tensor | None]:
     """What :func:`_fuse_linear` gives of ``modules`` where their weights are not multiplied: (None, their biases
     one after another, zeros for a module without one), or (None, None)."""
@@ -165,6 +163,8 @@ def _fuse_bias(modules: Sequence[nn.Linear]) -> tuple[None, torch.Tensor | None]
                             for m in modules]).contiguous()
 
 
+# "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
+# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 8-bit for Q5_0 ... Q8_0, the output head too.
 WEIGHT_FORMATS = ("native", "int8", "int4", "gguf")
 INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
 
@@ -471,9 +471,6 @@ class LeanForward:
             raise UnsupportedModel("the model config has no max_position_embeddings")
         self.final_norm = base.norm.weight
         self.final_eps = float(getattr(base.norm, "variance_epsilon", getattr(base.norm, "eps", 1e-6)))
-        # lm_head as a transposed [hidden, vocab] matrix too: for 4-8 rows the NN GEMM took half the time
-        # of F.linear's (18 vs 35 ms for 8 rows on one core). A tied input embedding follows it (a row
-        # lookup in the transposed view is a strided gather: negligible next to a step).
         module_names = {id(m): n for n, m in model.named_modules()}
         self.gguf_formats: dict[str, set[str]] = {}  # part -> "TYPE as N-bit groups" (or "as floats"), under gguf
 
@@ -507,6 +504,9 @@ class LeanForward:
         if head_grids and head_grids[0] is not None:
             self.vocab_size = int(head.out_features)
         else:
+            # lm_head as a transposed [hidden, vocab] matrix too: for 4-8 rows the NN GEMM took half the time
+            # of F.linear's (18 vs 35 ms for 8 rows on one core). A tied input embedding follows it (a row
+            # lookup in the transposed view is a strided gather: negligible next to a step).
             if getattr(head, "_lean_fused", None) is None:
                 tied = base.embed_tokens.weight is head.weight
                 with torch.no_grad():
