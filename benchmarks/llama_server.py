@@ -6,7 +6,7 @@
 Rounds alternate the two servers, one at a time on the machine (each started, measured and stopped in turn): the
 gateway (`gateway serve --llm-model FILE`, text only, its defaults) and `llama-server -m FILE -np 8 -t THREADS
 -c 8192` (continuous batching over 8 slots). Both are asked the same token ids through `/v1/completions`
-(streamed, greedy, EOS ignored); completion tokens are counted by re-tokenizing each text with the model's own
+(streamed, greedy with no repetition penalty, EOS ignored); completion tokens are counted by re-tokenizing each text with the model's own
 tokenizer, the same for both. Each figure is the median over rounds, with the ratio (the gateway ahead when > 1):
 
 - `short_ttft_s`: a short chat prompt, new to the server (a nonce in it), to its first token;
@@ -111,7 +111,8 @@ class Prompts:
 
 async def _stream(client: httpx.AsyncClient, url: str, ids: list[int], tokens: int) -> tuple[float, float, str]:
     """(seconds to the first text, seconds to the end, the text) of one streamed greedy completion."""
-    body = {"model": "m", "prompt": ids, "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {"model": client.headers["x-model"], "prompt": ids, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, **json.loads(client.headers["x-extra"])}
     started = time.perf_counter()
     first, text = None, []
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -127,9 +128,12 @@ async def _stream(client: httpx.AsyncClient, url: str, ids: list[int], tokens: i
     return first if first is not None else math.nan, time.perf_counter() - started, "".join(text)
 
 
-async def measure(url: str, p: Prompts, tokens: int, agree_tokens: int) -> dict[str, Any]:
-    """One server's figures (it is up at ``url``)."""
-    async with httpx.AsyncClient(timeout=600) as client:
+async def measure(url: str, model: str, p: Prompts, tokens: int, agree_tokens: int,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One server's figures (it is up at ``url`` and serves ``model``; ``extra``: more fields of every request)."""
+    # A connection per request, for both: llama-server drops a kept-alive one after a streamed answer.
+    async with httpx.AsyncClient(timeout=600, headers={"x-model": model, "x-extra": json.dumps(extra or {})},
+                                 limits=httpx.Limits(max_keepalive_connections=0)) as client:
         await _stream(client, url, p.chat("Hello."), 4)  # warm-up
         nonce = secrets.token_hex(4)
         short, _, _ = await _stream(client, url, p.chat(f"[{nonce}] What is the capital of France?"), 1)
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from gateway.platform.config import default_cache_dir
+    from gateway.platform.config import default_cache_dir, own_model_name
     from inference.llm.loader import gguf_config_folder, load_lm
     from inference.models import embedded_llm
 
@@ -218,15 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
+        # Greedy with no repetition penalty on both sides (the gateway's default is 1.1, llama-server's 1.0).
         with _server([sys.executable, "-m", "gateway", "serve", "--llm-model", str(model), "--no-load-voice-models",
-                      "--port", str(port), "--admission-latency-ms", "0"], f"{url}/healthz", logs / f"gateway-{r}.log"):
+                      "--port", str(port), "--admission-latency-ms", "0", "--repetition-penalty", "1.0"],
+                     f"{url}/healthz", logs / f"gateway-{r}.log"):
             described = httpx.get(f"{url}/healthz").json().get("llm", {})
-            rounds["gateway"].append(asyncio.run(measure(url, p, args.tokens, args.agree_tokens)))
+            rounds["gateway"].append(asyncio.run(measure(url, own_model_name(model), p, args.tokens,
+                                                         args.agree_tokens)))
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         with _server([str(args.llama_server), "-m", str(model), "-np", "8", "-t", str(args.threads), "-c", "8192",
                       "--port", str(port)], f"{url}/health", logs / f"llama-{r}.log"):
-            rounds["llama_server"].append(asyncio.run(measure(url, p, args.tokens, args.agree_tokens)))
+            rounds["llama_server"].append(asyncio.run(measure(url, model.name, p, args.tokens, args.agree_tokens,
+                                                              {"repeat_penalty": 1.0})))
     figures: dict[str, Any] = {}
     for key, higher in (("short_ttft_s", False), ("one_stream_tok_s", True), ("cold_prompt_s", False),
                         ("warm_prompt_s", False), ("eight_streams_tok_s", True)):
