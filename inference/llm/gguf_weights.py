@@ -1,11 +1,11 @@
 """A GGUF file's tensors as the engine runs them: each linear weight in the grouped format that holds its own
 type (gguf_blocks.py), found by the name of the transformers module it loads into.
 
-transformers converts the file into a model (loader.py) but de-quantizes every tensor to float on the way; the
-engine instead reads each linear's blocks from the file again, so that a Q8_0 or Q6_K weight runs in 8 bits and a
-Q4_K one in 4, as the user's file says. The names map as transformers maps them (its GGUF tensor map), and a
-Llama-architecture file's query and key rows are put back in the order transformers puts them (llama.cpp's
-converter permutes them for its rotary layout).
+transformers would de-quantize every tensor to float; the engine reads each linear's blocks from the file instead,
+so that a Q8_0 or Q6_K weight runs in 8 bits and a Q4_K one in 4, as the user's file says, and only the norms,
+biases and embedding become floats (loader.py builds the model around them). The names map as transformers maps
+them (gguf-py's tensor name map), and a Llama-architecture file's query and key rows are put back in the order
+transformers puts them (llama.cpp's converter permutes them for its rotary layout).
 """
 
 from __future__ import annotations
