@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from . import cpu_kernels
 from .constraints import GrammarCompiler
 from .forward import UnsupportedModel, on_int4_grid, resolve_kernels
 from .gguf_weights import GgufIndex, GgufWeights
@@ -442,12 +443,16 @@ def _load_lm(path: Path, *, device: str, dtype: str, cache_dir: Path, max_contex
     t_start = time.perf_counter()
     path = Path(path).expanduser()
     dev = _resolve_device(device)
-    if (dtype == "auto" and dev.type == "cpu" and path.is_file() and path.suffix.lower() == ".gguf"
-            and resolve_kernels(kernels) != "torch"):
-        folder, index = _gguf_config(path, Path(cache_dir).expanduser())
-        if index.quantized_layers():
-            return _load_gguf_blocks(path, index, folder, cache_dir=Path(cache_dir).expanduser(),
-                                     max_context_tokens=max_context_tokens, started=t_start)
+    if dtype == "auto" and dev.type == "cpu" and path.is_file() and path.suffix.lower() == ".gguf":
+        built = resolve_kernels(kernels)
+        if built != "torch" and cpu_kernels.load(Path(cache_dir).expanduser(), built) is not None:
+            folder, index = _gguf_config(path, Path(cache_dir).expanduser())
+            if index.quantized_layers():
+                return _load_gguf_blocks(path, index, folder, cache_dir=Path(cache_dir).expanduser(),
+                                         max_context_tokens=max_context_tokens, started=t_start)
+        else:  # no gcc, or a CPU without AVX2: the file is converted to floats (the reason is logged)
+            log.warning("the engine's kernels do not run here: %s is converted and runs on torch's kernels",
+                        path.name)
     quantized = dtype in ("int8", "int4")
     weight_format = dtype if quantized else "native"
     dt = _resolve_dtype("float32" if quantized else dtype, dev)

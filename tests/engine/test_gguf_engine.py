@@ -125,7 +125,7 @@ def test_a_truncated_file_is_refused_by_name_before_anything_loads(tmp_path):
         cut.write_bytes(source.read(1 << 20))
     with pytest.raises(GgufTypeError, match="cut.gguf is not a readable GGUF file"):
         load_lm(cut, cache_dir=tmp_path)
-    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # nothing converted
+    assert not [p for p in tmp_path.iterdir() if p.is_dir() and p.name != "kernels"]  # nothing converted
 
 
 def test_a_type_the_engine_does_not_serve_is_refused_by_name(tmp_path):
@@ -140,3 +140,11 @@ def test_a_type_the_engine_does_not_serve_is_refused_by_name(tmp_path):
     with pytest.raises(GgufTypeError, match=r"blk\.0\.attn_q\.weight is IQ2_XXS, a GGUF type the engine does not "
                                              r"serve \(it serves .*Q4_K.*\)"):
         GgufIndex.read(path)
+
+
+def test_without_the_engines_kernels_a_gguf_file_runs_converted_on_torchs(gateway_cache_dir, monkeypatch):
+    """No gcc (the kernels cannot be built): the file is converted and its 4-bit layers run as int4 on torch's
+    kernel, as before, instead of failing to start."""
+    monkeypatch.setattr(cpu_kernels, "load", lambda cache_dir, isa: None)
+    own = load_lm(embedded_llm(), cache_dir=gateway_cache_dir, max_context_tokens=512)
+    assert own.weight_format == "int4" and own.gguf is None
