@@ -33,20 +33,18 @@ import math
 import os
 import re
 import secrets
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from benchmarks.openai_servers import serving
 from benchmarks.turn_taking import _cpu
+from gateway.platform.processes import GatewayProcess, free_port
 
 LICENSE = Path(__file__).resolve().parents[1] / "LICENSE"
 AGREEMENT_PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Explain what a hash table is.",
@@ -55,40 +53,6 @@ AGREEMENT_PROMPTS = ("What is the capital of France?", "Write a haiku about the 
 STREAM_QUESTIONS = ("Tell me about the history of Rome.", "How do airplanes fly?", "Describe a day at the beach.",
                     "What makes a good friend?", "Explain photosynthesis simply.", "Why is the sky blue?",
                     "How do I bake bread?", "What is machine learning?")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _server(command: list[str], health: str, log: Path, timeout_s: float = 600.0) -> Iterator[None]:
-    """A server process, ready (``health`` answers 200), stopped afterwards."""
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{command[0]} exited with {process.returncode}; its log: {log}")
-            try:
-                if httpx.get(health, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} was not ready in {timeout_s:.0f} s; its log: {log}")
-            time.sleep(0.5)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Prompts:
@@ -220,18 +184,19 @@ def main(argv: list[str] | None = None) -> None:
     rounds: dict[str, list[dict[str, Any]]] = {"gateway": [], "llama_server": []}
     described: dict[str, Any] = {}
     for r in range(args.rounds):
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
         # Greedy with no repetition penalty on both sides (the gateway's default is 1.1, llama-server's 1.0).
-        with _server([sys.executable, "-m", "gateway", "serve", "--llm-model", str(model), "--no-load-voice-models",
-                      "--port", str(port), "--admission-latency-ms", "0", "--repetition-penalty", "1.0"],
-                     f"{url}/healthz", logs / f"gateway-{r}.log"):
-            described = httpx.get(f"{url}/healthz").json().get("llm", {})
-            rounds["gateway"].append(asyncio.run(measure(url, own_model_name(model), p, args.tokens,
+        gateway = GatewayProcess(logs / f"gateway-{r}.log", args=[
+            "--llm-model", str(model), "--no-load-voice-models", "--admission-latency-ms", "0",
+            "--repetition-penalty", "1.0"]).start()
+        try:
+            described = gateway.wait_ready(timeout_s=600)["llm"]
+            rounds["gateway"].append(asyncio.run(measure(gateway.url, own_model_name(model), p, args.tokens,
                                                          args.agree_tokens)))
-        port = _free_port()
+        finally:
+            gateway.stop()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        with _server([str(args.llama_server), "-m", str(model), "-np", "8", "-t", str(args.threads), "-c", "8192",
+        with serving([str(args.llama_server), "-m", str(model), "-np", "8", "-t", str(args.threads), "-c", "8192",
                       "--port", str(port)], f"{url}/health", logs / f"llama-{r}.log"):
             rounds["llama_server"].append(asyncio.run(measure(url, model.name, p, args.tokens, args.agree_tokens,
                                                               {"repeat_penalty": 1.0})))

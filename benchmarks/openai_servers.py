@@ -119,6 +119,35 @@ def run_gateway(args, log_dir: Path, tokenizer, variant: int) -> tuple[dict, dic
 
 
 @contextlib.contextmanager
+def serving(command: list[str], health_url: str, log_path: Path, env: dict[str, str] | None = None,
+            timeout_s: float = 600) -> Iterator[None]:
+    """A server process, started with ``command`` and ready once ``health_url`` answers 200; stopped after."""
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"{Path(command[0]).name} exited: see {log_path}")
+            try:
+                if httpx.get(health_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{Path(command[0]).name} did not start: see {log_path}")
+            time.sleep(0.5)
+        yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@contextlib.contextmanager
 def transformers_serve(folder: Path, log_path: Path, env: dict[str, str] | None = None,
                        timeout_s: float = 600) -> Iterator[str]:
     """`transformers serve --continuous-batching` (bfloat16, capped at 512 batch tokens and 5% of memory for
@@ -128,31 +157,9 @@ def transformers_serve(folder: Path, log_path: Path, env: dict[str, str] | None 
     command = [cli, "serve", "--continuous-batching", "--dtype", "bfloat16", "--cb-max-batch-tokens", "512",
                "--cb-max-memory-percent", "0.05", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
                str(folder)]
-    with open(log_path, "ab") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"transformers serve exited: see {log_path}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("transformers serve did not start")
-            time.sleep(0.5)
+    with serving(command, f"{url}/health", log_path, {"HF_HUB_OFFLINE": "1", **(env or {})}, timeout_s):
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def run_transformers_serve(args, folder: Path, log_dir: Path, tokenizer, variant: int) -> dict:

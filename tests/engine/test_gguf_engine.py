@@ -98,8 +98,12 @@ async def test_auto_reads_a_gguf_files_blocks_without_converting_it(tmp_path, ch
     folder = gguf_config_folder(embedded_llm(), tmp_path)
     assert (folder / GGUF_INDEX).is_file() and not list(folder.glob("*.safetensors"))
     assert sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file()) < 20 * 2**20
+    kept_at = (folder / GGUF_INDEX).stat().st_mtime_ns
     again = load_lm(embedded_llm(), cache_dir=tmp_path, max_context_tokens=512)
-    assert again.load_seconds < own.load_seconds and again.gguf is not None and again.gguf.index == own.gguf.index
+    # The next start reads what the first kept, and writes nothing again.
+    assert again.gguf is not None and again.gguf.index == own.gguf.index
+    assert (folder / GGUF_INDEX).stat().st_mtime_ns == kept_at
+    assert {p.name for p in tmp_path.iterdir() if p.is_dir()} == {"kernels", folder.name}
     eng = LLMEngine(own, EngineConfig(prefix_cache_bytes=0))
     eng.start()
     try:

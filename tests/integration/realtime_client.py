@@ -23,6 +23,13 @@ class RealtimeClient:
         connection = await websockets.connect(url, additional_headers=headers or {}, max_size=None)
         return cls(connection)
 
+    @classmethod
+    async def opened(cls, url: str) -> RealtimeClient:
+        """Connected, its session.created received."""
+        client = await cls.connect(url)
+        assert (await client.recv())["type"] == "session.created"
+        return client
+
     async def send(self, event: dict[str, Any] | str) -> None:
         await self.connection.send(event if isinstance(event, str) else json.dumps(event))
 

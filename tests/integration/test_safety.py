@@ -60,8 +60,7 @@ def client(safe_gateway: GatewayProcess) -> openai.OpenAI:
 
 @pytest.fixture
 async def realtime(safe_gateway: GatewayProcess) -> AsyncIterator[RealtimeClient]:
-    client = await RealtimeClient.connect(f"{safe_gateway.ws_url}/v1/realtime?model={MODEL}")
-    assert (await client.recv())["type"] == "session.created"
+    client = await RealtimeClient.opened(f"{safe_gateway.ws_url}/v1/realtime?model={MODEL}")
     yield client
     await client.close()
 

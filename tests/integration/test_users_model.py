@@ -50,8 +50,7 @@ def client(qwen: GatewayProcess) -> openai.OpenAI:
 
 @pytest.fixture
 async def realtime(qwen: GatewayProcess) -> AsyncIterator[RealtimeClient]:
-    rt = await RealtimeClient.connect(f"{qwen.ws_url}/v1/realtime?model={NAME}")
-    assert (await rt.recv())["type"] == "session.created"
+    rt = await RealtimeClient.opened(f"{qwen.ws_url}/v1/realtime?model={NAME}")
     yield rt
     await rt.close()
 

@@ -37,8 +37,7 @@ FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000}
 
 @pytest.fixture
 async def client(gateway: GatewayProcess) -> AsyncIterator[RealtimeClient]:
-    client = await RealtimeClient.connect(f"{gateway.ws_url}/v1/realtime")
-    assert (await client.recv())["type"] == "session.created"
+    client = await RealtimeClient.opened(f"{gateway.ws_url}/v1/realtime")
     yield client
     await client.close()
 
