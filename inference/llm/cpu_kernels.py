@@ -1,7 +1,7 @@
 """The engine's own CPU kernels: one library per instruction set, built from C at first use and loaded
 with ctypes.
 
-- ``q4_matmul.c``: int4 (and 8-bit) weights in groups of 32 times 15-bit activations (see q4_matmul.py);
+- ``q4_matmul.c``: int4 (and 5- and 8-bit) weights in groups of 32 times 15-bit activations (see q4_matmul.py);
 - ``q8_matmul.c``: the output head's int8 weights times 15-bit activations (see q8_matmul.py);
 - ``decode_attention.c``: attention of a step's rows, decoding or prompt, each over its own KV slot
   (see decode_attention.py);

@@ -164,7 +164,8 @@ def _fuse_bias(modules: Sequence[nn.Linear]) -> tuple[None, torch.Tensor | None]
 
 
 # "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
-# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 8-bit for Q5_0 ... Q8_0, the output head too.
+# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 5-bit for Q5_0/Q5_1/Q5_K, 8-bit for Q6_K/Q8_0, the output
+# head too.
 WEIGHT_FORMATS = ("native", "int8", "int4", "gguf")
 INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
 
@@ -640,7 +641,7 @@ class LeanForward:
             "head": head,
             "layers_in_one_call": str(self._stack is not None).lower(),
         }
-        # Under gguf, per part which of the file's types runs in which format ("Q5_0 as 8-bit groups").
+        # Under gguf, per part which of the file's types runs in which format ("Q5_0 as 5-bit groups").
         for part, formats in self.gguf_formats.items():
             described[f"gguf_{part}"] = ", ".join(sorted(formats))
         return described

@@ -1,12 +1,13 @@
 """A GGUF tensor's quantized blocks read as the engine's grouped formats (q4_matmul.c): for every row and
-group of 32 inputs, w = q * step + low, q whole, in 4 bits or 8.
+group of 32 inputs, w = q * step + low, q whole, in 4 bits, 5 or 8.
 
 | GGUF type | the engine's format | exact? |
 | --- | --- | --- |
 | Q4_0, Q4_1 | 4-bit groups | yes: the same numbers |
 | Q4_K | 4-bit groups | the 6-bit sub-block scale times the block's float16 scale, rounded to float16 |
-| Q5_0, Q5_1, Q8_0 | 8-bit groups | yes |
-| Q5_K | 8-bit groups | as Q4_K |
+| Q5_0, Q5_1 | 5-bit groups | yes |
+| Q5_K | 5-bit groups | as Q4_K |
+| Q8_0 | 8-bit groups | yes |
 | Q6_K | 8-bit groups | no: its scales are per 16 inputs; re-quantized to 8 bits per 32, each weight within an eighth of the larger sub-block's step |
 
 The layouts are ggml's (ggml-quants.c's dequantize_row_*); tests/engine/test_gguf_blocks.py checks each
@@ -28,7 +29,7 @@ SUPER = 256  # a K type's super-block
 @dataclass(frozen=True)
 class GroupGrid:
     """``[rows, in]`` weights as ``q * step + low`` per group of 32: ``step`` and ``low`` float32
-    ``[rows, in/32]`` (float16 values), ``q`` uint8 ``[rows, in/32, 32]``, of ``bits`` (4 or 8)."""
+    ``[rows, in/32]`` (float16 values), ``q`` uint8 ``[rows, in/32, 32]``, of ``bits`` (4, 5 or 8)."""
 
     step: np.ndarray
     low: np.ndarray
@@ -40,16 +41,19 @@ class GroupGrid:
 
 
 FOUR_BIT = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
-EIGHT_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.Q8_0})
+FIVE_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K})
+EIGHT_BIT = frozenset({T.Q6_K, T.Q8_0})
 FLOATS = frozenset({T.F32, T.F16, T.BF16})
-SERVED = FOUR_BIT | EIGHT_BIT | FLOATS
+SERVED = FOUR_BIT | FIVE_BIT | EIGHT_BIT | FLOATS
 EXACT = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0})  # bit for bit; the K types to a float16 scale
 
 
 def bits_for(kind: T) -> int | None:
-    """The engine's group width for a GGUF type: 4, 8, or None for a float type."""
+    """The engine's group width for a GGUF type: 4, 5, 8, or None for a float type."""
     if kind in FOUR_BIT:
         return 4
+    if kind in FIVE_BIT:
+        return 5
     if kind in EIGHT_BIT:
         return 8
     if kind in FLOATS:
@@ -109,7 +113,7 @@ def decode(kind: T, blocks: np.ndarray, columns: int) -> GroupGrid:
             return GroupGrid(d, -8.0 * d if m is None else m, q, 4)
         high = _high_bits(b[..., offset:offset + 4])
         q = _nibbles(b[..., offset + 4:offset + 20]) | (high << 4)
-        return GroupGrid(d, -16.0 * d if m is None else m, q, 8)
+        return GroupGrid(d, -16.0 * d if m is None else m, q, 5)
     if kind in (T.Q4_K, T.Q5_K):
         d = _half(b[..., 0:2])[..., None]
         dmin = _half(b[..., 2:4])[..., None]
@@ -124,7 +128,7 @@ def decode(kind: T, blocks: np.ndarray, columns: int) -> GroupGrid:
             shifts = np.arange(8, dtype=np.uint8).reshape(4, 2, 1)
             high = (qh[..., None, None, :] >> shifts) & 1  # [rows, blocks, 4, 2, 32]
             q = np.stack([qs & 0x0F, qs >> 4], axis=3) | (high << 4)
-            bits = 8
+            bits = 5
         q = q.reshape(rows, -1, GROUP)
         step = _to_half(d * sc).reshape(rows, -1)
         low = _to_half(-dmin * mn).reshape(rows, -1)

@@ -2,8 +2,8 @@
 type (gguf_blocks.py), found by the name of the transformers module it loads into.
 
 transformers would de-quantize every tensor to float; the engine reads each linear's blocks from the file instead,
-so that a Q8_0 or Q6_K weight runs in 8 bits and a Q4_K one in 4, as the user's file says, and only the norms,
-biases and embedding become floats (loader.py builds the model around them). The names map as transformers maps
+so that a Q8_0 or Q6_K weight runs in 8 bits, a Q5_0 one in 5 and a Q4_K one in 4, as the user's file says, and
+only the norms, biases and embedding become floats (loader.py builds the model around them). The names map as transformers maps
 them (gguf-py's tensor name map), and a Llama-architecture file's query and key rows are put back in the order
 transformers puts them (llama.cpp's converter permutes them for its rotary layout).
 """
@@ -189,8 +189,8 @@ class GgufWeights:
 
 
 def stacked(grids: list[GroupGrid]) -> GroupGrid:
-    """Matrices with the same inputs one above the other (a fused qkv or gate_up), in the wider of their widths:
-    a 4-bit grid's numbers are 8-bit ones too."""
+    """Matrices with the same inputs one above the other (a fused qkv or gate_up), in the widest of their widths:
+    a 4-bit grid's numbers are 5- and 8-bit ones too, a 5-bit grid's 8-bit ones."""
     return GroupGrid(np.concatenate([g.step for g in grids]), np.concatenate([g.low for g in grids]),
                      np.concatenate([g.q for g in grids]), max(g.bits for g in grids))
 

@@ -10,6 +10,9 @@
 int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
               const float *norm_w, float eps, int gated, int accumulate);
 
+int q5g_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+               const float *norm_w, float eps, int gated, int accumulate);
+
 int q8g_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
                const float *norm_w, float eps, int gated, int accumulate);
 

@@ -9,7 +9,7 @@
  *   x   += att @ Wo[l] (+ bias)
  *   gu   = rms_norm(x, ln2[l]) @ Wgu[l] (+ bias)
  *   x   += (silu(gu[:, :inter]) * gu[:, inter:]) @ Wdown[l] (+ bias)
- * Weights are q4_matmul.c blobs, of 4 or 8 bits as bits[4 * l + 0..3] says (qkv, o, gate_up, down); a bias
+ * Weights are q4_matmul.c blobs, of 4, 5 or 8 bits as bits[4 * l + 0..3] says (qkv, o, gate_up, down); a bias
  * is a float32 vector or NULL. The KV layers are kv_layer_bytes
  * apart from kv. Returns 0; -1 for a head dim the attention kernel does not take, -2 when out of
  * memory, -3 for a position beyond the rope tables. */
@@ -20,8 +20,9 @@
 
 static int matmul(int bits, const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
                   const float *norm_w, float eps, int gated, int accumulate) {
-    return bits == 8 ? q8g_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate)
-                     : q4_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate);
+    return bits == 8   ? q8g_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate)
+           : bits == 5 ? q5g_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate)
+                       : q4_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate);
 }
 
 static void add_bias(float *y, int rows, int n, const float *bias) {

@@ -6,7 +6,7 @@ checks, an output tensor, marshalling: 6 us for the attention's alone, measured 
 other OpenMP thread waits; a step took about 2 ms longer in all (see ENGINE.md). Here the pointers
 are gathered and checked once, when the weights are laid out, and a step is one call: the same
 kernel calls in the same order on the same buffers, so the hidden states are bit for bit the loop's.
-It runs where every layer's matmuls are on q4_matmul.c (4- or 8-bit groups, each matrix its own), the
+It runs where every layer's matmuls are on q4_matmul.c (4-, 5- or 8-bit groups, each matrix its own), the
 attention is on decode_attention.c and the MLP is SiLU-gated (Llama-family models on this CPU's int4
 format, or a GGUF's own types).
 """

@@ -1,10 +1,10 @@
-/* y = x @ W for W in 4-bit or 8-bit groups of 32 (w = q * d + m; q in 0..15 as in Q4_1, or in 0..255), on
- * AVX512-VNNI or AVX2.
+/* y = x @ W for W in 4-, 5- or 8-bit groups of 32 (w = q * d + m; q in 0..15 as in Q4_1, 0..31 as in Q5_1, or
+ * 0..255), on AVX512-VNNI or AVX2.
  *
  * Built with the engine's other kernels into one library per instruction set by cpu_kernels.py (gcc,
  * at first use; simd.h says what differs between the builds). Each row of x is written per group of
  * 32 as u * qx, with qx = 256 * hi + lo a 15-bit whole number held as two int8 (quantize_group). The
- * products of 4-bit weights and 8-bit activations add up exactly in int32 (VPDPBUSD, 64 at a time,
+ * products of 4-bit (5-, 8-bit) weights and 8-bit activations add up exactly in int32 (VPDPBUSD, 64 at a time,
  * once for hi and once for lo; on AVX2, VPMADDUBSW and VPMADDWD); the group's sum is then scaled in
  * float:
  *     y[r, n] += d[n, g] * u[r, g] * dot(q[n, g], qx[r, g]) + m[n, g] * u[r, g] * sum(qx[r, g])
@@ -12,19 +12,23 @@
  * same instructions whatever the other rows are, and whole numbers add up exactly, so a row's result
  * does not depend on the batch, nor on the build.
  *
- * The weight blob: for each tile of 16 outputs, for each group of 32 inputs, 320 bytes (4 bits) or 576
- * (8 bits):
+ * The weight blob: for each tile of 16 outputs, for each group of 32 inputs, 320 bytes (4 bits), 384
+ * (5 bits) or 576 (8 bits):
  *   4 bits: 256 bytes of q: 4 chunks of 64 bytes; chunk c holds input quads 2c (low nibbles) and
  *       2c+1 (high nibbles), byte 4*j + i being output j's input 4*quad + i;
+ *   5 bits: q's low 4 bits as the 4-bit format's 256 bytes, then a 64-byte plane of their fifth bits:
+ *       8 little-endian uint64 words, bit 4*j + i of word quad being output j's input 4*quad + i's
+ *       (the byte order of a quad's 64 bytes in either format), so q = nibble | bit << 4;
  *   8 bits: 512 bytes of q: 8 chunks of 64 bytes, chunk c holding input quad c, byte 4*j + i as above;
  *   then 16 float16 d, then 16 float16 m (the tile's outputs).
- * The 8-bit format holds the GGUF types of 5 to 8 bits (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as the 4-bit
- * one holds Q4_0, Q4_1 and Q4_K (gguf_blocks.py).
+ * The 4-bit format holds Q4_0, Q4_1 and Q4_K, the 5-bit one Q5_0, Q5_1 and Q5_K, the 8-bit one Q8_0
+ * (and Q6_K, re-quantized) exactly (gguf_blocks.py).
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "simd.h"
@@ -32,9 +36,10 @@
 #define GROUP 32
 #define TILE 16
 #define BLOCK_BYTES 320
+#define BLOCK_BYTES_5 384
 #define BLOCK_BYTES_8 576
-#define Q_BYTES(BITS) ((BITS) == 8 ? 512 : 256)
-#define GROUP_BYTES(BITS) ((BITS) == 8 ? BLOCK_BYTES_8 : BLOCK_BYTES)
+#define Q_BYTES(BITS) ((BITS) == 8 ? 512 : (BITS) == 5 ? 320 : 256)
+#define GROUP_BYTES(BITS) ((BITS) == 8 ? BLOCK_BYTES_8 : (BITS) == 5 ? BLOCK_BYTES_5 : BLOCK_BYTES)
 /* Rows multiplied together on each tile's weights, their sums in registers (the AVX2 loop takes them
  * one after another on the weights it holds). */
 #define MAX_ROWS 8
@@ -126,7 +131,7 @@ SIMD_INLINE void prefetch_group(const uint8_t *blk, const int bytes) {
  * constant ROWS and BITS so that the accumulators stay in registers. */
 SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *qx, const float *factors, float *y,
                            int n, int accumulate, const int ROWS, const int BITS) {
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
     const int bytes = GROUP_BYTES(BITS);
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -152,8 +157,14 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
         } else {
             for (int c = 0; c < 4; c++) {
                 const __m512i packed = _mm512_loadu_si512((const void *)(blk + 64 * c));
-                const __m512i w_even = _mm512_and_si512(packed, low_nibbles);
-                const __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+                __m512i w_even = _mm512_and_si512(packed, low_nibbles);
+                __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+                if (BITS == 5) { /* 16 added to the bytes whose fifth bit is set: q in 0..31 */
+                    uint64_t bits[2];
+                    memcpy(bits, blk + 256 + 16 * c, 16);
+                    w_even = _mm512_mask_add_epi8(w_even, _cvtu64_mask64(bits[0]), w_even, sixteen);
+                    w_odd = _mm512_mask_add_epi8(w_odd, _cvtu64_mask64(bits[1]), w_odd, sixteen);
+                }
                 for (int r = 0; r < ROWS; r++) {
                     dot[r] = dot4(dot[r], w_even, hi + r * GROUP + 8 * c);
                     dot_lo[r] = dot4(dot_lo[r], w_even, lo + r * GROUP + 8 * c);
@@ -179,6 +190,19 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
     }
 }
 #else
+/* The 32 fifth bits at p (a little-endian uint32; bit b is byte b's) as 32 bytes of 16 or 0: byte b
+ * takes source byte b / 8 (the lanes' shuffle sees the same 4 bytes in each 128-bit half), keeps its
+ * bit b % 8, and that bit set becomes 16. */
+SIMD_INLINE __m256i fifth_bits(const uint8_t *p) {
+    int32_t word;
+    memcpy(&word, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(word),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
 /* The AVX2 build's tile, one 8-output half at a time (the 32 bytes of each 64-byte chunk that hold its
  * outputs).
  * 4 bits: a group's 8 quads of weights are unpacked once into 8 registers, then the rows take their
@@ -188,6 +212,9 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
  * no saturation) and the group's 8 quads add up in int16 (at most 30480); VPMADDWD by 256 (hi) and by
  * 1 (lo) then makes the int32 sum 256 * dot_hi + dot_lo: the VNNI build's whole number exactly,
  * followed by the same float operations per lane.
+ * 5 bits: the same, on quads whose bytes get 16 added where their fifth bit is set (fifth_bits); a
+ * pair then reaches 2 * 31 * 127 = 7874, so only 4 quads add up in int16 (31496, where 8 would wrap),
+ * and each 4 quads' sums are widened to int32 on their own before they are added: the same whole number.
  * 8 bits: VPMADDUBSW would saturate on 255 * 127 * 2, so each weight byte is taken as its two nibbles,
  * w = 16 * high + low, each as the 4-bit loop takes them (four int16 sums, each at most 30480), and
  * VPMADDWD by 4096, 16, 256 and 1 makes the same whole number as VNNI's; the row reads its group's
@@ -238,18 +265,26 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
                 w[2 * c] = _mm256_and_si256(packed, low_nibbles);
                 w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
             }
+            if (BITS == 5)
+                for (int quad = 0; quad < 8; quad++)
+                    w[quad] = _mm256_or_si256(w[quad], fifth_bits(blk + 256 + 8 * quad + 4 * half));
+            const int span = BITS == 5 ? 4 : 8; /* the quads whose int16 sums cannot overflow */
             for (int r = 0; r < ROWS; r++) {
-                __m256i sum_hi = _mm256_maddubs_epi16(w[0], broadcast4(hi + r * GROUP));
-                __m256i sum_lo = _mm256_maddubs_epi16(w[0], broadcast4(lo + r * GROUP));
-                for (int quad = 1; quad < 8; quad++) {
-                    sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(w[quad], broadcast4(hi + r * GROUP + 4 * quad)));
-                    sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(w[quad], broadcast4(lo + r * GROUP + 4 * quad)));
-                    /* Two chains, kept in order: gcc otherwise regroups the adds into trees across
-                     * rows, whose many partial sums spill the weights from their registers (8 rows
-                     * took 27% longer). */
-                    __asm__("" : "+x"(sum_hi), "+x"(sum_lo));
+                __m256i dot = _mm256_setzero_si256();
+                for (int first = 0; first < 8; first += span) {
+                    __m256i sum_hi = _mm256_maddubs_epi16(w[first], broadcast4(hi + r * GROUP + 4 * first));
+                    __m256i sum_lo = _mm256_maddubs_epi16(w[first], broadcast4(lo + r * GROUP + 4 * first));
+                    for (int quad = first + 1; quad < first + span; quad++) {
+                        sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(w[quad], broadcast4(hi + r * GROUP + 4 * quad)));
+                        sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(w[quad], broadcast4(lo + r * GROUP + 4 * quad)));
+                        /* Two chains, kept in order: gcc otherwise regroups the adds into trees across
+                         * rows, whose many partial sums spill the weights from their registers (8 rows
+                         * took 27% longer). */
+                        __asm__("" : "+x"(sum_hi), "+x"(sum_lo));
+                    }
+                    const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
+                    dot = first ? _mm256_add_epi32(dot, part) : part;
                 }
-                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(f[r])), acc[r]);
                 acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(f[ROWS + r]), acc[r]);
             }
@@ -266,7 +301,7 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
  * of 32, n of 16. in(x) is x itself, or with norm_w, RMSNorm(x) with that weight and eps; with gated,
  * silu(x[:, :k]) * x[:, k:] for an x of 2k columns. Fusing these here saves the step torch's own
  * calls for them: about 15 us for each of a layer's two norms and 10-20 us for its gating.
- * Returns 0, or -1 when out of memory. BITS (4 or 8) is the weights' width, a constant in each entry
+ * Returns 0, or -1 when out of memory. BITS (4, 5 or 8) is the weights' width, a constant in each entry
  * point below so that the tile loops are compiled for it. */
 SIMD_INLINE int grouped_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
                                const float *norm_w, float eps, int gated, int accumulate, const int BITS) {
@@ -330,6 +365,11 @@ SIMD_INLINE int grouped_matmul(const float *x, int rows, int k, const uint8_t *b
 int q4_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
               const float *norm_w, float eps, int gated, int accumulate) {
     return grouped_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate, 4);
+}
+
+int q5g_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
+               const float *norm_w, float eps, int gated, int accumulate) {
+    return grouped_matmul(x, rows, k, blob, n, y, norm_w, eps, gated, accumulate, 5);
 }
 
 int q8g_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,

@@ -154,7 +154,7 @@ def test_supported_isas_from_the_cpu_flags():
 def test_the_ctypes_signatures_are_kernels_h_prototypes(kernels):
     """kernels.h declares every function the sources export (their others are static), with the
     arguments each defines; the loaded library's functions take exactly those ctypes."""
-    entry_points = {"q4_matmul", "q8g_matmul", "q8_matmul", "decode_attention", "layer_stack"}
+    entry_points = {"q4_matmul", "q5g_matmul", "q8g_matmul", "q8_matmul", "decode_attention", "layer_stack"}
     assert set(cpu_kernels.SIGNATURES) == entry_points
     defined: dict[str, list[type]] = {}
     for source in cpu_kernels.SOURCES:

@@ -16,10 +16,11 @@ HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
 
 
 def int4_blob(gen: torch.Generator, k: int, n: int, bits: int = 4) -> torch.Tensor:
-    if bits == 8:  # 8-bit groups, as a GGUF's Q5_0 ... Q8_0 weights run
-        step = torch.rand(n, k // 32, generator=gen) * 0.002 + 1e-4
-        q = torch.randint(0, 256, (n, k // 32, 32), generator=gen)
-        return q4_matmul.pack(step, -128 * step, q, 8)
+    if bits in (5, 8):  # 5- and 8-bit groups, as a GGUF's Q5_0, Q5_1, Q5_K and Q6_K, Q8_0 weights run
+        half = 2 ** (bits - 1)
+        step = torch.rand(n, k // 32, generator=gen) * 0.002 * 128 / half + 1e-4
+        q = torch.randint(0, 2 * half, (n, k // 32, 32), generator=gen)
+        return q4_matmul.pack(step, -half * step, q, bits)
     w_t = torch.randn(k, n, generator=gen) * 0.2
     low, step, q = _int4_grid(w_t)
     return q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
@@ -32,13 +33,14 @@ def rope_tables(positions: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def random_layers(gen: torch.Generator, biases: bool, mixed: bool = False) -> list[LayerWeights]:
-    """``mixed``: 4- and 8-bit matrices in turn, as a GGUF's Q4_K_M file mixes Q4_K with Q5_0 and Q6_K."""
+    """``mixed``: 4-, 5- and 8-bit matrices in turn, as a GGUF's Q4_K_M file mixes Q4_K with Q5_0, Q6_K and
+    Q8_0 (every width in every part over the layers: 4 parts a layer, 3 widths)."""
     made = 0
 
     def linear(k: int, n: int):
         nonlocal made
         made += 1
-        bits = 8 if mixed and made % 2 else 4
+        bits = (4, 5, 8)[made % 3] if mixed else 4
         return int4_blob(gen, k, n, bits), n, (torch.randn(n, generator=gen) * 0.1 if biases else None)
 
     return [LayerWeights(qkv=linear(HIDDEN, (HEADS + 2 * KV_HEADS) * DIM), o=linear(HEADS * DIM, HIDDEN),
@@ -68,6 +70,8 @@ def one_by_one(lib, layers: list[LayerWeights], x: torch.Tensor, kv: torch.Tenso
 def test_one_call_is_the_kernels_one_by_one_bit_for_bit(kernels, biases, kv_dtype, mixed):
     gen = torch.Generator().manual_seed(11 + biases)
     layers = random_layers(gen, biases, mixed)
+    widths = {q4_matmul.bits_of(getattr(L, part)[0]) for L in layers for part in ("qkv", "o", "gate_up", "down")}
+    assert widths == ({4, 5, 8} if mixed else {4})
     cos, sin_signed = rope_tables(64)
     stack = LayerStack(kernels, layers, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, cos=cos,
                        sin_signed=sin_signed, scale=DIM**-0.5)
