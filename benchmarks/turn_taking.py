@@ -37,12 +37,13 @@ Replies: `at_once` is the barge-in of a Realtime WebSocket session: the reply st
 (gateway/realtime/barge_in.py), whatever the turn detector: SpeechStarted (160 ms of speech) pauses the reply;
 the speech's length is its voiced audio (VAD windows at or above the threshold) and at LONGEST_BACKCHANNEL_S
 (1.2 s) it interrupts; once the silence after it reaches 64 ms the audio so far is transcribed (final=True) and
-`is_backchannel(text, avg_logprob)` decides: the reply resumes, or it is interrupted; speech again after a
-backchannel pauses it again, until its words are judged anew; the final transcript of the whole utterance
-confirms (words that are not a backchannel interrupt then). The pause over a backchannel is
-(silence start + 64 ms + the ASR's measured wall time) - (SpeechStarted's detected time), summed over its pauses.
-Each utterance is simulated once with every decision recorded, so the outcome under any confidence threshold is
-replayed exactly (`calibration`). The set's complete sentences are spoken over a reply too (they must stop it).
+`is_backchannel(text, avg_logprob)` decides: the reply resumes, or it is interrupted (speech again before the
+words are in cancels that transcript, as the gateway does); speech again after a backchannel, voiced
+REHOLD_AFTER_MS (160 ms) more, pauses it again, and its words are judged at its next silence either way; the
+final transcript of the whole utterance confirms (words that are not a backchannel interrupt then). The pause
+over a backchannel is (silence start + 64 ms + the ASR's measured wall time) - (SpeechStarted's detected time),
+summed over its pauses. Each utterance is simulated once with every decision recorded, so the outcome under any
+confidence threshold (`calibration`) and any re-hold length (`rehold`) is replayed exactly. The set's complete sentences are spoken over a reply too (they must stop it).
 Timings are this machine's (`cpu`, and `load_average`: the machine is shared).
 """
 
@@ -78,7 +79,7 @@ from benchmarks.turn_taking_set import (
     voice_names,
 )
 from gateway.protocol.session_config import turn_end_wait_ms
-from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, is_backchannel, is_command
+from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, REHOLD_AFTER_MS, is_backchannel
 from inference import transcript_checks
 from inference.transcript_checks import heard_surely
 from media.denoise import NoiseReducer, NoiseReduction
@@ -236,27 +237,31 @@ class Heard:
 @dataclass
 class OverReply:
     """One utterance spoken over a playing reply, every decision point recorded (the words always taken for a
-    backchannel, so that the decision under any threshold can be replayed: `decide`)."""
+    backchannel, so that the decision under any threshold and re-hold length can be replayed: `decide`)."""
 
     voice: str
     kind: str  # backchannel, cough, interruption, complete
     text: str
     started_ms: float | None  # SpeechStarted's detected time (None: the VAD never paused the reply)
-    events: list[tuple[str, float, Heard | None]] = field(default_factory=list)  # hold, judged, length
+    # ("hold", at, None): SpeechStarted; ("judged", at, Heard): words in; ("speech", at, voiced ms): speech again
+    # after words were judged, each 20 ms frame that adds to it; ("length", at, None): voiced for a backchannel's
+    # longest.
+    events: list[tuple[str, float, Heard | float | None]] = field(default_factory=list)
     final: Heard | None = None  # the whole utterance's transcript
     speech_end_ms: float = math.nan  # the utterance's last speech sample
 
 
 async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> OverReply:
     """Simulate gateway/realtime/barge_in.py on the utterance (module docstring), in stream time: a transcript's
-    words are applied once its ASR time has passed, the VAD going on meanwhile."""
+    words are applied once its ASR time has passed, the VAD going on meanwhile. Every silence after speech is
+    judged, whether the reply is held then or plays on (a re-hold's length is the replay's: `decide`)."""
     kind = "cough" if utterance.kind == "backchannel" and not utterance.text else utterance.kind
     record = OverReply(utterance.voice, kind, utterance.text, None, speech_end_ms=1000 * utterance.speech_end / RATE)
     pcm = utterance.pcm
     vad = StreamingVad(SileroVad(vad_path), VadSettings(min_speech_ms=BARGE_IN_SPEECH_MS, silence_duration_ms=10**6))
-    state = "none"  # none, held, playing_on
+    started = False
     pending: Heard | None = None
-    decided_at_voiced = 0.0
+    judged_voiced: float | None = None  # the voiced audio when words were last judged
     judged: set[float] = set()
     for start in range(0, len(pcm) - CHUNK + 1, CHUNK):
         events = vad.process(AudioChunk(pcm[start:start + CHUNK], RATE))
@@ -264,23 +269,23 @@ async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> 
         detector = vad.detector
         if pending is not None and position >= pending.at_ms:
             record.events.append(("judged", pending.at_ms, pending))
-            state, decided_at_voiced, pending = "playing_on", detector.voiced_ms, None
+            judged_voiced, pending = pending.voiced_ms, None
         for event in events:
-            if isinstance(event, SpeechStarted) and state == "none":
+            if isinstance(event, SpeechStarted) and not started:
                 record.started_ms = float(event.detected_ms)
                 record.events.append(("hold", float(event.detected_ms), None))
-                state = "held"
-        if state == "none":
+                started = True
+        if not started:
             continue
         if detector.voiced_ms >= 1000 * LONGEST_BACKCHANNEL_S:
             record.events.append(("length", position, None))
             break
-        if state == "playing_on" and detector.voiced_ms > decided_at_voiced:
-            state = "held"  # speech again after words judged a backchannel
-            record.events.append(("hold", position, None))
+        if judged_voiced is not None and detector.voiced_ms > judged_voiced:
+            record.events.append(("speech", position, float(detector.voiced_ms)))
         silence = detector.silence_started_ms
-        if (state == "held" and pending is None and silence is not None and silence not in judged
-                and position - silence >= JUDGE_AFTER_MS):
+        if pending is not None and silence is None:
+            pending = None  # speech again before its words were in: the gateway cancels that transcript
+        if pending is None and silence is not None and silence not in judged and position - silence >= JUDGE_AFTER_MS:
             judged.add(silence)
             began = time.perf_counter()
             transcript = await judges.asr.transcribe(pcm[:start + CHUNK].astype(np.float32) / 32768.0, final=True)
@@ -298,15 +303,6 @@ async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> 
     return record
 
 
-def readable_backchannel(text: str, avg_logprob: float | None, threshold: float) -> bool:
-    """is_backchannel with LEAST_READABLE_LOGPROB set to `threshold` (a command word is never one)."""
-    if is_command(text):
-        return False
-    if avg_logprob is not None and avg_logprob < threshold:
-        return True
-    return is_backchannel(text, None)
-
-
 @dataclass(frozen=True)
 class Decision:
     stopped: bool
@@ -317,26 +313,32 @@ class Decision:
     resumed_ms: float | None = None  # played on: when the reply last resumed
 
 
-def decide(record: OverReply, threshold: float | None = None) -> Decision:
-    """The rule's outcome on a recorded utterance, with transcript_checks.LEAST_READABLE_LOGPROB or `threshold`."""
+def decide(record: OverReply, threshold: float | None = None, rehold_ms: float = REHOLD_AFTER_MS) -> Decision:
+    """The rule's outcome on a recorded utterance, with transcript_checks.LEAST_READABLE_LOGPROB or `threshold`,
+    speech again after words judged a backchannel holding the reply once it is voiced `rehold_ms` more."""
     least = transcript_checks.LEAST_READABLE_LOGPROB if threshold is None else threshold
     if record.started_ms is None:
         return Decision(False, "never paused", 0.0, None)
-    held, since, resumed = 0.0, None, None
-    for kind, at, heard in record.events:
+    held, since, resumed, decided = 0.0, None, None, None
+    for kind, at, payload in record.events:
         if kind == "hold":
             since = at
             continue
-        held += at - since if since is not None else 0.0
-        since = None
+        if kind == "speech":
+            assert isinstance(payload, float)
+            if since is None and decided is not None and payload > decided + rehold_ms:
+                since = at
+            continue
+        if since is not None:
+            held, resumed, since = held + at - since, at, None
         if kind == "length":
             return Decision(True, "length", held, at)
-        assert heard is not None
-        if not readable_backchannel(heard.text, heard.avg_logprob, least):
-            return Decision(True, "words", held, at, heard.text)
-        resumed = at
+        assert isinstance(payload, Heard)
+        if not is_backchannel(payload.text, payload.avg_logprob, least_readable=least):
+            return Decision(True, "words", held, at, payload.text)
+        decided = payload.voiced_ms
     assert record.final is not None
-    if not readable_backchannel(record.final.text, record.final.avg_logprob, least):
+    if not is_backchannel(record.final.text, record.final.avg_logprob, least_readable=least):
         return Decision(True, "final transcript", held, None, record.final.text)
     return Decision(False, "played on", held, None, record.final.text, resumed)
 
@@ -477,7 +479,7 @@ def reply_figures(records: list[OverReply]) -> dict[str, Any]:
     pauses = [decided[id(r)].paused_ms for r in played_on]
     # The part of the hold a listener hears as a gap: from the end of their own word to the reply's return.
     gaps = [max(0.0, resumed - r.speech_end_ms) for r in played_on if (resumed := decided[id(r)].resumed_ms) is not None]
-    asr = [h.asr_ms for r in records for k, _, h in r.events if k == "judged" and h is not None]
+    asr = [h.asr_ms for r in records for _, _, h in r.events if isinstance(h, Heard)]
     return {
         "at_once": {
             "backchannels_that_stopped_the_reply_pct": _pct(sum(r.started_ms is not None for r in bcs), len(bcs)),
@@ -560,7 +562,7 @@ def calibrate(records: list[OverReply]) -> dict[str, Any]:
     interval between two of them is tried. Margin: half the width of the best interval (the distance from its
     middle to the nearest confidence that would change a decision)."""
     values = sorted({h.avg_logprob for r in records for h in [*(e[2] for e in r.events), r.final]
-                     if h is not None and h.avg_logprob is not None})
+                     if isinstance(h, Heard) and h.avg_logprob is not None})
     if not values:
         return {}
     edges = [values[0] - 1.0, *values, values[-1] + 1.0]
@@ -616,6 +618,42 @@ def calibrate(records: list[OverReply]) -> dict[str, Any]:
     }
 
 
+REHOLD_LENGTHS_MS = (0.0, 80.0, 160.0, 240.0, 320.0, 480.0, math.inf)
+
+
+def rehold_sweep(records: list[OverReply]) -> list[dict[str, Any]]:
+    """Each re-hold length replayed on `records`: the backchannels' hold and gap against how soon the
+    interruptions stop the reply, those begun with a backchannel word ("Okay, but ...") apart."""
+    rows = []
+    for rehold in REHOLD_LENGTHS_MS:
+        decided = {id(r): decide(r, rehold_ms=rehold) for r in records}
+        played_on = [r for r in records if r.kind in ("backchannel", "cough") and not decided[id(r)].stopped
+                     and r.started_ms is not None]
+        interruptions = [r for r in records if r.kind == "interruption"]
+        led = [r for r in interruptions if _words(r.text)[:1] and is_backchannel(_words(r.text)[0], None)]
+
+        rows.append({
+            "rehold_after_ms": None if math.isinf(rehold) else rehold,
+            "backchannel_pause_ms": _percentiles([decided[id(r)].paused_ms for r in played_on]),
+            "backchannel_gap_after_speech_ms": _percentiles(
+                [max(0.0, at - r.speech_end_ms) for r in played_on if (at := decided[id(r)].resumed_ms) is not None]),
+            "backchannels_that_stopped_the_reply_pct": _pct(
+                sum(decided[id(r)].stopped for r in records if r.kind in ("backchannel", "cough")),
+                sum(r.kind in ("backchannel", "cough") for r in records)),
+            "interruptions_that_did_not_pct": _pct(sum(not decided[id(r)].stopped for r in interruptions),
+                                                   len(interruptions)),
+            "interruption_stopped_after_speech_start_ms": _stop_delays(interruptions, decided),
+            "begun_as_a_backchannel_stopped_after_speech_start_ms": _stop_delays(led, decided),
+        })
+    return rows
+
+
+def _stop_delays(records: list[OverReply], decided: dict[int, Decision]) -> dict[str, Any]:
+    """From SpeechStarted to the reply's stop, for the records that stopped it while spoken."""
+    return _percentiles([d.at_ms - r.started_ms for r in records
+                         if (d := decided[id(r)]).at_ms is not None and r.started_ms is not None])
+
+
 def confidences(records: list[OverReply]) -> dict[str, Any]:
     """Whisper's avg_logprob per voice and kind: of the whole utterance (its final transcript), and of the first
     transcript the rule judged (at its first 64 ms of silence), with what it heard."""
@@ -627,7 +665,7 @@ def confidences(records: list[OverReply]) -> dict[str, Any]:
             of_kind = [r for r in mine if r.kind == kind]
             if not of_kind:
                 continue
-            first = [next((h for k, _, h in r.events if k == "judged" and h is not None), None) for r in of_kind]
+            first = [next((h for _, _, h in r.events if isinstance(h, Heard)), None) for r in of_kind]
             out[voice][kind] = {
                 "whole": _quantiles([r.final.avg_logprob if r.final else None for r in of_kind]),
                 "first_judged": _quantiles([h.avg_logprob if h else None for h in first]),
@@ -728,7 +766,8 @@ def _record_json(record: OverReply) -> dict[str, Any]:
 
     return {"voice": record.voice, "kind": record.kind, "text": record.text, "started_ms": record.started_ms,
             "speech_end_ms": record.speech_end_ms,
-            "events": [[kind, round(at, 1), heard(h)] for kind, at, h in record.events],
+            "events": [[kind, round(at, 1), round(h) if isinstance(h, float) else heard(h)]
+                       for kind, at, h in record.events],
             "final": heard(record.final)}
 
 
@@ -826,6 +865,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "avg_logprob": confidences(replies),
         "calibration": calibrate([r for r in replies if r.voice != PIPER]),
         "calibration_with_the_output_voice": {k: v for k, v in calibrate(replies).items() if k != "by_interval"},
+        "rehold": rehold_sweep([r for r in replies if r.voice != PIPER]),
         "over_reply_records": [_record_json(r) for r in replies],
         "turn_records": [r for r in turns if r["detector"] == "silences"],
         "seconds": round(time.perf_counter() - began, 1),

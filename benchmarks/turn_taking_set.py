@@ -114,6 +114,10 @@ INTERRUPTIONS = [
     "Excuse me, can you speak more slowly?",
     "Wait.",
     "No, stop.",
+    # Begun as a backchannel: the reply may play on after the first word, and the rest must still stop it.
+    "Okay, but what about tomorrow?",
+    "Yeah, and can you add milk?",
+    "Right, but how much does it cost?",
 ]
 NOISES = ("babble", "pink", "white")
 NOISY_SNR_DB = 5.0

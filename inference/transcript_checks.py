@@ -16,9 +16,9 @@ LOOP_COMPRESSION_RATIO = 2.4  # Whisper's own threshold for repetitive output
 LEAST_READABLE_LOGPROB = -0.74
 
 
-def heard_surely(avg_logprob: float | None) -> bool:
+def heard_surely(avg_logprob: float | None, least_readable: float = LEAST_READABLE_LOGPROB) -> bool:
     """Whether Whisper was sure of its words (`avg_logprob`: None when unknown, taken as sure)."""
-    return avg_logprob is None or avg_logprob >= LEAST_READABLE_LOGPROB
+    return avg_logprob is None or avg_logprob >= least_readable
 
 
 def repeats_a_sentence(text: str) -> bool:

@@ -191,6 +191,13 @@ VETOED_WAITS_MS = {"high": 700, "medium": 1500, "auto": 1500, "low": 3000}
 # pause. On the turn-taking set's voices other than the output voice this cut the pauses ended early from 14.9% to
 # 11.9% with every voice's end-of-turn delay unchanged (README, "Turn-taking").
 UNSURE_WAITS_MS = {"high": 600, "medium": 1100, "auto": 1100, "low": 2000}
+# Words the LLM reads as finished in audio the audio model hears unfinished: the judges disagree, and the LLM's
+# probability counts discounted by the audio model's, times sqrt(audio / threshold). Misheard first halves read as
+# whole sentences ("Can you set an alarm for it?") in a voice that stays up: on the turn-taking set's voices
+# other than the output voice this cut the pauses ended early from 12.5% to 9.5%, the p50 end-of-turn delay
+# unchanged (300 ms) and the slowest voices' 65-78 ms later (README, "Turn-taking"); exponents 0.15-0.35 gave
+# 10.7%, 0.75 no fewer than 0.5.
+AUDIO_DOUBT_EXPONENT = 0.5
 
 
 def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float | None = None,
@@ -199,7 +206,8 @@ def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float 
     complete and the LLM's from its words (semantic_wait_ms), None for a judge that is not there; `words_sure`:
     whether Whisper was sure of the words the LLM judged. Words that are cut off wait the longest (a mid-thought
     pause's worth when they sound finished); otherwise the shorter of the judges' waits, except that words Whisper
-    was unsure of are no judge's: finished-sounding audio then waits UNSURE_WAITS_MS, unfinished the longest."""
+    was unsure of are no judge's: finished-sounding audio then waits UNSURE_WAITS_MS, unfinished the longest; where
+    the audio sounds unfinished the LLM's probability counts less (AUDIO_DOUBT_EXPONENT)."""
     _, longest = SEMANTIC_WAITS_MS[eagerness]
     sounds_finished = audio is not None and audio >= AUDIO_TURN_THRESHOLDS[eagerness]
     if text is not None and text < TEXT_CUT_OFF:
@@ -210,7 +218,8 @@ def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float 
     if sounds_finished:
         waits.append(AUDIO_SHORTEST_WAITS_MS[eagerness])
     if text is not None:
-        waits.append(semantic_wait_ms(eagerness, text))
+        doubt = 1.0 if audio is None or sounds_finished else (audio / AUDIO_TURN_THRESHOLDS[eagerness]) ** AUDIO_DOUBT_EXPONENT
+        waits.append(semantic_wait_ms(eagerness, text * doubt))
     return min(waits)
 
 

@@ -1,6 +1,6 @@
 """Speech over the assistant's reply on a WebRTC or GPT-Live session (with --resume-false-interruptions): the
 reply's audio pauses within the frame, and what the user said decides. A backchannel ("mm-hm", "yeah", "right"),
-a cough or nothing Whisper can read (no words, or words it is unsure of) resumes the audio where it paused, leaves
+a cough or nothing Whisper can read (no words, or a few it is unsure of) resumes the audio where it paused, leaves
 the reply's item whole and drops the user's turn (`conversation.item.deleted`); words addressed to the assistant,
 or speech that goes on past a backchannel's length, interrupt it as before (`response.done` cancelled /
 turn_detected, the item cut to what was heard).
@@ -26,7 +26,7 @@ from gateway.protocol import server_events as se
 from gateway.realtime.commands import HoldPlayout, Output
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.turns import TurnMachine
-from inference.transcript_checks import heard_surely
+from inference.transcript_checks import LEAST_READABLE_LOGPROB, heard_surely
 
 # What a listener says without taking the turn. A turn of these words alone (at most three) is a backchannel, and
 # hums however Whisper spells them ("Mmmmmm", "M M M M M M") do not count against the three.
@@ -41,20 +41,26 @@ MOST_BACKCHANNEL_WORDS = 3
 COMMAND_WORDS = frozenset({"wait", "stop", "no", "hold", "pause", "cancel", "hang"})
 LONGEST_BACKCHANNEL_S = 1.2  # speech over the reply voiced for longer than this is addressed to the assistant
 LONGEST_BACKCHANNEL_MS = 1000 * LONGEST_BACKCHANNEL_S
+# Speech again after words judged a backchannel holds the reply once voiced this much more, as speech over a
+# playing reply does the first time (--min-barge-in-speech-ms's default), and its words are judged either way: a
+# short "right" after "yeah" plays on, "Okay, but what about ..." is held. benchmarks/turn_taking.py replays every
+# length on its set: 0 to 480 ms moved no decision; the longest holds are long backchannels, not second words.
+REHOLD_AFTER_MS = 160.0
 UNDECIDED_LIMIT_S = 3.0  # a reply held this long after its turn ended, with no words to decide on, plays on
 
 
-def is_backchannel(transcript: str, avg_logprob: float | None) -> bool:
-    """Whether a turn spoken over the reply lets it play on: nothing readable (no words, or words Whisper is
-    unsure of: `avg_logprob`, None when unknown), or a listener's acknowledgement ("Mm-hm.", "Yeah, right."); never
-    a command ("Wait.", "No, stop."), however unsure."""
+def is_backchannel(transcript: str, avg_logprob: float | None, *,
+                   least_readable: float = LEAST_READABLE_LOGPROB) -> bool:
+    """Whether a turn spoken over the reply lets it play on: nothing readable (no words, or a few words Whisper is
+    unsure of: `avg_logprob` below `least_readable`, None when unknown), or a listener's acknowledgement ("Mm-hm.",
+    "Yeah, right."); never a command ("Wait.", "No, stop."), however unsure, nor more words than a backchannel has
+    however unsure (a misheard sentence: "Yeah, and can you add milk?" as "Yeah, I'm gonna have milk.")."""
     if is_command(transcript):
         return False
-    words = _words(transcript)
-    if not heard_surely(avg_logprob):
-        return True
-    words = [word for word in words if not HUM.fullmatch(word)]  # a hum, however long, is one backchannel
-    return len(words) <= MOST_BACKCHANNEL_WORDS and all(word in BACKCHANNEL_WORDS for word in words)
+    words = [word for word in _words(transcript) if not HUM.fullmatch(word)]  # a hum, however long, is one word
+    if len(words) > MOST_BACKCHANNEL_WORDS:
+        return False
+    return not heard_surely(avg_logprob, least_readable) or all(word in BACKCHANNEL_WORDS for word in words)
 
 
 def is_command(transcript: str) -> bool:
@@ -107,8 +113,9 @@ class PausedReply:
     spoken_over: set[str] = field(default_factory=set)  # turns spoken over the reply whose transcripts decide them
 
     @property
-    def held(self) -> bool:
-        return self.state is Overlap.HELD
+    def open(self) -> bool:
+        """Speech over the reply is being decided."""
+        return self.state is not Overlap.NONE
 
     def speech(self, host: BargeInHost, item_id: str) -> None:
         """Speech over the reply (past the echo guard): pause it where it can resume, else interrupt."""
@@ -121,24 +128,28 @@ class PausedReply:
 
     def voiced(self, host: BargeInHost, item_id: str, voiced_ms: float) -> None:
         """The open turn's voiced audio so far (AudioProcessed): speech longer than a backchannel interrupts at
-        once; speech again after words judged a backchannel holds the reply again until they are judged anew."""
+        once; speech again after words judged a backchannel, voiced REHOLD_AFTER_MS more, holds the reply again
+        until they are judged anew."""
         if item_id != self.turn or self.state is Overlap.NONE:
             return
         self.voiced_ms = voiced_ms
         if voiced_ms >= LONGEST_BACKCHANNEL_MS:
             self._interrupt(host)
-        elif self.state is Overlap.PLAYING_ON and voiced_ms > self.decided_at_ms and host.playout_busy:
+        elif (self.state is Overlap.PLAYING_ON and voiced_ms > self.decided_at_ms + REHOLD_AFTER_MS
+              and host.playout_busy):
             self._hold(host, item_id)  # (a reply that has played out has nothing left to hold)
 
     def words(self, host: BargeInHost, item_id: str, transcript: str, avg_logprob: float | None) -> None:
-        """The turn's speculative transcript while it holds the reply: a backchannel lets the reply play on now,
-        anything else interrupts it now."""
-        if item_id != self.turn or self.state is not Overlap.HELD:
+        """The turn's speculative transcript (all its words so far), held or playing on: a backchannel lets the
+        reply play on now, anything else interrupts it now."""
+        if item_id != self.turn or self.state is Overlap.NONE:
             return
         if not is_backchannel(transcript, avg_logprob):
             self._interrupt(host)
-            return
-        self._let_play(host)
+        elif self.state is Overlap.HELD:
+            self._let_play(host)
+        else:
+            self.decided_at_ms = self.voiced_ms  # more backchannel words: speech is "again" from here
 
     def tick(self, host: BargeInHost) -> None:
         """No turn is open: a reply held this long with no words to decide on plays on (its turn was dropped, or

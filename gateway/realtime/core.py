@@ -421,9 +421,10 @@ class RealtimeCore:
         self._paused.speech(self, item_id)
 
     @property
-    def overlap_held(self) -> bool:
-        """The reply is held by speech over it, until that speech's words decide."""
-        return self._paused.held
+    def overlap_open(self) -> bool:
+        """Speech over the reply is being decided (the reply held, or playing on over words judged a backchannel
+        so far): its speculative transcripts decide it."""
+        return self._paused.open
 
     def _transcript_speculated(self, event: TranscriptSpeculated) -> None:
         self._paused.words(self, event.item_id, event.text, event.avg_logprob)

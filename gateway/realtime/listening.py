@@ -76,7 +76,7 @@ class ListeningHost(Protocol):
     def barge_in(self, item_id: str) -> None: ...  # speech over the reply, the open turn's
 
     @property
-    def overlap_held(self) -> bool: ...  # the reply is held until the words spoken over it decide
+    def overlap_open(self) -> bool: ...  # speech over the reply is being decided by its words
 
     def create_response(self, params: ResponseParams, *, answers: ResponseRequested | None = None) -> None: ...
 
@@ -209,14 +209,14 @@ class Listening:
             return
         detection = host.config.audio.input.turn_detection
         if event.silence_ms is not None and event.silence_ms >= SPECULATIVE_SILENCE_MS:
-            # Over a held reply the speculative transcript is what decides it: it runs even where a partial covers
-            # the speech, whose words come without Whisper's confidence.
-            if not turn.speculating and (not event.covered or host.overlap_held):
+            # Over a reply the speculative transcript is what decides the speech: it runs even where a partial
+            # covers the speech, whose words come without Whisper's confidence.
+            if not turn.speculating and (not event.covered or host.overlap_open):
                 turn.speculating = True
-                # A reply made ahead from words spoken over a held reply would answer "yeah" (or half of "stop,
-                # ..."): it would only take cores from the transcript that decides the held reply.
+                # A reply made ahead from words spoken over a reply would answer "yeah" (or half of "stop, ..."):
+                # it would only take cores from the transcript that decides the reply.
                 preempt = (host.preempts and detection is not None and detection.create_response
-                           and not host.overlap_held)
+                           and not host.overlap_open)
                 judged = isinstance(detection, SemanticVad) or (detection is not None and host.judges_server_vad)
                 context = host.reply_context(excluding=turn.item_id) if preempt else None
                 host.emit(StartSpeculation(turn.item_id, preempt, judged, context))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.realtime.barge_in import is_backchannel
+from gateway.realtime.barge_in import REHOLD_AFTER_MS, is_backchannel
 from gateway.realtime.commands import (
     ClearPlayout,
     CreateResponse,
@@ -46,9 +46,16 @@ def test_words_addressed_to_the_assistant(text: str) -> None:
     assert not is_backchannel(text, avg_logprob=None)  # a confidence not measured changes nothing
 
 
-@pytest.mark.parametrize("text", ["and the MHCM.", "You", "Tell me about Berlin instead."])
-def test_words_whisper_is_unsure_of_are_nothing_readable(text: str) -> None:
+@pytest.mark.parametrize("text", ["and the MHCM.", "You", "Tell me more.", "Mmm, Mmm, Mmm, Mmm."])
+def test_a_few_words_whisper_is_unsure_of_are_nothing_readable(text: str) -> None:
     assert is_backchannel(text, avg_logprob=LEAST_READABLE_LOGPROB - 0.1)
+    assert is_backchannel(text, avg_logprob=-1.0, least_readable=-0.9)
+
+
+@pytest.mark.parametrize("text", ["Yeah, I'm gonna have milk.", "Tell me about Berlin instead."])
+def test_more_words_than_a_backchannel_are_for_the_assistant_however_unsure(text: str) -> None:
+    """Whisper mishears a sentence in an unfamiliar voice, unsure of it; a misheard backchannel is a few words."""
+    assert not is_backchannel(text, avg_logprob=-1.5)
 
 
 @pytest.mark.parametrize("text", ["Wait.", "No, stop.", "Stop, tell me about Berlin instead.", "Hold on."])
@@ -165,18 +172,45 @@ def test_the_speculative_words_decide_before_the_turn_ends() -> None:
     assert StopResponse("resp_1", "turn_detected", True) in outputs and ClearPlayout(None) in outputs
 
 
-def test_speech_again_after_a_backchannel_holds_the_reply_again() -> None:
-    """ "Yeah... what about Berlin?": the reply plays on after "yeah", is held again as the user goes on, and the
-    turn's words interrupt it."""
+def test_speech_again_after_a_backchannel_holds_the_reply_again_once_voiced_the_rehold_length() -> None:
+    """ "Yeah... what about Berlin?": the reply plays on after "yeah", and through the rehold length of more speech
+    ("Yeah, right." ends within it); past it the reply is held again, and the turn's words interrupt it."""
     core, _, _ = speaking_reply()
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
     core.handle(AudioProcessed(400, turn_voiced_ms=300))
     core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3))
     assert core.handle(AudioProcessed(500, turn_voiced_ms=300)) == []  # still silent
-    assert core.handle(AudioProcessed(600, turn_voiced_ms=364)) == [HoldPlayout(True)]
-    assert core.handle(AudioProcessed(700, turn_voiced_ms=428)) == []  # held already
+    assert core.handle(AudioProcessed(600, turn_voiced_ms=300 + REHOLD_AFTER_MS)) == []  # within the length
+    assert core.handle(AudioProcessed(700, turn_voiced_ms=300 + REHOLD_AFTER_MS + 32)) == [HoldPlayout(True)]
+    assert core.handle(AudioProcessed(800, turn_voiced_ms=300 + REHOLD_AFTER_MS + 64)) == []  # held already
     ready = heard_turn(core, "item_u", "Yeah, what about Berlin?", avg_logprob=-0.3, began=False)
     assert StopResponse("resp_1", "turn_detected", True) in ready
+
+
+def test_words_spoken_on_over_a_reply_that_plays_on_decide_it() -> None:
+    """Speech after "yeah" within the rehold length is not held, but its words are judged as they come: more
+    backchannel words play on (and speech is counted from them), anything else interrupts at once."""
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(AudioProcessed(400, turn_voiced_ms=300))
+    core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3))
+    core.handle(AudioProcessed(600, turn_voiced_ms=300 + REHOLD_AFTER_MS))
+    assert core.handle(TranscriptSpeculated("item_u", "Yeah, right.", avg_logprob=-0.3)) == []
+    # From those words on, the rehold length counts again.
+    assert core.handle(AudioProcessed(800, turn_voiced_ms=300 + 2 * REHOLD_AFTER_MS)) == []
+    outputs = core.handle(TranscriptSpeculated("item_u", "Yeah, right, but stop.", avg_logprob=-0.3))
+    assert StopResponse("resp_1", "turn_detected", True) in outputs and ClearPlayout(None) in outputs
+
+
+def test_over_a_reply_that_plays_on_the_speculative_transcript_still_runs_where_a_partial_covers_the_speech() -> None:
+    core, _, _ = speaking_reply()
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    core.handle(AudioProcessed(400, turn_voiced_ms=300))
+    core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3))
+    core.handle(SilenceHeard("item_u", silence_ms=None, speech=True, covered=False))
+    started = core.handle(SilenceHeard("item_u", silence_ms=64, speech=False, covered=True))
+    assert [type(o) for o in started] == [StartSpeculation]
+    assert not started[0].preempt  # type: ignore[attr-defined]
 
 
 def test_a_held_reply_with_no_words_plays_on_and_its_final_transcript_still_decides() -> None:

@@ -80,7 +80,11 @@ def test_the_judges_set_the_silence_together() -> None:
     assert turn_end_wait_ms("auto", audio=0.2) == 2000
     assert turn_end_wait_ms("auto", audio=0.9, text=0.001) == 1500
     assert turn_end_wait_ms("auto", audio=0.2, text=0.001) == turn_end_wait_ms("auto", text=0.001) == 2000
-    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9) == 400
+    # Finished words in audio that sounds unfinished: the LLM's probability counts less the less finished it sounds.
+    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9 * (0.2 / 0.5) ** 0.5) == 400
+    assert turn_end_wait_ms("auto", audio=0.02, text=0.3) == semantic_wait_ms("auto", 0.3 * 0.2) > 700
+    assert turn_end_wait_ms("auto", audio=0.02, text=0.3) > turn_end_wait_ms("auto", audio=0.4, text=0.3)
+    assert turn_end_wait_ms("auto", text=0.3) == semantic_wait_ms("auto", 0.3)  # no audio model: no doubt
     assert turn_end_wait_ms("auto", audio=0.9, text=0.9) == 250
     assert turn_end_wait_ms("low", audio=0.6) == 4000 and turn_end_wait_ms("high", audio=0.35) == 150
     # Words Whisper was unsure of are no judge's: finished-sounding audio waits a long mid-thought pause,

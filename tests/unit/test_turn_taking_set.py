@@ -3,10 +3,21 @@ and its calibration (benchmarks/turn_taking.py): their structure, with no model.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from benchmarks.turn_taking import Heard, OverReply, Silence, Verdict, calibrate, decide, reply_figures, turn_end
+from benchmarks.turn_taking import (
+    Decision,
+    Heard,
+    OverReply,
+    Silence,
+    Verdict,
+    calibrate,
+    decide,
+    turn_end,
+)
 from benchmarks.turn_taking_set import (
     BACKCHANNELS,
     COMPLETE,
@@ -96,16 +107,26 @@ def test_the_barge_in_replay_decides_on_words_length_and_confidence() -> None:
                          [("hold", 1000.0, None), ("judged", 1600.0, _heard(1600.0, "and the MHCM.", -1.3))],
                          _heard(float("nan"), "and the MHCM.", -1.3))
     assert not decide(misheard, -0.8).stopped and decide(misheard, -1.4).stopped
-    # Paused twice ("Yeah, right."): both pauses count.
+    # "Yeah, right.": speech again after "Yeah." was judged (400 ms voiced) holds the reply again once it is
+    # voiced the re-hold length more; both pauses count. Its words are judged whether held or not.
     twice = OverReply("v", "backchannel", "Yeah, right.", 1000.0,
                       [("hold", 1000.0, None), ("judged", 1400.0, _heard(1400.0, "Yeah.", -0.2)),
-                       ("hold", 1500.0, None), ("judged", 1900.0, _heard(1900.0, "Yeah, right.", -0.2))],
+                       ("speech", 1500.0, 432.0), ("speech", 1520.0, 464.0), ("speech", 1560.0, 560.0),
+                       ("judged", 1900.0, _heard(1900.0, "Yeah, right.", -0.2))],
                       _heard(float("nan"), "Yeah, right.", -0.2))
-    assert decide(twice).paused_ms == 800.0 and not decide(twice).stopped
+    assert decide(twice, rehold_ms=0.0).paused_ms == 800.0 and not decide(twice, rehold_ms=0.0).stopped
+    assert decide(twice, rehold_ms=50.0).paused_ms == 780.0
+    assert decide(twice, rehold_ms=200.0).paused_ms == 400.0 and decide(twice, rehold_ms=200.0).resumed_ms == 1400.0
     # The gap a listener hears: from the end of their word to the reply's last return.
     twice.speech_end_ms = 1800.0
-    assert decide(twice).resumed_ms == 1900.0
-    assert reply_figures([twice])["paused"]["backchannel_gap_after_speech_ms"]["p50"] == 100.0
+    assert decide(twice, rehold_ms=0.0).resumed_ms == 1900.0
+    # "Okay, but ...": the rest's words stop the reply whether it was held again or not.
+    but = OverReply("v", "interruption", "Okay, but what about tomorrow?", 1000.0,
+                    [("hold", 1000.0, None), ("judged", 1400.0, _heard(1400.0, "Okay.", -0.2)),
+                     ("speech", 1500.0, 432.0), ("judged", 2300.0, _heard(2300.0, "Okay, but what about", -0.3))],
+                    _heard(float("nan"), "Okay, but what about tomorrow?", -0.2))
+    assert decide(but, rehold_ms=0.0) == Decision(True, "words", 1200.0, 2300.0, "Okay, but what about")
+    assert decide(but, rehold_ms=math.inf) == Decision(True, "words", 400.0, 2300.0, "Okay, but what about")
     long = OverReply("v", "interruption", "Hold on, I have a question.", 1000.0,
                      [("hold", 1000.0, None), ("length", 2100.0, None)], _heard(float("nan"), "Hold on", -2.0))
     assert decide(long, 0.0) == decide(long, -5.0) and decide(long).how == "length"
