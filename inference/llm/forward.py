@@ -478,7 +478,7 @@ class LeanForward:
         def grids(part: str, modules: Sequence[nn.Module]) -> list[GroupGrid | None]:
             if gguf is None:
                 return []
-            found = []
+            found, kinds = [], []
             for m in modules:
                 name = module_names[id(m)]
                 tensor = gguf.tensor(name)
@@ -488,9 +488,13 @@ class LeanForward:
                                            f"{'missing' if tensor is None else tensor.kind.name} among quantized "
                                            "linear weights (a file that mixes float and quantized layers is not "
                                            "served; --llm-dtype float32 runs it de-quantized)")
-                how = "as floats" if grid is None else f"as {grid.bits}-bit groups"
-                self.gguf_formats.setdefault(part, set()).add(f"{tensor.kind.name} {how}")
                 found.append(grid)
+                kinds.append(tensor.kind.name)
+            # The width the matrix runs in: a fused one's parts all in the widest of theirs (gguf_weights.stacked),
+            # so a Q5_0 query beside a Q8_0 value runs in 8 bits and is said to.
+            widths = [g.bits for g in found if g is not None]
+            how = f"as {max(widths)}-bit groups" if widths else "as floats"
+            self.gguf_formats.setdefault(part, set()).update(f"{kind} {how}" for kind in kinds)
             return found
 
         head: Any = model.lm_head

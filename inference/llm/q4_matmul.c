@@ -268,23 +268,26 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
             if (BITS == 5)
                 for (int quad = 0; quad < 8; quad++)
                     w[quad] = _mm256_or_si256(w[quad], fifth_bits(blk + 256 + 8 * quad + 4 * half));
-            const int span = BITS == 5 ? 4 : 8; /* the quads whose int16 sums cannot overflow */
             for (int r = 0; r < ROWS; r++) {
-                __m256i dot = _mm256_setzero_si256();
-                for (int first = 0; first < 8; first += span) {
-                    __m256i sum_hi = _mm256_maddubs_epi16(w[first], broadcast4(hi + r * GROUP + 4 * first));
-                    __m256i sum_lo = _mm256_maddubs_epi16(w[first], broadcast4(lo + r * GROUP + 4 * first));
-                    for (int quad = first + 1; quad < first + span; quad++) {
-                        sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(w[quad], broadcast4(hi + r * GROUP + 4 * quad)));
-                        sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(w[quad], broadcast4(lo + r * GROUP + 4 * quad)));
-                        /* Two chains, kept in order: gcc otherwise regroups the adds into trees across
-                         * rows, whose many partial sums spill the weights from their registers (8 rows
-                         * took 27% longer). */
-                        __asm__("" : "+x"(sum_hi), "+x"(sum_lo));
+                __m256i sum_hi = _mm256_maddubs_epi16(w[0], broadcast4(hi + r * GROUP));
+                __m256i sum_lo = _mm256_maddubs_epi16(w[0], broadcast4(lo + r * GROUP));
+                __m256i first = _mm256_setzero_si256(); /* 5 bits: quads 0-3, widened */
+                for (int quad = 1; quad < 8; quad++) {
+                    if (BITS == 5 && quad == 4) {
+                        first = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
+                        sum_hi = _mm256_maddubs_epi16(w[4], broadcast4(hi + r * GROUP + 16));
+                        sum_lo = _mm256_maddubs_epi16(w[4], broadcast4(lo + r * GROUP + 16));
+                        continue;
                     }
-                    const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
-                    dot = first ? _mm256_add_epi32(dot, part) : part;
+                    sum_hi = _mm256_add_epi16(sum_hi, _mm256_maddubs_epi16(w[quad], broadcast4(hi + r * GROUP + 4 * quad)));
+                    sum_lo = _mm256_add_epi16(sum_lo, _mm256_maddubs_epi16(w[quad], broadcast4(lo + r * GROUP + 4 * quad)));
+                    /* Two chains, kept in order: gcc otherwise regroups the adds into trees across
+                     * rows, whose many partial sums spill the weights from their registers (8 rows
+                     * took 27% longer). */
+                    __asm__("" : "+x"(sum_hi), "+x"(sum_lo));
                 }
+                __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(sum_hi, times256), _mm256_madd_epi16(sum_lo, ones));
+                if (BITS == 5) dot = _mm256_add_epi32(first, dot);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(f[r])), acc[r]);
                 acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(f[ROWS + r]), acc[r]);
             }
@@ -301,8 +304,10 @@ SIMD_INLINE void tile_rows(const uint8_t *tile_blob, int groups, const int8_t *q
  * of 32, n of 16. in(x) is x itself, or with norm_w, RMSNorm(x) with that weight and eps; with gated,
  * silu(x[:, :k]) * x[:, k:] for an x of 2k columns. Fusing these here saves the step torch's own
  * calls for them: about 15 us for each of a layer's two norms and 10-20 us for its gating.
- * Returns 0, or -1 when out of memory. BITS (4, 5 or 8) is the weights' width, a constant in each entry
- * point below so that the tile loops are compiled for it. */
+ * Returns 0, or -1 when out of memory. BITS (4, 5 or 8) is the weights' width. OpenMP outlines the
+ * parallel region into one function for every entry point, where BITS is a variable; the tile loops
+ * are called for each width with a constant instead, so that each is compiled for its own (with one
+ * loop for all, left to gcc to unswitch, adding the 5-bit path made AVX2's 4-bit 8 rows 48% slower). */
 SIMD_INLINE int grouped_matmul(const float *x, int rows, int k, const uint8_t *blob, int n, float *y,
                                const float *norm_w, float eps, int gated, int accumulate, const int BITS) {
     const int groups = k / GROUP;
@@ -341,7 +346,10 @@ SIMD_INLINE int grouped_matmul(const float *x, int rows, int k, const uint8_t *b
                 const int8_t *q = qx + (size_t)2 * r0 * k;
                 const float *f = factors + (size_t)2 * r0 * groups;
                 float *out = y + (size_t)r0 * n + (size_t)t * TILE;
-#define TILE_ROWS(ROWS) tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS, BITS)
+#define TILE_ROWS(ROWS)                                                                          \
+    (BITS == 8   ? tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS, 8)               \
+     : BITS == 5 ? tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS, 5)               \
+                 : tile_rows(tile_blob, groups, q, f, out, n, accumulate, ROWS, 4))
                 switch (rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS) {
                 case 1: TILE_ROWS(1); break;
                 case 2: TILE_ROWS(2); break;

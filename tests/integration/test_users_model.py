@@ -63,7 +63,9 @@ def test_the_model_is_listed_by_its_own_name_and_runs_its_own_types(qwen: Gatewa
         assert llm["weights"] == "gguf" and llm["layers_in_one_call"] == "true"
         # The file's 5-, 6- and 8-bit tensors are not cut to 4 bits (Q5_0 in 5-bit groups); its Q4_K ones stay 4-bit.
         assert llm["gguf_down"] == "Q4_K as 4-bit groups, Q6_K as 8-bit groups"
-        assert "Q5_0 as 5-bit groups" in llm["gguf_gate_up"] and llm["gguf_head"] == "Q8_0 as 8-bit groups"
+        assert llm["gguf_gate_up"] == llm["gguf_o"] == "Q5_0 as 5-bit groups" and llm["gguf_head"] == "Q8_0 as 8-bit groups"
+        # A fused qkv runs in its widest part's format: Q5_0 queries and keys beside a Q8_0 value in 8 bits.
+        assert llm["gguf_qkv"] == "Q5_0 as 5-bit groups, Q5_0 as 8-bit groups, Q8_0 as 8-bit groups"
 
 
 def test_a_chat_completion(client: openai.OpenAI) -> None:
