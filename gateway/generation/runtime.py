@@ -176,7 +176,12 @@ class Runtime:
             self.load_error = str(exc)
             return
         except Exception as exc:  # a failed load is reported by /healthz, not by a crash
-            log.exception("model loading failed")
+            from inference.llm.forward import UnsupportedModel  # (torch: imported by the load anyway)
+
+            if isinstance(exc, UnsupportedModel):  # one line says what the file is and what runs
+                log.error("model loading failed: %s", exc)
+            else:
+                log.exception("model loading failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
         self._yield_partials()

@@ -23,6 +23,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +34,7 @@ import torch
 
 from . import cpu_kernels
 from .constraints import GrammarCompiler
-from .forward import UnsupportedModel, on_int4_grid, resolve_kernels
+from .forward import SUPPORTED_MODEL_TYPES, UnsupportedModel, on_int4_grid, resolve_kernels
 from .gguf_weights import GgufIndex, GgufWeights
 from .threads import one_intra_op_thread
 from .tool_calls import ToolFormat, template_tool_format
@@ -204,15 +206,30 @@ def _is_complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
-def _convert_gguf(path: Path, target: Path) -> None:
+@contextmanager
+def _read_by_transformers(path: Path, index: GgufIndex) -> Iterator[None]:
+    """transformers' GGUF reader refuses an architecture it does not map, or a tokenizer it cannot build, with a
+    ValueError that names neither the file nor what runs: said here, at start."""
+    try:
+        yield
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModel(
+            f"{path.name} (architecture {index.architecture!r}): its config or tokenizer cannot be read: {exc} "
+            f"The engine runs GGUF files of {', '.join(sorted(SUPPORTED_MODEL_TYPES))} on its own forward, and other "
+            "architectures that transformers reads from GGUF through transformers") from exc
+
+
+def _convert_gguf(path: Path, index: GgufIndex, target: Path) -> None:
     """GGUF -> safetensors (float32, de-quantized) + tokenizer, written atomically into ``target``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with _read_by_transformers(path, index):
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     t1 = time.perf_counter()
     log.info("GGUF tokenizer parsed in %.2f s", t1 - t0)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with _read_by_transformers(path, index):
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     t2 = time.perf_counter()
     log.info("GGUF model parsed and de-quantized in %.2f s", t2 - t1)
     # save_pretrained refuses a model loaded from GGUF while it still carries the quantizer.
@@ -327,8 +344,9 @@ def _gguf_config(path: Path, cache_dir: Path) -> tuple[Path, GgufIndex]:
     started = time.perf_counter()
     log.info("reading %s's tensors, config and tokenizer once into %s", path.name, folder)
     index = GgufIndex.read(path)  # a truncated file or a type the engine does not serve: refused here, by name
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with _read_by_transformers(path, index):
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
@@ -411,9 +429,9 @@ def _model_folder(path: Path, cache_dir: Path) -> tuple[Path, bool]:
     folder = gguf_cache_folder(path, cache_dir)
     if _is_complete(folder):
         return folder, False
-    GgufIndex.read(path)  # a truncated file or a type the engine does not serve: refused by name, before converting
+    index = GgufIndex.read(path)  # a truncated file or a type the engine does not serve: refused by name, first
     log.info("converting %s once into %s", path.name, folder)
-    _convert_gguf(path, folder)
+    _convert_gguf(path, index, folder)
     for stale in prune_stale_conversions(path, cache_dir):
         log.info("removed %s, the conversion of another version of %s", stale, path.name)
     return folder, True

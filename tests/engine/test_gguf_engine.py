@@ -146,6 +146,36 @@ def test_a_type_the_engine_does_not_serve_is_refused_by_name(tmp_path):
         GgufIndex.read(path)
 
 
+def _one_tensor_file(path, architecture: str, tokenizer: bool) -> None:
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_name("tiny")
+    if tokenizer:  # gpt2's BPE fields, as a Llama-3 or Qwen file has them
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(["a", "b", "ab"])
+        writer.add_token_merges(["a b"])
+    writer.add_tensor("token_embd.weight", np.zeros((3, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(("architecture", "tokenizer", "reason"), [
+    ("rwkv6", True, "architecture rwkv6 is not supported"),  # no reader for it in transformers
+    ("llama", False, "Cannot build a tokenizer"),  # a vocabulary it cannot use
+])
+def test_a_file_whose_architecture_or_tokenizer_cannot_be_read_is_refused_by_name_at_start(
+        tmp_path, architecture, tokenizer, reason):
+    path = tmp_path / f"odd-{architecture}.gguf"
+    _one_tensor_file(path, architecture, tokenizer)
+    for dtype in ("auto", "float32"):  # the engine's blocks and the conversion
+        with pytest.raises(UnsupportedModel, match=rf"odd-{architecture}\.gguf \(architecture '{architecture}'\): "
+                                                   rf"its config or tokenizer cannot be read: .*{reason}.* The engine "
+                                                   r"runs GGUF files of llama, mistral, qwen2 on its own forward"):
+            load_lm(path, dtype=dtype, cache_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name != "kernels"]  # nothing kept
+
+
 def test_without_the_engines_kernels_a_gguf_file_runs_converted_on_torchs(gateway_cache_dir, monkeypatch):
     """No gcc (the kernels cannot be built): the file is converted and its 4-bit layers run as int4 on torch's
     kernel, as before, instead of failing to start."""
