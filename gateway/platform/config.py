@@ -79,11 +79,13 @@ class Settings(BaseSettings):
     llm_dtype: DType = Field(
         "auto",
         description="auto: bfloat16 on cuda; on cpu a GGUF file's own types where the engine's kernels run (Q4_0, "
-        "Q4_1, Q4_K as 4-bit groups; Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 as 8-bit groups; /healthz says which runs where), "
-        "else int4 when the weights are 4-bit groups already (a Q4_1 GGUF, such as the embedded model), else "
-        "float32. float32 on cpu gives exactly transformers' generate() tokens. "
-        "int8 / int4: quantized weight copies on cpu (slightly different tokens); int4 multiplies 15-bit "
-        "activations on an AVX512-VNNI kernel where the CPU has it, else bfloat16 ones on torch's kernel.",
+        "Q4_1, Q4_K as 4-bit groups; Q5_0, Q5_1, Q5_K as 5-bit groups; Q6_K, Q8_0 as 8-bit groups; /healthz says "
+        "which runs where), else int4 when the weights are 4-bit groups already (a Q4_1 GGUF, such as the embedded "
+        "model), else float32. float32 on cpu gives exactly transformers' generate() tokens. "
+        "int8 / int4: the linear weights re-quantized at load into 8- or 4-bit groups of 32 (a step and minimum "
+        "per group; slightly different tokens), multiplied with 15-bit activations on the engine's AVX512-VNNI or "
+        "AVX2 kernels where the CPU runs them; elsewhere int4 runs on torch's kernel with bfloat16 inputs and int8 "
+        "as per-channel copies in bfloat16 (/healthz: llm.int8).",
     )
     llm_kernels: LlmKernels = Field(
         "auto",

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..memory import return_freed_memory
 from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
-from .gguf_blocks import GroupGrid
+from .gguf_blocks import GroupGrid, requantize
 from .gguf_weights import GgufWeights, stacked
 from .layer_stack import LayerStack, LayerWeights
 from .sdpa_attention import SdpaAttention
@@ -183,6 +183,14 @@ def _quantize_int8(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype
     return q, scale.to(dtype).contiguous(), None if b is None else b.to(dtype)
 
 
+def _quantize_int8_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
+    """``--llm-dtype int8`` where the engine's kernels run: an asymmetric 8-bit grid per group of 32 inputs
+    (float16 step and minimum, computed here at load: gguf_blocks.requantize), packed as 8-bit groups."""
+    grid = requantize(w_t.t().float().numpy(), 8)
+    blob = q4_matmul.pack(torch.from_numpy(grid.step), torch.from_numpy(grid.low), torch.from_numpy(grid.q), 8)
+    return lib, blob, w_t.shape[1], b
+
+
 def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
     q, scale, b = w
     y = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale).to(x.dtype)
@@ -331,7 +339,7 @@ class KernelPaths:
         kernels = resolve_kernels(requested) if device.type == "cpu" else "torch"
         lib = None
         if kernels != "torch":
-            if kernel_dir is None and (requested != "auto" or weight_format == "int4"):
+            if kernel_dir is None and (requested != "auto" or weight_format in ("int4", "int8")):
                 raise ValueError("the engine's kernels need kernel_dir, where they are built")
             lib = None if kernel_dir is None else cpu_kernels.load(kernel_dir, kernels)
             if lib is None and requested != "auto":
@@ -348,11 +356,12 @@ class KernelPaths:
                 raise UnsupportedModel("a GGUF file's own types run on the engine's kernels, on a CPU that runs them "
                                        f"(this one: {kernels}), with outputs in multiples of {q4_matmul.TILE}")
             int4_kernel, int4_lib = kernels, lib
-        if weight_format == "int4" and device.type == "cpu":
+        if weight_format in ("int4", "int8") and device.type == "cpu":
             if lib is not None and dtype == torch.float32 and all(n % q4_matmul.TILE == 0 for n in out_features):
                 int4_kernel, int4_lib = kernels, lib
-            else:
+            elif weight_format == "int4":
                 int4_kernel = "torch"
+            # (int8 elsewhere: torch's per-channel int8 kernel, in bfloat16)
         # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
         # on oneDNN (_lin_w8a8).
         head_lib = lib if (weight_format not in ("native", "gguf") and lib is not None
@@ -384,6 +393,8 @@ class KernelPaths:
             raise UnsupportedModel("a weight has neither the file's blocks nor floats to multiply")
         if self.weight_format == "gguf":
             return (w_t, b)  # a float tensor of the file: multiplied as it is
+        if self.weight_format == "int8" and not head and self.int4_lib is not None:
+            return _quantize_int8_kernel(w_t, b, self.int4_lib)
         if self.weight_format == "int4" and not head:
             if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
                 raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
@@ -431,9 +442,9 @@ class LeanForward:
     def __init__(self, model: nn.Module, context_window: int = 0, *, weight_format: str = "native",
                  kernel_dir: Path | None = None, kernels: str = "auto", gguf: GgufWeights | None = None) -> None:
         """``weight_format``: "native" runs the model's own weights in their dtype (exact: the same tokens
-        as ``generate()``). "int8" runs symmetric per-channel int8 copies of the linear weights with
-        bfloat16 activations and KV (weight-only quantization, ~2.5x faster decoding on this CPU; the
-        greedy tokens follow float32's closely but not exactly). "int4" (CPU) runs the layers' linear
+        as ``generate()``). "int8" runs the linear weights as 8-bit groups of 32 (an asymmetric grid per
+        group, computed at load) on the engine's kernels where they run, as int4 does; elsewhere symmetric
+        per-channel int8 copies with bfloat16 activations and KV (torch's weight-only kernel). "int4" (CPU) runs the layers' linear
         weights as 4-bit groups of 32 (lossless for a Q4_1 GGUF such as the embedded model), on the
         engine's int4 kernel (15-bit activations; built into ``kernel_dir``) where the CPU runs one
         of its builds, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream,
@@ -456,9 +467,10 @@ class LeanForward:
         base: Any = model.model
         p: torch.Tensor = base.embed_tokens.weight
         self.device: torch.device = p.device
-        # int8 runs everything in bfloat16; int4 only its matmuls (float32 elsewhere: with bfloat16
-        # activations throughout, the 135M model's greedy answers changed within the first tokens).
-        self.dtype: torch.dtype = torch.bfloat16 if weight_format == "int8" else p.dtype
+        # int4 and the engine's kernels quantize only the matmuls (float32 elsewhere: with bfloat16 activations
+        # throughout, the 135M model's greedy answers changed within the first tokens); torch's int8 kernel runs
+        # in bfloat16 throughout (set below, where the engine's kernels do not run int8).
+        self.dtype: torch.dtype = p.dtype
         attn0 = base.layers[0].self_attn
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
@@ -525,16 +537,22 @@ class LeanForward:
             self.vocab_size = int(self.lm_head_t.shape[1])
         self.embed: torch.Tensor = base.embed_tokens.weight
         linears = [m for layer in base.layers for m in layer.modules() if isinstance(m, nn.Linear)]
-        paths = KernelPaths.choose(kernels, kernel_dir, device=self.device, weight_format=weight_format,
-                                   dtype=self.dtype, head_dim=self.head_dim, hidden=self.hidden,
-                                   vocab_size=self.vocab_size, out_features=[m.out_features for m in linears])
+        def choose() -> KernelPaths:
+            return KernelPaths.choose(kernels, kernel_dir, device=self.device, weight_format=weight_format,
+                                      dtype=self.dtype, head_dim=self.head_dim, hidden=self.hidden,
+                                      vocab_size=self.vocab_size, out_features=[m.out_features for m in linears])
+
+        paths = choose()
+        if weight_format == "int8" and paths.int4_lib is None:
+            self.dtype = torch.bfloat16
+            paths = choose()
         self.kernels, self.int4_kernel = paths.kernels, paths.int4_kernel
         self._int4_lib, self._head_lib, self._attention_lib = paths.int4_lib, paths.head_lib, paths.attention_lib
         self.decode_attention = "kernel" if self._attention_lib is not None else "sdpa"
         # int4 keeps its KV in float16 where that kernel reads it (llama.cpp's default too): half the
         # memory of the pool and of the prefix cache's budget per token. (It made no step faster.)
-        self.kv_dtype = (torch.float16 if weight_format in ("int4", "gguf") and self._attention_lib is not None
-                         else self.dtype)
+        self.kv_dtype = (torch.float16 if self._attention_lib is not None and (
+            weight_format in ("int4", "gguf") or self._int4_lib is not None) else self.dtype)
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in base.layers:
@@ -579,7 +597,8 @@ class LeanForward:
                                    ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
                 sin_signed=self.sin_signed, scale=self.scaling)
-        self._lin = {"native": _lin_native, "int8": _lin_int8, "gguf": _lin_int4_kernel,
+        self._lin = {"native": _lin_native, "int8": _lin_int4_kernel if self._int4_lib is not None else _lin_int8,
+                     "gguf": _lin_int4_kernel,
                      "int4": _lin_int4_kernel if self._int4_lib is not None else _lin_int4}[weight_format]
         if weight_format == "gguf":
             self._lin_head = _lin_int4_kernel if len(self.head) == 4 else _lin_native
@@ -645,6 +664,9 @@ class LeanForward:
             "head": head,
             "layers_in_one_call": str(self._stack is not None).lower(),
         }
+        if self.weight_format == "int8":
+            described["int8"] = ("8-bit groups of 32" if self._int4_lib is not None
+                                 else "per output channel, bfloat16")
         # Under gguf, per part which of the file's types runs in which format ("Q5_0 as 5-bit groups").
         for part, formats in self.gguf_formats.items():
             described[f"gguf_{part}"] = ", ".join(sorted(formats))

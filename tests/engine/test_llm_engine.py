@@ -494,7 +494,7 @@ async def test_bfloat16_engine(gateway_cache_dir, chat_ids, collect):
         eng.close()
 
 
-QUANTIZED_PATHS = [("int8", "torch"), *(("int4", isa) for isa in cpu_kernels.ISAS), ("int4", "torch")]
+QUANTIZED_PATHS = [*((fmt, isa) for fmt in ("int8", "int4") for isa in (*cpu_kernels.ISAS, "torch"))]
 
 
 @pytest.mark.parametrize(("weight_format", "kernels"), QUANTIZED_PATHS)
@@ -511,7 +511,12 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ke
     try:
         paths = eng.fwd.describe()
         assert paths["weights"] == weight_format and paths["kernels"] == kernels
-        assert eng.fwd.dtype == (torch.bfloat16 if weight_format == "int8" else torch.float32)
+        torch_int8 = weight_format == "int8" and kernels == "torch"
+        assert eng.fwd.dtype == (torch.bfloat16 if torch_int8 else torch.float32)
+        if weight_format == "int8":
+            assert paths["int8"] == ("per output channel, bfloat16" if torch_int8 else "8-bit groups of 32")
+            assert paths["matmul"] == ("torch" if torch_int8 else kernels)
+            assert paths["layers_in_one_call"] == str(not torch_int8).lower()
         if weight_format == "int4":
             assert paths["matmul"] == kernels
             assert paths["attention"] == (kernels if kernels != "torch" else "sdpa")
@@ -527,6 +532,29 @@ async def test_quantized_weights_engine(lm, chat_ids, collect, weight_format, ke
         assert "Paris" in solo[0].text
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS)
+def test_int8_on_the_kernels_is_a_per_group_grid_closer_than_per_channel_and_int4(isa, tmp_path):
+    """--llm-dtype int8 on a float model (random weights, the embedded model's shape, 4 layers): 8-bit groups of
+    32 computed at load follow float32's logits far closer than 4-bit groups (measured 14x), and closer than torch's
+    per-channel int8 (1.7x: a group's range is narrower than a channel's)."""
+    from benchmarks.synthetic_lm import random_model
+    from inference.llm.forward import Segment
+
+    if isa not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU does not run the {isa} build")
+    model = random_model(4, torch.float32, "cpu", shape="smollm2-135m")
+    ids = torch.randint(0, int(model.config.vocab_size), (40,))
+
+    def logits(weight_format: str, kernels: str) -> torch.Tensor:
+        fwd = LeanForward(model, 512, weight_format=weight_format, kernel_dir=tmp_path, kernels=kernels)
+        return fwd.forward(full_pool(fwd, 1, 64), ids, torch.arange(40), [Segment(0, 0, 40)], list(range(40)))
+
+    exact = logits("native", isa)
+    errors = {name: (logits(fmt, kernels) - exact).abs().max().item() / exact.abs().max().item()
+              for name, fmt, kernels in [("groups", "int8", isa), ("channels", "int8", "torch"), ("int4", "int4", isa)]}
+    assert errors["groups"] < errors["int4"] / 8 and errors["groups"] < errors["channels"] / 1.3, errors
 
 
 @pytest.mark.parametrize("isa", cpu_kernels.ISAS)
