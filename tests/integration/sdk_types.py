@@ -25,7 +25,7 @@ SERVER_EVENT_TYPES = _event_types(RealtimeServerEvent)
 LIVE_EVENT_TYPES = _event_types(LiveServerEvent)
 RESPONSE_EVENT_TYPES = _event_types(ResponseStreamEvent)
 
-# Our documented additions (README, "Our additions"), and what OpenAI's own server sends beyond the SDK's
+# Our documented additions (docs/realtime.md, "Our additions"), and what OpenAI's own server sends beyond the SDK's
 # session type (its id, object and expiry); the SDK's types allow extra fields and clients ignore them.
 ADDITIONS = {"sequence_number", "text@conversation.item.input_audio_transcription.delta", "resume_token@session.created",
              "session.id", "session.object", "session.expires_at"}
