@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared call, for a GPU machine that has torch, transformers, numpy,
-# safetensors, tokenizers and pytest but nothing else of ours, and no network (see README, "What has
+# safetensors, tokenizers and pytest but nothing else of ours, and no network (see docs/benchmarks.md, "What has
 # run on a GPU").
 #
 #   bash benchmarks/gpu_check.sh fetch   # here, with the network: the wheels it lacks, into gpu-wheels/

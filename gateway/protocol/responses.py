@@ -231,7 +231,7 @@ _UNSERVED = {
     "max_tool_calls": "there are no built-in tools to bound",
     "prompt_cache_options": "the prefix cache is automatic: it takes no options",
     "context_management": "context compaction is not served (truncation 'auto' drops the oldest items)",
-    "moderation": "the gateway's own safety policy applies (see the README)",
+    "moderation": "the gateway's own safety policy applies (see docs/safety.md)",
     "image": "images are not served",
     "access_programs": "access programs are not served",
     "background_options": "background responses are not served",

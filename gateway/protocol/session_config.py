@@ -173,13 +173,13 @@ def semantic_wait_ms(eagerness: str, end_probability: float) -> int:
 
 # semantic_vad with the audio end-of-turn model (inference/turn_end.py): the turn is complete when its
 # probability reaches the eagerness' threshold, and the silence then is this short; otherwise it is the longest
-# of SEMANTIC_WAITS_MS. Measured with `python -m benchmarks.turn_taking` (README, "Turn-taking").
+# of SEMANTIC_WAITS_MS. Measured with `python -m benchmarks.turn_taking` (docs/benchmarks.md, "Turn-taking").
 AUDIO_TURN_THRESHOLDS = {"high": 0.3, "medium": 0.5, "auto": 0.5, "low": 0.7}
 AUDIO_SHORTEST_WAITS_MS = {"high": 150, "medium": 250, "auto": 250, "low": 400}
 # The LLM's probability below which the words are cut off ("I'd like to book a flight to": 0.0000, finished
 # ones 0.09 and up): the turn waits the longest silence whatever the audio model heard. On the test set the
 # audio model alone ended 58% of the mid-thought pauses (Piper's voice stays up at a comma less than a
-# person's does); with this veto, see the README.
+# person's does); with this veto, see docs/benchmarks.md, "Turn-taking".
 TEXT_CUT_OFF = 0.01
 # Cut-off words the audio model heard finished: the LLM is not always right ("Name 3 colors.": 0.004), so such a
 # turn waits out a long mid-thought pause (the test set's are 0.5-0.9 s; a thinking pause may pass 1 s), not the
@@ -189,13 +189,13 @@ VETOED_WAITS_MS = {"high": 700, "medium": 1500, "auto": 1500, "low": 3000}
 # misheard first half that reads as a whole sentence ("Send a message to" heard as "Send that message to me."), so
 # the LLM's judgement of them does not count and the audio model's "finished" alone waits out a long mid-thought
 # pause. On the turn-taking set's voices other than the output voice this cut the pauses ended early from 14.9% to
-# 11.9% with every voice's end-of-turn delay unchanged (README, "Turn-taking").
+# 11.9% with every voice's end-of-turn delay unchanged (docs/benchmarks.md, "Turn-taking").
 UNSURE_WAITS_MS = {"high": 600, "medium": 1100, "auto": 1100, "low": 2000}
 # Words the LLM reads as finished in audio the audio model hears unfinished: the judges disagree, and the LLM's
 # probability counts discounted by the audio model's, times sqrt(audio / threshold). Misheard first halves read as
 # whole sentences ("Can you set an alarm for it?") in a voice that stays up: on the turn-taking set's voices
 # other than the output voice this cut the pauses ended early from 12.5% to 9.5%, the p50 end-of-turn delay
-# unchanged (300 ms) and the slowest voices' 65-78 ms later (README, "Turn-taking"); exponents 0.15-0.35 gave
+# unchanged (300 ms) and the slowest voices' 65-78 ms later (docs/benchmarks.md, "Turn-taking"); exponents 0.15-0.35 gave
 # 10.7%, 0.75 no fewer than 0.5.
 AUDIO_DOUBT_EXPONENT = 0.5
 

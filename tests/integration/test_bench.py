@@ -453,7 +453,7 @@ def test_ctrl_c_gives_the_turns_under_way_a_grace_and_a_second_one_cancels_them_
 def test_voice_mode_times_voice_to_voice_from_wav_files(gateway: GatewayProcess, tmp_path: Path, tts,
                                                           question_pcm) -> None:
     """Spoken turns at real-time pace with server VAD, from a folder of WAV files (44.1 kHz stereo here:
-    the bench converts); the default, Piper speaking the built-in questions, is what the README runs."""
+    the bench converts); the default, Piper speaking the built-in questions, is what docs/benchmarks.md runs."""
     import wave
 
     import numpy as np

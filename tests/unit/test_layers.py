@@ -1,4 +1,4 @@
-"""The gateway's folders are its layers, and the arrows run one way (ARCHITECTURE.md):
+"""The gateway's folders are its layers, and the arrows run one way (docs/design.md, "Layers"):
 
     api -> realtime -> generation -> safety -> platform -> protocol
 
