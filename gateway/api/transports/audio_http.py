@@ -26,7 +26,7 @@ from gateway.api import audio_requests as proto
 from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body, request_body
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.platform.event_log import log_event
 from gateway.platform.model_names import openai_speech_names, openai_transcription_names
 from gateway.protocol.errors import ApiError
@@ -78,7 +78,7 @@ TRANSCRIPTION_BODY = request_body({"multipart/form-data": {"schema": {
 @router.post("/v1/audio/transcriptions", openapi_extra=TRANSCRIPTION_BODY,
              responses=error_responses(400, 401, 404, 413, 415, 429, 503))
 async def create_transcription(request: Request, caller: AuthorizedCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     asr = _asr(svc)
     body, data = await _read_form(request, proto.parse_transcription_form)
     _check_transcription_model(svc, asr, body)
@@ -147,7 +147,7 @@ TRANSLATION_BODY = request_body({"multipart/form-data": {"schema": {
                          "model does. An English-only model (the embedded tiny.en) refuses it with 400.",
              responses=error_responses(400, 401, 404, 413, 415, 429, 503))
 async def create_translation(request: Request, caller: AuthorizedCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     asr = _asr(svc)
     body, data = await _read_form(request, proto.parse_translation_form)
     _check_transcription_model(svc, asr, body)
@@ -228,7 +228,7 @@ SPEECH_CONTENT_TYPES = ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "a
                                           "text/event-stream": {"schema": {"type": "string"}}}},
                         **error_responses(400, 401, 404, 413, 429, 503)})
 async def create_speech(request: Request, caller: AuthorizedCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     _, payload = await read_json_object(request)
     body = proto.parse_speech_request(payload)
     if body.model != SPEECH_MODEL and body.model not in openai_speech_names():
@@ -307,7 +307,7 @@ class _Speech:
 async def list_voices(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     """Ours, not OpenAI's: the installed Piper voices, the OpenAI voice names that select each, and once the
     voices are loaded their language (espeak-ng's) and sample rate."""
-    svc: Services = request.app.state.services
+    svc = services(request)
     voices, tts = svc.runtime.voices, svc.runtime.tts
     data: list[dict[str, Any]] = []
     for name in voices.installed:

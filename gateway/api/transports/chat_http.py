@@ -18,7 +18,7 @@ from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.stream_hub import request_fingerprint
 from gateway.generation.chat_history import AttachedChat
 from gateway.generation.chat_plan import ChatPlan, ReplyForm
@@ -50,10 +50,6 @@ from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-
-
-def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
 
 
 def model_object(model_id: str) -> dict[str, Any]:

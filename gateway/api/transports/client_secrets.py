@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
-from gateway.api.services import Services
+from gateway.api.services import services
 from gateway.platform.auth import MINTED_SESSION_ID
 from gateway.protocol.session_config import SessionConfig, apply_session_update
 from gateway.protocol.validation import api_error_from_validation
@@ -41,7 +41,7 @@ class ClientSecretRequest(BaseModel):
 )
 async def mint_client_secret(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     """A short-lived token that opens one Realtime session with the given configuration."""
-    svc: Services = request.app.state.services
+    svc = services(request)
     _, payload = await read_json_object(request, empty={})
     try:
         body = ClientSecretRequest.model_validate(payload)

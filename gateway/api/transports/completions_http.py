@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
-from gateway.api.services import Services
+from gateway.api.services import services
 from gateway.api.transports.chat_http import sse_data, sse_response
 from gateway.generation.service import Rendered, Reply
 from gateway.platform import metrics
@@ -48,7 +48,7 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def completions(request: Request, caller: AuthorizedCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     body = await read_model(request, CompletionRequest)
     svc.runtime.require_model(body.model)
     generator = svc.runtime.generator()

@@ -15,7 +15,7 @@ from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.page_query import PageQuery
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.generation.conversation_items import StoredItem, items_from_rows, public_item, stored_message, without_item
 from gateway.platform.storage.conversations import NewMessage
 from gateway.platform.storage.schema import ConversationRow
@@ -99,7 +99,7 @@ def _find(items: list[StoredItem], item_id: str) -> StoredItem:
 @router.post("/v1/conversations", openapi_extra=json_body(CreateConversation, required=False),
              responses=error_responses(400, 401, 413, 429))
 async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     body = parse_body(CreateConversation, (await read_json_object(request, empty={}))[1])
     messages = _new_messages(svc.runtime.safety, body.items or [])
     row = await svc.stores.store.create(caller.key_id, metadata=body.metadata, messages=messages)
@@ -108,7 +108,7 @@ async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSO
 
 @router.get("/v1/conversations/{conversation_id}", responses=error_responses(401, 404, 429))
 async def get_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     row = await svc.stores.store.get(caller.key_id, conversation_id)
     return JSONResponse(conversation_object(row), headers=caller.headers)
 
@@ -116,7 +116,7 @@ async def get_conversation(request: Request, caller: AuthorizedCaller, conversat
 @router.post("/v1/conversations/{conversation_id}", openapi_extra=json_body(UpdateConversation),
              responses=error_responses(400, 401, 404, 413, 429))
 async def update_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     body = parse_body(UpdateConversation, (await read_json_object(request))[1])
     row = await svc.stores.store.set_metadata(caller.key_id, conversation_id, body.metadata)
     return JSONResponse(conversation_object(row), headers=caller.headers)
@@ -124,7 +124,7 @@ async def update_conversation(request: Request, caller: AuthorizedCaller, conver
 
 @router.delete("/v1/conversations/{conversation_id}", responses=error_responses(401, 404, 429))
 async def delete_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     await svc.stores.store.delete(caller.key_id, conversation_id)
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True},
                         headers=caller.headers)
@@ -132,7 +132,7 @@ async def delete_conversation(request: Request, caller: AuthorizedCaller, conver
 
 @router.get("/v1/conversations/{conversation_id}/items", responses=error_responses(400, 401, 404, 429))
 async def list_items(request: Request, conversation_id: str, query: ItemsPage, caller: ItemsPageCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     _refuse_include(request)
     items = [public_item(stored) for stored in await _items(svc, caller.key_id, conversation_id)]
     after, limit = query.after, query.limit
@@ -151,7 +151,7 @@ async def list_items(request: Request, conversation_id: str, query: ItemsPage, c
              responses=error_responses(400, 401, 404, 413, 429))
 async def create_items(request: Request, caller: AuthorizedCaller, conversation_id: str,
                        include: list[str] | None = INCLUDE) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     _refuse_include(request)
     body = parse_body(CreateItems, (await read_json_object(request))[1])
     rows = await svc.stores.store.append_to_leaf(caller.key_id, conversation_id,
@@ -162,7 +162,7 @@ async def create_items(request: Request, caller: AuthorizedCaller, conversation_
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}", responses=error_responses(400, 401, 404, 429))
 async def get_item(request: Request, caller: AuthorizedCaller, conversation_id: str, item_id: str,
                    include: list[str] | None = INCLUDE) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     _refuse_include(request)
     found = _find(await _items(svc, caller.key_id, conversation_id), item_id)
     return JSONResponse(public_item(found), headers=caller.headers)
@@ -171,7 +171,7 @@ async def get_item(request: Request, caller: AuthorizedCaller, conversation_id: 
 @router.delete("/v1/conversations/{conversation_id}/items/{item_id}", responses=error_responses(400, 401, 404, 429))
 async def delete_item(request: Request, caller: AuthorizedCaller, conversation_id: str, item_id: str) -> JSONResponse:
     """The item leaves the branch; the other items of its stored message keep their ids (without_item)."""
-    svc: Services = request.app.state.services
+    svc = services(request)
     conversation = await svc.stores.store.get(caller.key_id, conversation_id)
     branch = await svc.stores.store.branch(conversation)
     found = _find(items_from_rows(branch), item_id)

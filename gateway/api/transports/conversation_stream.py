@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
 from gateway.generation.chat_history import chat_message
 from gateway.generation.chat_plan import ReplyForm
@@ -109,7 +109,7 @@ def _memory(svc: Services, owner: str) -> MemoryAccount:
 @router.post("/backend-api/conversation/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def post_message(request: Request, caller: AuthorizedCaller, conversation_id: str) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
         return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
@@ -216,7 +216,7 @@ async def _title(svc: Services, owner: str, conversation_id: str, question: str)
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def prepare(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
     """The user is typing: prefill the conversation and the draft, so the reply to it starts sooner."""
-    svc: Services = request.app.state.services
+    svc = services(request)
     body: PrepareMessage = await read_model(request, PrepareMessage)
     generator = svc.runtime.generator()
     draft = screen_text(svc.runtime.safety, body.content, what="draft", param="content")  # the model prefills it

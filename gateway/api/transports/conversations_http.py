@@ -15,7 +15,7 @@ from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.page_query import PageQuery
-from gateway.api.services import Services
+from gateway.api.services import services
 from gateway.platform.storage.conversations import Page
 from gateway.platform.storage.schema import ConversationRow, MessageRow
 from gateway.protocol.validation import api_error_from_validation
@@ -100,7 +100,7 @@ async def _body(request: Request, model: type[BaseModel], empty: dict[str, Any] 
 @router.post("/backend-api/conversations", openapi_extra=json_body(CreateConversation, required=False),
              responses=error_responses(400, 401, 413, 429))
 async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     body: CreateConversation = await _body(request, CreateConversation, empty={})
     row = await svc.stores.store.create(caller.key_id, body.title)
     return JSONResponse(conversation_object(row), headers=caller.headers)
@@ -109,7 +109,7 @@ async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSO
 @router.get("/backend-api/conversations", responses=error_responses(400, 401, 429))
 async def list_conversations(request: Request, query: ConversationsPage,
                              caller: ConversationsPageCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     page = await svc.stores.store.list(caller.key_id, after=query.after, limit=query.limit, order=query.order)
     return JSONResponse(list_object(page, conversation_object), headers=caller.headers)
 
@@ -117,7 +117,7 @@ async def list_conversations(request: Request, query: ConversationsPage,
 @router.get("/backend-api/conversation/{conversation_id}", responses=error_responses(400, 401, 404, 429))
 async def get_conversation(request: Request, conversation_id: str, all_branches: AllBranches,
                            caller: AllBranchesCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     row = await svc.stores.store.get(caller.key_id, conversation_id)
     messages = await (svc.stores.store.all_messages(row.id) if all_branches else svc.stores.store.branch(row))
     return JSONResponse({**conversation_object(row), "messages": [message_object(m) for m in messages]},
@@ -127,7 +127,7 @@ async def get_conversation(request: Request, conversation_id: str, all_branches:
 @router.patch("/backend-api/conversation/{conversation_id}", openapi_extra=json_body(UpdateConversation),
               responses=error_responses(400, 401, 404, 413, 429))
 async def update_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     body: UpdateConversation = await _body(request, UpdateConversation)
     row = await svc.stores.store.update(caller.key_id, conversation_id, title=body.title,
                                  current_leaf_id=body.current_leaf_id)
@@ -136,7 +136,7 @@ async def update_conversation(request: Request, caller: AuthorizedCaller, conver
 
 @router.delete("/backend-api/conversation/{conversation_id}", responses=error_responses(401, 404, 429))
 async def delete_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     await svc.stores.store.delete(caller.key_id, conversation_id)
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True},
                         headers=caller.headers)
@@ -145,7 +145,7 @@ async def delete_conversation(request: Request, caller: AuthorizedCaller, conver
 @router.get("/backend-api/conversation/{conversation_id}/messages", responses=error_responses(400, 401, 404, 429))
 async def list_messages(request: Request, conversation_id: str, query: MessagesPage,
                         caller: MessagesPageCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     page = await svc.stores.store.messages(caller.key_id, conversation_id, after=query.after, limit=query.limit,
                                            order=query.order)
     return JSONResponse(list_object(page, message_object), headers=caller.headers)

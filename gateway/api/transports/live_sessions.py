@@ -22,7 +22,7 @@ from gateway.api.caller import AuthorizedCaller
 from gateway.api.forwarding import forward_post, relay_websocket, replica_of
 from gateway.api.http_errors import error_response
 from gateway.api.openapi import error_responses
-from gateway.api.services import Services
+from gateway.api.services import services
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import CLOSE_TRY_AGAIN, run_session
 from gateway.api.transports.realtime_ws import CLOSE_POLICY, REFUSED_BEFORE_UPGRADE
@@ -126,7 +126,7 @@ async def refuse_connection(websocket: WebSocket, error: ApiError, event: str) -
 
 @router.websocket("/v1/live/sessions/{session_id}/attach")
 async def attach(websocket: WebSocket, session_id: str) -> None:
-    svc: Services = websocket.app.state.services
+    svc = services(websocket)
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     try:
@@ -155,7 +155,7 @@ async def attach(websocket: WebSocket, session_id: str) -> None:
 
 @router.post("/v1/live/sessions/{session_id}/hangup", status_code=200, responses=error_responses(401, 404, 429))
 async def hang_up(session_id: str, request: Request) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     registry: LiveRegistry = request.app.state.live_sessions
     token = bearer_token(request.headers.get("authorization"))
     # Not the caller dependency: the client secret that opened a WebRTC session hangs it up without a key.

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from gateway.api.caller import CallerOrClientSecret
 from gateway.api.http_bodies import read_body
 from gateway.api.openapi import error_responses
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import run_session
 from gateway.api.transports.live_sessions import LiveEntry, LiveRegistry
@@ -143,7 +143,7 @@ class LiveCall(Call):
 
 @router.post("/v1/live/sessions", responses=error_responses(400, 401, 404, 413, 429, 503))
 async def create_live_session(request: Request, caller: CallerOrClientSecret) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     svc.runtime.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "Live WebRTC sessions need the voice models, which are not loaded.",

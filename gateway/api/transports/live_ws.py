@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.transports.channel import ChannelClosed, run_session
 from gateway.api.transports.live_sessions import LiveEntry, refuse, refuse_connection
 from gateway.api.transports.responses_http import response_deps
@@ -54,7 +54,7 @@ START_TIMEOUT_S = 30.0  # a connection that never sends session.start is closed
 
 @router.websocket("/v1/live/sessions")
 async def live_websocket(websocket: WebSocket) -> None:
-    svc: Services = websocket.app.state.services
+    svc = services(websocket)
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     request_id: str | None = getattr(websocket.state, "request_id", None)

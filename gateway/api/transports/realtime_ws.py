@@ -10,7 +10,7 @@ from starlette.datastructures import QueryParams
 
 from gateway.api.forwarding import relay_websocket, replica_of
 from gateway.api.http_errors import error_response
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.transports.channel import CLOSE_TRY_AGAIN, attach, run_session
 from gateway.api.transports.sideband import serve_sideband
 from gateway.api.transports.websocket_channel import WebSocketChannel
@@ -37,7 +37,7 @@ REFUSED_BEFORE_UPGRADE = (429, 503)
 
 @router.websocket("/v1/realtime")
 async def realtime_websocket(websocket: WebSocket) -> None:
-    svc: Services = websocket.app.state.services
+    svc = services(websocket)
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     accept_subprotocol = "realtime" if "realtime" in subprotocols else None

@@ -18,7 +18,7 @@ from gateway.api.http_bodies import read_json_object
 from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.page_query import PageQuery
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
 from gateway.generation.memory import MemoryAccount, MemoryStore
 from gateway.generation.response_run import ResponseDeps, ResponseRun
@@ -65,7 +65,7 @@ def response_deps(svc: Services, owner: str) -> ResponseDeps:
 @router.post("/v1/responses", openapi_extra=json_body(ResponseCreateRequest),
              responses=error_responses(400, 401, 404, 413, 429, 503))
 async def create_response(request: Request, caller: AuthorizedCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
         return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
@@ -109,14 +109,14 @@ async def _sse(svc: Services, run: ResponseRun) -> AsyncIterator[bytes]:
 
 @router.get("/v1/responses/{response_id}", responses=error_responses(400, 401, 404, 429))
 async def get_response(request: Request, response_id: str, caller: IncludeCheckedCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     row = await svc.stores.responses.get(caller.key_id, response_id)
     return JSONResponse(row.body, headers=caller.headers)
 
 
 @router.delete("/v1/responses/{response_id}", responses=error_responses(401, 404, 429))
 async def delete_response(request: Request, caller: AuthorizedCaller, response_id: str) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     run = svc.stores.running_responses.get(response_id)
     if run is not None and run.owner == caller.key_id:
         run.cancel()  # a response deleted while it runs stops
@@ -128,7 +128,7 @@ async def delete_response(request: Request, caller: AuthorizedCaller, response_i
 async def cancel_response(request: Request, caller: AuthorizedCaller, response_id: str) -> JSONResponse:
     """Stops a stored response while it generates on this replica (streamed or not) and returns it, cancelled.
     OpenAI cancels background responses only, which are not served here; a response that has ended is a 400."""
-    svc: Services = request.app.state.services
+    svc = services(request)
     run = svc.stores.running_responses.get(response_id)
     if run is None or run.owner != caller.key_id:
         row = await svc.stores.responses.get(caller.key_id, response_id)  # 404 when there is none
@@ -143,7 +143,7 @@ async def cancel_response(request: Request, caller: AuthorizedCaller, response_i
 @router.get("/v1/responses/{response_id}/input_items", responses=error_responses(400, 401, 404, 429))
 async def list_input_items(request: Request, response_id: str, query: InputItemsQuery,
                            caller: InputItemsCaller) -> JSONResponse:
-    svc: Services = request.app.state.services
+    svc = services(request)
     page = await svc.stores.responses.input_items(caller.key_id, response_id, after=query.after, limit=query.limit,
                                                   order=query.order)
     data: list[dict[str, Any]] = list(page.rows)

@@ -28,7 +28,7 @@ from gateway.api.forwarding import forward_post, replica_of
 from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_body
 from gateway.api.openapi import error_responses, request_body
-from gateway.api.services import Services
+from gateway.api.services import Services, services
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import ChannelClosed, Outcome, attach, run_session
 from gateway.platform.auth import Principal, bearer_token
@@ -327,7 +327,7 @@ CALL_ANSWER = {
     responses={201: CALL_ANSWER, **error_responses(400, 401, 404, 413, 415, 429, 503)},
 )
 async def create_call(request: Request, conversation: CallConversation, caller: CallCaller) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     svc.runtime.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
@@ -410,7 +410,7 @@ async def answer_offer(svc: Services, pc: RTCPeerConnection, session: RealtimeSe
 
 @router.post("/v1/realtime/calls/{call_id}/hangup", responses=error_responses(401, 404, 429))
 async def hang_up(call_id: str, request: Request) -> Response:
-    svc: Services = request.app.state.services
+    svc = services(request)
     call = request.app.state.calls.get(call_id)
     if call is None and (owner := await svc.stores.owner_url(replica_of(call_id))) is not None:
         return await forward_post(owner, request)  # the call lives on another replica: its owner answers
