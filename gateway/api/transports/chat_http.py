@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from gateway.api.caller import AuthorizedCaller
@@ -19,7 +18,7 @@ from gateway.api.http_bodies import read_json_object
 from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services, services
-from gateway.api.stream_hub import request_fingerprint
+from gateway.api.sse import DONE, resume_stream, sse_data, sse_response, stream_request
 from gateway.generation.chat_history import AttachedChat
 from gateway.generation.chat_plan import ChatPlan, ReplyForm
 from gateway.generation.memory import MemoryAccount, MemoryStore, Recall
@@ -89,23 +88,6 @@ async def chat_completions(request: Request, caller: AuthorizedCaller) -> Respon
     svc.runtime.require_ready()
     return await idempotent(svc, request, caller.key_id, body, caller.headers,
                             lambda: _complete(svc, chat, caller.headers, request, caller.key_id))
-
-
-def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
-
-
-async def stream_request(request: Request) -> str:
-    """The fingerprint a stream is bound to: a resume must send the request that started it."""
-    _, payload = await read_json_object(request)  # the body is read once; this reads it again from memory
-    return request_fingerprint(request.url.path, payload)
-
-
-async def resume_stream(svc: Services, request: Request, last_event_id: str, owner: str,
-                        headers: dict[str, str]) -> StreamingResponse:
-    """The events of a running or recently finished stream after `Last-Event-ID`, then the live ones."""
-    buffer, after = svc.stores.streams.get(last_event_id, owner, await stream_request(request))
-    return sse_response(svc.stores.streams.read(buffer, after), headers)
 
 
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
@@ -251,10 +233,6 @@ def _ms(start: float, end: float | None) -> float | None:
     return None if end is None else round((end - start) * 1000, 1)
 
 
-def sse_data(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
-
-
 async def _sse(
     stream: Reply, plan: ChatPlan, cid: str, model: str, fingerprint: str, include_usage: bool,
     record: CompletionRecord, guard: OutputGuard, remembered: Recall | None,
@@ -298,7 +276,7 @@ async def _sse(
         if include_usage:
             yield chunk(usage=usage_object(result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens))
         await record.stored()
-        yield b"data: [DONE]\n\n"
+        yield DONE
     except ApiError as exc:  # headers are gone: the error travels in the stream, as OpenAI does
         log.warning("chat stream %s failed: %s", cid, exc)  # the backend, or a memory round's prompt did not fit
         record.done("failed")

@@ -21,7 +21,7 @@ from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import services
-from gateway.api.transports.chat_http import sse_data, sse_response
+from gateway.api.sse import DONE, sse_data, sse_response
 from gateway.generation.service import Rendered, Reply
 from gateway.platform import metrics
 from gateway.platform.event_log import log_event
@@ -147,7 +147,7 @@ async def _sse(stream: Reply, guard: OutputGuard, cid: str, model: str, include_
             yield sse_data(text_completion(cid, model, created, [], _usage(result)))
         status = "completed"
         _record(request_id, cid, model, True, result)
-        yield b"data: [DONE]\n\n"
+        yield DONE
     except ApiError as exc:  # headers are gone: the error travels in the stream
         status = "failed"
         yield sse_data({"error": exc.body()})

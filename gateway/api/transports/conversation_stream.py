@@ -10,7 +10,6 @@ The reply is stored as it streams and runs to its end even if the client leaves;
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from gateway.api.caller import AuthorizedCaller
 from gateway.api.http_bodies import read_model
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.services import Services, services
-from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
+from gateway.api.sse import DONE, resume_stream, sse_data, sse_response, stream_request
 from gateway.generation.chat_history import chat_message
 from gateway.generation.chat_plan import ReplyForm
 from gateway.generation.memory import MemoryAccount, MemoryStore, Recall
@@ -143,29 +142,24 @@ async def post_message(request: Request, caller: AuthorizedCaller, conversation_
     return sse_response(svc.stores.streams.read(buffer), headers)
 
 
-def _data(payload: Any, event: str | None = None) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
-
-
 async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream: Reply, guard: OutputGuard,
                   writer: MessageWriter, prepared_tokens: int, title_for: str | None,
                   remembered: Recall | None) -> AsyncIterator[bytes]:
     conversation_id = turn.conversation.id
     guard.start(next((m.content for m in reversed(turn.messages) if m.role == "user"), ""))  # classified at once
     try:
-        yield _data("v1", "delta_encoding")
-        yield _data({"type": "resume_conversation_token", "token": stream_id, "conversation_id": conversation_id})
+        yield sse_data("v1", "delta_encoding")
+        yield sse_data({"type": "resume_conversation_token", "token": stream_id, "conversation_id": conversation_id})
         message = {"id": writer.reply.id, "author": {"role": "assistant"}, "content": {"content_type": "text",
                    "parts": [""]}, "status": "in_progress", "metadata": {"parent_id": turn.new_user.id if turn.new_user
                    else turn.parent_id, "model": writer.reply.model}}
-        yield _data({"p": "", "o": "add", "v": {"message": message, "conversation_id": conversation_id,
+        yield sse_data({"p": "", "o": "add", "v": {"message": message, "conversation_id": conversation_id,
                                                 "input_message_id": turn.new_user.id if turn.new_user else None}},
                     "delta")
         first = True
         async for safe in guarded(stream, guard):
             writer.append(safe)
-            yield _data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
+            yield sse_data({"p": TEXT_PATH, "o": "append", "v": safe} if first else {"v": safe}, "delta")
             first = False
         result = await stream.result()
         finish_reason = "content_filter" if guard.blocked is not None else result.finish_reason
@@ -178,20 +172,20 @@ async def _events(svc: Services, owner: str, stream_id: str, turn: Turn, stream:
         writer.finish(status, latency=latency, message_metadata=memories, **usage)
         metadata = {"finish_reason": finish_reason, "usage": usage, **latency, **(memories or {}),
                     "prewarmed": prepared_tokens > 0 and result.cached_prompt_tokens >= prepared_tokens}
-        yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": status},
+        yield sse_data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": status},
                                                   {"p": "/message/metadata", "o": "append", "v": metadata}]}, "delta")
         await writer.written()
         if title_for is not None and (title := await _title(svc, owner, conversation_id, title_for)):
-            yield _data({"type": "title_generation", "title": title, "conversation_id": conversation_id})
-        yield b"data: [DONE]\n\n"
+            yield sse_data({"type": "title_generation", "title": title, "conversation_id": conversation_id})
+        yield DONE
     except asyncio.CancelledError:  # the server is shutting down
         writer.finish("cancelled")
         raise
     except Exception as exc:  # headers are gone: the error travels in the stream
         log.exception("conversation stream %s failed", stream_id)
         writer.finish("incomplete", error="the generation failed")
-        yield _data({"type": "error", "error": {"message": str(exc), "type": "server_error", "code": "internal_error"}})
-        yield _data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": "incomplete"}]},
+        yield sse_data({"type": "error", "error": {"message": str(exc), "type": "server_error", "code": "internal_error"}})
+        yield sse_data({"p": "", "o": "patch", "v": [{"p": "/message/status", "o": "replace", "v": "incomplete"}]},
                     "delta")
     finally:
         await stream.close()  # settles the tokens

@@ -19,7 +19,7 @@ from gateway.api.idempotent import idempotent
 from gateway.api.openapi import error_responses, json_body
 from gateway.api.page_query import PageQuery
 from gateway.api.services import Services, services
-from gateway.api.transports.chat_http import resume_stream, sse_response, stream_request
+from gateway.api.sse import resume_stream, sse_response, stream_request
 from gateway.generation.memory import MemoryAccount, MemoryStore
 from gateway.generation.response_run import ResponseDeps, ResponseRun
 from gateway.platform.token_quota import TokenAccount
