@@ -70,6 +70,7 @@ class SessionRegistry:
         """Count a new session in on its seat and spend the client secret that opened it, all or nothing (a
         refused spend leaves the seat to the caller). Returns the opening transport's hold on the session."""
         self.live[session] = seat
+        self.admission.opened(session.id)
         session.tokens = TokenAccount(self.gate.quota, principal.key_id)  # the quota its responses draw on
         conversations = self.stores.conversations
         if conversations is not None:  # its key's memory, when the key turned it on (gateway/generation/memory.py)
@@ -78,6 +79,7 @@ class SessionRegistry:
             await self.gate.auth.spend(principal)
         except BaseException:
             self.live.pop(session, None)
+            self.admission.closed(session.id)
             raise
         self.limits.watch(session)
         return self.hub.add(session, principal.key_id)
@@ -85,6 +87,7 @@ class SessionRegistry:
     async def end_session(self, session: RealtimeSession) -> None:
         """The session is over: uncounted, unresumable, closed, and its transport told (a WebRTC call hangs up)."""
         seat = self.live.pop(session, None)
+        self.admission.closed(session.id)
         self.hub.remove(session)
         if seat is not None:
             await self.seats.give_back(seat)

@@ -274,10 +274,11 @@ class Settings(BaseSettings):
         "it, 503 with Retry-After, so that a router tries another replica."
     )
     admission_latency_ms: int = Field(
-        1000, ge=0, le=60_000, description="Admission by measured capacity: while the 90th percentile of the voice "
-        "turns of the last --admission-window-s took longer than this from the end of the user's speech to the "
-        "reply's first audio (the VAD's silence wait not counted), a new Realtime session gets 503 "
-        "server_at_capacity with Retry-After, and the sessions already open keep their speed (0: no bound).")
+        1000, ge=0, le=60_000, description="Admission by measured capacity: while the 90th percentile of the open "
+        "sessions' voice turns of the last --admission-window-s took longer than this (or than 1.5x a lone "
+        "session's turns, where that is more) from the end of the user's speech to the reply's first audio (the "
+        "VAD's silence wait not counted), a new Realtime session gets 503 server_at_capacity with Retry-After, and "
+        "the sessions already open keep their speed; with no session open one is always taken (0: no bound).")
     admission_window_s: float = Field(
         30, ge=1, le=3600, description="The window of recent voice turns that --admission-latency-ms judges.")
     max_sessions_per_key: int = Field(

@@ -353,7 +353,7 @@ class ResponseDriver:
         for stage, seconds in run.marks.stage_durations().items():
             metrics.STAGE_SECONDS.labels(stage).observe(seconds)
             if stage == "voice_to_voice":
-                self.runtime.admission.record(seconds)
+                self.runtime.admission.record(self.session_id, seconds)
 
     def _log(self, run: RunningResponse, done: ResponseFinished) -> None:
         """One record per response: ids, status, token counts and latency marks (the answer only with

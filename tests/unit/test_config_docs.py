@@ -44,13 +44,17 @@ def help_flags(command: str) -> set[str]:
 
 
 def benchmark_flags() -> set[str]:
-    """Every `--flag` the scripts under benchmarks/ declare with argparse's add_argument."""
+    """Every `--flag` the scripts under benchmarks/ declare with argparse's add_argument (and `--no-flag` for a
+    BooleanOptionalAction)."""
     flags: set[str] = set()
     for path in (ROOT / "benchmarks").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-                flags |= {arg.value for arg in node.args
-                          if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--")}
+                named = {arg.value for arg in node.args
+                         if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("--")}
+                negated = any(kw.arg == "action" and isinstance(kw.value, ast.Attribute)
+                              and kw.value.attr == "BooleanOptionalAction" for kw in node.keywords)
+                flags |= named | ({f"--no-{flag[2:]}" for flag in named} if negated else set())
     return flags
 
 
