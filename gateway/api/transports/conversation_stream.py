@@ -26,7 +26,7 @@ from gateway.api.services import Services, services
 from gateway.api.sse import DONE, resume_stream, sse_data, sse_response, stream_request
 from gateway.generation.chat_history import chat_message
 from gateway.generation.chat_plan import ReplyForm
-from gateway.generation.memory import MemoryAccount, MemoryStore, Recall
+from gateway.generation.memory import Recall
 from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
 from gateway.generation.service import Reply
 from gateway.generation.titles import generate_title
@@ -101,10 +101,6 @@ def _reply_request(svc: Services, turn: Turn, max_tokens: int, *, save: bool,
                         save_memory=save)
 
 
-def _memory(svc: Services, owner: str) -> MemoryAccount:
-    return MemoryAccount(MemoryStore(svc.stores.store.engine), owner)
-
-
 @router.post("/backend-api/conversation/{conversation_id}/messages", openapi_extra=json_body(PostMessage),
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def post_message(request: Request, caller: AuthorizedCaller, conversation_id: str) -> Response:
@@ -121,7 +117,7 @@ async def post_message(request: Request, caller: AuthorizedCaller, conversation_
     reply_request = _reply_request(svc, turn, body.max_tokens or svc.settings.default_max_tokens,
                                    save=content is not None, temperature=body.temperature)
     # 429 past --rate-limit-tpm
-    path = await ReplyPath.prepare(generator, reply_request, memory=_memory(svc, caller.key_id),
+    path = await ReplyPath.prepare(generator, reply_request, memory=svc.memory(caller.key_id),
                                    tokens=TokenAccount(svc.gate.quota, caller.key_id))
     prewarmed = svc.stores.prewarmer.prepared_tokens(caller.key_id, conversation_id, path.prompt_ids)
     headers = caller.headers
@@ -218,7 +214,7 @@ async def prepare(request: Request, caller: AuthorizedCaller, conversation_id: s
                           "parent_message_id" in body.model_fields_set, body.parent_message_id)
     # The message's prompt as it will be, with no tokens reserved: nothing is generated.
     path = await ReplyPath.prepare(generator, _reply_request(svc, turn, svc.settings.default_max_tokens, save=False),
-                                   memory=_memory(svc, caller.key_id))
+                                   memory=svc.memory(caller.key_id))
     svc.stores.prewarmer.prepare(generator.engine, caller.key_id, conversation_id, path.prompt_ids)
     return JSONResponse({"object": "conversation.prepare", "conversation_id": conversation_id,
                          "prompt_tokens": len(path.prompt_ids)}, status_code=202, headers=caller.headers)

@@ -28,8 +28,8 @@ from gateway.api.openapi import error_responses
 from gateway.api.services import Services, services
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.channel import run_session
+from gateway.api.transports.live_factory import feed_history, open_live, require_live_config
 from gateway.api.transports.live_sessions import LiveEntry, LiveRegistry
-from gateway.api.transports.live_ws import feed_history, open_live, require_live_config
 from gateway.api.transports.webrtc import (
     EVENTS_CHANNEL,
     MAX_SDP_BYTES,

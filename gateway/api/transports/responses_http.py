@@ -20,9 +20,7 @@ from gateway.api.openapi import error_responses, json_body
 from gateway.api.page_query import PageQuery
 from gateway.api.services import Services, services
 from gateway.api.sse import resume_stream, sse_response, stream_request
-from gateway.generation.memory import MemoryAccount, MemoryStore
-from gateway.generation.response_run import ResponseDeps, ResponseRun
-from gateway.platform.token_quota import TokenAccount
+from gateway.generation.response_run import ResponseRun
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_objects import sse_event, wire
 from gateway.protocol.responses import ResponseCreateRequest, parse_response_request
@@ -54,14 +52,6 @@ InputItemsQuery = Annotated[PageQuery, Depends(_input_items_page)]
 InputItemsCaller = Annotated[Caller, Depends(authorized_after(_input_items_page))]
 
 
-def response_deps(svc: Services, owner: str) -> ResponseDeps:
-    """What a response of `owner`'s draws on (a delegated Live task's too: live_ws.py)."""
-    return ResponseDeps(svc.runtime.generator(), svc.stores.store, svc.stores.responses,
-                        TokenAccount(svc.gate.quota, owner), MemoryAccount(MemoryStore(svc.stores.store.engine), owner),
-                        svc.settings.default_max_tokens,
-                        svc.settings.repetition_penalty)
-
-
 @router.post("/v1/responses", openapi_extra=json_body(ResponseCreateRequest),
              responses=error_responses(400, 401, 404, 413, 429, 503))
 async def create_response(request: Request, caller: AuthorizedCaller) -> Response:
@@ -78,7 +68,7 @@ async def create_response(request: Request, caller: AuthorizedCaller) -> Respons
 
 async def _respond(svc: Services, request: Request, body: ResponseCreateRequest, owner: str,
                    headers: dict[str, str]) -> Response:
-    run = await ResponseRun.prepare(response_deps(svc, owner), body, owner)
+    run = await ResponseRun.prepare(svc.response_deps(owner), body, owner)
     if run.reservation_headers:
         headers = {**headers, **run.reservation_headers}
     if body.store is not False:
