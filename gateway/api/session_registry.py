@@ -4,10 +4,11 @@ them for a resume, their duration and idle limits, the drain at SIGTERM, and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,20 +56,28 @@ class SessionRegistry:
         self.limits = SessionLimits(settings.max_session_duration_s, settings.session_idle_timeout_s, self.end_session)
         self.seats = SessionSeats(settings.max_sessions, settings.max_sessions_per_key, settings.session_seat_ttl_s)
 
-    async def take_seat(self, key_id: str) -> Seat:
-        """Room for a new session of this key, before it is set up: 503 while draining, while its voice turns run
-        slow (--admission-latency-ms) or when the replica is full (--max-sessions), 429 past
-        --max-sessions-per-key. Given back by end_session once the session is open (open_session), by the caller
-        (seats.give_back) when its set-up fails first."""
+    @contextlib.asynccontextmanager
+    async def seat(self, key_id: str) -> AsyncIterator[Seat]:
+        """Room for a new session of this key while it is set up, taken before anything of it is (before an
+        upgrade, before SDP work), so that a refusal is an HTTP answer: 503 while draining, while its voice turns
+        run slow (--admission-latency-ms) or when the replica is full (--max-sessions), 429 past
+        --max-sessions-per-key. A session opened on it (open_session) keeps it until end_session; otherwise it
+        is given back as the block ends, however it ends."""
         if self.draining:
             raise ApiError("replica_draining", "This replica is shutting down; open the session on another one.",
                            type="server_error", status=503, retry_after_s=1.0)
         self.admission.check()
-        return await self.seats.take(key_id)
+        taken = await self.seats.take(key_id)
+        try:
+            yield taken
+        finally:
+            if not any(held is taken for held in self.live.values()):  # no session holds it: the set-up failed
+                await self.seats.give_back(taken)  # (a second give-back, after end_session's, counts once)
 
     async def open_session(self, session: RealtimeSession, principal: Principal, seat: Seat) -> Attachment:
         """Count a new session in on its seat and spend the client secret that opened it, all or nothing (a
-        refused spend leaves the seat to the caller). Returns the opening transport's hold on the session."""
+        refused spend leaves the seat to the block that took it: seat()). Returns the opening transport's hold on
+        the session."""
         self.live[session] = seat
         self.admission.opened(session.id)
         session.tokens = TokenAccount(self.gate.quota, principal.key_id)  # the quota its responses draw on

@@ -156,12 +156,8 @@ async def create_live_session(request: Request, caller: CallerOrClientSecret) ->
     except ApiError as error:
         error.param = "transport.sdp"
         raise
-    seat = await svc.sessions.take_seat(caller.key_id)  # 503 or 429 before any SDP work
-    try:
+    async with svc.sessions.seat(caller.key_id) as seat:  # 503 or 429 before any SDP work
         answer, session_id = await _set_up(svc, request, caller.principal, create, seat)
-    except BaseException:
-        await svc.sessions.seats.give_back(seat)  # the session was not set up: its seat is free again
-        raise
     return JSONResponse({"session": {"id": session_id}, "transport": {"type": "webrtc", "sdp": answer}},
                         headers=caller.headers)
 

@@ -8,6 +8,7 @@ LiveFront takes (gateway/realtime/live_front.py). There is no resume: a dropped 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -22,7 +23,6 @@ from gateway.api.transports.live_sessions import LiveEntry, refuse, refuse_conne
 from gateway.api.transports.websocket_channel import WebSocketChannel
 from gateway.platform.auth import bearer_token, token_from_subprotocols
 from gateway.platform.event_log import log_event
-from gateway.platform.session_seats import Seat
 from gateway.protocol.codec import encode_server_event
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_events import (
@@ -47,33 +47,30 @@ async def live_websocket(websocket: WebSocket) -> None:
     subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     token = bearer_token(websocket.headers.get("authorization")) or token_from_subprotocols(subprotocols)
     request_id: str | None = getattr(websocket.state, "request_id", None)
-    seat: Seat | None = None
-    try:
-        principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
-        svc.runtime.require_ready()
-        seat = await svc.sessions.take_seat(principal.key_id)
-    except ApiError as error:
-        await refuse_connection(websocket, error, "live.session.refused")
-        return
-    await websocket.accept()
-    channel = WebSocketChannel(websocket, kind="live")
-    session: RealtimeSession | None = None
-    try:
-        start = await _session_start(channel, svc)
-        if start is None:
+    # The seat (sessions.seat) is the session's once it opens; given back as the set-up ends otherwise.
+    async with contextlib.AsyncExitStack() as setting_up:
+        try:
+            principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
+            svc.runtime.require_ready()
+            seat = await setting_up.enter_async_context(svc.sessions.seat(principal.key_id))
+        except ApiError as error:
+            await refuse_connection(websocket, error, "live.session.refused")
             return
-        session, front = _open(svc, start.session, request_id, principal.key_id)
-        attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
-        seat = None  # the session's now
-    except ApiError as error:
-        if session is not None:
-            await session.close()
-        log_event("live.session.refused", request_id=request_id, code=error.code)
-        await refuse(websocket, error)
-        return
-    finally:
-        if seat is not None:
-            await svc.sessions.seats.give_back(seat)
+        await websocket.accept()
+        channel = WebSocketChannel(websocket, kind="live")
+        session: RealtimeSession | None = None
+        try:
+            start = await _session_start(channel, svc)
+            if start is None:
+                return
+            session, front = _open(svc, start.session, request_id, principal.key_id)
+            attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
+        except ApiError as error:
+            if session is not None:
+                await session.close()
+            log_event("live.session.refused", request_id=request_id, code=error.code)
+            await refuse(websocket, error)
+            return
     reader = session.outbox.attach()
     session.start()
     feed_history(session, start.session)

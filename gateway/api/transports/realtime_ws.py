@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 
@@ -45,63 +46,64 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     query = websocket.query_params
     call_id, resume_token = query.get("call_id"), query.get("resume")
     new_session = call_id is None and resume_token is None
-    seat: Seat | None = None
-    try:
-        # Not the caller dependency: the token may come in a subprotocol, and a refusal is an HTTP answer or a
-        # close, not a JSON error (the rate-limit headers have no answer to go on).
-        principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
-        if new_session:
-            if (model := query.get("model")) is not None:
-                svc.runtime.require_model(model)
-            svc.runtime.require_ready()
-            seat = await svc.sessions.take_seat(principal.key_id)  # 503 or 429 past a session bound
-    except ApiError as error:
-        log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
-        if error.status in REFUSED_BEFORE_UPGRADE:
-            # An HTTP answer, not an upgrade: a router retries a 503 on another replica, a client sees the status.
-            await websocket.send_denial_response(error_response(error))
-        else:  # said in an `error` event (clients show it), then the close
-            await websocket.accept(subprotocol=accept_subprotocol)
+    # The seat of a new session (sessions.seat) is the session's once it opens; given back as the set-up ends
+    # otherwise.
+    async with contextlib.AsyncExitStack() as setting_up:
+        seat: Seat | None = None
+        try:
+            # Not the caller dependency: the token may come in a subprotocol, and a refusal is an HTTP answer or a
+            # close, not a JSON error (the rate-limit headers have no answer to go on).
+            principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
+            if new_session:
+                if (model := query.get("model")) is not None:
+                    svc.runtime.require_model(model)
+                svc.runtime.require_ready()
+                # 503 or 429 past a session bound
+                seat = await setting_up.enter_async_context(svc.sessions.seat(principal.key_id))
+        except ApiError as error:
+            log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
+            if error.status in REFUSED_BEFORE_UPGRADE:
+                # An HTTP answer, not an upgrade: a router retries a 503 on another replica, a client sees the
+                # status.
+                await websocket.send_denial_response(error_response(error))
+            else:  # said in an `error` event (clients show it), then the close
+                await websocket.accept(subprotocol=accept_subprotocol)
+                await _refuse(websocket, error)
+            return
+        await websocket.accept(subprotocol=accept_subprotocol)
+        fresh: RealtimeSession | None = None  # a new session, closed again if it is refused
+        try:
+            if call_id is not None:  # a sideband connection to a call
+                await serve_sideband(websocket, svc, principal, call_id)
+                return
+            if resume_token is not None and (owner := await svc.stores.owner_url(replica_of(resume_token))) is not None:
+                # The session lives on another replica (the router sent the resume here): relay to its owner.
+                await relay_websocket(websocket, owner)
+                return
+            if resume_token is not None:
+                session, attachment, reader = _resume(svc, resume_token, principal.key_id, query)
+            else:
+                assert seat is not None
+                session = fresh = RealtimeSession(
+                    svc.runtime,
+                    svc.settings,
+                    transport="websocket",
+                    speech_factory=WebSocketSpeech.create,
+                    initial_config=with_intent(principal.ephemeral_session, query.get("intent")),
+                    request_id=request_id,
+                    session_id=principal.ephemeral_session_id,
+                )
+                if (stored := query.get("conversation")) is not None:
+                    await attach_stored_conversation(session, svc.stores.store, principal.key_id, stored)
+                attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
+                reader = session.outbox.attach()
+                session.start()
+        except ApiError as error:
+            if fresh is not None:
+                await fresh.close()  # its stored conversation's recorder, if it had one
+            log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
             await _refuse(websocket, error)
-        return
-    await websocket.accept(subprotocol=accept_subprotocol)
-    fresh: RealtimeSession | None = None  # a new session, closed again if it is refused
-    try:
-        if call_id is not None:  # a sideband connection to a call
-            await serve_sideband(websocket, svc, principal, call_id)
             return
-        if resume_token is not None and (owner := await svc.stores.owner_url(replica_of(resume_token))) is not None:
-            # The session lives on another replica (the router sent the resume here): relay to its owner.
-            await relay_websocket(websocket, owner)
-            return
-        if resume_token is not None:
-            session, attachment, reader = _resume(svc, resume_token, principal.key_id, query)
-        else:
-            assert seat is not None
-            session = fresh = RealtimeSession(
-                svc.runtime,
-                svc.settings,
-                transport="websocket",
-                speech_factory=WebSocketSpeech.create,
-                initial_config=with_intent(principal.ephemeral_session, query.get("intent")),
-                request_id=request_id,
-                session_id=principal.ephemeral_session_id,
-            )
-            if (stored := query.get("conversation")) is not None:
-                await attach_stored_conversation(session, svc.stores.store, principal.key_id, stored)
-            attachment = await svc.sessions.open_session(session, principal, seat)  # spends a client secret
-            seat = None  # the session's now: given back when it ends
-            reader = session.outbox.attach()
-            session.start()
-    except ApiError as error:
-        if fresh is not None:
-            await fresh.close()  # its stored conversation's recorder, if it had one
-        log_event("realtime.session.refused", request_id=request_id, transport="websocket", code=error.code)
-        await _refuse(websocket, error)
-        return
-    finally:
-        if seat is not None:  # the session was not set up
-            await svc.sessions.seats.give_back(seat)
     await run_session(WebSocketChannel(websocket), session, reader, attachment=attachment, hub=svc.sessions.hub,
                       end=lambda: svc.sessions.end_session(session))
 

@@ -331,12 +331,8 @@ async def create_call(request: Request, conversation: CallConversation, caller: 
     svc.runtime.require_ready()
     if not svc.runtime.voice_ready:
         raise ApiError("voice_unavailable", "WebRTC calls need the voice models, which are not loaded.", status=503)
-    seat = await svc.sessions.take_seat(caller.key_id)  # 503 or 429 before any SDP work
-    try:
+    async with svc.sessions.seat(caller.key_id) as seat:  # 503 or 429 before any SDP work
         return await _set_up_call(svc, request, caller.principal, caller.headers, conversation, seat)
-    except BaseException:
-        await svc.sessions.seats.give_back(seat)  # the call was not set up: its seat is free again
-        raise
 
 
 async def _set_up_call(svc: Services, request: Request, principal: Principal, headers: dict[str, str],
