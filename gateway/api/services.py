@@ -13,9 +13,8 @@ from starlette.requests import HTTPConnection
 from gateway.api.gate import Gate
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.stores import Stores
-from gateway.generation.chat_run import ChatDeps
 from gateway.generation.memory import MemoryAccount, MemoryStore
-from gateway.generation.response_run import ResponseDeps
+from gateway.generation.reply_path import RunDeps
 from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
 from gateway.platform.redis_state import REPLICA_TTL_S
@@ -42,18 +41,13 @@ class Services:
         """`owner`'s memory (recalled from only when the key turned it on)."""
         return MemoryAccount(MemoryStore(self.stores.store.engine), owner)
 
-    def chat_deps(self, owner: str) -> ChatDeps:
-        """What a chat completion of `owner`'s draws on (503 until the model is loaded)."""
+    def run_deps(self, owner: str) -> RunDeps:
+        """What a chat completion or a response of `owner`'s draws on (a delegated Live task's too:
+        live_factory.py); 503 until the model is loaded."""
         settings = self.settings
-        return ChatDeps(self.runtime.generator(), self.stores.store, TokenAccount(self.gate.quota, owner),
-                        self.memory(owner), settings.default_max_tokens, settings.repetition_penalty,
-                        settings.model_name)
-
-    def response_deps(self, owner: str) -> ResponseDeps:
-        """What a response of `owner`'s draws on (a delegated Live task's too: live_factory.py)."""
-        return ResponseDeps(self.runtime.generator(), self.stores.store, self.stores.responses,
-                            TokenAccount(self.gate.quota, owner), self.memory(owner),
-                            self.settings.default_max_tokens, self.settings.repetition_penalty)
+        return RunDeps(self.runtime.generator(), self.stores.store, self.stores.responses,
+                       TokenAccount(self.gate.quota, owner), self.memory(owner), settings.default_max_tokens,
+                       settings.repetition_penalty, settings.model_name)
 
     async def open(self) -> None:
         """The lifespan's start: the stores open, and the gate and the seats keep their state in them (Redis,

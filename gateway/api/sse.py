@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from gateway.api.gate import Caller
 from gateway.api.http_bodies import read_json_object
 from gateway.api.services import Services
 from gateway.api.stream_hub import request_fingerprint
@@ -33,8 +34,11 @@ async def stream_request(request: Request) -> str:
     return request_fingerprint(request.url.path, payload)
 
 
-async def resume_stream(svc: Services, request: Request, last_event_id: str, owner: str,
-                        headers: dict[str, str]) -> StreamingResponse:
-    """The events of a running or recently finished stream after `Last-Event-ID`, then the live ones."""
-    buffer, after = svc.stores.streams.get(last_event_id, owner, await stream_request(request))
-    return sse_response(svc.stores.streams.read(buffer, after), headers)
+async def resume_stream(svc: Services, request: Request, caller: Caller) -> StreamingResponse | None:
+    """A stream's client reconnecting with `Last-Event-ID` (its body is the same request, not run again): the
+    events of the running or recently finished stream after it, then the live ones. None: a new request."""
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is None:
+        return None
+    buffer, after = svc.stores.streams.get(last_event_id, caller.key_id, await stream_request(request))
+    return sse_response(svc.stores.streams.read(buffer, after), caller.headers)

@@ -23,15 +23,14 @@ from typing import Any
 
 from gateway.generation.chat_history import AttachedChat
 from gateway.generation.chat_plan import ChatPlan, ReplyForm
-from gateway.generation.memory import MemoryAccount, Recall
-from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
+from gateway.generation.memory import Recall
+from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest, RunDeps
 from gateway.generation.service import Generator, Reply
 from gateway.generation.titles import title_later
 from gateway.platform import metrics
 from gateway.platform.event_log import log_event
-from gateway.platform.storage.conversations import ConversationStore, MessageStatus
+from gateway.platform.storage.conversations import MessageStatus
 from gateway.platform.storage.writer import MessageWriter
-from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.chat import ChatCompletionRequest, chunk_object, completion_id, completion_object, usage_object
 from gateway.protocol.errors import ApiError
 from gateway.safety.output import CLASSIFIER, OutputGuard, guarded, refusal
@@ -41,19 +40,6 @@ from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ParsedReply, ReplySplitter, parse_reply
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChatDeps:
-    """What a chat completion draws on."""
-
-    generator: Generator
-    conversations: ConversationStore
-    tokens: TokenAccount
-    memory: MemoryAccount  # the key's (recalled from only when the key turned it on)
-    default_max_tokens: int
-    repetition_penalty: float
-    model_name: str  # the system_fingerprint's
 
 
 class ChatRun:
@@ -72,7 +58,7 @@ class ChatRun:
         self._fingerprint = fingerprint
 
     @classmethod
-    async def prepare(cls, deps: ChatDeps, chat: ChatCompletionRequest, owner: str,
+    async def prepare(cls, deps: RunDeps, chat: ChatCompletionRequest, owner: str,
                       request_id: str | None) -> ChatRun:
         """Build, render and reserve the completion's prompt and start its generation. Raises ApiError (a
         refusal, a missing conversation, the quota, the context)."""

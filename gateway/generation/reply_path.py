@@ -21,11 +21,27 @@ from gateway.generation.chat_plan import ChatPlan, ReplyForm, plan_reply
 from gateway.generation.memory import REMEMBER_TOOL, MemoryAccount, Recall, memory_off
 from gateway.generation.memory_tool import Generation
 from gateway.generation.service import Generator, MemoryRound, Prepared, PromptSpec, Reply
+from gateway.platform.storage.conversations import ConversationStore
+from gateway.platform.storage.responses import ResponseStore
 from gateway.platform.token_quota import Reservation, TokenAccount
 from gateway.protocol.errors import ApiError
 from inference.llm.backend import SamplingParams
 from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ToolFormat, ToolSpec
+
+
+@dataclass(frozen=True)
+class RunDeps:
+    """What a run on this path for an API key (a chat completion, a response) draws on."""
+
+    generator: Generator
+    conversations: ConversationStore
+    responses: ResponseStore
+    tokens: TokenAccount
+    memory: MemoryAccount  # the key's (recalled from only when the key turned it on)
+    default_max_tokens: int
+    repetition_penalty: float
+    model_name: str  # a chat completion's system_fingerprint names it
 
 
 @dataclass(frozen=True)

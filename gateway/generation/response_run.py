@@ -18,22 +18,18 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from openai import BaseModel
 
 from gateway.generation.chat_history import chat_message
 from gateway.generation.chat_plan import ReplyForm
-from gateway.generation.memory import MemoryAccount
-from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest
+from gateway.generation.reply_path import PromptFields, ReplyPath, ReplyRequest, RunDeps
 from gateway.generation.response_prompt import conversation_message, item_message, items_messages, merge_turns
-from gateway.generation.service import Generator, Reply
+from gateway.generation.service import Reply
 from gateway.platform.event_log import log_event
-from gateway.platform.storage.conversations import ConversationStore, MessageStatus
-from gateway.platform.storage.responses import ResponseStore
+from gateway.platform.storage.conversations import MessageStatus
 from gateway.platform.storage.schema import ConversationRow
-from gateway.platform.token_quota import TokenAccount
 from gateway.protocol.errors import ApiError
 from gateway.protocol.response_objects import ResponsesApiEvents, ResponseState, Usage, input_items, wire
 from gateway.protocol.responses import FunctionChoice, JsonObjectFormat, JsonSchemaFormat, ResponseCreateRequest
@@ -44,19 +40,6 @@ from inference.llm.chat import ChatMessage
 from inference.llm.tool_calls import ReplySplitter, ToolSpec, parse_reply
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ResponseDeps:
-    """What a response draws on."""
-
-    generator: Generator
-    conversations: ConversationStore
-    responses: ResponseStore
-    tokens: TokenAccount
-    memory: MemoryAccount  # the key's (recalled from only when the key turned it on)
-    default_max_tokens: int
-    repetition_penalty: float
 
 
 def reply_form(request: ResponseCreateRequest) -> ReplyForm:
@@ -71,7 +54,7 @@ def reply_form(request: ResponseCreateRequest) -> ReplyForm:
 
 
 class ResponseRun:
-    def __init__(self, deps: ResponseDeps, request: ResponseCreateRequest, owner: str, state: ResponseState,
+    def __init__(self, deps: RunDeps, request: ResponseCreateRequest, owner: str, state: ResponseState,
                  items: list[dict[str, Any]], path: ReplyPath, reply: Reply, question: str,
                  conversation: ConversationRow | None) -> None:
         self.deps = deps
@@ -89,7 +72,7 @@ class ResponseRun:
         self._cancelled = False
 
     @classmethod
-    async def prepare(cls, deps: ResponseDeps, request: ResponseCreateRequest, owner: str) -> ResponseRun:
+    async def prepare(cls, deps: RunDeps, request: ResponseCreateRequest, owner: str) -> ResponseRun:
         """Build, render and reserve the response's prompt, store it as in progress and start its generation.
         Raises ApiError (a refusal, a missing previous response or conversation, the quota, the context)."""
         items = input_items(request)

@@ -49,9 +49,8 @@ async def get_model(model_id: str, request: Request, caller: AuthorizedCaller) -
 )
 async def chat_completions(request: Request, caller: AuthorizedCaller) -> Response:
     svc = services(request)
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
-        return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
+    if (resumed := await resume_stream(svc, request, caller)) is not None:
+        return resumed
     body, payload = await read_json_object(request)
     try:
         chat = ChatCompletionRequest.model_validate(payload)
@@ -65,7 +64,7 @@ async def chat_completions(request: Request, caller: AuthorizedCaller) -> Respon
 
 async def _complete(svc: Services, chat: ChatCompletionRequest, headers: dict[str, str], request: Request,
                     owner: str) -> Response:
-    run = await ChatRun.prepare(svc.chat_deps(owner), chat, owner, getattr(request.state, "request_id", None))
+    run = await ChatRun.prepare(svc.run_deps(owner), chat, owner, getattr(request.state, "request_id", None))
     headers = {**headers, **run.reservation_headers}
     if not chat.stream:
         return JSONResponse(await run.complete(), headers=headers)

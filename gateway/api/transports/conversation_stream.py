@@ -105,9 +105,8 @@ def _reply_request(svc: Services, turn: Turn, max_tokens: int, *, save: bool,
              responses=error_responses(400, 401, 404, 413, 422, 429, 503))
 async def post_message(request: Request, caller: AuthorizedCaller, conversation_id: str) -> Response:
     svc = services(request)
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is not None:  # the client reconnecting: the same stream, not a new reply
-        return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
+    if (resumed := await resume_stream(svc, request, caller)) is not None:
+        return resumed
     body: PostMessage = await read_model(request, PostMessage)
     svc.runtime.require_model(body.model)
     generator = svc.runtime.generator()

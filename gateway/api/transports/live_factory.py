@@ -63,7 +63,7 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
     async def prepare(request: ResponseCreateRequest) -> ResponseRun:
         """A delegated task's Responses request, run by the gateway's own Responses service for the session's key."""
         svc.runtime.require_model(request.model, "session.delegation.responses.model")
-        return await ResponseRun.prepare(svc.response_deps(owner), request, owner)
+        return await ResponseRun.prepare(svc.run_deps(owner), request, owner)
 
     return session, LiveFront(session, translator, audio, playout, started_at, delegation=config.delegation,
                               prepare=prepare)

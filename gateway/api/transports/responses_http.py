@@ -56,9 +56,8 @@ InputItemsCaller = Annotated[Caller, Depends(authorized_after(_input_items_page)
              responses=error_responses(400, 401, 404, 413, 429, 503))
 async def create_response(request: Request, caller: AuthorizedCaller) -> Response:
     svc = services(request)
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is not None:  # a stream's client reconnecting: its body is the same request, not run again
-        return await resume_stream(svc, request, last_event_id, caller.key_id, caller.headers)
+    if (resumed := await resume_stream(svc, request, caller)) is not None:
+        return resumed
     raw, payload = await read_json_object(request)
     body = parse_response_request(payload)
     svc.runtime.require_model(body.model)
@@ -68,7 +67,7 @@ async def create_response(request: Request, caller: AuthorizedCaller) -> Respons
 
 async def _respond(svc: Services, request: Request, body: ResponseCreateRequest, owner: str,
                    headers: dict[str, str]) -> Response:
-    run = await ResponseRun.prepare(svc.response_deps(owner), body, owner)
+    run = await ResponseRun.prepare(svc.run_deps(owner), body, owner)
     if run.reservation_headers:
         headers = {**headers, **run.reservation_headers}
     if body.store is not False:
