@@ -79,6 +79,7 @@ def serve(settings: Settings) -> None:
             )
         log.warning("no API key configured: anyone who can reach %s:%s can use the gateway", settings.host, settings.port)
     from gateway.api.app import build_app
+    from gateway.api.services import services
 
     app = build_app(settings)
     scheme = "https" if settings.ssl_certfile else "http"
@@ -100,7 +101,7 @@ def serve(settings: Settings) -> None:
         timeout_keep_alive=settings.http_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
-    server = DrainingServer(config, app.state.services.sessions, settings.drain_timeout_s)
+    server = DrainingServer(config, services(app).sessions, settings.drain_timeout_s)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises SIGINT again once it has shut down (as uvicorn.run, one line)

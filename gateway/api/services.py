@@ -8,6 +8,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from gateway.api.gate import Gate
@@ -89,6 +90,7 @@ class Services:
         await self.stores.close()
 
 
-def services(connection: HTTPConnection) -> Services:
-    """The app's services, from a request or a WebSocket."""
-    return connection.app.state.services  # type: ignore[no-any-return]
+def services(holder: HTTPConnection | Starlette) -> Services:
+    """The app's services, from the app itself, a request or a WebSocket."""
+    app = holder if isinstance(holder, Starlette) else holder.app
+    return app.state.services  # type: ignore[no-any-return]
