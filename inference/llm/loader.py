@@ -215,8 +215,7 @@ def _read_by_transformers(path: Path, index: GgufIndex) -> Iterator[None]:
     except (ValueError, KeyError) as exc:
         raise UnsupportedModel(
             f"{path.name} (architecture {index.architecture!r}): its config or tokenizer cannot be read: {exc} "
-            f"The engine runs GGUF files of {', '.join(sorted(SUPPORTED_MODEL_TYPES))} on its own forward, and other "
-            "architectures that transformers reads from GGUF through transformers") from exc
+            f"The engine serves GGUF files of {', '.join(sorted(SUPPORTED_MODEL_TYPES))}") from exc
 
 
 def _convert_gguf(path: Path, index: GgufIndex, target: Path) -> None:

@@ -171,7 +171,7 @@ def test_a_file_whose_architecture_or_tokenizer_cannot_be_read_is_refused_by_nam
     for dtype in ("auto", "float32"):  # the engine's blocks and the conversion
         with pytest.raises(UnsupportedModel, match=rf"odd-{architecture}\.gguf \(architecture '{architecture}'\): "
                                                    rf"its config or tokenizer cannot be read: .*{reason}.* The engine "
-                                                   r"runs GGUF files of llama, mistral, qwen2 on its own forward"):
+                                                   r"serves GGUF files of llama, mistral, qwen2$"):
             load_lm(path, dtype=dtype, cache_dir=tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name != "kernels"]  # nothing kept
 
