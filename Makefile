@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+# Test files run on this many pytest-xdist workers, each file whole on one (its module's gateway started once);
+# 1 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run test clean
 
@@ -29,7 +32,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy gateway inference
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

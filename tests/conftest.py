@@ -49,22 +49,22 @@ def question_16k(tts: TtsEngine, question_pcm: np.ndarray) -> np.ndarray:
 
 # -- which LLM kernel paths this run tested (issue: CI tests the path its machine runs) ----------------------
 KERNEL_PATHS = ("vnni", "avx2", "torch")
-_kernel_params: dict[str, set[str]] = {}
 _kernel_passed: dict[str, int] = dict.fromkeys(KERNEL_PATHS, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        paths = {v for k, v in params.items() if k in ("isa", "kernels") and v in KERNEL_PATHS}
-        if paths:
-            _kernel_params[item.nodeid] = paths
+        paths = sorted(v for k, v in params.items() if k in ("isa", "kernels") and v in KERNEL_PATHS)
+        if paths:  # on the report, which pytest-xdist's workers send to the process that sums them up
+            item.user_properties.append(("kernel_paths", ",".join(paths)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.passed:
-        for path in _kernel_params.get(report.nodeid, ()):
-            _kernel_passed[path] += 1
+        for path in dict(report.user_properties).get("kernel_paths", "").split(","):
+            if path:
+                _kernel_passed[path] += 1
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
