@@ -174,15 +174,21 @@ def build_set(seed: int = 0, sentences: list[str] | None = None) -> tuple[list[T
     return turns, missing
 
 
-def load_engine(choice: str, threads: int) -> Any:
+def load_engine(choice: str, threads: int, partials: bool = False) -> Any:
     from gateway.platform.config import default_cache_dir
-    from inference.asr import AsrEngine
+    from inference.asr import DEFAULT_PARTIAL_WINDOW_S, DEFAULT_WINDOW_S, AsrEngine
     from inference.models import resolve_asr_model
 
+    choice, _, window = choice.partition("@")
     name, _, language = choice.partition(":")
     path = resolve_asr_model(name, cache_dir=default_cache_dir())
     # One worker: the turns are sequential, and the gateway's first worker is the one a lone final goes to.
-    return AsrEngine.load(path, "cpu", threads=threads, language=language or None, workers=1)
+    # name@W: the window of the calls measured (the partials' with --partials, else the finals').
+    final_window = float(window) if window and not partials else DEFAULT_WINDOW_S
+    partial_window = float(window) if window and partials else DEFAULT_PARTIAL_WINDOW_S
+    return AsrEngine.load(path, "cpu", threads=threads, language=language or None, workers=1, partial_budget=64,
+                          window_s=max(final_window, partial_window) if partials else final_window,
+                          partial_window_s=partial_window)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -207,27 +213,37 @@ def _group(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "wer_clean": _wer([r for r in rows if r["condition"] == "clean"]),
             "wer_noisy": _wer([r for r in rows if r["condition"] != "clean"]),
             "runaway_turns": sum(map(_runaway, rows)),
+            "dropped_partials": sum(r["dropped"] for r in rows),
             "core_s_per_turn": round(statistics.fmean(r["core_s"] for r in rows), 4),
             "wall_s_per_turn": round(statistics.fmean(r["wall_s"] for r in rows), 4)}
 
 
-async def measure(engines: dict[str, Any], turns: list[Turn]) -> dict[str, list[dict[str, Any]]]:
+async def measure(engines: dict[str, Any], turns: list[Turn],
+                  partials: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each turn through each engine. `partials`: the first fraction of each turn's audio (mid-speech, as a partial
+    hears it) as a partial transcript, its words held against the first engine's on the same audio."""
     loop = asyncio.get_running_loop()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     names = list(engines)
     for i, turn in enumerate(turns):
+        audio = turn.audio[: round(len(turn.audio) * partials)] if partials else turn.audio
+        heard: dict[str, str | None] = {}
         for name in names[i % len(names):] + names[:i % len(names)]:  # each model goes first in turn
             engine = engines[name]
             thread_before = await loop.run_in_executor(engine._executor, time.thread_time)
             cpu_before, wall_before = time.process_time(), time.perf_counter()
-            transcript = await engine.transcribe(turn.audio, final=True)
+            transcript = await engine.transcribe(audio, final=not partials)
             wall, core = time.perf_counter() - wall_before, time.process_time() - cpu_before
             thread_cpu = await loop.run_in_executor(engine._executor, time.thread_time) - thread_before
-            text = transcript.text if transcript is not None else ""
-            edits, ref = word_errors(turn.text, text)
-            rows[name].append({"voice": turn.voice, "condition": turn.condition, "text": turn.text, "heard": text,
-                               "edits": edits, "ref_words": ref, "core_s": core, "wall_s": wall,
-                               "thread_cpu_s": thread_cpu, "audio_s": len(turn.audio) / RATE})
+            heard[name] = transcript.text if transcript is not None else None
+            rows[name].append({"voice": turn.voice, "condition": turn.condition, "core_s": core, "wall_s": wall,
+                               "thread_cpu_s": thread_cpu, "audio_s": len(audio) / RATE})
+        reference = turn.text if not partials else heard[names[0]] or ""
+        for name in names:
+            text = heard[name]
+            edits, ref = word_errors(reference, text or "")
+            rows[name][-1].update({"text": reference, "heard": text or "", "dropped": text is None,
+                                   "edits": edits, "ref_words": ref})
     return rows
 
 
@@ -295,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sentences", type=int, default=0, help="only the first N sentences (0: all of COMPLETE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--turns", action="store_true", help="also list what each model heard in each turn")
+    parser.add_argument("--partials", type=float, metavar="FRACTION",
+                        help="partial transcripts of each turn's first FRACTION (0.6: mid-speech) instead of finals; "
+                        "the WER is then against the first model's words on the same audio, and a model name@W "
+                        "sets the partials' window")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     from inference.asr import import_ctranslate2
@@ -304,10 +324,10 @@ def main(argv: list[str] | None = None) -> None:
     engines, loads = {}, {}
     for choice in args.models.split(","):
         started = time.perf_counter()
-        engines[choice] = load_engine(choice, args.threads)
+        engines[choice] = load_engine(choice, args.threads, partials=bool(args.partials))
         loads[choice] = time.perf_counter() - started
     try:
-        rows = asyncio.run(measure(engines, turns))
+        rows = asyncio.run(measure(engines, turns, args.partials))
     finally:
         for engine in engines.values():
             engine.close()

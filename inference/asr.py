@@ -8,6 +8,14 @@ to its token budget, repeats a sentence back to back or compresses like a loop i
 the full 30 s, so the window does not cost correctness. Audio longer than the window goes through
 faster-whisper's own long-form transcription.
 
+Partial transcripts take a shorter window still (`partial_window_s`, 10 s), because a partial only shows the
+words so far and is made several times a turn. On the multi-voice set cut mid-speech, as a partial hears it
+(`python -m benchmarks.asr_models --partials 0.6`; AMD EPYC Zen 3, one thread), a call cost 0.33
+core-seconds on 10 s against 0.44 on 15 s, its words 10% different from the 15 s decode's and none
+degenerate; 8 s cost 0.29 but differed by 15% and looped on 2 of 286, 6 s on 6. A partial that looks
+degenerate is dropped, not decoded again; one on a shorter window than the finals' never stands in for the
+final transcript.
+
 Scheduling, because a call costs 0.1-0.5 s on CPU whatever the audio length:
 - finals run before any queued partial, and with `workers` above 1 beside them: the first worker takes
   every kind of job, the others take finals only (each on a model replica of its own), so a final waits
@@ -52,6 +60,7 @@ log = logging.getLogger(__name__)
 ASR_RATE = 16000
 FULL_WINDOW_S = 30.0  # Whisper's own input length
 DEFAULT_WINDOW_S = 15.0
+DEFAULT_PARTIAL_WINDOW_S = 10.0
 DEFAULT_PARTIAL_BUDGET = 0.3  # of a core: one session's partials take ~0.12 (a 0.1 s call every 0.9 s of speech)
 PARTIAL_BURST_S = 0.5  # core-seconds of partials that may run back to back after a quiet while
 TOKENS_PER_SECOND = 8  # token budget of a windowed decode: speech runs at ~3-4 tokens a second
@@ -169,6 +178,7 @@ class AsrEngine:
         final_beam_size: int,
         load_seconds: float,
         window_s: float = DEFAULT_WINDOW_S,
+        partial_window_s: float = DEFAULT_PARTIAL_WINDOW_S,
         threads: int = 1,
         device: Literal["cpu", "cuda"] = "cpu",
         compute_type: str = "int8",
@@ -177,6 +187,8 @@ class AsrEngine:
     ) -> None:
         if not 1.0 <= window_s <= FULL_WINDOW_S:
             raise ValueError(f"window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {window_s}")
+        if not 1.0 <= partial_window_s <= FULL_WINDOW_S:
+            raise ValueError(f"partial_window_s must be within 1..{FULL_WINDOW_S:.0f} s, not {partial_window_s}")
         if partial_budget <= 0:
             raise ValueError(f"partial_budget must be above 0 (a share of a core), not {partial_budget}")
         if workers < 1:
@@ -186,12 +198,14 @@ class AsrEngine:
         self.final_beam_size = final_beam_size
         self.load_seconds = load_seconds
         self.window_s = window_s
+        self.partial_window_s = min(partial_window_s, window_s)
         self.threads = threads  # CTranslate2's threads: the cores a transcription keeps busy
         self.device = device
         self.compute_type = compute_type  # CTranslate2's: int8 on a CPU, float16 on CUDA
         self.windowed_calls = 0
         self.full_window_retries = 0
         self.partials_skipped = 0
+        self.partials_degenerate = 0
         # Whether work a user waits for is queued elsewhere (the runtime wires the TTS and LLM engines' probes).
         self.partials_yield_to: Callable[[], bool] | None = None
         # A token bucket of core-seconds: refilled at `partial_budget` a second, spent by each partial run.
@@ -214,9 +228,14 @@ class AsrEngine:
         """Whether the model knows languages besides English, and so can translate (a .en model cannot)."""
         return bool(self._model.model.is_multilingual)  # type: ignore[attr-defined]
 
+    @property
+    def partials_serve_as_finals(self) -> bool:
+        """Whether a partial that covers the end of speech is decoded as the final would be, so may stand in for it."""
+        return self.partial_window_s == self.window_s
+
     def stats(self) -> dict[str, float]:
         return {"windowed_calls": self.windowed_calls, "full_window_retries": self.full_window_retries,
-                "partials_skipped": self.partials_skipped}
+                "partials_skipped": self.partials_skipped, "partials_degenerate": self.partials_degenerate}
 
     @classmethod
     def load(
@@ -228,6 +247,7 @@ class AsrEngine:
         language: str | None = None,
         final_beam_size: int = 1,
         window_s: float = DEFAULT_WINDOW_S,
+        partial_window_s: float = DEFAULT_PARTIAL_WINDOW_S,
         warmup: bool = True,
         partial_budget: float = DEFAULT_PARTIAL_BUDGET,
         workers: int = 1,
@@ -244,7 +264,8 @@ class AsrEngine:
         if language is None and not model.model.is_multilingual:
             language = "en"
         engine = cls(
-            model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s, threads=threads,
+            model, language=language, final_beam_size=final_beam_size, load_seconds=0.0, window_s=window_s,
+            partial_window_s=partial_window_s, threads=threads,
             device=device, compute_type=compute_type, partial_budget=partial_budget, workers=workers,
         )
         if warmup:
@@ -403,14 +424,18 @@ class AsrEngine:
         waited = time.perf_counter() - job.submitted
         try:
             with using_cores(self.threads, work=job.work):
-                text, avg_logprob, seconds = self._run(job.audio, final=job.final, prompt=job.prompt,
-                                                       language=job.language)
+                decoded = self._run(job.audio, final=job.final, prompt=job.prompt, language=job.language)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)
             return
         if not job.final:
-            self._partial_credit -= seconds * self.threads
+            self._partial_credit -= decoded[2] * self.threads
+        if decoded[0] is None:  # a degenerate partial: dropped
+            self.partials_degenerate += 1
+            self._resolve(job, None)
+            return
+        text, avg_logprob, seconds = decoded[0], decoded[1], decoded[2]
         audio_ms = 1000.0 * job.audio.shape[0] / ASR_RATE
         self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited, avg_logprob))
 
@@ -419,21 +444,27 @@ class AsrEngine:
         _deliver(job, _set_result, result)
 
     def _run(self, audio: np.ndarray, *, final: bool, prompt: str | None,
-             language: str | None) -> tuple[str, float | None, float]:
-        """(text, its average log-probability, seconds spent)."""
+             language: str | None) -> tuple[str | None, float | None, float]:
+        """(text, its average log-probability, seconds spent); text None: a partial on its own short window
+        came out degenerate (a final is decoded again over 30 s instead)."""
         started = time.perf_counter()
         beam_size = self.final_beam_size if final else 1
+        window_s = self.window_s
+        if not final and audio.shape[0] <= self.partial_window_s * ASR_RATE:
+            window_s = self.partial_window_s
         decoded = None
-        if self.window_s < FULL_WINDOW_S and language is not None and audio.shape[0] <= self.window_s * ASR_RATE:
+        if window_s < FULL_WINDOW_S and language is not None and audio.shape[0] <= window_s * ASR_RATE:
             self.windowed_calls += 1
-            decoded = self._decode_window(audio, beam_size, prompt, language)
+            decoded = self._decode_window(audio, window_s, beam_size, prompt, language)
+            if decoded is None and window_s < self.window_s:
+                return None, None, time.perf_counter() - started
             if decoded is None:
                 self.full_window_retries += 1
         text, avg_logprob = (decoded if decoded is not None
                              else self._transcribe_full(audio, beam_size, prompt, language))
         return text, avg_logprob, time.perf_counter() - started
 
-    def _decode_window(self, audio: np.ndarray, beam_size: int, prompt: str | None,
+    def _decode_window(self, audio: np.ndarray, window_s: float, beam_size: int, prompt: str | None,
                        language: str) -> tuple[str, float] | None:
         """One decode over a `window_s` window: its text and average log-probability; None when its output looks
         degenerate."""
@@ -447,7 +478,7 @@ class AsrEngine:
             self._tokenizers[language] = (made, get_suppressed_tokens(made, (-1,)))
         tokenizer, suppress = self._tokenizers[language]
         features = model.feature_extractor(audio)  # [n_mels, frames]; zero-padded like faster-whisper's segments
-        frames = int(self.window_s * 100)
+        frames = int(window_s * 100)
         features = np.pad(features, ((0, 0), (0, max(0, frames - features.shape[1]))))[:, :frames]
         tokens = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
         if prompt:  # Whisper's prompt format: previous text after <|startofprev|>, before the task tokens

@@ -173,6 +173,9 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "devices": runtime.devices,  # where each loaded model runs: {"llm": "cpu", "asr": "cpu/int8", "tts": "cpu"}
             # Which Whisper transcribes (--asr-model): whisper-tiny.en, whisper-base, or a folder's name.
             "asr_model": runtime.speech_options.transcription_model if settings.load_voice_models else None,
+            # Whisper's input windows (--asr-window-s, --asr-partial-window-s): shorter ones cost less a call.
+            "asr_windows_s": ({"final": runtime.asr.window_s, "partial": runtime.asr.partial_window_s}
+                              if runtime.asr is not None else None),
             "voice": runtime.voice_ready,
             "load_seconds": vars(runtime.load_times),
             # The server's wall clock, so a client (gateway bench) can put the latency marks of response.done

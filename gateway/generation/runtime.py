@@ -289,6 +289,7 @@ class Runtime:
         paths, settings = self.paths, self.settings
         self.asr = load_on(settings.asr_device, asr_device(settings.asr_device, settings.asr_threads), lambda device: AsrEngine.load(
             paths.asr, device=device, threads=settings.asr_threads, window_s=settings.asr_window_s,
+            partial_window_s=settings.asr_partial_window_s,
             partial_budget=settings.asr_partial_budget, workers=settings.asr_workers), "faster-whisper")
         metrics.ASR.stats = self.asr.stats
         self.load_times.asr_s = self.asr.load_seconds

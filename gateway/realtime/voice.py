@@ -66,8 +66,10 @@ from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, Vad
 
 log = logging.getLogger(__name__)
 
-PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while the user speaks (each costs 0.15-0.2 s of ASR)
-MIN_PARTIAL_MS = 400  # too little audio for a useful partial below this
+PARTIAL_INTERVAL_S = 0.9  # a new partial transcript at most this often while the user speaks (each costs 0.15-0.3 s of ASR)
+# A partial is made only of enough new speech: the first once this much is voiced (less is a word at most),
+# each later one once as much again was voiced since the last (a partial of the same words is wasted work).
+PARTIAL_VOICED_MS = 500
 IDLE_KEEP_MS = 1000  # audio kept while nobody speaks (covers prefix_padding_ms)
 ASR_TAIL_MS = 150  # audio after the VAD's end of speech still given to Whisper (soft word endings)
 ASR_COVER_MS = 32  # a transcription reaching one VAD window past the end of speech counts as the final one
@@ -79,15 +81,18 @@ class UserTurn:
     start: int  # stream index where the committed audio begins (onset minus prefix padding)
     partial_task: asyncio.Task[None] | None = None
     last_partial_at: float = 0.0
-    # Every transcription of this turn (partials and the speculative final) with its audio's end.
-    jobs: list[tuple[int, asyncio.Task[Transcript | None]]] = field(default_factory=list)
+    voiced_at_last_partial: float = 0.0  # the VAD's voiced ms of the turn when the last partial started
+    # Every transcription of this turn (partials and the speculative final): its audio's end, the job, and whether
+    # it is decoded as the final is (so may stand in for it).
+    jobs: list[tuple[int, asyncio.Task[Transcript | None], bool]] = field(default_factory=list)
     speculative: asyncio.Task[Transcript | None] | None = None
     preemption: asyncio.Task[Preemption | None] | None = None
     end_judge: asyncio.Task[None] | None = None  # semantic_vad: sets this silence's length from the words
 
     def covering(self, end: int) -> list[asyncio.Task[Transcript | None]]:
         """Jobs whose audio reaches `end`, the one that started first (so finishes first) first."""
-        return [job for job_end, job in sorted(self.jobs, key=lambda pair: pair[0]) if job_end >= end and not job.cancelled()]
+        return [job for job_end, job, as_final in sorted(self.jobs, key=lambda entry: entry[0])
+                if as_final and job_end >= end and not job.cancelled()]
 
 
 @dataclass
@@ -273,7 +278,7 @@ class VoicePipeline:
             marks.mark("speech_stopped")
             end = min(self.buffer.ms_to_index(event.audio_end_ms + ASR_TAIL_MS), self.buffer.end)
             ready = turn.covering(self.buffer.ms_to_index(event.audio_end_ms + ASR_COVER_MS))
-            for _, job in turn.jobs:
+            for _, job, _ in turn.jobs:
                 if job not in ready:
                     job.cancel()
             self._committed[turn.item_id] = CommittedTurn(self.buffer.slice(turn.start, end), marks, ready,
@@ -306,11 +311,12 @@ class VoicePipeline:
             and not self.partials_held
             and speech
             and now() - turn.last_partial_at >= PARTIAL_INTERVAL_S
-            and self.buffer.index_to_ms(self.buffer.end - turn.start) >= MIN_PARTIAL_MS
+            and voiced_ms - turn.voiced_at_last_partial >= PARTIAL_VOICED_MS
         ):
-            turn.last_partial_at = now()
+            turn.last_partial_at, turn.voiced_at_last_partial = now(), voiced_ms
             job = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=False))
-            turn.jobs.append((self.buffer.end, job))
+            assert self.runtime.asr is not None
+            turn.jobs.append((self.buffer.end, job, self.runtime.asr.partials_serve_as_finals))
             turn.partial_task = self._spawn(self._partial(turn, job))
 
     def start_speculation(self, item_id: str, *, judge_end: bool, preempt: ReplyContext | None) -> None:
@@ -321,7 +327,7 @@ class VoicePipeline:
             return
         turn.speculative = self._spawn(self._transcribe(self.buffer.slice(turn.start, self.buffer.end), final=True,
                                                         work="asr_speculative"))
-        turn.jobs.append((self.buffer.end, turn.speculative))
+        turn.jobs.append((self.buffer.end, turn.speculative, True))
         self._spawn(self._speculated(turn, turn.speculative))
         if preempt:
             turn.preemption = self._spawn(self.head_start.preempt(turn.item_id, preempt, turn.speculative, self._spawn))
@@ -473,7 +479,7 @@ class VoicePipeline:
     def _drop_turn(self) -> None:
         turn, self.turn = self.turn, None
         if turn is not None:
-            for _, job in turn.jobs:
+            for _, job, _ in turn.jobs:
                 job.cancel()
             self._discard_preemption(turn)
 

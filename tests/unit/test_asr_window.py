@@ -42,3 +42,17 @@ def test_a_decode_that_used_its_whole_budget_is_degenerate() -> None:
 def test_window_outside_whispers_range_is_refused(window_s: float) -> None:
     with pytest.raises(ValueError, match="window_s"):
         AsrEngine(object(), language="en", final_beam_size=1, load_seconds=0.0, window_s=window_s)
+
+
+@pytest.mark.parametrize("partial_window_s", [0.5, 31.0])
+def test_partial_window_outside_whispers_range_is_refused(partial_window_s: float) -> None:
+    with pytest.raises(ValueError, match="partial_window_s"):
+        AsrEngine(object(), language="en", final_beam_size=1, load_seconds=0.0, partial_window_s=partial_window_s)
+
+
+def test_a_partial_window_longer_than_the_finals_is_the_finals_and_partials_may_then_serve_as_finals() -> None:
+    engine = AsrEngine(object(), language="en", final_beam_size=1, load_seconds=0.0, window_s=12.0, partial_window_s=20.0)
+    try:
+        assert engine.partial_window_s == 12.0 and engine.partials_serve_as_finals
+    finally:
+        engine.close()

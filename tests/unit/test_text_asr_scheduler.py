@@ -39,7 +39,8 @@ def audio(n: int) -> np.ndarray:
 def model_engine():
     model = GatedModel()
     # The stand-in has only transcribe(): Whisper's full window, not the short-window decode.
-    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0,
+                       partial_window_s=30.0)
     yield model, engine
     for _ in range(10):
         model.gate.release()
@@ -73,7 +74,8 @@ async def test_final_jumps_ahead_of_queued_partials_and_partials_are_superseded(
 
 async def test_with_two_workers_a_final_runs_beside_a_partial_and_a_partial_never_takes_the_second() -> None:
     model = GatedModel()
-    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, workers=2)
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, workers=2,
+                       partial_window_s=30.0)
     try:
         busy = asyncio.create_task(engine.transcribe(audio(1), final=False, stream="a"))
         await started(model)  # the first worker holds partial 1
@@ -140,7 +142,8 @@ async def test_model_errors_reach_the_caller() -> None:
         def transcribe(self, audio, **kwargs):
             raise RuntimeError("boom")
 
-    engine = AsrEngine(Broken(), language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
+    engine = AsrEngine(Broken(), language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0,
+                       partial_window_s=30.0)
     try:
         with pytest.raises(RuntimeError, match="boom"):
             await engine.transcribe(audio(1), final=True)
@@ -162,7 +165,8 @@ async def test_a_transcripts_confidence_is_whispers_over_all_its_tokens() -> Non
     two = Segments(SimpleNamespace(text=" Hello", tokens=[1], avg_logprob=-0.1),
                    SimpleNamespace(text=" there", tokens=[1, 2, 3], avg_logprob=-0.6))
     for model, text, avg_logprob in ((two, "Hello there", (-0.1 * 2 - 0.6 * 4) / 6), (Segments(), "", None)):
-        engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0)
+        engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0,
+                       partial_window_s=30.0)
         try:
             transcript = await engine.transcribe(audio(1), final=True)
         finally:
@@ -211,7 +215,8 @@ async def test_a_partial_due_while_a_listener_waits_elsewhere_is_dropped_and_fin
 async def test_partials_past_their_share_of_a_core_are_dropped_and_finals_still_run() -> None:
     model = GatedModel()
     # 0.01 of a core: the burst's 0.5 core-seconds, then a partial every 100 s.
-    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, partial_budget=0.01)
+    engine = AsrEngine(model, language="en", final_beam_size=1, load_seconds=0.0, window_s=30.0, partial_budget=0.01,
+                       partial_window_s=30.0)
     try:
         first = asyncio.create_task(engine.transcribe(audio(1), final=False))
         await started(model)

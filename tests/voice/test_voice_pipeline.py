@@ -118,6 +118,32 @@ async def test_degenerate_window_output_is_decoded_again_over_30s(
     assert transcript is not None and heard_the_question(transcript.text), transcript
 
 
+async def test_a_partial_is_decoded_on_its_shorter_window_and_dropped_when_degenerate(
+    asr: AsrEngine, question_16k: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partials take the 10 s window, finals the 15 s one; a degenerate partial is dropped, not decoded over 30 s."""
+    engine = AsrEngine(asr._model, language=asr.language, final_beam_size=1, load_seconds=0.0, window_s=15.0,
+                       partial_window_s=10.0, partial_budget=64)
+    windows: list[float] = []
+    decode = engine._decode_window
+    monkeypatch.setattr(engine, "_decode_window", lambda audio, window_s, *rest: windows.append(window_s) or decode(audio, window_s, *rest))
+    audio = question_audio(question_16k)
+    try:
+        assert not engine.partials_serve_as_finals
+        partial = await engine.transcribe(audio, final=False)
+        final = await engine.transcribe(audio, final=True)
+        assert windows == [10.0, 15.0]
+        assert partial is not None and heard_the_question(partial.text), partial
+        assert final is not None and heard_the_question(final.text), final
+        monkeypatch.setattr(inference.asr, "looks_degenerate", lambda text, tokens, budget: True)
+        assert await engine.transcribe(audio, final=False) is None
+        assert (engine.partials_degenerate, engine.full_window_retries) == (1, 0)
+        retried = await engine.transcribe(audio, final=True)  # a final is decoded again over 30 s
+        assert engine.full_window_retries == 1 and retried is not None and heard_the_question(retried.text)
+    finally:
+        engine.close()
+
+
 async def test_partials_on_a_growing_buffer(asr: AsrEngine, question_16k: np.ndarray) -> None:
     audio = question_audio(question_16k)
     stabilizer = TranscriptStabilizer()
