@@ -389,7 +389,7 @@ class LLMEngine:
     def _execute_sampled(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
         """The step's forward and its rows' sampling on the device (every row decodes and samples there:
         StepOverlap.overlappable): their ids, on the device."""
-        threads = self.threads.before_step(plan.rows)
+        threads = self.threads.before_step(plan.rows, ahead=plan.ahead)
         t0 = time.perf_counter()
         ids = self.runner.execute_sampled(plan, [r.sampler for r in plan.sampling], sampled)  # type: ignore[misc]
         seconds = time.perf_counter() - t0
@@ -461,7 +461,7 @@ class LLMEngine:
         """Run the step: (logits of the sampling rows, ids of failed requests), or None. If the batched pass
         fails, each request runs alone to find the culprit; the culprits fail, the others go on."""
         rows_n = plan.rows
-        threads = self.threads.before_step(rows_n)
+        threads = self.threads.before_step(rows_n, ahead=plan.ahead)
         t0 = time.perf_counter()
         try:
             # No synchronization with a GPU here: the step's one wait is the copy of the sampled ids back

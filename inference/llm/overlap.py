@@ -88,7 +88,8 @@ class StepOverlap:
             needed += req.not_needed_before <= now
         if 0 < needed < len(requests):  # the scheduler would leave the others out (paced)
             return None
-        nxt = StepPlan(requests=list(requests), sampling=list(plan.sampling), logit_rows=list(plan.logit_rows))
+        nxt = StepPlan(requests=list(requests), sampling=list(plan.sampling), logit_rows=list(plan.logit_rows),
+                       ahead=needed == 0)
         nxt.segments = [Segment(s.slot, s.start + 1, 1) for s in plan.segments]
         nxt.positions = [p + 1 for p in plan.positions]
         nxt.token_ids = [0] * len(requests)

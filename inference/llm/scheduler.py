@@ -42,6 +42,8 @@ class StepPlan:
     logit_rows: list[int] = field(default_factory=list)
     sampling: list[Request] = field(default_factory=list)
     prefill_done: list[Request] = field(default_factory=list)
+    # Every row a decode whose reader needs no token yet (a spoken reply ahead of its audio): nobody waits for it.
+    ahead: bool = False
 
     @property
     def rows(self) -> int:
@@ -274,7 +276,7 @@ class Scheduler:
         # Single-token segments first, by slot (they share one batched attention call), then chunks.
         singles = sorted((x for x in parts if x[2] == 1), key=lambda x: _slot(x[0]))
         chunks = [x for x in parts if x[2] > 1]
-        plan = StepPlan()
+        plan = StepPlan(ahead=not needed)
         r0 = 0
         for req, p, n, toks in singles + chunks:
             plan.segments.append(Segment(_slot(req), p, n))

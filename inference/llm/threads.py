@@ -11,6 +11,11 @@ Measured on this 2-vCPU machine (real steps alternated between 1 and 2 threads, 
 While Whisper or Piper runs (``inference.cpu``), a step uses only the cores they leave free, and
 such steps do not count for the policy below.
 
+A step ahead of its listeners (every row a spoken reply's decode whose audio plays on for a while:
+``StepPlan.ahead``) is not waited for, so it runs on the thread count that costs the fewest core-seconds a
+step by the costs measured so far (threads x seconds: one thread unless N were measured more than N
+times faster), leaving the other cores to Whisper, Piper and other sessions.
+
 Policy, per kind of step (single decode / decode batch / prefill):
 - run with the current choice and keep a running cost of its steps;
 - every ``EXPLORE_EVERY`` steps of that kind, run one step with the other choice; switch when it was
@@ -98,6 +103,7 @@ class ThreadPolicy:
         self.probes = 0
         self.switches = 0
         self.yielded_steps = 0  # steps run on fewer threads while other model work held cores
+        self.ahead_steps = 0  # steps ahead of their listeners, run on the threads that cost fewest core-seconds
         self._use = {k: (self.fixed if self.fixed > 0 else self.max_threads) for k in KINDS}
         self._forced: set[str] = set()  # kinds put on one thread by a pathological probe
         self._kinds = {k: _Kind(self.EXPLORE_EVERY) for k in KINDS}
@@ -170,10 +176,20 @@ class ThreadPolicy:
         return self.ratio > self.PATHOLOGICAL
 
     # -- steps ------------------------------------------------------------------------------------------
-    def before_step(self, rows: int = 1) -> int:
-        """Apply (and return) the thread count for a step of ``rows`` new tokens."""
+    def before_step(self, rows: int = 1, *, ahead: bool = False) -> int:
+        """Apply (and return) the thread count for a step of ``rows`` new tokens; ``ahead``: no reader waits for
+        the step (see the module's docstring)."""
         if not self.adaptive:
             n = self.fixed if self.fixed > 0 else 1
+            self._set(n)
+            return n
+        if ahead and not cores_in_use():
+            self.ahead_steps += 1
+            kind = self.kind(rows)
+            cost = self._kinds[kind].cost
+            many = self.max_threads
+            n = many if many in cost and 1 in cost and many * cost[many] < cost[1] else 1
+            self._last = (kind, n, False)  # its time keeps that choice's cost current
             self._set(n)
             return n
         busy = cores_in_use()
@@ -235,6 +251,7 @@ class ThreadPolicy:
             "threads_probes": self.probes,
             "threads_switches": self.switches,
             "threads_yielded_steps": self.yielded_steps,
+            "threads_ahead_steps": self.ahead_steps,
         }
         for kind in KINDS:
             out[f"threads_{kind}"] = self._use[kind]

@@ -813,3 +813,22 @@ async def test_a_paced_reply_waits_while_whisper_or_piper_runs_until_it_is_due(m
     async for _ in reader:
         pass
     assert (await stream.result()).token_ids == solo
+
+
+async def test_a_reply_ahead_of_its_listener_decodes_on_the_threads_that_cost_fewest_core_seconds(
+        make_engine, chat_ids, collect):
+    """Nobody waits for a paced reply's tokens: its steps take the cheaper thread count, and its tokens are the same."""
+    story = chat_ids(("user", "Tell me about the sea."))
+    long = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=30, ignore_eos=True)
+    solo = (await collect(make_engine(prefix_cache_bytes=0), story, long)).token_ids
+    engine = make_engine(prefix_cache_bytes=0)
+    if not engine.threads.adaptive:
+        pytest.skip("one core: every step runs on one thread")
+    stream = engine.submit(story, long)
+    reader = stream.__aiter__()
+    await reader.__anext__()
+    stream.pace(time.monotonic() + 60.0)
+    async for _ in reader:
+        pass
+    assert (await stream.result()).token_ids == solo
+    assert engine.stats()["threads_ahead_steps"] >= 20  # all but the steps before the pace came

@@ -113,3 +113,33 @@ def test_steps_leave_the_cores_whisper_or_piper_hold_and_do_not_count():
         assert steps(p, 30, {1: 0.001, 2: 0.5}) == [1] * 30  # nothing explored, nothing learnt
     assert p.yielded_steps == 30
     assert steps(p, 3, {1: 0.09, 2: 0.05}) == [2, 2, 2]
+
+
+def ahead_steps(policy, n, cost_by_threads, rows=1):
+    used = []
+    for _ in range(n):
+        t = policy.before_step(rows, ahead=True)
+        used.append(t)
+        policy.after_step(rows, cost_by_threads[t])
+    return used
+
+
+def test_steps_ahead_of_their_listeners_run_on_the_threads_that_cost_fewest_core_seconds():
+    p = Scripted([0.55])
+    # 2 threads are faster (the steps a listener waits for use them) but cost 2 x 0.05 > 0.08 core-seconds.
+    assert steps(p, 60, {1: 0.080, 2: 0.050})[-1] == 2
+    assert ahead_steps(p, 5, {1: 0.080, 2: 0.050}) == [1] * 5 and p.ahead_steps == 5
+    assert p.before_step(1) == 2  # a step someone waits for still takes the faster choice
+    p.after_step(1, 0.05)
+    # Were 2 threads more than twice as fast (2 x 0.03 < 0.08, measured), they would cost less and be used.
+    p2 = Scripted([0.3])
+    assert steps(p2, 60, {1: 0.080, 2: 0.030})[-1] == 2
+    assert ahead_steps(p2, 3, {1: 0.080, 2: 0.030}) == [2, 2, 2]
+
+
+def test_a_step_ahead_leaves_the_cores_whisper_or_piper_hold():
+    p = Scripted([0.55])
+    steps(p, 30, {1: 0.080, 2: 0.050})
+    with using_cores(1):
+        assert ahead_steps(p, 3, {1: 0.001, 2: 0.5}) == [1, 1, 1]
+    assert p.ahead_steps == 0 and p.yielded_steps == 3
