@@ -424,18 +424,18 @@ class AsrEngine:
         waited = time.perf_counter() - job.submitted
         try:
             with using_cores(self.threads, work=job.work):
-                decoded = self._run(job.audio, final=job.final, prompt=job.prompt, language=job.language)
+                text, avg_logprob, seconds = self._run(job.audio, final=job.final, prompt=job.prompt,
+                                                       language=job.language)
         except Exception as exc:  # the model failing must reach the awaiting session, not kill the worker
             log.exception("ASR failed")
             _deliver(job, _set_exception, exc)
             return
         if not job.final:
-            self._partial_credit -= decoded[2] * self.threads
-        if decoded[0] is None:  # a degenerate partial: dropped
+            self._partial_credit -= seconds * self.threads
+        if text is None:  # a degenerate partial: dropped
             self.partials_degenerate += 1
             self._resolve(job, None)
             return
-        text, avg_logprob, seconds = decoded[0], decoded[1], decoded[2]
         audio_ms = 1000.0 * job.audio.shape[0] / ASR_RATE
         self._resolve(job, Transcript(text, job.final, audio_ms, seconds, waited, avg_logprob))
 

@@ -819,7 +819,7 @@ async def test_a_reply_ahead_of_its_listener_decodes_on_the_threads_that_cost_fe
         make_engine, chat_ids, collect):
     """Nobody waits for a paced reply's tokens: its steps take the cheaper thread count, and its tokens are the same."""
     story = chat_ids(("user", "Tell me about the sea."))
-    long = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=30, ignore_eos=True)
+    long = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_tokens=60, ignore_eos=True)
     solo = (await collect(make_engine(prefix_cache_bytes=0), story, long)).token_ids
     engine = make_engine(prefix_cache_bytes=0)
     if not engine.threads.adaptive:
@@ -831,4 +831,5 @@ async def test_a_reply_ahead_of_its_listener_decodes_on_the_threads_that_cost_fe
     async for _ in reader:
         pass
     assert (await stream.result()).token_ids == solo
-    assert engine.stats()["threads_ahead_steps"] >= 20  # all but the steps before the pace came
+    # All but the steps run before the pace came (a busy machine's event loop may let a dozen pass first).
+    assert engine.stats()["threads_ahead_steps"] >= 30
