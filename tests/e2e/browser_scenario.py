@@ -387,7 +387,7 @@ def main() -> int:
     parser.add_argument("--workdir", help="WAV, browser profile and gateway log (default: a new temp dir)")
     parser.add_argument("--browser", choices=BROWSERS, default="chromium")
     parser.add_argument("--executable", help="the browser (default: $CHROMIUM or chromium; $FIREFOX or firefox-esr)")
-    parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds for the gateway's /healthz")
+    parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds for the gateway's /healthz")
     args = parser.parse_args()
     # Terminated (the test timed out): unwind, so that the gateway, the browser and PulseAudio are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
