@@ -41,6 +41,7 @@ from gateway.api.transports import (
     memories_http,
     realtime_ws,
     responses_http,
+    twilio_stream,
     webrtc,
 )
 from gateway.platform import metrics
@@ -210,6 +211,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(memories_http.router)
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
+    app.include_router(twilio_stream.router)
     app.include_router(audio_http.router)
     webrtc.configure_ice(settings)
     return app

@@ -102,6 +102,12 @@ class InputCommitted(ServerEvent):
     item_id: str
 
 
+class DtmfReceived(ServerEvent):
+    type: Literal["input_audio_buffer.dtmf_event_received"] = "input_audio_buffer.dtmf_event_received"
+    event: str  # the key: 0-9, *, #, A-D
+    received_at: int  # Unix seconds
+
+
 class TimeoutTriggered(ServerEvent):
     type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
     audio_start_ms: int

@@ -85,7 +85,8 @@ from media.playout import PlayoutBuffer
 
 log = logging.getLogger(__name__)
 
-TransportKind = Literal["websocket", "webrtc", "live"]
+DTMF_DIGITS = "0123456789*#ABCD"
+TransportKind = Literal["websocket", "webrtc", "live", "twilio"]
 # A protocol's words for the core's (Realtime) events: Live's (live_wire.py); Realtime's are sent as they are.
 Translate = Callable[[Event], list[Event]]
 
@@ -242,9 +243,10 @@ class RealtimeSession:
         if self.recorder is not None:
             await self.recorder.close()
 
-    def send(self, event: Event) -> None:
+    def send(self, event: Event, *, identified: bool = True) -> None:
+        """`identified` False: an event whose type in the SDK has no event_id."""
         for wire_event in self._translate(event) if self._translate is not None else (event,):
-            self.outbox.send(wire_event)
+            self.outbox.send(wire_event, identified=identified)
         if self.recorder is not None:
             self.recorder.observe(event, self.conversation)
 
@@ -418,8 +420,9 @@ class RealtimeSession:
 
     async def _dispatch_audio(self, event: ev.ClientEvent) -> None:
         if isinstance(event, ev.OutputAudioBufferClear):
-            if self.transport != "webrtc":
-                raise ApiError("invalid_value", "output_audio_buffer.clear is for WebRTC sessions only.", "type")
+            if self._playout is None:
+                raise ApiError("invalid_value", "output_audio_buffer.clear is for WebRTC sessions and phone calls only.",
+                               "type")
             self.feed(OutputClearRequested())
             await self.settle()
             return
@@ -442,8 +445,14 @@ class RealtimeSession:
 
     # -- playout ------------------------------------------------------------------------------------
 
+    def dtmf_received(self, digit: str, *, received_at: int) -> None:
+        """A keypad digit the caller pressed (a phone call): said as Realtime says it, for the application."""
+        if digit not in DTMF_DIGITS:
+            raise ApiError("invalid_value", f"'{digit[:8]}' is not a keypad digit ({DTMF_DIGITS}).", "dtmf.digit")
+        self.send(se.DtmfReceived(event=digit, received_at=received_at).wire(), identified=False)
+
     def on_playout_event(self, kind: str, item_id: str | None) -> None:
-        """The WebRTC track started or finished playing a reply's audio (called on the event loop)."""
+        """The WebRTC track (or a carrier's echo) started or finished playing a reply's audio (on the event loop)."""
         if kind == "started":
             self.feed(PlayoutStarted())
         elif kind == "stopped":

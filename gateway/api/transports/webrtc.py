@@ -87,22 +87,43 @@ class CallIndex(Protocol):
     def remove(self, call_id: str) -> None: ...
 
 
+class RegisteredCall(Protocol):
+    """A call the sideband watches and `hangup` ends: a WebRTC call (Call) or a carrier's stream (twilio_stream.py)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def session(self) -> RealtimeSession: ...
+
+    @property
+    def secret_digest(self) -> str | None: ...  # the client secret that opened it may hang it up
+
+    def end(self) -> None: ...
+
+
 class CallRegistry:
-    """The live calls of this replica by id (the app's ``state.calls``). A call hangs up when its
-    session ends, however it ended (the registry hooks the services' session end)."""
+    """The live calls of this replica by id (the app's ``state.calls``), and a carrier's calls by the carrier's
+    own id too. A call hangs up when its session ends, however it ended (the registry hooks the services'
+    session end)."""
 
     def __init__(self, sessions: SessionRegistry) -> None:
-        self._calls: dict[str, Call] = {}
+        self._calls: dict[str, RegisteredCall] = {}
+        self._aliases: dict[str, str] = {}  # a carrier's call id (Twilio's callSid) -> ours
         sessions.end_hooks.append(self._session_ended)
 
-    def add(self, call: Call) -> None:
+    def add(self, call: RegisteredCall, *, alias: str | None = None) -> None:
         self._calls[call.id] = call
+        if alias is not None:
+            self._aliases[alias] = call.id
 
-    def get(self, call_id: str) -> Call | None:
-        return self._calls.get(call_id)
+    def get(self, call_id: str) -> RegisteredCall | None:
+        return self._calls.get(self._aliases.get(call_id, call_id))
 
     def remove(self, call_id: str) -> None:
         self._calls.pop(call_id, None)
+        for alias in [alias for alias, target in self._aliases.items() if target == call_id]:
+            del self._aliases[alias]
 
     def _session_ended(self, session: RealtimeSession) -> None:
         for call in list(self._calls.values()):
@@ -417,5 +438,5 @@ async def hang_up(call_id: str, request: Request) -> Response:
         await svc.gate.authorize(token)
     if call is None:
         raise ApiError("call_not_found", f"No active call '{call_id}'.", "call_id", status=404)
-    call.ended.set()
+    call.end()
     return JSONResponse({"id": call_id, "status": "ended"})

@@ -1,0 +1,148 @@
+"""A phone call through Twilio Media Streams (/v1/telephony/twilio), with a caller written from Twilio's published
+messages (twilio_caller.py) and the application watching over the sideband (`/v1/realtime?call_id=<callSid>`).
+The caller's voice is espeak-ng's, not the gateway's own Piper voice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+import websockets
+
+from benchmarks.voices import EspeakSpeaker, espeak_available
+from inference.asr import AsrEngine
+from media.frames import AudioChunk
+from media.resample import resample
+from tests.conftest import QUESTION
+from tests.gateway_process import GatewayProcess
+from tests.integration.realtime_client import RealtimeClient
+from tests.integration.speech import HEARD_AS_SAID, heard_within, transcribe, with_silence, words
+from tests.integration.twilio_caller import RATE, TwilioCaller
+from tests.integration.webrtc_peer import loud
+
+pytestmark = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed (.ci/run installs it)")
+
+
+def stream_url(gateway: GatewayProcess) -> str:
+    return gateway.url.replace("http", "ws", 1) + "/v1/telephony/twilio"
+
+
+async def watch(gateway: GatewayProcess, call_sid: str, timeout: float = 30.0) -> RealtimeClient:
+    """The application's sideband on the call, by Twilio's callSid, once the stream's session is open."""
+    deadline = time.monotonic() + timeout
+    while True:
+        watcher = await RealtimeClient.connect(f"{gateway.url.replace('http', 'ws', 1)}/v1/realtime?call_id={call_sid}")
+        await watcher.send({"type": "session.update", "session": {"type": "realtime"}})
+        answer = await watcher.recv()
+        if answer["type"] == "session.updated":
+            return watcher
+        assert answer["type"] == "error" and answer["error"]["code"] == "call_not_found", answer
+        await watcher.close()
+        assert time.monotonic() < deadline, "the stream's session never opened"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_phone_call_is_answered_takes_digits_and_is_hung_up(gateway: GatewayProcess, asr: AsrEngine) -> None:
+    question = EspeakSpeaker("en-us", 160).say(QUESTION, RATE).pcm
+    caller = await TwilioCaller.dial(stream_url(gateway), {"session": json.dumps({"temperature": 0, "max_output_tokens": 40})})
+    try:
+        watcher = await watch(gateway, caller.call_sid)
+        caller.say(with_silence(question, RATE, 0.3, 0.0))
+        final = await watcher.wait_for("conversation.item.input_audio_transcription.completed", timeout=60)
+        assert words(final["transcript"]), final
+        done = await watcher.wait_for("response.done", timeout=90)
+        assert done["response"]["status"] in ("completed", "incomplete"), done
+        transcript = done["response"]["output"][0]["content"][0]["transcript"]
+        # Played out: said when Twilio echoes the mark after the reply's last audio.
+        await watcher.wait_for("output_audio_buffer.stopped", timeout=60)
+        answer = caller.audio_between(0.0, time.monotonic())
+        assert loud(answer)
+        heard = await transcribe(asr, AudioChunk(resample(answer, RATE, 16000), 16000))
+        assert heard_within(heard, transcript) >= HEARD_AS_SAID, (heard, transcript)  # over 8 kHz G.711 too
+        assert caller.of_event("mark"), "no marks: the server cannot know what the caller heard"
+
+        for digit in "12#":
+            await caller.press(digit)
+        digits = [await watcher.wait_for("input_audio_buffer.dtmf_event_received", timeout=10) for _ in range(3)]
+        assert [event["event"] for event in digits] == ["1", "2", "#"]
+        assert all(abs(event["received_at"] - time.time()) < 60 for event in digits)
+        await caller.press("X")
+        assert (await watcher.wait_for("error", timeout=10))["error"]["code"] == "invalid_value"
+
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+            hung_up = await http.post(f"/v1/realtime/calls/{caller.call_sid}/hangup")
+        assert hung_up.status_code == 200, hung_up.text
+        await caller.wait_closed(10)
+        assert caller.close_code == 1000
+        await watcher.close()
+    finally:
+        await caller.close()
+
+
+async def test_speech_over_the_answer_clears_twilio_and_keeps_what_was_heard(gateway: GatewayProcess) -> None:
+    interruption = EspeakSpeaker("en-gb", 160).say("Stop. Tell me about cats instead.", RATE).pcm
+    caller = await TwilioCaller.dial(stream_url(gateway), {"session": json.dumps({"temperature": 0, "max_output_tokens": 300})})
+    try:
+        watcher = await watch(gateway, caller.call_sid)
+        await watcher.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}})
+        await watcher.send({"type": "response.create"})
+        await watcher.wait_for("output_audio_buffer.started", timeout=60)
+        await asyncio.sleep(1.5)
+        onset = time.monotonic()
+        caller.say(interruption)
+        await watcher.wait_for("output_audio_buffer.cleared", timeout=30)
+        assert caller.of_event("clear"), "Twilio was not told to drop the audio it holds"
+        done = await watcher.wait_for("response.done", timeout=30)
+        await asyncio.sleep(0.5)
+        loud_times = [at for at, pcm in caller.heard if loud(pcm)]
+        assert loud_times and loud_times[-1] - onset < 2.5, loud_times[-1] - onset  # not the story's end
+        if done["response"]["status"] == "cancelled":
+            generated = "".join(event["delta"] for event in watcher.of_type("response.output_audio_transcript.delta"))
+            kept = done["response"]["output"][0]["content"][0]["transcript"]
+            assert 0 < len(kept) < len(generated), (kept, generated)
+        else:  # generated before the cut: the item is truncated to what the caller heard
+            truncated = await watcher.wait_for("conversation.item.truncated", timeout=10)
+            played_ms = 20 * sum(1 for at, _ in caller.heard if at <= time.monotonic())
+            assert 0 < truncated["audio_end_ms"] <= played_ms, (truncated, played_ms)
+        await watcher.close()
+    finally:
+        await caller.hang_up()
+        await caller.close()
+
+
+async def test_a_stream_twilio_did_not_send_is_closed_with_its_reason(gateway: GatewayProcess) -> None:
+    url = stream_url(gateway)
+    unknown = await TwilioCaller.dial(url, {"caller_name": "x"})
+    await unknown.wait_closed(10)
+    assert (unknown.close_code, "caller_name" in unknown.close_reason) == (1008, True), unknown.close_reason
+    await unknown.close()
+
+    wideband = await TwilioCaller.dial(url, {}, media_format={"encoding": "audio/x-l16", "sampleRate": 16000, "channels": 1})
+    await wideband.wait_closed(10)
+    assert wideband.close_code == 1008 and "audio/x-mulaw" in wideband.close_reason, wideband.close_reason
+    await wideband.close()
+
+    session = await TwilioCaller.dial(url, {"session": "{not json"})
+    await session.wait_closed(10)
+    assert session.close_code == 1008 and "invalid_json" in session.close_reason, session.close_reason
+    await session.close()
+
+    async with websockets.connect(url) as early:
+        await early.send(json.dumps({"event": "media", "streamSid": "MZ1", "media": {"payload": ""}}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(early.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+    malformed = await TwilioCaller.dial(url, {})
+    await malformed.connection.send("not json")
+    await malformed.wait_closed(10)
+    assert malformed.close_code == 1007, (malformed.close_code, malformed.close_reason)
+    await malformed.close()
+    # The gateway took every one of them in its stride.
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        assert (await http.get("/healthz")).status_code == 200
+
