@@ -112,8 +112,8 @@ class Stop(_Message):
     stop: StopInfo = Field(default_factory=StopInfo)
 
 
-Inbound = Connected | Start | Media | Dtmf | Mark | Stop
-_INBOUND: TypeAdapter[Inbound] = TypeAdapter(Annotated[Inbound, Field(discriminator="event")])  # type: ignore[arg-type]
+Inbound = Annotated[Connected | Start | Media | Dtmf | Mark | Stop, Field(discriminator="event")]
+_INBOUND: TypeAdapter[Inbound] = TypeAdapter(Inbound)  # type: ignore[arg-type]  # an Annotated union
 EVENTS = ("connected", "start", "media", "dtmf", "mark", "stop")
 
 
