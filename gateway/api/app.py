@@ -41,9 +41,11 @@ from gateway.api.transports import (
     memories_http,
     realtime_ws,
     responses_http,
+    sip_calls,
     twilio_stream,
     webrtc,
 )
+from gateway.api.transports.sip_trunk import SipTrunk
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -118,9 +120,14 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="blocking"))
         await svc.open()
         loader = asyncio.create_task(svc.runtime.load(), name="model loader")
+        trunk: SipTrunk | None = app.state.sip_trunk
         try:
+            if trunk is not None:
+                await trunk.start()
             yield
         finally:
+            if trunk is not None:
+                await trunk.stop()  # ringing calls declined, answered ones hung up, before the sessions close
             await shutdown(svc, loader)
 
     # No /docs page: Swagger UI loads its scripts from a CDN, which an offline machine cannot reach.
@@ -128,6 +135,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.state.services = svc
     app.state.calls = webrtc.CallRegistry(svc.sessions)
     app.state.live_sessions = live_sessions.LiveRegistry(svc.sessions)
+    app.state.sip_trunk = SipTrunk(settings, svc.sessions, app.state.calls) if settings.sip_listen else None
     # Innermost: an answer waits for the durable changes its request made (a spent secret, an idempotent answer).
     app.add_middleware(DurableAnswers)
     # The body limit sits inside the request ids, so that its 413s get an id and are counted too.
@@ -186,6 +194,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
         body["admission"] = runtime.admission.snapshot()  # whether new sessions are taken (platform/admission.py)
         if runtime.engine is not None:
             body["llm"] = runtime.engine.describe()  # what each part of a step runs on (see --llm-kernels)
+        if app.state.sip_trunk is not None:
+            body["sip"] = app.state.sip_trunk.status()  # where the trunk listens, what it answers, its calls
         if runtime.load_error:
             body["error"] = runtime.load_error
         return JSONResponse(body, status_code=200 if runtime.ready.is_set() and not svc.sessions.draining else 503)
@@ -212,6 +222,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
     app.include_router(twilio_stream.router)
+    app.include_router(sip_calls.router)
     app.include_router(audio_http.router)
     webrtc.configure_ice(settings)
     return app

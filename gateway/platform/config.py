@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -350,6 +351,32 @@ class Settings(BaseSettings):
         default_factory=list, description="STUN/TURN URLs (turn:user:pass@host:port). None by default."
     )
 
+    # Phone calls over SIP (gateway/api/transports/sip_trunk.py)
+    sip_listen: str | None = Field(
+        None, description="host:port where a SIP trunk reaches the gateway (UDP and TCP), for example 0.0.0.0:5060. "
+        "Each INVITE is announced to --webhook-url as realtime.call.incoming and answered by "
+        "/v1/realtime/calls/{call_id}/accept or /reject. Off by default.")
+    sip_advertise_ip: str | None = Field(
+        None, description="The address put in the SDP answer and Contact (the gateway's public address behind NAT). "
+        "Default: --sip-listen's host, which must then not be a wildcard.")
+    sip_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"],
+        description="The networks (CIDRs, comma-separated) whose INVITEs are taken: the carrier's signalling addresses. "
+        "Any other source gets 403 and no webhook. Default: loopback only.")
+    sip_answer_timeout_s: float = Field(
+        20.0, gt=0, le=300, description="A call the application neither accepts nor rejects within this long is "
+        "rejected (480 Temporarily Unavailable), as is one whose webhook could not be delivered by then.")
+    sip_rtp_ports: str = Field(
+        "20000-29999", pattern=r"^\d{4,5}-\d{4,5}$",
+        description="The UDP port range calls' RTP and RTCP are bound in (an even port and the next).")
+    sip_invites_per_minute: int = Field(
+        120, ge=1, description="New INVITEs taken from one source address per minute; more get 503 with Retry-After.")
+    webhook_url: str | None = Field(
+        None, description="Where realtime.call.incoming is POSTed (the application's endpoint). Needed by --sip-listen.")
+    webhook_secret: str | None = Field(
+        None, description="The whsec_ secret the webhooks are signed with, the Standard Webhooks way, which the "
+        "openai SDK's client.webhooks.unwrap() checks. Needed by --sip-listen.")
+
     # Turn taking
     webrtc_audio_reorder_frames: int = Field(
         1,
@@ -393,6 +420,36 @@ class Settings(BaseSettings):
             self.model_name = own_model_name(self.llm_model)
         return self
 
+    @model_validator(mode="after")
+    def _sip_trunk(self) -> Settings:
+        """The trunk's options hold together at start, not at the first call."""
+        if self.sip_listen is None:
+            return self
+        host, _, port = self.sip_listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("--sip-listen must be host:port, such as 0.0.0.0:5060")
+        try:
+            listen_ip = ip_address(host.strip("[]"))
+        except ValueError:
+            raise ValueError("--sip-listen's host must be an IP address (0.0.0.0 for every interface)") from None
+        if self.sip_advertise_ip is None and listen_ip.is_unspecified:
+            raise ValueError("--sip-listen on a wildcard address needs --sip-advertise-ip, the address callers reach")
+        if self.webhook_url is None or self.webhook_secret is None:
+            raise ValueError("--sip-listen needs --webhook-url and --webhook-secret: every call is announced there")
+        if not self.webhook_secret.startswith("whsec_"):
+            raise ValueError("--webhook-secret must be a whsec_ secret (base64 after the prefix)")
+        low, high = (int(part) for part in self.sip_rtp_ports.split("-"))
+        if not 1024 <= low < high <= 65535:
+            raise ValueError("--sip-rtp-ports must be a range of ports above 1023, such as 20000-29999")
+        return self
+
+    @field_validator("sip_allow")
+    @classmethod
+    def _sip_networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            ip_network(network, strict=False)  # a ValueError names the bad one
+        return value
+
     @field_validator("safety_phone_region")
     @classmethod
     def _phone_region(cls, value: str) -> str:
@@ -425,7 +482,8 @@ class Settings(BaseSettings):
         VoiceCatalog.from_paths(info.data.get("tts_voice"), value)  # two voices of one name: refused at start
         return value
 
-    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", mode="before")
+    @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", "sip_allow",
+                     mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

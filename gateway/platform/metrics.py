@@ -18,6 +18,8 @@ _SHORT_BUCKETS = (0.001, 0.005, 0.01, *_LATENCY_BUCKETS)  # queue waits and per-
 HTTP_REQUESTS = Counter(
     "gateway_http_requests_total", "HTTP requests by route and status", ["route", "status"], registry=REGISTRY
 )
+SIP_INVITES = Counter("gateway_sip_invites_total", "New INVITEs on the SIP trunk by what became of them (rang, or the "
+                      "status they were refused with)", ["outcome"], registry=REGISTRY)
 ERRORS = Counter("gateway_errors_total", "Errors sent to clients", ["surface", "code"], registry=REGISTRY)
 CLIENT_EVENTS = Counter("gateway_realtime_client_events_total", "Realtime client events", ["type"], registry=REGISTRY)
 ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", ["transport"], registry=REGISTRY)

@@ -86,7 +86,7 @@ from media.playout import PlayoutBuffer
 log = logging.getLogger(__name__)
 
 DTMF_DIGITS = "0123456789*#ABCD"
-TransportKind = Literal["websocket", "webrtc", "live", "twilio"]
+TransportKind = Literal["websocket", "webrtc", "live", "twilio", "sip"]
 # A protocol's words for the core's (Realtime) events: Live's (live_wire.py); Realtime's are sent as they are.
 Translate = Callable[[Event], list[Event]]
 

@@ -1,0 +1,476 @@
+"""Phone calls from a SIP trunk, answered the way OpenAI's Realtime answers them (--sip-listen).
+
+For each INVITE from an allowed source the gateway rings (100 Trying, 180 Ringing) and POSTs `realtime.call.incoming`
+to --webhook-url, signed with --webhook-secret. The application answers with `/v1/realtime/calls/{call_id}/accept`
+(the session object), `/reject` or, once answered, `/refer` and `/hangup`, and watches the call over
+`/v1/realtime?call_id=...`. An accepted call is a Realtime session like a WebRTC call: G.711 at 8 kHz in to the VAD
+and Whisper at 16 kHz, the replies out as RTP every 20 ms from a PlayoutBuffer (an interruption clears it), keypad
+digits (RFC 4733) as `input_audio_buffer.dtmf_event_received`.
+
+SIP transactions, dialogs and SDP are aiosipua's, RTP, RTCP and RFC 4733 aiortp's; this module decides (who may
+call, which codec, when to give up) and drives them. Plain RTP only: an offer that requires SRTP is refused (488).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from ipaddress import ip_address, ip_network
+from typing import Any
+
+import numpy as np
+from aiortp import PortAllocator, RTPSession
+from aiosipua import IncomingCall, SdpMessage, SipRequest, SipUAC, SipUAS, negotiate_sdp
+from aiosipua.transport import TcpSipTransport, UdpSipTransport, _UdpProtocol
+
+from gateway.api.session_registry import SessionRegistry
+from gateway.api.transports.sip_call_state import (
+    Action,
+    Answer,
+    CallState,
+    Decline,
+    Finish,
+    SendBye,
+    SendRefer,
+    SipCallState,
+)
+from gateway.platform import metrics
+from gateway.platform.config import Settings
+from gateway.platform.event_log import log_event
+from gateway.platform.webhooks import WebhookSender
+from gateway.protocol.errors import ApiError
+from gateway.realtime.conversation import new_id
+from gateway.realtime.session import RealtimeSession
+from media.frames import AudioChunk
+from media.playout import PlayoutBuffer
+from media.resample import Resampler
+
+log = logging.getLogger(__name__)
+
+RATE = 8000  # G.711
+FRAME_SAMPLES = RATE // 50  # 20 ms a packet
+LISTEN_RATE = 16000  # what the session's VAD and Whisper take
+CODECS = {0: "PCMU", 8: "PCMA"}  # the payload types answered, in the caller's order of preference
+JITTER_PREFETCH = 2  # packets aiortp holds before the first is played on: 40 ms against reordering
+# No RTP from the caller this long (a phone's silence suppression, a stream that stopped): the session hears
+# silence until packets come again, so the VAD still sees the turn end.
+GAP_FILL_S = 0.1
+_MAX_LAG_S = 0.2  # the pacer that fell this far behind (a stalled loop) restarts its clock
+# Headers the webhook never carries (OpenAI: "excluding SIP authorization headers").
+PRIVATE_HEADERS = {"authorization", "proxy-authorization"}
+
+
+class _AnyLoopUdpProtocol(_UdpProtocol):
+    """aiosipua's UDP protocol without its check that the transport is asyncio's own class, which uvloop's (the
+    gateway's loop) is not."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._owner._udp_transport = transport  # type: ignore[assignment]  # uvloop's UDPTransport
+
+
+class UdpTrunkTransport(UdpSipTransport):
+    async def start(self) -> None:
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _AnyLoopUdpProtocol(self), local_addr=self.local_addr)
+        self._udp_transport = transport
+
+
+class NegotiatedRtp(RTPSession):
+    """aiortp's session, taking RTP only from the host the SDP offer named: a third party's packets are dropped and
+    counted, never heard."""
+
+    expected_host = ""
+    dropped = 0
+
+    def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if addr[0] != self.expected_host:
+            self.dropped += 1
+            return
+        super()._handle_rtp(data, addr)
+
+
+@dataclass(eq=False)
+class RingingCall:
+    """An INVITE the application has been told of and has not answered yet."""
+
+    id: str
+    invite: IncomingCall
+    offer: SdpMessage
+    payload_type: int
+    dtmf_payload_type: int
+    machine: SipCallState = field(default_factory=SipCallState)
+    answered: SipCall | None = None
+    timer: asyncio.TimerHandle | None = None
+    delivery: asyncio.Task[None] | None = None  # the webhook, tried again until it arrives or the call ends
+
+    @property
+    def sip_call_id(self) -> str:
+        return self.invite.call_id
+
+
+@dataclass(eq=False)
+class SipCall:
+    """An answered call: its session, its RTP and the pacer (a CallRegistry entry for the sideband and hangup)."""
+
+    id: str
+    session: RealtimeSession
+    rtp: NegotiatedRtp
+    rtp_port: int
+    ringing: RingingCall
+    trunk: SipTrunk
+    secret_digest: str | None = None  # only an API key hangs a SIP call up
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    playout: PlayoutBuffer = field(default_factory=lambda: PlayoutBuffer(RATE, FRAME_SAMPLES))
+    _inbound: Resampler = field(default_factory=lambda: Resampler(RATE, LISTEN_RATE, quality="LQ"))
+    _heard_at: float | None = None  # when the caller's last audio came (monotonic)
+
+    def end(self) -> None:
+        """The session ended or `hangup` was called: BYE, unless the caller's came first."""
+        self.trunk.perform(self.ringing, self.ringing.machine.hang_up())
+
+    def hear(self, pcm: bytes, _timestamp: int) -> None:
+        if pcm:
+            self._heard_at = time.monotonic()
+            self._listen(self._inbound.process(np.frombuffer(pcm, dtype=np.int16)))
+
+    def _fill_gap(self) -> None:
+        if self._heard_at is not None and time.monotonic() - self._heard_at > GAP_FILL_S:
+            self._listen(np.zeros(FRAME_SAMPLES * LISTEN_RATE // RATE, dtype=np.int16))
+
+    def _listen(self, audio: np.ndarray) -> None:
+        voice = self.session.voice
+        if voice is None or not audio.size:
+            return
+        try:
+            voice.append(AudioChunk(audio, LISTEN_RATE))
+        except ApiError as error:
+            self.session.send_error(error)
+
+    def digit(self, digit: str, _duration: int) -> None:
+        try:
+            self.session.dtmf_received(digit, received_at=int(time.time()))
+        except ApiError as error:
+            self.session.send_error(error)
+
+    async def pace(self) -> None:
+        """A packet every 20 ms for the whole call (silence between replies), so timestamps run on the RTP clock; and
+        silence to the session for each 20 ms the caller sent nothing."""
+        loop = asyncio.get_running_loop()
+        start, frames, timestamp = loop.time(), 0, 0
+        while True:
+            frame = self.playout.read_frame()
+            if frame.started:
+                self.session.on_playout_event("started", frame.item_id)
+            if frame.stopped:
+                self.session.on_playout_event("stopped", frame.item_id)
+            self.rtp.send_audio_pcm(frame.pcm.tobytes(), timestamp)
+            self._fill_gap()
+            timestamp = (timestamp + FRAME_SAMPLES) & 0xFFFFFFFF
+            frames += 1
+            wait = start + frames * FRAME_SAMPLES / RATE - loop.time()
+            if wait < -_MAX_LAG_S:
+                start, frames = loop.time(), 0
+            await asyncio.sleep(max(0.0, wait))
+
+    async def run(self, sessions: SessionRegistry) -> None:
+        """The call until it ends: the pacer and the session's events (dropped: a sideband taps a copy)."""
+        reader = self.session.outbox.attach()
+
+        async def drain() -> None:
+            while await reader.next() is not None:
+                pass
+
+        tasks = [asyncio.create_task(self.pace(), name=f"pace {self.id}"),
+                 asyncio.create_task(drain(), name=f"events {self.id}"),
+                 asyncio.create_task(self.ended.wait(), name=f"ended {self.id}")]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and (failure := task.exception()) is not None:
+                    log.error("sip call %s failed", self.id, exc_info=failure)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.rtp.close()
+            await self.trunk.release_port(self.rtp_port)
+            await sessions.end_session(self.session)
+            self.trunk.perform(self.ringing, self.ringing.machine.hang_up())  # a pacer that failed ends the call too
+            log_event("sip.call.ended", call_id=self.id, session_id=self.session.id,
+                      reason=self.ringing.machine.end_reason, rtp_dropped=self.rtp.dropped)
+
+
+class SipTrunk:
+    """The SIP listener (UDP and TCP on --sip-listen) and its calls: the owner of every ringing call's timer and
+    webhook delivery, and of each answered call's task."""
+
+    def __init__(self, settings: Settings, sessions: SessionRegistry, registry: Any) -> None:
+        assert settings.sip_listen is not None and settings.webhook_url and settings.webhook_secret
+        host, _, port = settings.sip_listen.rpartition(":")
+        self.listen = (host.strip("[]"), int(port))
+        self.advertise_ip = settings.sip_advertise_ip or self.listen[0]
+        self._settings = settings
+        self._sessions = sessions
+        self._registry = registry  # CallRegistry: answered calls, for the sideband and hangup
+        self._allowed = [ip_network(network, strict=False) for network in settings.sip_allow]
+        low, high = (int(part) for part in settings.sip_rtp_ports.split("-"))
+        self._ports = PortAllocator((low, high))
+        self._webhooks = WebhookSender(settings.webhook_url, settings.webhook_secret)
+        self._uas: list[SipUAS] = []
+        self._ringing: dict[str, RingingCall] = {}  # by our call id, until the call ends
+        self._by_sip_id: dict[str, RingingCall] = {}
+        self._recent_invites: defaultdict[str, deque[float]] = defaultdict(deque)
+        self._deliveries: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for transport in (UdpTrunkTransport(local_addr=self.listen), TcpSipTransport(local_addr=self.listen)):
+            uas = SipUAS(transport, user_agent="gateway", uac=SipUAC(transport),
+                         advertised_addr=(self.advertise_ip, self.listen[1]))
+            uas.on_invite = self._on_invite
+            uas.on_reinvite = self._on_reinvite
+            uas.on_cancel = self._on_cancel
+            uas.on_bye = self._on_bye
+            uas.on_ack_timeout = self._on_ack_timeout
+            await uas.start()
+            self._uas.append(uas)
+        log_event("sip.listening", host=self.listen[0], port=self.listen[1], transports="udp,tcp",
+                  advertise=self.advertise_ip)
+
+    async def stop(self) -> None:
+        for ringing in list(self._ringing.values()):
+            self.perform(ringing, ringing.machine.hang_up())
+        for task in list(self._deliveries):
+            task.cancel()
+        await asyncio.gather(*self._deliveries, return_exceptions=True)
+        for uas in self._uas:
+            await uas.stop()
+        await self._webhooks.aclose()
+
+    def status(self) -> dict[str, Any]:
+        states = [ringing.machine.state for ringing in self._ringing.values()]
+        return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": ["udp", "tcp"], "media": "rtp",
+                "codecs": list(CODECS.values()), "ringing": states.count(CallState.RINGING),
+                "answered": states.count(CallState.ANSWERED)}
+
+    # -- from the SIP side ------------------------------------------------------------------------
+
+    def _on_invite(self, invite: IncomingCall) -> None:
+        if (ringing := self._by_sip_id.get(invite.call_id)) is not None:
+            # The INVITE again (UDP retransmits it): aiosipua took it for a new call. The call it is keeps its
+            # dialog (so the ACK of our answer matches) and rings again.
+            self._uas_of(invite)._calls[invite.call_id] = ringing.invite
+            if ringing.machine.state is CallState.RINGING:
+                ringing.invite.ringing()
+            return
+        source = invite.source_addr[0]
+        if not self._allowed_source(source):
+            self._refuse(invite, 403, "Forbidden")
+            return
+        if not self._within_rate(source):
+            self._refuse(invite, 503, "Service Unavailable")
+            return
+        chosen = self._negotiate(invite.sdp_offer)
+        if chosen is None:
+            self._refuse(invite, 488, "Not Acceptable Here")
+            return
+        assert invite.sdp_offer is not None
+        ringing = RingingCall(id=new_id(f"rtc_{self._settings.replica_id}"), invite=invite, offer=invite.sdp_offer,
+                              payload_type=chosen[0], dtmf_payload_type=chosen[1])
+        self._ringing[ringing.id] = ringing
+        self._by_sip_id[ringing.sip_call_id] = ringing
+        invite.ringing()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.sip_answer_timeout_s
+        ringing.timer = loop.call_at(deadline, lambda: self.perform(ringing, ringing.machine.answer_timeout()))
+        task = asyncio.create_task(self._announce(ringing, deadline), name=f"webhook {ringing.id}")
+        ringing.delivery = task
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        metrics.SIP_INVITES.labels("ringing").inc()
+        log_event("sip.call.ringing", call_id=ringing.id, source=source, codec=CODECS[ringing.payload_type])
+
+    def _on_reinvite(self, invite: IncomingCall) -> None:
+        """A refresh or a hold from the caller: answered with the same SDP (the media stays as negotiated)."""
+        invite.accept(invite.sdp_answer)
+
+    def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:
+        ringing = self._by_sip_id.get(request.call_id or "")
+        if ringing is not None:
+            self.perform(ringing, ringing.machine.caller_cancel())
+
+    def _on_bye(self, invite: IncomingCall, _request: SipRequest) -> None:
+        ringing = self._by_sip_id.get(invite.call_id)
+        if ringing is not None:
+            self.perform(ringing, ringing.machine.caller_bye())
+
+    def _on_ack_timeout(self, invite: IncomingCall) -> None:
+        """Our 200 OK was never acknowledged: the caller is not there to talk to."""
+        ringing = self._by_sip_id.get(invite.call_id)
+        if ringing is not None:
+            self.perform(ringing, ringing.machine.failed("ack_timeout"))
+
+    def _allowed_source(self, host: str) -> bool:
+        try:
+            address = ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self._allowed)
+
+    def _within_rate(self, host: str) -> bool:
+        now = time.monotonic()
+        recent = self._recent_invites[host]
+        while recent and recent[0] < now - 60:
+            recent.popleft()
+        for other in [other for other, times in self._recent_invites.items() if not times and other != host]:
+            del self._recent_invites[other]  # the sources quiet for a minute are forgotten
+        if len(recent) >= self._settings.sip_invites_per_minute:
+            return False
+        recent.append(now)
+        return True
+
+    @staticmethod
+    def _negotiate(offer: SdpMessage | None) -> tuple[int, int] | None:
+        """(audio payload type, telephone-event payload type or 0), or None when nothing offered can be answered:
+        no SDP (a late offer), no audio, no G.711, or an SRTP profile."""
+        if offer is None or offer.audio is None or offer.rtp_address is None or "SAVP" in offer.audio.proto:
+            return None
+        audio = next((codec for codec in offer.audio.codecs if codec.payload_type in CODECS), None)
+        if audio is None:
+            return None
+        dtmf = next((codec.payload_type for codec in offer.audio.codecs
+                     if codec.encoding_name.lower() == "telephone-event"), 0)
+        return audio.payload_type, dtmf
+
+    def _refuse(self, invite: IncomingCall, status: int, reason: str) -> None:
+        """A final answer before any webhook; the call is forgotten at once (no dialog follows a refusal)."""
+        invite.reject(status, reason)
+        self._uas_of(invite)._calls.pop(invite.call_id, None)
+        metrics.SIP_INVITES.labels(str(status)).inc()
+        log_event("sip.invite.refused", source=invite.source_addr[0], status=status)
+
+    # -- to the application -----------------------------------------------------------------------
+
+    async def _announce(self, ringing: RingingCall, deadline: float) -> None:
+        headers = [{"name": name, "value": value} for name, values in ringing.invite.invite.headers.items()
+                   if name.lower() not in PRIVATE_HEADERS for value in values]
+        event = WebhookSender.event("realtime.call.incoming", {
+            "call_id": ringing.id, "sip_headers": headers, "sip_media_security": "rtp"})
+        if not await self._webhooks.deliver(event, deadline) and ringing.machine.state is CallState.RINGING:
+            self.perform(ringing, ringing.machine.failed("webhook_undelivered"))
+
+    def has_call(self, call_id: str) -> bool:
+        return call_id in self._ringing
+
+    def require_ringing(self, call_id: str) -> None:
+        """409 unless the call is still ringing (answered or ended calls are not accepted again)."""
+        if (state := self.ringing_call(call_id).machine.state) is not CallState.RINGING:
+            raise ApiError("call_not_ringing", f"The call is {state.value}: it can no longer be accepted.", "call_id",
+                           status=409)
+
+    def ringing_call(self, call_id: str) -> RingingCall:
+        ringing = self._ringing.get(call_id)
+        if ringing is None:
+            raise ApiError("call_not_found", f"No SIP call '{call_id}'.", "call_id", status=404)
+        return ringing
+
+    async def accept(self, call_id: str, session: RealtimeSession) -> SipCall:
+        """Answer the ringing call with `session` (not yet started): its RTP bound, 200 OK sent, the call run."""
+        ringing = self.ringing_call(call_id)
+        self.require_ringing(call_id)
+        remote = ringing.offer.rtp_address or ("", 0)
+        try:
+            port, _ = await self._ports.allocate()  # an even port and the next, for RTCP
+        except RuntimeError as error:
+            self.perform(ringing, ringing.machine.failed("no_rtp_port"))
+            raise ApiError("call_media_unavailable", "No RTP port was free for the call.", status=503) from error
+        rtp: NegotiatedRtp | None = None
+        try:
+            created = await NegotiatedRtp.create(
+                local_addr=(self.listen[0], port), remote_addr=remote, payload_type=ringing.payload_type,
+                dtmf_payload_type=ringing.dtmf_payload_type or 101, jitter_prefetch=JITTER_PREFETCH)
+            assert isinstance(created, NegotiatedRtp)  # create() builds its class, typed as the base
+            rtp = created
+            actions = ringing.machine.accept()  # 409 when another accept, a CANCEL or the timer came meanwhile
+        except BaseException as error:
+            if rtp is not None:
+                await rtp.close()
+            await self._ports.release(port)
+            if not isinstance(error, OSError):
+                raise
+            self.perform(ringing, ringing.machine.failed("rtp_unavailable"))
+            raise ApiError("call_media_unavailable", "The call's RTP port could not be bound.", status=503) from error
+        rtp.expected_host = remote[0]
+        call = SipCall(id=ringing.id, session=session, rtp=rtp, rtp_port=port, ringing=ringing, trunk=self)
+        ringing.answered = call
+        rtp.on_audio = call.hear
+        rtp.on_dtmf = call.digit
+        session.attach_playout(call.playout)
+        answer, _ = negotiate_sdp(ringing.offer, self.advertise_ip, port, supported_codecs=[ringing.payload_type],
+                                  dtmf_payload_type=ringing.dtmf_payload_type)
+        self.perform(ringing, actions, sdp=answer)
+        self._registry.add(call, alias=ringing.sip_call_id)
+        return call
+
+    async def release_port(self, port: int) -> None:
+        await self._ports.release(port)
+
+    def reject(self, call_id: str, status_code: int) -> None:
+        ringing = self.ringing_call(call_id)
+        self.perform(ringing, ringing.machine.reject(status_code))
+
+    def refer(self, call_id: str, target_uri: str) -> None:
+        ringing = self.ringing_call(call_id)
+        self.perform(ringing, ringing.machine.refer(target_uri))
+
+    # -- the driver -------------------------------------------------------------------------------
+
+    def perform(self, ringing: RingingCall, actions: list[Action], *, sdp: SdpMessage | None = None) -> None:
+        invite = ringing.invite
+        for action in actions:
+            match action:
+                case Answer():
+                    if ringing.timer is not None:
+                        ringing.timer.cancel()
+                    invite.accept(sdp)
+                    log_event("sip.call.answered", call_id=ringing.id)
+                case Decline(status_code=status):
+                    invite.reject(status)
+                case SendBye():
+                    invite.hangup()
+                case SendRefer(target_uri=target):
+                    uas = self._uas_of(invite)
+                    assert uas.uac is not None
+                    uas.uac.send_refer(invite.dialog, target, invite.source_addr)
+                    log_event("sip.call.referred", call_id=ringing.id)
+                case Finish(reason=reason):
+                    self._finish(ringing, reason)
+
+    def _finish(self, ringing: RingingCall, reason: str) -> None:
+        if ringing.timer is not None:
+            ringing.timer.cancel()
+        if ringing.delivery is not None and ringing.delivery is not asyncio.current_task():
+            ringing.delivery.cancel()  # the caller went: the application need not hear of the call any more
+        self._ringing.pop(ringing.id, None)
+        self._by_sip_id.pop(ringing.sip_call_id, None)
+        with contextlib.suppress(ValueError):
+            # aiosipua keeps an ended call until the ACK of a final error, and a BYE we send forever: forgotten here.
+            self._uas_of(ringing.invite)._calls.pop(ringing.sip_call_id, None)
+        call = ringing.answered
+        if call is not None:
+            self._registry.remove(call.id)
+            call.ended.set()
+        else:
+            log_event("sip.call.ended", call_id=ringing.id, reason=reason)
+
+    def _uas_of(self, invite: IncomingCall) -> SipUAS:
+        for uas in self._uas:
+            if uas.transport is invite.transport:
+                return uas
+        raise ValueError("the call came on no transport of this trunk")
+

@@ -1,0 +1,158 @@
+"""The peers of a SIP call test, all on loopback: the application behind --webhook-url (it checks every webhook
+with the openai SDK, as an application does), SIPp (Debian's sip-tester) as the caller, and the caller's ear: the
+UDP port the caller's SDP names, where the gateway's RTP is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import shutil
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+
+from media.codecs import alaw_decode, ulaw_decode, ulaw_encode
+
+SCENARIOS = Path(__file__).parent / "sipp"
+RATE = 8000
+WEBHOOK_SECRET = "whsec_" + "c2lwLWNhbGwtdGVzdHMtc2VjcmV0LWtleQ=="  # base64 of a test key
+
+
+def sipp_available() -> bool:
+    return shutil.which("sipp") is not None
+
+
+def free_port(kind: int = socket.SOCK_DGRAM, *, even: bool = False) -> int:
+    """A free port on loopback (UDP by default; an even one, with the next free too, for RTP and RTCP)."""
+    while True:
+        with socket.socket(socket.AF_INET, kind) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if not even or (port % 2 == 0 and port < 65535):
+            return port
+
+
+class WebhookApplication:
+    """An HTTP server on loopback that takes the gateway's webhooks: each is unwrapped with the openai SDK's
+    `client.webhooks.unwrap` (so a bad signature fails the test) and queued. `answer_status` is what it answers."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.answer_status = 200
+        self.tries = 0
+        self.bad_signatures = 0
+        client = openai.OpenAI(api_key="unused", webhook_secret=WEBHOOK_SECRET, base_url="http://127.0.0.1:9/v1")
+        application = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                application.tries += 1
+                if application.answer_status == 200:
+                    try:
+                        application.events.put(client.webhooks.unwrap(body, dict(self.headers.items())))
+                    except openai.InvalidWebhookSignatureError:
+                        application.bad_signatures += 1
+                        self.send_response(400)
+                        self.end_headers()
+                        return
+                self.send_response(application.answer_status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hooks"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    async def next_event(self, timeout: float = 30.0) -> Any:
+        return await asyncio.to_thread(self.events.get, True, timeout)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@dataclass
+class RtpRecorder(asyncio.DatagramProtocol):
+    """The caller's ear: the G.711 the gateway sends, by arrival time, with what the RTP headers said."""
+
+    heard: list[tuple[float, np.ndarray]] = field(default_factory=list)
+    sequence: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    sources: set[tuple[str, int]] = field(default_factory=set)
+    transport: asyncio.DatagramTransport | None = None
+
+    @classmethod
+    async def listen(cls, port: int) -> RtpRecorder:
+        recorder = cls()
+        await asyncio.get_running_loop().create_datagram_endpoint(lambda: recorder, local_addr=("127.0.0.1", port))
+        return recorder
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not asyncio's class
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(data) < 12 or data[0] >> 6 != 2:
+            return
+        payload_type = data[1] & 0x7F
+        sequence, timestamp = struct.unpack("!HI", data[2:8])
+        payload = data[12 + 4 * (data[0] & 0x0F):]
+        if payload_type not in (0, 8):
+            return
+        self.sources.add(addr)
+        self.sequence.append(sequence)
+        self.timestamps.append(timestamp)
+        self.heard.append((time.monotonic(), ulaw_decode(payload) if payload_type == 0 else alaw_decode(payload)))
+
+    def audio_between(self, start: float, end: float) -> np.ndarray:
+        parts = [pcm for at, pcm in self.heard if start <= at <= end]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def write_mulaw(path: Path, pcm_8k: np.ndarray) -> Path:
+    """A raw mu-law file, as SIPp's rtp_stream plays it."""
+    path.write_bytes(ulaw_encode(pcm_8k))
+    return path
+
+
+def scenario(name: str, folder: Path, **values: str) -> Path:
+    """A scenario of tests/integration/sipp/ with its @NAME@ places filled in, written to `folder`."""
+    text = (SCENARIOS / name).read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+async def start_sipp(scenario_path: Path, gateway_sip_port: int, *, transport: str = "u1",
+                     extra: tuple[str, ...] = ()) -> asyncio.subprocess.Process:
+    """One call of `scenario_path` to the gateway: SIPp's own SIP and media ports are free loopback ports."""
+    media = free_port(even=True)
+    return await asyncio.create_subprocess_exec(
+        "sipp", f"127.0.0.1:{gateway_sip_port}", "-sf", str(scenario_path), "-m", "1", "-l", "1",
+        "-i", "127.0.0.1", "-mi", "127.0.0.1", "-p", str(free_port()), "-mp", str(media),
+        "-t", transport,
+        "-timeout", "300", "-timeout_error", "-nostdin", "-trace_err", *extra,
+        cwd=scenario_path.parent, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+
+
+def event_json(event: Any) -> dict[str, Any]:
+    return json.loads(event.model_dump_json())

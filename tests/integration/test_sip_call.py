@@ -1,0 +1,197 @@
+"""Phone calls over SIP (--sip-listen), with SIPp (Debian's sip-tester) dialling in on loopback. The application
+gets `realtime.call.incoming`, checks its signature with the openai SDK and answers with the SDK's
+`client.realtime.calls` (accept, refer, hangup); it watches the call over `/v1/realtime?call_id=`. The caller's voice
+is espeak-ng's, not the gateway's own Piper voice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+
+from benchmarks.voices import EspeakSpeaker, espeak_available
+from inference.asr import AsrEngine
+from media.frames import AudioChunk
+from media.resample import resample
+from tests.conftest import QUESTION
+from tests.gateway_process import GatewayProcess, start_gateway
+from tests.integration.realtime_client import RealtimeClient
+from tests.integration.sip_peers import (
+    RATE,
+    WEBHOOK_SECRET,
+    RtpRecorder,
+    WebhookApplication,
+    event_json,
+    free_port,
+    scenario,
+    sipp_available,
+    start_sipp,
+    write_mulaw,
+)
+from tests.integration.speech import HEARD_AS_SAID, heard_within, transcribe, with_silence
+from tests.integration.webrtc_peer import loud
+
+pytestmark = pytest.mark.skipif(not (sipp_available() and espeak_available()),
+                                reason="sipp (sip-tester) or espeak-ng is not installed (.ci/run installs them)")
+
+ANSWER_TIMEOUT_S = 8  # short, so that the undelivered webhook's call is turned away within the test
+
+
+@pytest.fixture(scope="module")
+def application() -> Iterator[WebhookApplication]:
+    app = WebhookApplication()
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def sip_gateway(tmp_path_factory: pytest.TempPathFactory, application: WebhookApplication) -> Iterator[tuple[GatewayProcess, int]]:
+    sip_port = free_port()
+    rtp_low = free_port(even=True)
+    process = start_gateway(
+        "--sip-listen", f"127.0.0.1:{sip_port}", "--webhook-url", application.url, "--webhook-secret", WEBHOOK_SECRET,
+        "--sip-answer-timeout-s", str(ANSWER_TIMEOUT_S), "--sip-rtp-ports", f"{rtp_low}-{rtp_low + 200}",
+        "--sip-invites-per-minute", "30",
+        log_path=tmp_path_factory.mktemp("sip-gateway") / "gateway.log")
+    yield process, sip_port
+    process.stop()
+
+
+@pytest_asyncio.fixture
+async def sdk(sip_gateway: tuple[GatewayProcess, int]) -> AsyncIterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=sip_gateway[0].url + "/v1", api_key="sk-local", max_retries=0)
+    yield client
+    await client.close()
+
+
+async def watch(gateway: GatewayProcess, call_id: str) -> RealtimeClient:
+    watcher = await RealtimeClient.connect(f"{gateway.url.replace('http', 'ws', 1)}/v1/realtime?call_id={call_id}")
+    await watcher.send({"type": "session.update", "session": {"type": "realtime"}})
+    answer = await watcher.recv()
+    assert answer["type"] == "session.updated", answer
+    return watcher
+
+
+async def incoming(application: WebhookApplication) -> dict[str, object]:
+    event = event_json(await application.next_event(30))
+    assert event["type"] == "realtime.call.incoming", event
+    return event
+
+
+async def finished(sipp: asyncio.subprocess.Process, timeout: float) -> tuple[int, str]:
+    output, _ = await asyncio.wait_for(sipp.communicate(), timeout)
+    return sipp.returncode or 0, output.decode(errors="replace")[-3000:]
+
+
+async def test_a_sip_call_is_answered_through_the_webhook_takes_digits_is_transferred_and_hung_up(
+        sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
+        asr: AsrEngine, tmp_path: Path) -> None:
+    gateway, sip_port = sip_gateway
+    question = EspeakSpeaker("en-us", 160).say(QUESTION, RATE).pcm
+    question_file = write_mulaw(tmp_path / "question.ulaw", with_silence(question, RATE, 0.3, 2.0))
+    ear_port = free_port(even=True)
+    ear = await RtpRecorder.listen(ear_port)
+    question_ms = int(1000 * (question.size / RATE + 2.3)) + 2000
+    sipp = await start_sipp(scenario("call.xml", tmp_path, QUESTION=str(question_file), QUESTION_MS=str(question_ms),
+                                     LISTEN=str(ear_port)), sip_port)
+    try:
+        event = await incoming(application)
+        data = event["data"]
+        assert isinstance(data, dict) and data["sip_media_security"] == "rtp"
+        headers = {header["name"].lower(): header["value"] for header in data["sip_headers"]}
+        assert headers["x-customer-id"] == "4242", headers  # the INVITE's own headers, for the application
+        call_id = str(data["call_id"])
+        await sdk.realtime.calls.accept(call_id, type="realtime", instructions="Answer in one short sentence.",
+                                        max_output_tokens=40, extra_body={"temperature": 0})
+        with pytest.raises(openai.ConflictError):  # answered once
+            await sdk.realtime.calls.accept(call_id, type="realtime")
+        watcher = await watch(gateway, call_id)
+        final = await watcher.wait_for("conversation.item.input_audio_transcription.completed", timeout=90)
+        assert final["transcript"].strip(), final
+        done = await watcher.wait_for("response.done", timeout=120)
+        assert done["response"]["status"] in ("completed", "incomplete"), done
+        transcript = done["response"]["output"][0]["content"][0]["transcript"]
+        await watcher.wait_for("output_audio_buffer.stopped", timeout=60)
+        await asyncio.sleep(0.3)  # the last packets' way over loopback
+        answer = ear.audio_between(0.0, time.monotonic())
+        assert loud(answer), "no reply audio reached the caller's RTP port"
+        heard = await transcribe(asr, AudioChunk(resample(answer, RATE, 16000), 16000))
+        assert heard_within(heard, transcript) >= HEARD_AS_SAID, (heard, transcript)  # over 8 kHz G.711 too
+        # RTP as a phone expects it: one stream, 20 ms a packet, consecutive numbers.
+        assert len(ear.sources) == 1
+        steps = np.diff(np.array(ear.timestamps, dtype=np.int64)) % 2**32
+        assert np.all(steps == 160), set(steps.tolist())
+        assert np.all(np.diff(np.array(ear.sequence, dtype=np.int64)) % 2**16 == 1)
+
+        deadline = time.monotonic() + 60  # the digits may have come while the answer played
+        while len(digits := watcher.of_type("input_audio_buffer.dtmf_event_received")) < 3:
+            await watcher.recv(max(0.01, deadline - time.monotonic()))
+        assert [digit["event"] for digit in digits] == ["1", "2", "#"]
+
+        await sdk.realtime.calls.refer(call_id, target_uri="tel:+14155550123")  # SIPp waits for it, answers 202
+        await sdk.realtime.calls.hangup(call_id)  # BYE, which SIPp waits for too
+        code, output = await finished(sipp, 60)
+        assert code == 0, output  # every message of the scenario came, in order
+        with pytest.raises(openai.NotFoundError):
+            await sdk.realtime.calls.refer(call_id, target_uri="tel:+14155550123")
+        await watcher.close()
+    finally:
+        if sipp.returncode is None:
+            sipp.kill()
+            await sipp.wait()
+        ear.close()
+
+
+async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[GatewayProcess, int],
+                                                          application: WebhookApplication, sdk: openai.AsyncOpenAI,
+                                                          tmp_path: Path) -> None:
+    gateway, sip_port = sip_gateway
+    # No codec in common (G.722 only): 488, and the application is never told.
+    sipp = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port)
+    code, output = await finished(sipp, 60)
+    assert code == 0, output
+    # A datagram that is not SIP, and an INVITE missing its headers: no answer, no crash.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.sendto(b"\x00\xffnot sip at all\r\n\r\n", ("127.0.0.1", sip_port))
+        raw.sendto(b"INVITE sip:x@127.0.0.1 SIP/2.0\r\nContent-Length: 0\r\n\r\n", ("127.0.0.1", sip_port))
+    # The application rejects the call with its own code, through the SDK.
+    sipp = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="0", CODEC="0 PCMU/8000", STATUS="486"), sip_port)
+    call_id = str((await incoming(application))["data"]["call_id"])  # type: ignore[index]
+    await sdk.realtime.calls.reject(call_id, status_code=486)
+    code, output = await finished(sipp, 60)
+    assert code == 0, output
+    with pytest.raises(openai.NotFoundError):
+        await sdk.realtime.calls.accept(call_id, type="realtime")
+    # The application is down: the webhook is retried, then the call is turned away (480) at the answer timeout.
+    application.answer_status = 503
+    tries = application.tries
+    try:
+        sipp = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="0", CODEC="0 PCMU/8000", STATUS="480"), sip_port)
+        code, output = await finished(sipp, ANSWER_TIMEOUT_S + 60)
+        assert code == 0, output
+        assert application.tries - tries >= 3, "the webhook was not retried"
+    finally:
+        application.answer_status = 200
+    assert application.bad_signatures == 0
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        health = (await http.get("/healthz")).json()
+    assert health["sip"]["ringing"] == 0 and health["sip"]["answered"] == 0, health["sip"]  # nothing left behind
+    # A flood from one source: past --sip-invites-per-minute the INVITEs get 503, and the trunk still answers.
+    flood = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port,
+                             extra=("-m", "40", "-r", "40", "-l", "40", "-trace_stat"))
+    await finished(flood, 120)  # SIPp counts the 503s as failed calls: its exit code says nothing here
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'gateway_sip_invites_total{outcome="503"}' in metrics, "the flood was not limited"
+    assert 'gateway_sip_invites_total{outcome="488"}' in metrics
+    sipp = await start_sipp(scenario("options.xml", tmp_path), sip_port)
+    code, output = await finished(sipp, 30)
+    assert code == 0, output
