@@ -150,6 +150,49 @@ async def test_a_sip_call_is_answered_through_the_webhook_takes_digits_is_transf
         ear.close()
 
 
+async def test_speech_over_the_answer_cuts_it_on_the_rtp_stream_and_keeps_what_was_sent(
+        sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
+        tmp_path: Path) -> None:
+    gateway, sip_port = sip_gateway
+    interruption = EspeakSpeaker("en-gb", 160).say("Stop. Tell me about cats instead.", RATE).pcm
+    speech = write_mulaw(tmp_path / "interruption.ulaw", with_silence(interruption, RATE, 0.0, 1.5))
+    ear_port = free_port(even=True)
+    ear = await RtpRecorder.listen(ear_port)
+    sipp = await start_sipp(scenario("interrupt.xml", tmp_path, QUESTION=str(speech), LISTEN=str(ear_port)), sip_port)
+    try:
+        call_id = str((await incoming(application))["data"]["call_id"])  # type: ignore[index]
+        await sdk.realtime.calls.accept(call_id, type="realtime", max_output_tokens=300, extra_body={"temperature": 0})
+        watcher = await watch(gateway, call_id)
+        await watcher.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a long story about a dragon who loves books."}]}})
+        await watcher.send({"type": "response.create"})
+        await watcher.wait_for("output_audio_buffer.started", timeout=90)
+        await asyncio.sleep(1.5)
+        await sdk.realtime.calls.refer(call_id, target_uri="sip:agent@127.0.0.1")  # SIPp's cue to speak
+        onset = time.monotonic()
+        await watcher.wait_for("output_audio_buffer.cleared", timeout=30)
+        done = await watcher.wait_for("response.done", timeout=30)
+        await asyncio.sleep(0.5)
+        loud_times = [at for at, pcm in ear.heard if loud(pcm)]
+        assert loud_times and loud_times[-1] - onset < 2.5, loud_times[-1] - onset  # not the story's end
+        if done["response"]["status"] == "cancelled":
+            generated = "".join(event["delta"] for event in watcher.of_type("response.output_audio_transcript.delta"))
+            kept = done["response"]["output"][0]["content"][0]["transcript"]
+            assert 0 < len(kept) < len(generated), (kept, generated)
+        else:  # generated before the cut: the item is truncated to the audio sent
+            truncated = await watcher.wait_for("conversation.item.truncated", timeout=10)
+            assert 0 < truncated["audio_end_ms"] <= 20 * len(ear.heard), truncated
+        await sdk.realtime.calls.hangup(call_id)
+        code, output = await finished(sipp, 60)
+        assert code == 0, output
+        await watcher.close()
+    finally:
+        if sipp.returncode is None:
+            sipp.kill()
+            await sipp.wait()
+        ear.close()
+
+
 async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[GatewayProcess, int],
                                                           application: WebhookApplication, sdk: openai.AsyncOpenAI,
                                                           tmp_path: Path) -> None:
