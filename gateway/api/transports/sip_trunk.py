@@ -38,6 +38,7 @@ from gateway.api.transports.sip_call_state import (
     SendRefer,
     SipCallState,
 )
+from gateway.api.transports.webrtc import CallRegistry
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
@@ -95,7 +96,7 @@ class NegotiatedRtp(RTPSession):
 
 @dataclass(eq=False)
 class RingingCall:
-    """An INVITE the application has been told of and has not answered yet."""
+    """One INVITE's call from the moment it rings to its end, answered or not: what the routes find by call id."""
 
     id: str
     invite: IncomingCall
@@ -208,7 +209,7 @@ class SipTrunk:
     """The SIP listener (UDP and TCP on --sip-listen) and its calls: the owner of every ringing call's timer and
     webhook delivery, and of each answered call's task."""
 
-    def __init__(self, settings: Settings, sessions: SessionRegistry, registry: Any) -> None:
+    def __init__(self, settings: Settings, sessions: SessionRegistry, registry: CallRegistry) -> None:
         assert settings.sip_listen is not None and settings.webhook_url and settings.webhook_secret
         host, _, port = settings.sip_listen.rpartition(":")
         self.listen = (host.strip("[]"), int(port))
