@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +21,6 @@ import httpx
 from standardwebhooks import Webhook
 
 from gateway.platform.event_log import log_event
-from gateway.realtime.conversation import new_id
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class WebhookSender:
     @staticmethod
     def event(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
         """An event object as OpenAI sends it: id, object, created_at, type, data."""
-        return {"id": new_id("evt"), "object": "event", "created_at": int(time.time()), "type": event_type, "data": data}
+        return {"id": f"evt_{secrets.token_hex(10)}", "object": "event", "created_at": int(time.time()), "type": event_type, "data": data}
 
     def signed_headers(self, event_id: str, body: str) -> dict[str, str]:
         now = datetime.now(tz=UTC)
