@@ -86,6 +86,13 @@ async def incoming(application: WebhookApplication) -> dict[str, object]:
     return event
 
 
+async def hang_up_on(sipp: asyncio.subprocess.Process) -> None:
+    """SIPp killed if a failed test left it waiting."""
+    if sipp.returncode is None:
+        sipp.kill()
+        await sipp.wait()
+
+
 async def finished(sipp: asyncio.subprocess.Process, timeout: float) -> tuple[int, str]:
     output, _ = await asyncio.wait_for(sipp.communicate(), timeout)
     return sipp.returncode or 0, output.decode(errors="replace")[-3000:]
@@ -144,9 +151,7 @@ async def test_a_sip_call_is_answered_through_the_webhook_takes_digits_is_transf
             await sdk.realtime.calls.refer(call_id, target_uri="tel:+14155550123")
         await watcher.close()
     finally:
-        if sipp.returncode is None:
-            sipp.kill()
-            await sipp.wait()
+        await hang_up_on(sipp)
         ear.close()
 
 
@@ -187,9 +192,7 @@ async def test_speech_over_the_answer_cuts_it_on_the_rtp_stream_and_keeps_what_w
         assert code == 0, output
         await watcher.close()
     finally:
-        if sipp.returncode is None:
-            sipp.kill()
-            await sipp.wait()
+        await hang_up_on(sipp)
         ear.close()
 
 
