@@ -1,4 +1,4 @@
-"""Voice activity: a pure hysteresis core (TurnDetector), the Silero v6 model, and a streaming wrapper.
+"""Voice activity: a pure hysteresis core (TurnDetector), the Silero model, and a streaming wrapper.
 
 TurnDetector takes per-window speech probabilities and emits speech started/stopped with the
 settings of OpenAI's server_vad. SileroVad and StreamingVad are synchronous and cost ~0.1 ms a
@@ -21,6 +21,7 @@ WINDOW_SAMPLES = 512  # what Silero v5/v6 take at 16 kHz
 CONTEXT_SAMPLES = 64  # tail of the previous window the model sees in front of each window
 WINDOW_MS = 1000.0 * WINDOW_SAMPLES / VAD_RATE  # 32 ms
 _STATE_SHAPE = (1, 1, 128)
+_SR = np.array(VAD_RATE, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -154,19 +155,30 @@ def _inference_session(model_path: str) -> Any:
 
 
 class SileroVad:
-    """Silero VAD v6 (the ONNX file faster-whisper ships), one 512-sample 16 kHz window at a time.
+    """Silero VAD, one 512-sample 16 kHz window at a time, from either of two ONNX files:
 
-    The file takes rows of 64 context + 512 new samples and carries LSTM state h, c between calls;
-    fed one row per call it gives exactly the probabilities of faster-whisper's batched pass.
+    - v6 as faster-whisper ships it: inputs `input`, `h`, `c` (LSTM state in two tensors); fed one row per call it
+      gives exactly the probabilities of faster-whisper's batched pass;
+    - 6.2.3 as the silero-vad package ships it (`silero_vad_16k_op15.onnx`): inputs `input`, `state`, `sr`.
+
+    Each row is 64 samples of context + 512 new ones; the state is carried between calls.
     """
 
     def __init__(self, model_path: Path | str) -> None:
         self._session = _inference_session(str(model_path))
+        inputs = {node.name for node in self._session.get_inputs()}
+        if {"input", "h", "c"} <= inputs:
+            self._split_state = True
+        elif {"input", "state", "sr"} <= inputs:
+            self._split_state = False
+        else:
+            raise ValueError(f"{model_path} is not a Silero VAD this reads (inputs {sorted(inputs)})")
         self.reset()
 
     def reset(self) -> None:
         self._h = np.zeros(_STATE_SHAPE, dtype=np.float32)
         self._c = np.zeros(_STATE_SHAPE, dtype=np.float32)
+        self._state = np.zeros((2, *_STATE_SHAPE[1:]), dtype=np.float32)
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
 
     def probability(self, window: np.ndarray) -> float:
@@ -174,7 +186,10 @@ class SileroVad:
             raise ValueError(f"Silero takes {WINDOW_SAMPLES} samples at 16 kHz, got shape {window.shape}")
         window = window.astype(np.float32, copy=False)
         row = np.concatenate([self._context, window])[np.newaxis, :]
-        out, self._h, self._c = self._session.run(None, {"input": row, "h": self._h, "c": self._c})
+        if self._split_state:
+            out, self._h, self._c = self._session.run(None, {"input": row, "h": self._h, "c": self._c})
+        else:
+            out, self._state = self._session.run(None, {"input": row, "state": self._state, "sr": _SR})
         self._context = window[-CONTEXT_SAMPLES:].copy()
         return float(np.asarray(out).reshape(-1)[0])
 

@@ -186,6 +186,8 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
             "asr_windows_s": ({"final": runtime.asr.window_s, "partial": runtime.asr.partial_window_s}
                               if runtime.asr is not None else None),
             "voice": runtime.voice_ready,
+            # The Silero file each band's VAD runs: phone calls (G.711) have their own.
+            "vad": {band: path.name for band, path in runtime.vad_models.items()} or None,
             "load_seconds": vars(runtime.load_times),
             # The server's wall clock, so a client (gateway bench) can put the latency marks of response.done
             # on its own timeline: NTP-style, from the probe with the shortest round trip.

@@ -8,6 +8,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from gateway.generation.service import Generator
@@ -66,6 +67,8 @@ class Runtime:
     load_error: str | None = None
     load_times: LoadTimes = field(default_factory=LoadTimes)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # The Silero file each band's sessions run: "wideband" (browsers, programs), "narrowband" (phone calls' G.711).
+    vad_models: dict[str, Path] = field(default_factory=dict)
     # Silero VAD for every session, one window batch per hop; kept apart from the model executors.
     vad_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
@@ -281,7 +284,7 @@ class Runtime:
 
     def _load_asr(self) -> None:
         from inference.asr import AsrEngine
-        from inference.models import embedded_turn_model, silero_vad_path
+        from inference.models import embedded_turn_model, narrowband_vad_path, silero_vad_path
         from inference.turn_end import TurnEndModel
         from media.vad import SileroVad
 
@@ -297,7 +300,16 @@ class Runtime:
                  "multilingual" if self.asr.multilingual else "English only",
                  f"language {self.asr.language}" if self.asr.language else "detects the language", paths.asr,
                  self.asr.device, self.asr.compute_type)
-        SileroVad(silero_vad_path())  # loads the ONNX session every session's VAD shares
+        self.vad_models = {"wideband": silero_vad_path()}
+        try:
+            self.vad_models["narrowband"] = narrowband_vad_path()
+        except ModelNotFound as missing:
+            self.vad_models["narrowband"] = self.vad_models["wideband"]
+            log.warning("phone calls' VAD runs faster-whisper's Silero v6, which misses much of a caller's G.711 "
+                        "speech: %s", missing)
+        for path in set(self.vad_models.values()):
+            SileroVad(path)  # loads the ONNX session every session's VAD of that file shares
+        log.info("the VAD runs %s; phone calls %s", self.vad_models["wideband"].name, self.vad_models["narrowband"].name)
         try:
             turn_model = settings.turn_model or embedded_turn_model()
         except ModelNotFound as missing:  # not a declared dependency (see the Makefile): the LLM judges alone

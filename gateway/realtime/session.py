@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 
 DTMF_DIGITS = "0123456789*#ABCD"
 TransportKind = Literal["websocket", "webrtc", "live", "twilio", "sip"]
+PHONE_TRANSPORTS = ("twilio", "sip")  # their audio is G.711 at 8 kHz: the narrowband VAD listens
 # A protocol's words for the core's (Realtime) events: Live's (live_wire.py); Realtime's are sent as they are.
 Translate = Callable[[Event], list[Event]]
 
@@ -212,7 +213,8 @@ class RealtimeSession:
             replies = ReplyAhead(self.runtime, self.settings, self.memory, responding=responses.running)
             self.voice = VoicePipeline(
                 feed, responses.settle, runtime=self.runtime, settings=self.settings,
-                head_start=HeadStart(replies, self.id), session_id=self.id, request_id=self.request_id)
+                head_start=HeadStart(replies, self.id), session_id=self.id, request_id=self.request_id,
+                narrowband=self.transport in PHONE_TRANSPORTS)
         self.feed(SessionStarted(self.resume_token if self.settings.resume_window_s > 0 else None,
                                  listens=self.voice is not None))
         log_event("realtime.session.started", session_id=self.id, request_id=self.request_id, transport=self.transport,

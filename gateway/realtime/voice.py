@@ -108,9 +108,10 @@ class CommittedTurn:
 
 class VoicePipeline:
     def __init__(self, feed: Callable[[Input], None], settle: Callable[[], Awaitable[None]], *, runtime: Runtime,
-                 settings: Settings, head_start: HeadStart, session_id: str, request_id: str | None) -> None:
+                 settings: Settings, head_start: HeadStart, session_id: str, request_id: str | None,
+                 narrowband: bool) -> None:
         """`feed` takes what happens to the session's core, as inputs; `settle` waits until the responses being
-        stopped have ended (a barge-in's)."""
+        stopped have ended (a barge-in's). `narrowband`: the audio is a phone call's G.711, brought up to 16 kHz."""
         self.feed = feed
         self.settle = settle
         self.runtime = runtime
@@ -123,7 +124,8 @@ class VoicePipeline:
         self.session_id = session_id  # for the log
         self.request_id = request_id
         self.buffer = InputAudioBuffer()
-        self.vad = StreamingVad(SileroVad(silero_vad_path()), self._vad_settings())
+        vad_model = runtime.vad_models.get("narrowband" if narrowband else "wideband") or silero_vad_path()
+        self.vad = StreamingVad(SileroVad(vad_model), self._vad_settings())
         self.turn: UserTurn | None = None
         self._committed: dict[str, CommittedTurn] = {}
         self._queue: asyncio.Queue[np.ndarray] = asyncio.Queue()

@@ -230,6 +230,7 @@ async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[Ga
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
         health = (await http.get("/healthz")).json()
     assert health["sip"]["ringing"] == 0 and health["sip"]["answered"] == 0, health["sip"]  # nothing left behind
+    assert health["vad"] == {"wideband": "silero_vad_v6.onnx", "narrowband": "silero_vad_16k_op15.onnx"}  # calls' own
     # A flood from one source: past --sip-invites-per-minute the INVITEs get 503, and the trunk still answers.
     flood = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port,
                              extra=("-m", "40", "-r", "40", "-l", "40", "-trace_stat"))
