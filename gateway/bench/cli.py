@@ -22,10 +22,13 @@ class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
 
     url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
-    mode: Literal["chat", "text", "voice", "webrtc", "live"] = Field(
+    mode: Literal["chat", "text", "voice", "webrtc", "twilio", "sip", "live"] = Field(
         "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text "
         "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD; webrtc: the same over a "
-        "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel); live: spoken turns over "
+        "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel); twilio: the same as a phone "
+        "call through Twilio Media Streams (/v1/telephony/twilio, 8 kHz mu-law; events on the call's sideband); sip: the same "
+        "as a SIP call to the gateway's --sip-listen, the bench answering its webhook as the application (--sip, "
+        "--webhook-listen, --webhook-secret); live: spoken turns over "
         "GPT-Live's WebSocket (/v1/live/sessions: the server's turn-taking, its audio paced; no server stages).")
     model: str = Field("smollm2-135m-instruct", description="The model to ask for.")
     api_key: str | None = Field(None, description="Bearer key, when the server needs one.")
@@ -46,15 +49,21 @@ class Bench(BaseModel):
     max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
     seed: int | None = Field(None, description="Seeds each session's question order and think times (unset: 0) "
                              "and, in chat mode only, the server's sampling (the request's seed).")
-    audio: Path | None = Field(None, description="--mode voice or webrtc: a folder of 16-bit WAV questions "
+    audio: Path | None = Field(None, description="--mode voice, webrtc, twilio or sip: a folder of 16-bit WAV questions "
                                                   "(default: the questions spoken by the embedded Piper voice).")
-    barge_in: bool = Field(False, description="--mode voice or webrtc: speak the next question over each answer "
+    barge_in: bool = Field(False, description="--mode voice, webrtc, twilio or sip: speak the next question over each answer "
                                               "and time how long the answer's audio goes on (barge_in_ms).")
     barge_in_after_ms: int = Field(300, ge=0, le=60_000,
                                    description="--barge-in: start speaking this long after the answer's first audio.")
     listen: bool = Field(False, description="--mode voice: each session listens to its answers, the next question "
                                             "once the answer's audio would have played out for a listener who "
                                             "played it from its first audio (--mode webrtc always does).")
+    sip: str | None = Field(None, description="--mode sip: the gateway's --sip-listen, HOST:PORT (default: --url's "
+                            "host, port 5060).")
+    webhook_listen: str = Field("127.0.0.1:8787", description="--mode sip: where the bench takes the gateway's "
+                                "webhooks as the application; the gateway's --webhook-url must point here.")
+    webhook_secret: str | None = Field(None, description="--mode sip: the gateway's --webhook-secret (whsec_...), "
+                                       "with which the bench checks each webhook.")
     out: Path = Field(Path("bench-out"), description="Where report.json, turns.csv, the plots and report.html go.")
     compare: list[Path] = Field(default_factory=list,
                                 description="report.json files to print side by side (no run); compare.png goes to --out.")
@@ -73,8 +82,11 @@ class Bench(BaseModel):
             if not self.url.startswith(("http://", "https://")):
                 raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
             for option, given in (("--barge-in", self.barge_in), ("--audio", self.audio is not None)):
-                if given and self.mode not in ("voice", "webrtc", "live"):
-                    raise BenchError(f"{option} needs --mode voice, webrtc or live")
+                if given and self.mode not in ("voice", "webrtc", "twilio", "sip", "live"):
+                    raise BenchError(f"{option} needs --mode voice, webrtc, twilio, sip or live")
+            for option in ("sip", "webhook_listen", "webhook_secret"):
+                if option in self.model_fields_set and self.mode != "sip":
+                    raise BenchError(f"--{option.replace('_', '-')} needs --mode sip")
             if self.listen and self.mode != "voice":
                 raise BenchError("--listen needs --mode voice (--mode webrtc waits for each answer's playout anyway)")
             if "barge_in_after_ms" in self.model_fields_set and not self.barge_in:
@@ -103,7 +115,8 @@ class Bench(BaseModel):
                            sessions=sessions, turns=self._turns(), ramp=self.ramp, duration=self.duration,
                            think_time=self.think_time, prompts=prompts, system_prompt_tokens=self.system_prompt_tokens,
                            max_tokens=self.max_tokens, seed=self.seed, out=self.out, audio=self.audio,
-                           barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms, listen=self.listen)
+                           barge_in=self.barge_in, barge_in_after_ms=self.barge_in_after_ms, listen=self.listen,
+                           sip=self.sip, webhook_listen=self.webhook_listen, webhook_secret=self.webhook_secret)
 
     def _turns(self) -> int | None:
         """Turns per session; None: as many as --duration allows."""

@@ -25,7 +25,8 @@ COMPARED = (*METRICS, "tokens_per_s", "audio_rtf", "audio_stall_ms")  # the summ
 def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: str, duration_s: float,
                  overhead: dict[str, Any], interrupted: bool, clock: ClockOffset | None,
                  core_seconds_per_turn: dict[str, float] | None = None,
-                 barge_in_stop: dict[str, float] | None = None) -> dict[str, Any]:
+                 barge_in_stop: dict[str, float] | None = None,
+                 links: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     ok = [turn for turn in turns if turn.error is None]
     rates = [rate for turn in ok if (rate := turn.tokens_per_s) is not None]
     stages = {stage: summarize(values) for stage in STAGES if (values := stage_values(turns, stage))}
@@ -48,6 +49,9 @@ def build_report(turns: list[TurnRecord], *, config: dict[str, Any], version: st
         "server_core_seconds_per_turn": core_seconds_per_turn,
         # The server's barge-ins in the run: their count and mean stop time, speech detected to the reply stopped.
         "server_barge_in_stop": barge_in_stop,
+        # Each spoken session's downlink as its transport saw it (WebRTC: RTP jitter and loss; Twilio: the media
+        # messages' interarrival); None for the modes whose transport tells nothing.
+        "downlink": links or None,
         "overhead": overhead,
     }
 

@@ -37,8 +37,11 @@ from gateway.bench.ladder import (
     write_ladder,
 )
 from gateway.bench.live import LiveVoiceClient
+from gateway.bench.phone import RATE as PHONE_RATE
 from gateway.bench.report import build_report, compare, print_table, write_outputs
+from gateway.bench.sip import SipCallClient, SipPhone, host_port
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
+from gateway.bench.twilio import TwilioStreamClient
 from gateway.bench.voice import VOICE_RATE, RealtimeVoiceClient, SpokenClient
 from gateway.bench.webrtc import RTC_RATE, RealtimeCallClient
 
@@ -60,7 +63,7 @@ BAD_RESPONSE = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 @dataclass
 class BenchConfig:
     url: str
-    mode: str  # chat | text | voice | webrtc
+    mode: str  # chat | text | voice | webrtc | twilio | sip | live
     model: str
     api_key: str | None = None
     sessions: int = 4
@@ -77,10 +80,13 @@ class BenchConfig:
     barge_in: bool = False  # spoken modes: speak the next question over each answer
     barge_in_after_ms: int = 300  # ... this long after the answer's first audio
     listen: bool = False  # voice: a session's next turn waits until its answer's audio would have played
+    sip: str | None = None  # sip: the gateway's --sip-listen (HOST:PORT; None: --url's host, port 5060)
+    webhook_listen: str = "127.0.0.1:8787"  # sip: where the bench takes the gateway's webhooks
+    webhook_secret: str | None = None  # sip: the gateway's --webhook-secret
 
     @property
     def spoken(self) -> bool:
-        return self.mode in ("voice", "webrtc", "live")
+        return self.mode in ("voice", "webrtc", "twilio", "sip", "live")
 
     def public(self) -> dict[str, Any]:
         """The configuration as report.json records it (never the key)."""
@@ -89,7 +95,20 @@ class BenchConfig:
                 "prompts": len(self.prompts), "system_prompt_tokens": self.system_prompt_tokens,
                 "max_tokens": self.max_tokens, "seed": self.seed, "api_key": "set" if self.api_key else None,
                 "audio": str(self.audio) if self.audio else None, "barge_in": self.barge_in,
-                "barge_in_after_ms": self.barge_in_after_ms if self.barge_in else None, "listen": self.listen}
+                "barge_in_after_ms": self.barge_in_after_ms if self.barge_in else None, "listen": self.listen,
+                **({"sip": self.sip_address(), "webhook_listen": self.webhook_listen} if self.mode == "sip" else {})}
+
+    def sip_address(self) -> str:
+        return self.sip or f"{httpx.URL(self.url).host}:5060"
+
+    def phone(self) -> SipPhone | None:
+        """--mode sip's user agent and application for the run (not started)."""
+        if self.mode != "sip":
+            return None
+        if not self.webhook_secret:
+            raise BenchError("--mode sip needs --webhook-secret: the gateway's, to check its webhooks")
+        return SipPhone(host_port(self.sip_address(), "--sip"), host_port(self.webhook_listen, "--webhook-listen"),
+                        self.webhook_secret)
 
 
 def system_prompt(tokens: int) -> str | None:
@@ -141,6 +160,7 @@ class Progress:
     turns: list[TurnRecord] = field(default_factory=list)
     concurrency: list[tuple[float, int]] = field(default_factory=list)
     lags_ms: list[float] = field(default_factory=list)
+    links: list[dict[str, Any]] = field(default_factory=list)  # each spoken session's downlink, as its transport saw it
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -171,7 +191,7 @@ def _running(label: str, values: list[float]) -> str:
 Client = ChatClient | RealtimeTextClient | SpokenClient
 
 
-async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> Client:
+async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient, phone: SipPhone | None) -> Client:
     prompt = system_prompt(config.system_prompt_tokens)
     barge_in_after_s = config.barge_in_after_ms / 1000 if config.barge_in else None
     if config.mode == "chat":
@@ -180,17 +200,22 @@ async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient) ->
         return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s, listens=config.listen)
     if config.mode == "webrtc":
         return await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
+    if config.mode == "twilio":
+        return await TwilioStreamClient.open(target, prompt, barge_in_after_s)
+    if config.mode == "sip":
+        assert phone is not None
+        return await SipCallClient.open(target, phone, http, prompt, barge_in_after_s)
     if config.mode == "live":
         return await LiveVoiceClient.open(target, prompt, barge_in_after_s)
     return await RealtimeTextClient.open(target, prompt)
 
 
-async def _session(index: int, config: BenchConfig, target: Target, http: httpx.AsyncClient, progress: Progress,
-                   stop: asyncio.Event, questions: list[Any]) -> None:
+async def _session(index: int, config: BenchConfig, target: Target, http: httpx.AsyncClient, phone: SipPhone | None,
+                   progress: Progress, stop: asyncio.Event, questions: list[Any]) -> None:
     plan = SessionPlan(config.seed if config.seed is not None else 0, index, len(questions))
     opened_at = round(progress.elapsed(), 3)
     try:
-        client = await _open(config, target, http)
+        client = await _open(config, target, http, phone)
     except BenchError as exc:  # refused after the preflight (e.g. the key's session cap): this session fails alone
         progress.turns.append(TurnRecord(session=index, turn=0, started_at=opened_at, error=exc.code))
         return
@@ -210,6 +235,8 @@ async def _session(index: int, config: BenchConfig, target: Target, http: httpx.
                 return
     finally:
         progress.session_delta(-1)
+        if isinstance(client, SpokenClient) and (link := await client.link_stats()) is not None:
+            progress.links.append({"session": index, **link})
         await client.close()
 
 
@@ -245,7 +272,7 @@ async def _measure_lag(progress: Progress) -> None:
         progress.lags_ms.append(max(0.0, (time.perf_counter() - before - LAG_INTERVAL_S) * 1000))
 
 
-async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> None:
+async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClient, phone: SipPhone | None) -> None:
     """One request before the run (it also loads a lazy server's model): an unreachable server, a refused key
     or an unknown model is one line, not N tracebacks."""
     if config.mode in ("text", "voice"):
@@ -255,6 +282,15 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
     if config.mode == "webrtc":
         call = await RealtimeCallClient.open(target, http, None, None)
         await call.close()
+        return
+    if config.mode == "twilio":
+        stream = await TwilioStreamClient.open(target, None, None)
+        await stream.close()
+        return
+    if config.mode == "sip":
+        assert phone is not None
+        sip_call = await SipCallClient.open(target, phone, http, None, None)
+        await sip_call.close()
         return
     if config.mode == "live":
         live = await LiveVoiceClient.open(target, None, None)
@@ -276,14 +312,15 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
         raise BenchError(f"{target.url}/v1/chat/completions did not answer a chat completion") from None
 
 
-async def _prepare(config: BenchConfig, target: Target, http: httpx.AsyncClient) -> tuple[Target, list[Any]]:
+async def _prepare(config: BenchConfig, target: Target, http: httpx.AsyncClient, phone: SipPhone | None
+                   ) -> tuple[Target, list[Any]]:
     """The questions, the preflight and the clock. WAV files are read first (a bad one is said before any
     request); Piper speaks the questions last, once the server has said yes."""
-    rate = RTC_RATE if config.mode == "webrtc" else VOICE_RATE
+    rate = {"webrtc": RTC_RATE, "twilio": PHONE_RATE, "sip": PHONE_RATE}.get(config.mode, VOICE_RATE)
     questions: list[Any] = list(config.prompts)
     if config.audio is not None:
         questions = await asyncio.to_thread(wav_questions, config.audio, rate)
-    await _preflight(config, target, http)
+    await _preflight(config, target, http, phone)
     if config.mode != "chat":  # chat has no latency marks to put on the client's clock
         target = dataclasses.replace(target, clock=await probe_clock(http, target))
     if config.spoken and config.audio is None:
@@ -306,8 +343,8 @@ async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> 
     return None
 
 
-async def _drive(config: BenchConfig, target: Target, http: httpx.AsyncClient, questions: list[Any],
-                 progress: Progress, interrupt: Interrupt, console: Console) -> None:
+async def _drive(config: BenchConfig, target: Target, http: httpx.AsyncClient, phone: SipPhone | None,
+                 questions: list[Any], progress: Progress, interrupt: Interrupt, console: Console) -> None:
     """The sessions, started at the ramp, until they are done or Ctrl-C cancels them."""
     lag = asyncio.create_task(_measure_lag(progress))
     sessions: list[asyncio.Task[None]] = []
@@ -317,7 +354,7 @@ async def _drive(config: BenchConfig, target: Target, http: httpx.AsyncClient, q
                 if interrupt.stop.is_set() or progress.over(config.duration):
                     break
                 sessions.append(asyncio.create_task(
-                    _session(index, config, target, http, progress, interrupt.stop, questions)))
+                    _session(index, config, target, http, phone, progress, interrupt.stop, questions)))
                 if config.ramp > 0 and index + 1 < config.sessions:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(interrupt.stop.wait(), 1 / config.ramp)
@@ -371,16 +408,23 @@ def _cpu_s() -> float:
 
 async def _run(config: BenchConfig, target: Target, interrupt: Interrupt, console: Console) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=config.sessions + 1, max_keepalive_connections=config.sessions + 1)
+    phone = config.phone()
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=limits) as http:
-        prepared = await _unless_stopped(interrupt.stop, _prepare(config, target, http))
-        cpu_before = _cpu_s()  # the run's own CPU, not the questions' synthesis
-        progress = Progress(spoken=config.spoken)
-        server_before = server_after = None
-        if prepared is not None:
-            target, questions = prepared
-            server_before = await read_server_counters(http, target.url, target.headers)
-            await _drive(config, target, http, questions, progress, interrupt, console)
-            server_after = await read_server_counters(http, target.url, target.headers)
+        if phone is not None:
+            await phone.start()
+        try:
+            prepared = await _unless_stopped(interrupt.stop, _prepare(config, target, http, phone))
+            cpu_before = _cpu_s()  # the run's own CPU, not the questions' synthesis
+            progress = Progress(spoken=config.spoken)
+            server_before = server_after = None
+            if prepared is not None:
+                target, questions = prepared
+                server_before = await read_server_counters(http, target.url, target.headers)
+                await _drive(config, target, http, phone, questions, progress, interrupt, console)
+                server_after = await read_server_counters(http, target.url, target.headers)
+        finally:
+            if phone is not None:
+                await phone.stop()
     elapsed = progress.elapsed()
     overhead = {"loop_lag_ms": summarize(progress.lags_ms),
                 "cpu_percent": round(100 * (_cpu_s() - cpu_before) / max(elapsed, 1e-9), 1)}
@@ -388,7 +432,7 @@ async def _run(config: BenchConfig, target: Target, interrupt: Interrupt, consol
     report = build_report(progress.turns, config=config.public(), version=_version(), duration_s=elapsed,
                           overhead=overhead, interrupted=interrupt.stop.is_set(), clock=target.clock,
                           core_seconds_per_turn=per_turn(server_before, server_after, turns_ok),
-                          barge_in_stop=barge_in_stop(server_before, server_after))
+                          barge_in_stop=barge_in_stop(server_before, server_after), links=progress.links)
     write_outputs(config.out, report, progress.turns, progress.concurrency)
     print_table(report, console)
     console.print(f"report: {config.out / 'report.json'}, {config.out / 'turns.csv'}, {config.out / 'report.html'}")

@@ -84,9 +84,9 @@ class Playing:
     last_loud: float | None = None
     done: Timed | None = None  # its response.done, held until its playout ended
 
-    def over(self, now: float) -> bool:
-        """The playout ended, and no frame of it has arrived for TAIL_S."""
-        return self.ended is not None and now - max(self.ended, self.last_loud or 0.0) >= TAIL_S
+    def over(self, now: float, tail_s: float) -> bool:
+        """The playout ended, and no frame of it has arrived for `tail_s`."""
+        return self.ended is not None and now - max(self.ended, self.last_loud or 0.0) >= tail_s
 
 
 class Playback:
@@ -94,13 +94,16 @@ class Playback:
     audio): loud frames become audio of that response, and a response.done comes when its playout ended. No I/O.
 
     The gateway plays one reply at a time, so a loud frame belongs to the oldest response still playing: from
-    its response.created until TAIL_S with no loud frame after its output_audio_buffer.stopped/cleared (a new
+    its response.created until `tail_s` with no loud frame after its output_audio_buffer.stopped/cleared (a new
     reply needs the caller to speak and the VAD to wait for silence, so it never starts playing that soon). Its
     response.done, which the gateway sends once everything is generated (often seconds before the caller has
     heard it all), is handed on, with its own arrival time, after the stopped/cleared event.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tail_s: float = TAIL_S) -> None:
+        """`tail_s`: how long after its end a response's frames may still arrive (WebRTC: TAIL_S, the frames in
+        flight and in the receive jitter buffer)."""
+        self.tail_s = tail_s
         self.playing: dict[str, Playing] = {}  # in order of creation
         self.stray_loud_s = 0.0  # loud audio no response owned (should stay 0)
 
@@ -126,7 +129,7 @@ class Playback:
         return out
 
     def frame(self, at: float, seconds: float, loud: bool) -> list[Received]:
-        for playing in [p for p in self.playing.values() if p.over(at)]:
+        for playing in [p for p in self.playing.values() if p.over(at, self.tail_s)]:
             del self.playing[playing.id]
         if not loud:
             return []

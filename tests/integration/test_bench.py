@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from inference.llm.loader import gguf_cache_folder
 from inference.models import embedded_llm
 from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.conftest import MODEL
+from tests.integration.sip_peers import WEBHOOK_SECRET, free_port
 
 METRIC_KEYS = {"count", "p50", "p90", "p95", "p99", "max", "mean"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -532,3 +534,79 @@ def test_webrtc_calls_with_barge_in(gateway: GatewayProcess, tmp_path: Path) -> 
     assert 100 < barge_in["p50"] and barge_in["max"] < 2000, barge_in
     stages = check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
     assert stages["downlink"]["max"] < 1000  # playout, Opus, the receive jitter buffer, the answer's quiet start
+
+
+def test_twilio_calls(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """A phone call per session through Twilio Media Streams, the bench standing in for Twilio: spoken turns as
+    8 kHz mu-law, answers played as Twilio plays them (marks echoed), events on the call's sideband; the
+    downlink's pacing is in the report. (Barge-in over it: tests/integration/test_twilio_stream.py.)"""
+    run = bench("--url", gateway.url, "--mode", "twilio", "--model", MODEL, "--sessions", "2", "--turns", "2",
+                "--max-tokens", "16", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    report = check_report(tmp_path / "out", mode="twilio", sessions=2, turns=4)
+    v2v = report["voice_to_voice_ms"]
+    assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000
+    check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
+    links = report["downlink"]
+    assert len(links) == 2 and all(link["media_messages"] > 0 and link["loud_audio_s"] > 0 for link in links), links
+    assert all(link["stray_loud_audio_ms"] == 0 for link in links), links  # every loud frame was some answer's
+
+
+@pytest.fixture(scope="module")
+def sip_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, str, str]]:
+    """A gateway with a SIP trunk whose webhooks go where the bench will take them: (gateway, the trunk's
+    HOST:PORT, the webhooks' HOST:PORT)."""
+    sip, webhooks = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+    process = start_gateway("--sip-listen", sip, "--webhook-url", f"http://{webhooks}/hooks",
+                            "--webhook-secret", WEBHOOK_SECRET, "--sip-answer-timeout-s", "5",
+                            log_path=tmp_path_factory.mktemp("sip") / "gateway.log")
+    yield process, sip, webhooks
+    process.stop()
+
+
+def test_sip_calls_with_barge_in(sip_gateway: tuple[GatewayProcess, str, str], tmp_path: Path) -> None:
+    """A SIP call per session, the bench as the caller (INVITE, PCMU over RTP every 20 ms) and as the application
+    (the signed webhook checked with the openai SDK, the call accepted with client.realtime.calls' route, events
+    on its sideband); each answer interrupted by the next question; the downlink's RTP figures in the report."""
+    gateway, sip, webhooks = sip_gateway
+    run = bench("--url", gateway.url, "--mode", "sip", "--sip", sip, "--webhook-listen", webhooks, "--webhook-secret",
+                WEBHOOK_SECRET, "--model", MODEL, "--sessions", "2", "--turns", "2", "--max-tokens", "16", "--barge-in",
+                "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    report = check_report(tmp_path / "out", mode="sip", sessions=2, turns=4)
+    assert report["config"]["sip"] == sip and report["config"]["webhook_listen"] == webhooks
+    v2v = report["voice_to_voice_ms"]
+    assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000
+    barge_in = report["barge_in_ms"]
+    assert barge_in["count"] > 0 and barge_in["count"] + report["barge_in_missed"] == 4, report
+    assert barge_in["max"] < 2000, barge_in
+    check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
+    links = report["downlink"]
+    assert len(links) == 2, links
+    for link in links:  # a packet every 20 ms for the whole call, none lost on loopback, every loud frame an answer's
+        assert link["rtp_packets_received"] > 100 and link["rtp_packets_lost"] == 0, link
+        assert link["loud_audio_s"] > 0 and link["stray_loud_audio_ms"] == 0, link
+    assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_sip_mode_refusals(sip_gateway: tuple[GatewayProcess, str, str], tmp_path: Path) -> None:
+    """What --mode sip cannot do is said in one line: a missing secret, a bad address, a SIP address where
+    nothing answers, and webhooks the gateway signs with another secret (it refuses the call at its deadline)."""
+    gateway, sip, webhooks = sip_gateway
+    closed = f"127.0.0.1:{free_port()}"
+    other_secret = "whsec_" + "b3RoZXItc2VjcmV0LW5vdC10aGUtZ2F0ZXdheXM="
+    cases = [
+        (["--mode", "sip", "--sip", sip], "--mode sip needs --webhook-secret"),
+        (["--mode", "sip", "--sip", "nowhere", "--webhook-secret", WEBHOOK_SECRET], "--sip must be HOST:PORT"),
+        (["--mode", "voice", "--sip", sip], "--sip needs --mode sip"),
+        (["--mode", "sip", "--sip", closed, "--webhook-listen", webhooks, "--webhook-secret", WEBHOOK_SECRET],
+         f"{closed} did not answer the INVITE"),
+        (["--mode", "sip", "--sip", sip, "--webhook-listen", webhooks, "--webhook-secret", other_secret],
+         "refused the call (480"),
+    ]
+    for args, message in cases:
+        run = bench("--url", gateway.url, *args, "--out", str(tmp_path / "out"), timeout=90)
+        assert run.returncode == 2, (args, run.stdout, run.stderr)
+        assert message in run.stderr and "Traceback" not in run.stderr, (args, run.stderr)
+        assert run.stderr.count("\n") == 1, run.stderr
+    assert not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from aiortp import PortAllocator, RTPSession
 from aiosipua import IncomingCall, SdpMessage, SipRequest, SipUAC, SipUAS, negotiate_sdp
-from aiosipua.transport import TcpSipTransport, UdpSipTransport, _UdpProtocol
+from aiosipua.transport import TcpSipTransport
 
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.sip_call_state import (
@@ -44,6 +44,7 @@ from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.webhooks import WebhookSender
 from gateway.protocol.errors import ApiError
+from gateway.protocol.sip_udp import AnyLoopUdpTransport
 from gateway.realtime.conversation import new_id
 from gateway.realtime.session import RealtimeSession
 from media.frames import AudioChunk
@@ -63,21 +64,6 @@ GAP_FILL_S = 0.1
 _MAX_LAG_S = 0.2  # the pacer that fell this far behind (a stalled loop) restarts its clock
 # Headers the webhook never carries (OpenAI: "excluding SIP authorization headers").
 PRIVATE_HEADERS = {"authorization", "proxy-authorization"}
-
-
-class _AnyLoopUdpProtocol(_UdpProtocol):
-    """aiosipua's UDP protocol without its check that the transport is asyncio's own class, which uvloop's (the
-    gateway's loop) is not."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._owner._udp_transport = transport  # type: ignore[assignment]  # uvloop's UDPTransport
-
-
-class UdpTrunkTransport(UdpSipTransport):
-    async def start(self) -> None:
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: _AnyLoopUdpProtocol(self), local_addr=self.local_addr)
-        self._udp_transport = transport
 
 
 class NegotiatedRtp(RTPSession):
@@ -230,7 +216,7 @@ class SipTrunk:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for transport in (UdpTrunkTransport(local_addr=self.listen), TcpSipTransport(local_addr=self.listen)):
+        for transport in (AnyLoopUdpTransport(local_addr=self.listen), TcpSipTransport(local_addr=self.listen)):
             uas = SipUAS(transport, user_agent="gateway", uac=SipUAC(transport),
                          advertised_addr=(self.advertise_ip, self.listen[1]))
             uas.on_invite = self._on_invite
