@@ -63,7 +63,16 @@ class CallApplication:
         self._serving: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._serving = asyncio.create_task(self._server.serve())
+        # Bound here, not by uvicorn, whose failure to bind is a SystemExit out of the bench's loop.
+        listener = socket.socket(socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(self.listen)
+        except OSError as exc:
+            listener.close()
+            raise BenchError(f"cannot take webhooks on {self.listen[0]}:{self.listen[1]} (--webhook-listen): "
+                             f"{exc.strerror or exc}") from None
+        self._serving = asyncio.create_task(self._server.serve(sockets=[listener]))
         while not self._server.started:
             if self._serving.done():
                 raise BenchError(f"cannot take webhooks on {self.listen[0]}:{self.listen[1]} (--webhook-listen)")

@@ -604,9 +604,15 @@ def test_sip_mode_refusals(sip_gateway: tuple[GatewayProcess, str, str], tmp_pat
         (["--mode", "sip", "--sip", sip, "--webhook-listen", webhooks, "--webhook-secret", other_secret],
          "refused the call (480"),
     ]
-    for args, message in cases:
-        run = bench("--url", gateway.url, *args, "--out", str(tmp_path / "out"), timeout=90)
-        assert run.returncode == 2, (args, run.stdout, run.stderr)
-        assert message in run.stderr and "Traceback" not in run.stderr, (args, run.stderr)
-        assert run.stderr.count("\n") == 1, run.stderr
+    with socket.socket() as taken:  # a port another program listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        cases.append((["--mode", "sip", "--sip", sip, "--webhook-listen", busy, "--webhook-secret", WEBHOOK_SECRET],
+                      f"cannot take webhooks on {busy} (--webhook-listen)"))
+        for args, message in cases:
+            run = bench("--url", gateway.url, *args, "--out", str(tmp_path / "out"), timeout=90)
+            assert run.returncode == 2, (args, run.stdout, run.stderr)
+            assert message in run.stderr and "Traceback" not in run.stderr, (args, run.stderr)
+            assert run.stderr.count("\n") == 1, run.stderr
     assert not (tmp_path / "out").exists()
