@@ -124,6 +124,7 @@ class VoicePipeline:
         self.session_id = session_id  # for the log
         self.request_id = request_id
         self.buffer = InputAudioBuffer()
+        # A runtime given an ASR of its own (the voice tests) has loaded no VAD file: faster-whisper's, then.
         vad_model = runtime.vad_models.get("narrowband" if narrowband else "wideband") or silero_vad_path()
         self.vad = StreamingVad(SileroVad(vad_model), self._vad_settings())
         self.turn: UserTurn | None = None
