@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from abc import abstractmethod
+from typing import Any, Self
 
 import numpy as np
 import websockets
@@ -71,6 +72,19 @@ class PhoneCallClient(SpokenClient):
         self.sideband: websockets.ClientConnection | None = None
         self.loud_s = 0.0
         self._events: asyncio.Task[None] | None = None
+
+    @abstractmethod
+    async def _call(self, system_prompt: str | None) -> None:
+        """Dial, and watch the call's sideband (`watching`)."""
+
+    async def _dialled(self, system_prompt: str | None) -> Self:
+        """This client with its call made; closed, and the error raised, when it could not be."""
+        try:
+            await self._call(system_prompt)
+        except BaseException:
+            await self.close()
+            raise
+        return self
 
     def played(self, at: float, pcm: np.ndarray) -> None:
         loud = bool(pcm.size) and float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > LOUD_RMS

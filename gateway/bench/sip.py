@@ -229,13 +229,7 @@ class SipCallClient(PhoneCallClient):
     @classmethod
     async def open(cls, target: Target, phone: SipPhone, http: httpx.AsyncClient, system_prompt: str | None,
                    barge_in_after_s: float | None) -> SipCallClient:
-        client = cls(target, phone, http, barge_in_after_s)
-        try:
-            await client._call(system_prompt)
-        except BaseException:
-            await client.close()
-            raise
-        return client
+        return await cls(target, phone, http, barge_in_after_s)._dialled(system_prompt)
 
     async def _call(self, system_prompt: str | None) -> None:
         self.rtp_port, _ = await self.phone.rtp_ports.allocate()

@@ -178,13 +178,7 @@ class TwilioStreamClient(PhoneCallClient):
 
     @classmethod
     async def open(cls, target: Target, system_prompt: str | None, barge_in_after_s: float | None) -> TwilioStreamClient:
-        client = cls(target, barge_in_after_s)
-        try:
-            await client._call(system_prompt)
-        except BaseException:
-            await client.close()
-            raise
-        return client
+        return await cls(target, barge_in_after_s)._dialled(system_prompt)
 
     async def _call(self, system_prompt: str | None) -> None:
         parameters = {"session": json.dumps(session_config(self.target, system_prompt))}
