@@ -33,8 +33,11 @@ async def watch(gateway: GatewayProcess, call_sid: str, timeout: float = 30.0) -
     deadline = time.monotonic() + timeout
     while True:
         watcher = await RealtimeClient.connect(f"{gateway.url.replace('http', 'ws', 1)}/v1/realtime?call_id={call_sid}")
-        await watcher.send({"type": "session.update", "session": {"type": "realtime"}})
-        answer = await watcher.recv()
+        try:
+            await watcher.send({"type": "session.update", "session": {"type": "realtime"}})
+            answer = await watcher.recv()
+        except websockets.ConnectionClosed as closed:  # refused and closed before our update went out: the close says why
+            answer = {"type": "error", "error": {"code": closed.rcvd.reason if closed.rcvd else None}}
         if answer["type"] == "session.updated":
             return watcher
         assert answer["type"] == "error" and answer["error"]["code"] == "call_not_found", answer
