@@ -70,7 +70,8 @@ class Gateway(BaseModel):
 def serve(settings: Settings) -> None:
     uvicorn_log_config = event_log.configure(
         level=settings.log_level, log_format=settings.log_format, log_content=settings.log_content,
-        filters=log_filters(RedactKeys(settings.api_keys), settings.safety_phone_region))
+        filters=log_filters(RedactKeys([*settings.api_keys, *settings.sip_passwords().values()]),
+                            settings.safety_phone_region))
     if not settings.api_keys:
         if not is_loopback(settings.host) and not settings.allow_unauthenticated_public_bind:
             sys.exit(

@@ -363,6 +363,12 @@ class Settings(BaseSettings):
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
         description="The networks (CIDRs, comma-separated) whose INVITEs are taken: the carrier's signalling addresses. "
         "Any other source gets 403 and no webhook. Default: loopback only.")
+    sip_auth: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="USER:PASSWORD pairs (comma-separated) an INVITE must answer a digest "
+        "challenge (401) for, on top of --sip-allow; a wrong answer gets 403 and no webhook. Off by default: the "
+        "allowed networks alone decide.")
+    sip_auth_realm: str = Field("gateway", min_length=1, pattern=r'^[^"\\]+$',
+                                description="The realm of --sip-auth's challenges.")
     sip_answer_timeout_s: float = Field(
         20.0, gt=0, le=300, description="A call the application neither accepts nor rejects within this long is "
         "rejected (480 Temporarily Unavailable), as is one whose webhook could not be delivered by then.")
@@ -370,7 +376,8 @@ class Settings(BaseSettings):
         "20000-29999", pattern=r"^\d{4,5}-\d{4,5}$",
         description="The UDP port range calls' RTP and RTCP are bound in (an even port and the next).")
     sip_invites_per_minute: int = Field(
-        120, ge=1, description="New INVITEs taken from one source address per minute; more get 503 with Retry-After.")
+        120, ge=1, description="New INVITEs taken from one source address per minute; more get 503 with Retry-After. With "
+        "--sip-auth a call's challenged INVITE and its answer count as two.")
     webhook_url: str | None = Field(
         None, description="Where realtime.call.incoming is POSTed (the application's endpoint). Needed by --sip-listen.")
     webhook_secret: str | None = Field(
@@ -420,6 +427,10 @@ class Settings(BaseSettings):
             self.model_name = own_model_name(self.llm_model)
         return self
 
+    def sip_passwords(self) -> dict[str, str]:
+        """--sip-auth as user: password."""
+        return dict(pair.split(":", 1) for pair in self.sip_auth)  # type: ignore[misc]  # checked: two parts each
+
     @model_validator(mode="after")
     def _sip_trunk(self) -> Settings:
         """The trunk's options hold together at start, not at the first call."""
@@ -442,6 +453,15 @@ class Settings(BaseSettings):
         if not 1024 <= low < high <= 65535:
             raise ValueError("--sip-rtp-ports must be a range of ports above 1023, such as 20000-29999")
         return self
+
+    @field_validator("sip_auth")
+    @classmethod
+    def _sip_users(cls, value: list[str]) -> list[str]:
+        for pair in value:
+            user, _, password = pair.partition(":")
+            if not user or not password:
+                raise ValueError("each --sip-auth entry must be USER:PASSWORD")
+        return value
 
     @field_validator("sip_allow")
     @classmethod
@@ -483,7 +503,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("api_keys", "model_aliases", "ice_host_addresses", "ice_servers", "tts_voices", "sip_allow",
-                     mode="before")
+                     "sip_auth", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -132,11 +132,40 @@ def write_mulaw(path: Path, pcm_8k: np.ndarray) -> Path:
     return path
 
 
-def scenario(name: str, folder: Path, **values: str) -> Path:
-    """A scenario of tests/integration/sipp/ with its @NAME@ places filled in, written to `folder`."""
+SIP_USER, SIP_PASSWORD = "trunk", "digest-test-password"  # the gateway's --sip-auth in the SIP tests
+
+
+def scenario(name: str, folder: Path, *, password: str | None = SIP_PASSWORD, **values: str) -> Path:
+    """A scenario of tests/integration/sipp/ with its @NAME@ places filled in, written to `folder`. With a
+    `password` its INVITE first takes the gateway's digest challenge: sent once bare (401, acknowledged), then again
+    with SIPp's own answer to the challenge in an Authorization header, as SIP_USER."""
     text = (SCENARIOS / name).read_text()
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
+    if password is not None and "CSeq: 1 INVITE" in text:
+        start = text.index('<send retrans="500">')
+        end = text.index("</send>", start) + len("</send>")
+        invite = text[start:end]
+        challenge = '''
+  <recv response="100" optional="true"/>
+  <recv response="401" auth="true"/>
+  <send>
+    <![CDATA[
+      ACK sip:assistant@[remote_ip]:[remote_port] SIP/2.0
+      [last_Via:]
+      [last_From:]
+      [last_To:]
+      Call-ID: [call_id]
+      CSeq: 1 ACK
+      Max-Forwards: 70
+      Content-Length: 0
+    ]]>
+  </send>
+'''
+        answered = invite.replace("CSeq: 1 INVITE", "CSeq: 2 INVITE").replace(
+            "Max-Forwards: 70", f"Max-Forwards: 70\n      [authentication username={SIP_USER} password={password}]", 1)
+        rest = text[end:].replace("CSeq: 1 ACK", "CSeq: 2 ACK")
+        text = text[:start] + invite + challenge + answered + rest
     path = folder / name
     path.write_text(text)
     return path

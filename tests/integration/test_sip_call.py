@@ -6,6 +6,7 @@ is espeak-ng's, not the gateway's own Piper voice."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,8 @@ from tests.gateway_process import GatewayProcess, start_gateway
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sip_peers import (
     RATE,
+    SIP_PASSWORD,
+    SIP_USER,
     WEBHOOK_SECRET,
     RtpRecorder,
     WebhookApplication,
@@ -59,7 +62,7 @@ def sip_gateway(tmp_path_factory: pytest.TempPathFactory, application: WebhookAp
     process = start_gateway(
         "--sip-listen", f"127.0.0.1:{sip_port}", "--webhook-url", application.url, "--webhook-secret", WEBHOOK_SECRET,
         "--sip-answer-timeout-s", str(ANSWER_TIMEOUT_S), "--sip-rtp-ports", f"{rtp_low}-{rtp_low + 200}",
-        "--sip-invites-per-minute", "30",
+        "--sip-invites-per-minute", "30", "--sip-auth", f"{SIP_USER}:{SIP_PASSWORD}",
         log_path=tmp_path_factory.mktemp("sip-gateway") / "gateway.log")
     yield process, sip_port
     process.stop()
@@ -84,6 +87,18 @@ async def incoming(application: WebhookApplication) -> dict[str, object]:
     event = event_json(await application.next_event(30))
     assert event["type"] == "realtime.call.incoming", event
     return event
+
+
+def bare_invite(local_port: int, sip_port: int) -> bytes:
+    """An INVITE with a PCMU offer, written by hand."""
+    sdp = ("v=0\r\no=caller 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+           "m=audio 40000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n")
+    return (f"INVITE sip:assistant@127.0.0.1:{sip_port} SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP 127.0.0.1:{local_port};branch=z9hG4bK-raw-{time.monotonic_ns()}\r\n"
+            f"From: <sip:caller@127.0.0.1:{local_port}>;tag=raw\r\nTo: <sip:assistant@127.0.0.1:{sip_port}>\r\n"
+            f"Call-ID: raw-{time.monotonic_ns()}@127.0.0.1\r\nCSeq: 1 INVITE\r\n"
+            f"Contact: <sip:caller@127.0.0.1:{local_port}>\r\nMax-Forwards: 70\r\n"
+            f"Content-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n{sdp}").encode()
 
 
 async def hang_up_on(sipp: asyncio.subprocess.Process) -> None:
@@ -115,6 +130,7 @@ async def test_a_sip_call_is_answered_through_the_webhook_takes_digits_is_transf
         assert isinstance(data, dict) and data["sip_media_security"] == "rtp"
         headers = {header["name"].lower(): header["value"] for header in data["sip_headers"]}
         assert headers["x-customer-id"] == "4242", headers  # the INVITE's own headers, for the application
+        assert "authorization" not in headers, headers  # its digest answer is not the application's to see
         call_id = str(data["call_id"])
         await sdk.realtime.calls.accept(call_id, type="realtime", instructions="Answer in one short sentence.",
                                         max_output_tokens=40, extra_body={"temperature": 0})
@@ -230,7 +246,19 @@ async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[Ga
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
         health = (await http.get("/healthz")).json()
     assert health["sip"]["ringing"] == 0 and health["sip"]["answered"] == 0, health["sip"]  # nothing left behind
+    assert health["sip"]["auth"] == "digest", health["sip"]
     assert health["vad"] == {"wideband": "silero_vad_v6.onnx", "narrowband": "silero_vad_16k_op15.onnx"}  # calls' own
+    # A wrong digest password (SIPp answers the challenge itself), and an INVITE with none at all: 403 and 401,
+    # and the application is never told.
+    sipp = await start_sipp(scenario("refused.xml", tmp_path, password="not-the-password", CODEC_PT="0",
+                                     CODEC="0 PCMU/8000", STATUS="403"), sip_port)
+    code, output = await finished(sipp, 60)
+    assert code == 0, output
+    sipp = await start_sipp(scenario("refused.xml", tmp_path, password=None, CODEC_PT="0", CODEC="0 PCMU/8000",
+                                     STATUS="401"), sip_port)
+    code, output = await finished(sipp, 60)
+    assert code == 0, output
+    assert application.events.empty()
     # A flood from one source: past --sip-invites-per-minute the INVITEs get 503, and the trunk still answers.
     flood = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port,
                              extra=("-m", "40", "-r", "40", "-l", "40", "-trace_stat"))
@@ -239,6 +267,16 @@ async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[Ga
         metrics = (await http.get("/metrics")).text
     assert 'gateway_sip_invites_total{outcome="503"}' in metrics, "the flood was not limited"
     assert 'gateway_sip_invites_total{outcome="488"}' in metrics
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:  # still limited, and told for how long
+        raw.settimeout(10)
+        raw.bind(("127.0.0.1", 0))
+        raw.sendto(bare_invite(raw.getsockname()[1], sip_port), ("127.0.0.1", sip_port))
+        limited = raw.recv(4096).decode()
+        while limited.startswith("SIP/2.0 100"):
+            limited = raw.recv(4096).decode()
+    assert limited.startswith("SIP/2.0 503"), limited
+    retry_after = re.search(r"(?im)^Retry-After:\s*(\d+)", limited)
+    assert retry_after is not None and 1 <= int(retry_after.group(1)) <= 60, limited
     sipp = await start_sipp(scenario("options.xml", tmp_path), sip_port)
     code, output = await finished(sipp, 30)
     assert code == 0, output

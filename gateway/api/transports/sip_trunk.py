@@ -8,7 +8,9 @@ and Whisper at 16 kHz, the replies out as RTP every 20 ms from a PlayoutBuffer (
 digits (RFC 4733) as `input_audio_buffer.dtmf_event_received`.
 
 SIP transactions, dialogs and SDP are aiosipua's, RTP, RTCP and RFC 4733 aiortp's; this module decides (who may
-call, which codec, when to give up) and drives them. Plain RTP only: an offer that requires SRTP is refused (488).
+call, which codec, when to give up) and drives them. Who may call: a source in --sip-allow, under its INVITEs per
+minute, and with --sip-auth one that answers a digest challenge (gateway/protocol/sip_digest.py).
+Plain RTP only: an offer that requires SRTP is refused (488).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.webhooks import WebhookSender
 from gateway.protocol.errors import ApiError
+from gateway.protocol.sip_digest import DigestAuthenticator, Verdict
 from gateway.protocol.sip_udp import AnyLoopUdpTransport
 from gateway.realtime.conversation import new_id
 from gateway.realtime.session import RealtimeSession
@@ -210,6 +214,8 @@ class SipTrunk:
         self._uas: list[SipUAS] = []
         self._ringing: dict[str, RingingCall] = {}  # by our call id, until the call ends
         self._by_sip_id: dict[str, RingingCall] = {}
+        self._digest = DigestAuthenticator(settings.sip_passwords(), settings.sip_auth_realm) if settings.sip_auth \
+            else None
         self._recent_invites: defaultdict[str, deque[float]] = defaultdict(deque)
         self._deliveries: set[asyncio.Task[None]] = set()
 
@@ -242,7 +248,8 @@ class SipTrunk:
     def status(self) -> dict[str, Any]:
         states = [ringing.machine.state for ringing in self._ringing.values()]
         return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": ["udp", "tcp"], "media": "rtp",
-                "codecs": list(CODECS.values()), "ringing": states.count(CallState.RINGING),
+                "codecs": list(CODECS.values()),
+                "auth": "digest" if self._digest is not None else "source address", "ringing": states.count(CallState.RINGING),
                 "answered": states.count(CallState.ANSWERED)}
 
     # -- from the SIP side ------------------------------------------------------------------------
@@ -259,9 +266,19 @@ class SipTrunk:
         if not self._allowed_source(source):
             self._refuse(invite, 403, "Forbidden")
             return
-        if not self._within_rate(source):
-            self._refuse(invite, 503, "Service Unavailable")
+        if (retry_after := self._rate_limited(source)) is not None:
+            self._refuse(invite, 503, "Service Unavailable", {"Retry-After": str(retry_after)})
             return
+        if self._digest is not None:
+            request = invite.invite
+            verdict = self._digest.verify(request.headers.get_first("Authorization"), request.method)
+            if verdict is Verdict.WRONG:
+                self._refuse(invite, 403, "Forbidden")
+                return
+            if verdict is not Verdict.GOOD:
+                self._refuse(invite, 401, "Unauthorized",
+                             {"WWW-Authenticate": self._digest.challenge(stale=verdict is Verdict.STALE)})
+                return
         chosen = self._negotiate(invite.sdp_offer)
         if chosen is None:
             self._refuse(invite, 488, "Not Acceptable Here")
@@ -309,7 +326,8 @@ class SipTrunk:
             return False
         return any(address in network for network in self._allowed)
 
-    def _within_rate(self, host: str) -> bool:
+    def _rate_limited(self, host: str) -> int | None:
+        """None when `host` may ring another call; else the seconds until it may (a 503's Retry-After)."""
         now = time.monotonic()
         recent = self._recent_invites[host]
         while recent and recent[0] < now - 60:
@@ -317,9 +335,9 @@ class SipTrunk:
         for other in [other for other, times in self._recent_invites.items() if not times and other != host]:
             del self._recent_invites[other]  # the sources quiet for a minute are forgotten
         if len(recent) >= self._settings.sip_invites_per_minute:
-            return False
+            return max(1, math.ceil(recent[0] + 60 - now))
         recent.append(now)
-        return True
+        return None
 
     @staticmethod
     def _negotiate(offer: SdpMessage | None) -> tuple[int, int] | None:
@@ -334,9 +352,11 @@ class SipTrunk:
                      if codec.encoding_name.lower() == "telephone-event"), 0)
         return audio.payload_type, dtmf
 
-    def _refuse(self, invite: IncomingCall, status: int, reason: str) -> None:
+    def _refuse(self, invite: IncomingCall, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
         """A final answer before any webhook; the call is forgotten at once (no dialog follows a refusal)."""
-        invite.reject(status, reason)
+        # IncomingCall.reject() is _send_response() without headers: a 401's challenge and a 503's Retry-After need them
+        invite._send_response(status, reason, extra_headers=headers)
+        invite.dialog.terminate()
         self._uas_of(invite)._calls.pop(invite.call_id, None)
         metrics.SIP_INVITES.labels(str(status)).inc()
         log_event("sip.invite.refused", source=invite.source_addr[0], status=status)
