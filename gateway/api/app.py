@@ -29,6 +29,7 @@ from gateway.api.http_errors import error_response
 from gateway.api.services import Services
 from gateway.api.transports import (
     audio_http,
+    carrier_stream,
     chat_http,
     client_secrets,
     completions_http,
@@ -42,7 +43,6 @@ from gateway.api.transports import (
     realtime_ws,
     responses_http,
     sip_calls,
-    twilio_stream,
     webrtc,
 )
 from gateway.api.transports.sip_trunk import SipTrunk
@@ -223,7 +223,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(memories_http.router)
     app.include_router(conversation_stream.router)
     app.include_router(webrtc.router)
-    app.include_router(twilio_stream.router)
+    app.include_router(carrier_stream.router)
     app.include_router(sip_calls.router)
     app.include_router(audio_http.router)
     webrtc.configure_ice(settings)

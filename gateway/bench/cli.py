@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from rich.console import Console
 
+from gateway.bench.carriers import CARRIERS
 from gateway.bench.clients import BenchError
 from gateway.bench.ladder import parse_sessions
 from gateway.bench.runner import QUESTIONS, BenchConfig, run, run_compare, run_ladder
@@ -22,11 +23,12 @@ class Bench(BaseModel):
     """Measure latency against this gateway or any server with the same protocol; writes a report."""
 
     url: str | None = Field(None, description="The server, e.g. http://127.0.0.1:8000 (without /v1).")
-    mode: Literal["chat", "text", "voice", "webrtc", "twilio", "sip", "live"] = Field(
+    mode: Literal["chat", "text", "voice", "webrtc", "twilio", "telnyx", "plivo", "sip", "live"] = Field(
         "text", description="chat: Chat Completions SSE (any OpenAI-compatible server); text: Realtime WebSocket text "
         "turns; voice: Realtime WebSocket spoken turns at real-time pace, server VAD; webrtc: the same over a "
         "WebRTC call (SDP to /v1/realtime/calls, events on the oai-events data channel); twilio: the same as a phone "
-        "call through Twilio Media Streams (/v1/telephony/twilio, 8 kHz mu-law; events on the call's sideband); sip: the same "
+        "call through Twilio Media Streams (/v1/telephony/twilio, 8 kHz mu-law; events on the call's sideband); telnyx, "
+        "plivo: the same through Telnyx's or Plivo's media stream (/v1/telephony/telnyx, /plivo); sip: the same "
         "as a SIP call to the gateway's --sip-listen, the bench answering its webhook as the application (--sip, "
         "--webhook-listen, --webhook-secret); live: spoken turns over "
         "GPT-Live's WebSocket (/v1/live/sessions: the server's turn-taking, its audio paced; no server stages).")
@@ -49,9 +51,9 @@ class Bench(BaseModel):
     max_tokens: int = Field(64, ge=1, description="Most tokens per answer.")
     seed: int | None = Field(None, description="Seeds each session's question order and think times (unset: 0) "
                              "and, in chat mode only, the server's sampling (the request's seed).")
-    audio: Path | None = Field(None, description="--mode voice, webrtc, twilio or sip: a folder of 16-bit WAV questions "
+    audio: Path | None = Field(None, description="--mode voice, webrtc, twilio, telnyx, plivo or sip: a folder of 16-bit WAV questions "
                                                   "(default: the questions spoken by the embedded Piper voice).")
-    barge_in: bool = Field(False, description="--mode voice, webrtc, twilio or sip: speak the next question over each answer "
+    barge_in: bool = Field(False, description="--mode voice, webrtc, twilio, telnyx, plivo or sip: speak the next question over each answer "
                                               "and time how long the answer's audio goes on (barge_in_ms).")
     barge_in_after_ms: int = Field(300, ge=0, le=60_000,
                                    description="--barge-in: start speaking this long after the answer's first audio.")
@@ -82,8 +84,8 @@ class Bench(BaseModel):
             if not self.url.startswith(("http://", "https://")):
                 raise BenchError(f"--url must start with http:// or https://, not {self.url!r}")
             for option, given in (("--barge-in", self.barge_in), ("--audio", self.audio is not None)):
-                if given and self.mode not in ("voice", "webrtc", "twilio", "sip", "live"):
-                    raise BenchError(f"{option} needs --mode voice, webrtc, twilio, sip or live")
+                if given and self.mode not in ("voice", "webrtc", *CARRIERS, "sip", "live"):
+                    raise BenchError(f"{option} needs --mode voice, webrtc, twilio, telnyx, plivo, sip or live")
             for option in ("sip", "webhook_listen", "webhook_secret"):
                 if option in self.model_fields_set and self.mode != "sip":
                     raise BenchError(f"--{option.replace('_', '-')} needs --mode sip")

@@ -1,4 +1,4 @@
-"""What the phone modes share (`--mode twilio`, `--mode sip`): a call whose events an application watches on its
+"""What the phone modes share (`--mode twilio`, `telnyx`, `plivo`, `sip`): a call whose events an application watches on its
 sideband (`/v1/realtime?call_id=...`, as OpenAI has it for calls) and whose answer is the loud 20 ms frames the
 caller's line plays (Playback, as for a WebRTC call)."""
 

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.live import Live
 
 from gateway.bench.audio import spoken_questions, wav_questions
+from gateway.bench.carriers import CARRIERS, CarrierStreamClient
 from gateway.bench.clients import BenchError, ChatClient, RealtimeTextClient, Target, probe_clock
 from gateway.bench.ladder import (
     barge_in_stop,
@@ -41,7 +42,6 @@ from gateway.bench.phone import RATE as PHONE_RATE
 from gateway.bench.report import build_report, compare, print_table, write_outputs
 from gateway.bench.sip import SipCallClient, SipPhone, host_port
 from gateway.bench.stats import TurnRecord, metric_values, percentile, summarize
-from gateway.bench.twilio import TwilioStreamClient
 from gateway.bench.voice import VOICE_RATE, RealtimeVoiceClient, SpokenClient
 from gateway.bench.webrtc import RTC_RATE, RealtimeCallClient
 
@@ -63,7 +63,7 @@ BAD_RESPONSE = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 @dataclass
 class BenchConfig:
     url: str
-    mode: str  # chat | text | voice | webrtc | twilio | sip | live
+    mode: str  # chat | text | voice | webrtc | twilio | telnyx | plivo | sip | live
     model: str
     api_key: str | None = None
     sessions: int = 4
@@ -86,7 +86,7 @@ class BenchConfig:
 
     @property
     def spoken(self) -> bool:
-        return self.mode in ("voice", "webrtc", "twilio", "sip", "live")
+        return self.mode in ("voice", "webrtc", *CARRIERS, "sip", "live")
 
     def public(self) -> dict[str, Any]:
         """The configuration as report.json records it (never the key)."""
@@ -200,8 +200,8 @@ async def _open(config: BenchConfig, target: Target, http: httpx.AsyncClient, ph
         return await RealtimeVoiceClient.open(target, prompt, barge_in_after_s, listens=config.listen)
     if config.mode == "webrtc":
         return await RealtimeCallClient.open(target, http, prompt, barge_in_after_s)
-    if config.mode == "twilio":
-        return await TwilioStreamClient.open(target, prompt, barge_in_after_s)
+    if config.mode in CARRIERS:
+        return await CarrierStreamClient.open(target, config.mode, prompt, barge_in_after_s)
     if config.mode == "sip":
         assert phone is not None
         return await SipCallClient.open(target, phone, http, prompt, barge_in_after_s)
@@ -283,8 +283,8 @@ async def _preflight(config: BenchConfig, target: Target, http: httpx.AsyncClien
         call = await RealtimeCallClient.open(target, http, None, None)
         await call.close()
         return
-    if config.mode == "twilio":
-        stream = await TwilioStreamClient.open(target, None, None)
+    if config.mode in CARRIERS:
+        stream = await CarrierStreamClient.open(target, config.mode, None, None)
         await stream.close()
         return
     if config.mode == "sip":
@@ -316,7 +316,7 @@ async def _prepare(config: BenchConfig, target: Target, http: httpx.AsyncClient,
                    ) -> tuple[Target, list[Any]]:
     """The questions, the preflight and the clock. WAV files are read first (a bad one is said before any
     request); Piper speaks the questions last, once the server has said yes."""
-    rate = {"webrtc": RTC_RATE, "twilio": PHONE_RATE, "sip": PHONE_RATE}.get(config.mode, VOICE_RATE)
+    rate = RTC_RATE if config.mode == "webrtc" else PHONE_RATE if config.mode in (*CARRIERS, "sip") else VOICE_RATE
     questions: list[Any] = list(config.prompts)
     if config.audio is not None:
         questions = await asyncio.to_thread(wav_questions, config.audio, rate)

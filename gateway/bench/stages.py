@@ -35,7 +35,7 @@ TEXT_CHAIN = (
 )
 # The client's metric that each mode's chain adds up to; chat has no marks.
 MEASURED = {"text": "ttft_ms", "voice": "voice_to_voice_ms", "webrtc": "voice_to_voice_ms", "twilio": "voice_to_voice_ms",
-            "sip": "voice_to_voice_ms", "live": "voice_to_voice_ms"}
+            "telnyx": "voice_to_voice_ms", "plivo": "voice_to_voice_ms", "sip": "voice_to_voice_ms", "live": "voice_to_voice_ms"}
 STAGES = ("uplink", "uplink_vad", "asr", "response_start", "llm_first_token", "llm_first_clause", "tts_first_audio",
           "downlink")  # the report's order
 

@@ -4,7 +4,8 @@ uvicorn's WebSocket code logs the handshake's headers at debug level (`authoriza
 the `openai-insecure-api-key.<key>` subprotocol) and request lines with their query strings.
 Redacted everywhere: the configured API keys wherever they appear, any bearer token (a wrong
 key a client sent may be a real key elsewhere), Authorization header values, key subprotocols,
-`ek_...` client secrets, and the values of key-like query parameters.
+`ek_...` client secrets, the values of key-like query parameters, and the query string of a logged request
+line (a carrier's stream URL carries session instructions in it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ _PATTERNS = [
     (re.compile(r"(?i)(openai-insecure-api-key\.)[^\s,;'\"]+"), r"\g<1>" + REDACTED),
     (re.compile(r"\bek_[A-Za-z0-9_-]+"), "ek_" + REDACTED),
     (re.compile(rf"(?i)([?&;](?:{_KEY_PARAMS})=)[^&\s'\"]*"), r"\g<1>" + REDACTED),
+    # A request line's whole query string (uvicorn logs each WebSocket's): a carrier's stream URL carries the
+    # session's instructions there, which are user text.
+    (re.compile(r'("(?:WebSocket|GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) [^"?\s]*\?)[^"\s]*'), r"\g<1>" + REDACTED),
 ]
 
 

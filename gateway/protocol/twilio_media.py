@@ -2,36 +2,37 @@
 (`<Connect><Stream url="wss://.../v1/telephony/twilio">`): https://www.twilio.com/docs/voice/media-streams/websocket-messages
 
 Twilio sends `connected`, `start`, `media`, `dtmf`, `mark` and `stop`, one JSON text frame each; the server
-sends `media`, `mark` and `clear`. Fields Twilio may add later are ignored; a message whose known fields are
-missing or of the wrong type is refused by name (TwilioMessageError).
+sends `media`, `mark` and `clear`. The application's settings come as the stream's `<Parameter>`s
+(`start.customParameters`): Twilio drops a query string from the stream URL. Fields Twilio may add later are
+ignored; a message whose known fields are missing or of the wrong type is refused by name.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-from typing import Annotated, Literal
+from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-# The one format of a bidirectional stream: G.711 mu-law at 8 kHz, mono.
-MULAW = "audio/x-mulaw"
-SAMPLE_RATE = 8000
+from gateway.protocol.carrier_media import (
+    Inbound,
+    StreamAudio,
+    StreamDigit,
+    StreamNotice,
+    StreamPlayed,
+    StreamStart,
+    StreamStop,
+    decode_payload,
+    encode_payload,
+    load_object,
+    validated,
+)
 
-
-class TwilioMessageError(ValueError):
-    """A message that is not Twilio's: its event and what is wrong with it (never its payload)."""
+MULAW = "audio/x-mulaw"  # the one format of a bidirectional stream: G.711 mu-law at 8 kHz, mono
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class Connected(_Message):
-    event: Literal["connected"]
-    protocol: str = "Call"
-    version: str = "1.0.0"
 
 
 class MediaFormat(_Message):
@@ -41,51 +42,30 @@ class MediaFormat(_Message):
 
 
 class StartInfo(_Message):
-    accountSid: str = ""
     streamSid: str
     callSid: str = ""
-    tracks: list[str] = Field(default_factory=lambda: ["inbound"])
     customParameters: dict[str, str] = Field(default_factory=dict)
     mediaFormat: MediaFormat
 
 
 class Start(_Message):
-    event: Literal["start"]
-    sequenceNumber: str = ""
     streamSid: str = ""
     start: StartInfo
 
 
 class MediaInfo(_Message):
-    track: str = "inbound"
-    chunk: str = ""
-    timestamp: str = ""
     payload: str
-
-    def audio(self) -> bytes:
-        """The payload's mu-law bytes."""
-        try:
-            return base64.b64decode(self.payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise TwilioMessageError("media.payload is not base64.") from None
 
 
 class Media(_Message):
-    event: Literal["media"]
-    sequenceNumber: str = ""
-    streamSid: str = ""
     media: MediaInfo
 
 
 class DtmfInfo(_Message):
-    track: str = "inbound_track"
     digit: str
 
 
 class Dtmf(_Message):
-    event: Literal["dtmf"]
-    sequenceNumber: str = ""
-    streamSid: str = ""
     dtmf: DtmfInfo
 
 
@@ -94,54 +74,41 @@ class MarkInfo(_Message):
 
 
 class Mark(_Message):
-    event: Literal["mark"]
-    sequenceNumber: str = ""
-    streamSid: str = ""
     mark: MarkInfo
 
 
-class StopInfo(_Message):
-    accountSid: str = ""
-    callSid: str = ""
+class TwilioWire:
+    name = "twilio"
+    encodings = f"{MULAW} at 8000 Hz, mono (a bidirectional stream)"
 
-
-class Stop(_Message):
-    event: Literal["stop"]
-    sequenceNumber: str = ""
-    streamSid: str = ""
-    stop: StopInfo = Field(default_factory=StopInfo)
-
-
-Inbound = Annotated[Connected | Start | Media | Dtmf | Mark | Stop, Field(discriminator="event")]
-_INBOUND: TypeAdapter[Inbound] = TypeAdapter(Inbound)  # type: ignore[arg-type]  # an Annotated union
-EVENTS = ("connected", "start", "media", "dtmf", "mark", "stop")
-
-
-def parse(raw: str | bytes) -> Inbound | None:
-    """One message from Twilio; None for an event this server does not know (Twilio may add some)."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise TwilioMessageError("The message is not JSON.") from None
-    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
-        raise TwilioMessageError("The message is not an object with an 'event'.")
-    if data["event"] not in EVENTS:
+    def parse(self, raw: str | bytes, query: Mapping[str, str]) -> Inbound | None:
+        data = load_object(raw)
+        match data["event"]:
+            case "connected":
+                return StreamNotice("connected")
+            case "start":
+                start = validated(Start, data).start
+                media_format = start.mediaFormat
+                return StreamStart(
+                    stream_id=start.streamSid or data.get("streamSid", ""), call_id=start.callSid,
+                    encoding=media_format.encoding, sample_rate=media_format.sampleRate,
+                    channels=media_format.channels, codec="mulaw" if media_format.encoding == MULAW else None,
+                    parameters=dict(start.customParameters))
+            case "media":
+                return StreamAudio(decode_payload(validated(Media, data).media.payload, "media.payload"))
+            case "dtmf":
+                return StreamDigit(validated(Dtmf, data).dtmf.digit)
+            case "mark":
+                return StreamPlayed(validated(Mark, data).mark.name)
+            case "stop":
+                return StreamStop()
         return None
-    try:
-        return _INBOUND.validate_python(data)
-    except ValidationError as exc:
-        where = ", ".join(".".join(str(part) for part in error["loc"][1:]) or "event" for error in exc.errors())
-        raise TwilioMessageError(f"The '{data['event']}' message is malformed at {where}.") from None
 
+    def media(self, stream_id: str, g711: bytes) -> str:
+        return json.dumps({"event": "media", "streamSid": stream_id, "media": {"payload": encode_payload(g711)}})
 
-def media(stream_sid: str, mulaw: bytes) -> str:
-    return json.dumps({"event": "media", "streamSid": stream_sid,
-                       "media": {"payload": base64.b64encode(mulaw).decode("ascii")}})
+    def mark(self, stream_id: str, name: str) -> str:
+        return json.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}})
 
-
-def mark(stream_sid: str, name: str) -> str:
-    return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
-
-
-def clear(stream_sid: str) -> str:
-    return json.dumps({"event": "clear", "streamSid": stream_sid})
+    def clear(self, stream_id: str) -> str:
+        return json.dumps({"event": "clear", "streamSid": stream_id})

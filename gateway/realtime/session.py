@@ -86,8 +86,8 @@ from media.playout import PlayoutBuffer
 log = logging.getLogger(__name__)
 
 DTMF_DIGITS = "0123456789*#ABCD"
-TransportKind = Literal["websocket", "webrtc", "live", "twilio", "sip"]
-PHONE_TRANSPORTS = ("twilio", "sip")  # their audio is G.711 at 8 kHz: the narrowband VAD listens
+TransportKind = Literal["websocket", "webrtc", "live", "twilio", "telnyx", "plivo", "sip"]
+PHONE_TRANSPORTS = ("twilio", "telnyx", "plivo", "sip")  # their audio is G.711 at 8 kHz: the narrowband VAD listens
 # A protocol's words for the core's (Realtime) events: Live's (live_wire.py); Realtime's are sent as they are.
 Translate = Callable[[Event], list[Event]]
 

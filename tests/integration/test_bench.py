@@ -536,16 +536,17 @@ def test_webrtc_calls_with_barge_in(gateway: GatewayProcess, tmp_path: Path) -> 
     assert stages["downlink"]["max"] < 1000  # playout, Opus, the receive jitter buffer, the answer's quiet start
 
 
-def test_twilio_calls(gateway: GatewayProcess, tmp_path: Path) -> None:
-    """A phone call per session through Twilio Media Streams, the bench standing in for Twilio: spoken turns as
-    8 kHz mu-law, answers played as Twilio plays them (marks echoed), events on the call's sideband; the
-    downlink's pacing is in the report. (Barge-in over it: tests/integration/test_twilio_stream.py.)"""
-    run = bench("--url", gateway.url, "--mode", "twilio", "--model", MODEL, "--sessions", "2", "--turns", "2",
+@pytest.mark.parametrize("carrier", ["twilio", "telnyx", "plivo"])
+def test_carrier_calls(gateway: GatewayProcess, tmp_path: Path, carrier: str) -> None:
+    """A phone call per session through a carrier's media stream, the bench standing in for the carrier: spoken
+    turns as 8 kHz mu-law, answers played as the carrier plays them (marks echoed), events on the call's sideband;
+    the downlink's pacing is in the report. (Barge-in over it: tests/integration/test_carrier_streams.py.)"""
+    run = bench("--url", gateway.url, "--mode", carrier, "--model", MODEL, "--sessions", "2", "--turns", "1",
                 "--max-tokens", "16", "--out", str(tmp_path / "out"))
     assert run.returncode == 0, run.stderr
-    report = check_report(tmp_path / "out", mode="twilio", sessions=2, turns=4)
+    report = check_report(tmp_path / "out", mode=carrier, sessions=2, turns=2)
     v2v = report["voice_to_voice_ms"]
-    assert v2v["count"] == 4 and 0 < v2v["p50"] < 10_000
+    assert v2v["count"] == 2 and 0 < v2v["p50"] < 10_000
     check_stages(tmp_path / "out", report, VOICE_STAGES, "voice_to_voice_ms")
     links = report["downlink"]
     assert len(links) == 2 and all(link["media_messages"] > 0 and link["loud_audio_s"] > 0 for link in links), links

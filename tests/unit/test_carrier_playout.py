@@ -1,16 +1,10 @@
 """A carrier's playout: marks every 100 ms of a reply and where it stops; what was heard is what the carrier
-echoed; a clear drops the pending marks (the carrier echoes them at once, and they say nothing was heard).
-And Twilio's messages as the transport parses them."""
+echoed; a clear drops the pending marks (the carrier echoes them at once, and they say nothing was heard)."""
 
 from __future__ import annotations
 
-import base64
-import json
-
 import numpy as np
-import pytest
 
-from gateway.protocol import twilio_media as twilio
 from media.carrier_playout import MARK_EVERY_MS, CarrierPlayout, HeardLedger
 
 RATE, FRAME = 8000, 160
@@ -74,23 +68,3 @@ def test_the_ledger_keeps_each_reply_apart_and_ignores_names_not_its_own() -> No
     assert ledger.echoed("somebody else's") is None
     assert ledger.echoed(second.name) == second  # the first was played before it
     assert (ledger.heard_ms("item_a"), ledger.heard_ms("item_b"), ledger.heard_ms("item_c")) == (100.0, 100.0, 0.0)
-
-
-def test_twilio_messages_parse_and_bad_ones_are_refused_by_name() -> None:
-    payload = base64.b64encode(b"\xff" * 160).decode()
-    media = twilio.parse(json.dumps({"event": "media", "streamSid": "MZ1", "sequenceNumber": "3", "extra": 1,
-                                     "media": {"track": "inbound", "chunk": "1", "timestamp": "5", "payload": payload}}))
-    assert isinstance(media, twilio.Media) and media.media.audio() == b"\xff" * 160
-    assert twilio.parse(json.dumps({"event": "someday"})) is None  # an event Twilio adds later
-    with pytest.raises(twilio.TwilioMessageError, match="not JSON"):
-        twilio.parse("{")
-    with pytest.raises(twilio.TwilioMessageError, match="'dtmf' message is malformed at dtmf"):
-        twilio.parse(json.dumps({"event": "dtmf", "streamSid": "MZ1"}))
-    with pytest.raises(twilio.TwilioMessageError, match="malformed at start.mediaFormat"):
-        twilio.parse(json.dumps({"event": "start", "start": {"streamSid": "MZ1"}}))
-    bad = twilio.parse(json.dumps({"event": "media", "media": {"payload": "***"}}))
-    assert isinstance(bad, twilio.Media)
-    with pytest.raises(twilio.TwilioMessageError, match="not base64"):
-        bad.media.audio()
-    assert json.loads(twilio.clear("MZ1")) == {"event": "clear", "streamSid": "MZ1"}
-    assert json.loads(twilio.mark("MZ1", "m1")) == {"event": "mark", "streamSid": "MZ1", "mark": {"name": "m1"}}

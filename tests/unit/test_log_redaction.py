@@ -36,6 +36,16 @@ def test_headers_subprotocols_client_secrets_and_query_keys() -> None:
             assert secret not in text, text
 
 
+def test_a_request_lines_query_string_is_dropped() -> None:
+    """uvicorn logs each WebSocket's path and query; a carrier's stream URL carries session instructions there."""
+    rec = record('%s - "WebSocket %s" [accepted]', ("127.0.0.1:4000",
+                 "/v1/telephony/plivo?session=%7B%22instructions%22%3A%22my+card+is+4111%22%7D&api_key=ek_x"))
+    text = formatted(rec)
+    assert '"WebSocket /v1/telephony/plivo?[redacted]" [accepted]' in text, text
+    assert "instructions" not in text and "4111" not in text
+    assert "/v1/realtime/calls" in formatted(record('"POST /v1/realtime/calls HTTP/1.1" 201'))  # no query: as it was
+
+
 def test_tracebacks_and_plain_text() -> None:
     try:
         raise ValueError(f"rejected Bearer {KEY}")

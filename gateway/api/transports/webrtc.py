@@ -88,7 +88,7 @@ class CallIndex(Protocol):
 
 
 class RegisteredCall(Protocol):
-    """A call the sideband watches and `hangup` ends: a WebRTC call (Call) or a carrier's stream (twilio_stream.py)."""
+    """A call the sideband watches and `hangup` ends: a WebRTC call (Call) or a carrier's stream (carrier_stream.py)."""
 
     @property
     def id(self) -> str: ...

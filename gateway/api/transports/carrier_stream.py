@@ -1,20 +1,25 @@
-"""GET /v1/telephony/twilio: a phone call through Twilio Media Streams, a Realtime session like a WebRTC call.
+"""Phone calls through a carrier's media stream, each a Realtime session like a WebRTC call:
+GET /v1/telephony/twilio (Twilio Media Streams), /v1/telephony/telnyx (Telnyx Media Streaming) and
+/v1/telephony/plivo (Plivo Audio Streams). Each carrier's messages are its module's in gateway/protocol/.
 
-The application answers Twilio's call webhook with TwiML that connects the call's audio here:
+The application points the call's bidirectional stream here, with the settings this endpoint reads (PARAMETERS):
+Twilio as the stream's `<Parameter>`s, Telnyx and Plivo in the stream URL's query string:
 
     <Connect><Stream url="wss://gateway.example/v1/telephony/twilio">
       <Parameter name="api_key" value="..."/>            <!-- an API key or a client secret -->
       <Parameter name="session" value='{"instructions": "..."}'/>   <!-- optional: a Realtime session object -->
     </Stream></Connect>
 
-The caller's mu-law audio goes to the session's VAD and turns at 16 kHz; the replies' audio comes back paced at
-20 ms a frame from a CarrierPlayout, which knows what the caller heard from Twilio's echoes of our marks, so an
-interruption clears Twilio's buffer (`clear`) and keeps of the reply only what was heard. Keypad digits become
-`input_audio_buffer.dtmf_event_received`. The application watches and steers the call over
-`/v1/realtime?call_id=<id or Twilio's callSid>` and hangs it up with `/v1/realtime/calls/<id>/hangup`.
+    wss://gateway.example/v1/telephony/telnyx?api_key=ek_...&session=%7B%22instructions%22%3A...%7D
 
-Twilio has no error channel: a refused stream is closed with a code (1008 refused, 1013 try again later, 1007 a
-malformed message) and a reason naming what was wrong, and logged; TwiML after `<Connect>` runs next.
+The caller's G.711 goes to the session's VAD and turns at 16 kHz; the replies' audio comes back paced at 20 ms a
+frame from a CarrierPlayout, which knows what the caller heard from the carrier's echoes of our marks (Plivo's
+checkpoints), so an interruption clears the carrier's buffer and keeps of the reply only what was heard. Keypad
+digits become `input_audio_buffer.dtmf_event_received`. The application watches and steers the call over
+`/v1/realtime?call_id=<id or the carrier's call id>` and hangs it up with `/v1/realtime/calls/<id>/hangup`.
+
+A carrier has no error channel: a refused stream is closed with a code (1008 refused, 1013 try again later, 1007 a
+malformed message) and a reason naming what was wrong, and logged.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
@@ -33,25 +40,33 @@ from gateway.api.services import Services, services
 from gateway.api.transports.webrtc import CallRegistry, digest
 from gateway.platform.auth import bearer_token
 from gateway.platform.event_log import log_event
-from gateway.protocol import twilio_media as twilio
+from gateway.protocol import carrier_media as carrier
+from gateway.protocol.carrier_media import CarrierWire
 from gateway.protocol.errors import ApiError
 from gateway.protocol.json_input import decode_json
+from gateway.protocol.plivo_media import PlivoWire
+from gateway.protocol.telnyx_media import TelnyxWire
+from gateway.protocol.twilio_media import TwilioWire
 from gateway.realtime.conversation import new_id
 from gateway.realtime.recorder import attach_stored_conversation
-from gateway.realtime.session import RealtimeSession
+from gateway.realtime.session import RealtimeSession, TransportKind
 from gateway.realtime.speech_out import PlayoutSpeech
 from media.carrier_playout import CarrierPlayout
-from media.codecs import ulaw_decode, ulaw_encode
+from media.codecs import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from media.frames import AudioChunk
 from media.resample import Resampler
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-FRAME_SAMPLES = twilio.SAMPLE_RATE // 50  # 20 ms
+RATE = carrier.SAMPLE_RATE
+FRAME_SAMPLES = RATE // 50  # 20 ms
 LISTEN_RATE = 16000  # what the session's VAD and Whisper take
-START_TIMEOUT_S = 10.0  # Twilio sends `connected` and `start` as soon as the socket opens
-PARAMETERS = ("api_key", "session", "conversation")  # the <Parameter> names this endpoint reads
+START_TIMEOUT_S = 10.0  # carriers send `start` as soon as the socket opens
+PARAMETERS = ("api_key", "session", "conversation")  # the settings this endpoint reads
+CODECS: dict[carrier.Encoding, tuple[Callable[[bytes], np.ndarray], Callable[[np.ndarray], bytes]]] = {
+    "mulaw": (ulaw_decode, ulaw_encode), "alaw": (alaw_decode, alaw_encode)}
+WIRES: dict[TransportKind, CarrierWire] = {"twilio": TwilioWire(), "telnyx": TelnyxWire(), "plivo": PlivoWire()}
 _MAX_LAG_S = 0.2  # the pacer that fell this far behind (a stalled loop) restarts its clock
 CLOSE_REFUSED, CLOSE_MALFORMED, CLOSE_TRY_AGAIN = 1008, 1007, 1013
 
@@ -66,62 +81,70 @@ class StreamRefused(Exception):
 
 
 @dataclass(eq=False)
-class TwilioCall:
+class CarrierCall:
     """One call's stream: owns the pacer and the writer, which the endpoint cancels and awaits."""
 
     id: str
     session: RealtimeSession
     websocket: WebSocket
-    stream_sid: str
-    call_sid: str
+    wire: CarrierWire
+    start: carrier.StreamStart
     secret_digest: str | None = None  # the client secret that opened it may hang it up
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     _outgoing: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
-    _inbound: Resampler = field(default_factory=lambda: Resampler(twilio.SAMPLE_RATE, LISTEN_RATE, quality="LQ"))
+    _inbound: Resampler = field(default_factory=lambda: Resampler(RATE, LISTEN_RATE, quality="LQ"))
     playout: CarrierPlayout = field(init=False)
 
     def __post_init__(self) -> None:
-        self.playout = CarrierPlayout(twilio.SAMPLE_RATE, FRAME_SAMPLES, on_clear=self._cleared)
+        self.playout = CarrierPlayout(RATE, FRAME_SAMPLES, on_clear=self._cleared)
+        assert self.start.codec is not None  # _read_start refuses the rest
+        self._decode, self._encode = CODECS[self.start.codec]
+
+    @property
+    def stream_id(self) -> str:
+        return self.start.stream_id
 
     def end(self) -> None:
         self.ended.set()
 
     def _cleared(self) -> None:
-        """The session cut the reply (barge-in): Twilio drops the audio it holds too."""
-        self._outgoing.put_nowait(twilio.clear(self.stream_sid))
+        """The session cut the reply (barge-in): the carrier drops the audio it holds too."""
+        self._outgoing.put_nowait(self.wire.clear(self.stream_id))
 
-    # -- from Twilio ------------------------------------------------------------------------------
+    # -- from the carrier -------------------------------------------------------------------------
 
-    def handle(self, message: twilio.Inbound) -> None:
+    def handle(self, message: carrier.Inbound) -> None:
         match message:
-            case twilio.Media(media=media):
-                self._hear(media.audio())
-            case twilio.Mark(mark=mark):
-                sent = self.playout.echoed(mark.name)
+            case carrier.StreamAudio(g711=g711):
+                self._hear(g711)
+            case carrier.StreamPlayed(name=name):
+                sent = self.playout.echoed(name)
                 if sent is not None and sent.last:
                     self.session.on_playout_event("stopped", sent.item_id)
-            case twilio.Dtmf(dtmf=dtmf):
+            case carrier.StreamDigit(digit=digit):
                 try:
-                    self.session.dtmf_received(dtmf.digit, received_at=int(time.time()))
+                    self.session.dtmf_received(digit, received_at=int(time.time()))
                 except ApiError as error:
                     self.session.send_error(error)
-            case twilio.Stop():
+            case carrier.StreamStop():
                 self.end()
-            case twilio.Connected() | twilio.Start():
+            case carrier.StreamNotice(error=str(code)):
+                log_event("telephony.stream.carrier_error", carrier=self.wire.name, call_id=self.id, code=code)
+            case carrier.StreamNotice() | carrier.StreamStart():
                 pass  # a second start of the same stream changes nothing
 
-    def _hear(self, mulaw: bytes) -> None:
+    def _hear(self, g711: bytes) -> None:
         voice = self.session.voice
-        if voice is None or not mulaw:
+        if voice is None or not g711:
             return
-        pcm = self._inbound.process(ulaw_decode(mulaw))
+        pcm = self._inbound.process(self._decode(g711))
         if pcm.size:
             try:
                 voice.append(AudioChunk(pcm, LISTEN_RATE))
             except ApiError as error:
                 self.session.send_error(error)
 
-    # -- to Twilio --------------------------------------------------------------------------------
+    # -- to the carrier ---------------------------------------------------------------------------
 
     async def pace(self) -> None:
         """20 ms frames of the replies' audio as they are due, each followed by the mark it makes due."""
@@ -134,12 +157,12 @@ class TwilioCall:
             if frame.started:
                 self.session.on_playout_event("started", frame.item_id)
             if frame.audio_samples:
-                self._outgoing.put_nowait(twilio.media(self.stream_sid, ulaw_encode(frame.pcm)))
+                self._outgoing.put_nowait(self.wire.media(self.stream_id, self._encode(frame.pcm)))
             mark = self.playout.mark_due(frame, last_item)
             if mark is not None:
-                self._outgoing.put_nowait(twilio.mark(self.stream_sid, mark.name))
+                self._outgoing.put_nowait(self.wire.mark(self.stream_id, mark.name))
             frames += 1
-            wait = start + frames * FRAME_SAMPLES / twilio.SAMPLE_RATE - loop.time()
+            wait = start + frames * FRAME_SAMPLES / RATE - loop.time()
             if wait < -_MAX_LAG_S:
                 start, frames = loop.time(), 0
             await asyncio.sleep(max(0.0, wait))
@@ -163,19 +186,34 @@ class TwilioCall:
 
 @router.websocket("/v1/telephony/twilio")
 async def twilio_media_stream(websocket: WebSocket) -> None:
+    await _carrier_stream(websocket, "twilio")
+
+
+@router.websocket("/v1/telephony/telnyx")
+async def telnyx_media_stream(websocket: WebSocket) -> None:
+    await _carrier_stream(websocket, "telnyx")
+
+
+@router.websocket("/v1/telephony/plivo")
+async def plivo_audio_stream(websocket: WebSocket) -> None:
+    await _carrier_stream(websocket, "plivo")
+
+
+async def _carrier_stream(websocket: WebSocket, transport: TransportKind) -> None:
     svc = services(websocket)
+    wire = WIRES[transport]
     await websocket.accept()
-    call: TwilioCall | None = None
+    call: CarrierCall | None = None
     try:
-        start = await _read_start(websocket)
-        call = await _open_call(svc, websocket, start)
+        start = await _read_start(websocket, wire)
+        call = await _open_call(svc, websocket, wire, transport, start)
     except StreamRefused as refused:
-        log_event("telephony.stream.refused", carrier="twilio", code=refused.code, reason=refused.reason)
+        log_event("telephony.stream.refused", carrier=wire.name, code=refused.code, reason=refused.reason)
         await _close(websocket, refused.code, refused.reason)
         return
     calls: CallRegistry = websocket.app.state.calls
-    calls.add(call, alias=call.call_sid or None)
-    log_event("telephony.stream.started", carrier="twilio", call_id=call.id, session_id=call.session.id)
+    calls.add(call, alias=call.start.call_id or None)
+    log_event("telephony.stream.started", carrier=wire.name, call_id=call.id, session_id=call.session.id)
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(call.pace(), name=f"pace {call.id}"),
         asyncio.create_task(call.write(), name=f"write {call.id}"),
@@ -190,9 +228,9 @@ async def twilio_media_stream(websocket: WebSocket) -> None:
             failure = None if task.cancelled() else task.exception()
             if isinstance(failure, StreamRefused):
                 code, reason = failure.code, failure.reason
-                log_event("telephony.stream.refused", carrier="twilio", call_id=call.id, code=code, reason=reason)
+                log_event("telephony.stream.refused", carrier=wire.name, call_id=call.id, code=code, reason=reason)
             elif failure is not None and not isinstance(failure, WebSocketDisconnect | OSError):
-                log.error("twilio stream %s failed", call.id, exc_info=failure)
+                log.error("%s stream %s failed", wire.name, call.id, exc_info=failure)
                 code, reason = 1011, "server error"
     finally:
         calls.remove(call.id)
@@ -201,59 +239,59 @@ async def twilio_media_stream(websocket: WebSocket) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await svc.sessions.end_session(call.session)
         await _close(websocket, code, reason)
-        log_event("telephony.stream.ended", carrier="twilio", call_id=call.id, session_id=call.session.id)
+        log_event("telephony.stream.ended", carrier=wire.name, call_id=call.id, session_id=call.session.id)
 
 
-async def _receive(websocket: WebSocket, call: TwilioCall) -> None:
-    """Twilio's messages until it stops the stream or the socket closes."""
+async def _receive(websocket: WebSocket, call: CarrierCall) -> None:
+    """The carrier's messages until it stops the stream or the socket closes."""
     while not call.ended.is_set():
         try:
             raw = await websocket.receive_text()
         except (WebSocketDisconnect, RuntimeError, KeyError):
-            return  # gone (a binary frame is not Twilio's either)
+            return  # gone (a binary frame is no carrier's either)
         try:
-            message = twilio.parse(raw)
+            message = call.wire.parse(raw, websocket.query_params)
             if message is not None:
                 call.handle(message)
-        except twilio.TwilioMessageError as exc:
+        except carrier.CarrierMessageError as exc:
             raise StreamRefused(CLOSE_MALFORMED, str(exc)) from None
 
 
-async def _read_start(websocket: WebSocket) -> twilio.Start:
-    """`connected` (optional), then `start`, within START_TIMEOUT_S."""
-    async def first_start() -> twilio.Start:
+async def _read_start(websocket: WebSocket, wire: CarrierWire) -> carrier.StreamStart:
+    """`start` (after `connected`, where the carrier sends one), within START_TIMEOUT_S."""
+    async def first_start() -> carrier.StreamStart:
         while True:
             try:
                 raw = await websocket.receive_text()
             except (WebSocketDisconnect, RuntimeError, KeyError):
                 raise StreamRefused(CLOSE_REFUSED, "The stream closed before its 'start' message.") from None
             try:
-                message = twilio.parse(raw)
-            except twilio.TwilioMessageError as exc:
+                message = wire.parse(raw, websocket.query_params)
+            except carrier.CarrierMessageError as exc:
                 raise StreamRefused(CLOSE_MALFORMED, str(exc)) from None
-            if isinstance(message, twilio.Start):
+            if isinstance(message, carrier.StreamStart):
                 return message
-            if not isinstance(message, twilio.Connected | None):
-                raise StreamRefused(CLOSE_REFUSED, f"'{message.event}' came before the stream's 'start' message.")
+            if message is not None and not isinstance(message, carrier.StreamNotice):
+                raise StreamRefused(CLOSE_REFUSED, "A stream message came before the stream's 'start' message.")
 
     try:
         start = await asyncio.wait_for(first_start(), START_TIMEOUT_S)
     except TimeoutError:
         raise StreamRefused(CLOSE_REFUSED, f"No 'start' message within {START_TIMEOUT_S:.0f} s.") from None
-    media_format = start.start.mediaFormat
-    if (media_format.encoding, media_format.sampleRate, media_format.channels) != (twilio.MULAW, twilio.SAMPLE_RATE, 1):
-        raise StreamRefused(CLOSE_REFUSED, f"The stream's media format must be {twilio.MULAW} at {twilio.SAMPLE_RATE} Hz, "
-                            f"mono (a bidirectional stream), not {media_format.encoding} at {media_format.sampleRate} Hz.")
-    unknown = sorted(set(start.start.customParameters) - set(PARAMETERS))
+    if start.codec is None or start.sample_rate != RATE or start.channels != 1:
+        raise StreamRefused(CLOSE_REFUSED, f"The stream's media must be {wire.encodings}, not {start.encoding[:40]} "
+                            f"at {start.sample_rate} Hz.")
+    unknown = sorted(set(start.parameters) - set(PARAMETERS))
     if unknown:
-        raise StreamRefused(CLOSE_REFUSED, f"Unknown stream parameter '{unknown[0]}': this endpoint reads "
+        raise StreamRefused(CLOSE_REFUSED, f"Unknown stream parameter '{unknown[0][:40]}': this endpoint reads "
                             f"{', '.join(PARAMETERS)}.")
     return start
 
 
-async def _open_call(svc: Services, websocket: WebSocket, start: twilio.Start) -> TwilioCall:
+async def _open_call(svc: Services, websocket: WebSocket, wire: CarrierWire, transport: TransportKind,
+                     start: carrier.StreamStart) -> CarrierCall:
     """The stream's session, opened on a seat of its key: refused as the WebSocket transport refuses one."""
-    parameters = start.start.customParameters
+    parameters: Mapping[str, str] = start.parameters
     token = parameters.get("api_key") or bearer_token(websocket.headers.get("authorization"))
     try:
         principal = (await svc.gate.authorize(token, allow_ephemeral=True)).principal
@@ -269,11 +307,12 @@ async def _open_call(svc: Services, websocket: WebSocket, start: twilio.Start) -
         if "model" in initial:
             svc.runtime.require_model(str(initial["model"]), "session.model")
         async with svc.sessions.seat(principal.key_id) as seat:
-            session = RealtimeSession(svc.runtime, svc.settings, transport="twilio", speech_factory=PlayoutSpeech.create,
-                                      initial_config=initial or None, session_id=principal.ephemeral_session_id)
-            call = TwilioCall(id=new_id(f"rtc_{svc.settings.replica_id}"), session=session, websocket=websocket,
-                              stream_sid=start.start.streamSid or start.streamSid, call_sid=start.start.callSid,
-                              secret_digest=digest(token) if principal.secret is not None else None)
+            session = RealtimeSession(svc.runtime, svc.settings, transport=transport,
+                                      speech_factory=PlayoutSpeech.create, initial_config=initial or None,
+                                      session_id=principal.ephemeral_session_id)
+            call = CarrierCall(id=new_id(f"rtc_{svc.settings.replica_id}"), session=session, websocket=websocket,
+                               wire=wire, start=start,
+                               secret_digest=digest(token) if principal.secret is not None else None)
             session.attach_playout(call.playout)
             try:
                 if (stored := parameters.get("conversation")) is not None:
@@ -291,5 +330,5 @@ async def _open_call(svc: Services, websocket: WebSocket, start: twilio.Start) -
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
     if websocket.application_state == WebSocketState.CONNECTED:
-        with contextlib.suppress(Exception):  # Twilio may be gone by now
+        with contextlib.suppress(Exception):  # the carrier may be gone by now
             await websocket.close(code, reason[:120])  # a close reason is at most 123 bytes
