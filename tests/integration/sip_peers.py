@@ -1,6 +1,6 @@
 """The peers of a SIP call test, all on loopback: the application behind --webhook-url (it checks every webhook
 with the openai SDK, as an application does), SIPp (Debian's sip-tester) as the caller, and the caller's ear: the
-UDP port the caller's SDP names, where the gateway's RTP is recorded."""
+UDP port the caller's SDP names, where the gateway's RTP is recorded; and baresip, a softphone, for SRTP."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import socket
 import struct
 import threading
 import time
+import wave
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -185,3 +186,74 @@ async def start_sipp(scenario_path: Path, gateway_sip_port: int, *, transport: s
 
 def event_json(event: Any) -> dict[str, Any]:
     return json.loads(event.model_dump_json())
+
+
+def baresip_available() -> bool:
+    return shutil.which("baresip") is not None
+
+
+@dataclass
+class Baresip:
+    """Debian's baresip dialling the gateway: it speaks a WAV (its aufile source) and records what it hears
+    (its sndfile filter, `heard()`). Its SIP and SRTP are libre's, not the gateway's libraries."""
+
+    process: asyncio.subprocess.Process
+    folder: Path
+
+    @classmethod
+    async def dial(cls, folder: Path, gateway_sip_port: int, speech_8k: np.ndarray, *, media: str = "srtp-mand",
+                   password: str = SIP_PASSWORD) -> Baresip:
+        """`media`: the account's mediaenc (srtp-mand: RTP/SAVP with SDES keys). The WAV is all the call has to
+        say: baresip hangs up where it ends."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with wave.open(str(folder / "speech.wav"), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(RATE)
+            wav.writeframes(speech_8k.astype(np.int16).tobytes())
+        (folder / "config").write_text("\n".join([
+            f"sip_listen 127.0.0.1:{free_port(socket.SOCK_STREAM)}",  # UDP and TCP both: one free for TCP
+            f"audio_source aufile,{folder / 'speech.wav'}", "audio_player aubridge,nowhere",
+            "audio_alert aubridge,nowhere", f"snd_path {folder}", "module_path /usr/lib/baresip/modules",
+            *(f"module {name}.so" for name in ("g711", "aufile", "aubridge", "srtp", "sndfile")),
+            "module_tmp uuid.so", "module_tmp account.so", "module_app menu.so", ""]))
+        (folder / "accounts").write_text(
+            f"<sip:{SIP_USER}@127.0.0.1>;regint=0;auth_pass={password};mediaenc={media};audio_codecs=PCMU\n")
+        process = await asyncio.create_subprocess_exec(
+            "baresip", "-4", "-n", "127.0.0.1", "-f", str(folder), "-t", "120",
+            "-e", f"/dial sip:assistant@127.0.0.1:{gateway_sip_port}",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        return cls(process, folder)
+
+    def heard(self) -> np.ndarray:
+        """What baresip decoded from the gateway's stream (8 kHz)."""
+        recordings = sorted(self.folder.glob("dump-*-dec.wav"))
+        if not recordings:
+            return np.zeros(0, np.int16)
+        with wave.open(str(recordings[-1])) as wav:
+            return np.frombuffer(wav.readframes(wav.getnframes()), np.int16)
+
+    async def wait_for(self, text: str, timeout: float) -> str:
+        """Its console up to the first line with `text`."""
+        assert self.process.stdout is not None
+        console: list[str] = []
+
+        async def read() -> None:
+            while line := (await self.process.stdout.readline()).decode(errors="replace"):  # type: ignore[union-attr]
+                console.append(line)
+                if text in line:
+                    return
+            raise AssertionError(f"baresip exited before saying {text!r}: {''.join(console)[-2000:]}")
+
+        await asyncio.wait_for(read(), timeout)
+        return "".join(console)
+
+    async def stop(self) -> None:
+        """SIGTERM, on which it closes its recordings (their WAV headers written), then waits for it."""
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()

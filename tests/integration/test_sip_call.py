@@ -30,8 +30,10 @@ from tests.integration.sip_peers import (
     SIP_PASSWORD,
     SIP_USER,
     WEBHOOK_SECRET,
+    Baresip,
     RtpRecorder,
     WebhookApplication,
+    baresip_available,
     event_json,
     free_port,
     scenario,
@@ -210,6 +212,42 @@ async def test_speech_over_the_answer_cuts_it_on_the_rtp_stream_and_keeps_what_w
     finally:
         await hang_up_on(sipp)
         ear.close()
+
+
+@pytest.mark.skipif(not baresip_available(), reason="baresip is not installed (.ci/run installs it)")
+async def test_a_softphone_on_srtp_is_heard_and_hears_the_answer(
+        sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
+        asr: AsrEngine, tmp_path: Path) -> None:
+    """baresip dials with SDES keys (RTP/SAVP, its mediaenc srtp-mand) and answers the digest challenge; its SRTP
+    is libre's own, so both directions decrypting proves the keys and the profile, not our library against itself."""
+    gateway, sip_port = sip_gateway
+    question = EspeakSpeaker("en-us+f3", 150).say(QUESTION, RATE).pcm
+    phone = await Baresip.dial(tmp_path / "baresip", sip_port, with_silence(question, RATE, 0.5, 30.0))
+    try:
+        event = await incoming(application)
+        data = event["data"]
+        assert isinstance(data, dict) and data["sip_media_security"] == "srtp", data
+        call_id = str(data["call_id"])
+        await sdk.realtime.calls.accept(call_id, type="realtime", instructions="Answer in one short sentence.",
+                                        max_output_tokens=40, extra_body={"temperature": 0})
+        await phone.wait_for("SRTP is Enabled", 30)  # answered with RTP/SAVP and our key
+        watcher = await watch(gateway, call_id)
+        final = await watcher.wait_for("conversation.item.input_audio_transcription.completed", timeout=90)
+        assert final["transcript"].strip(), final  # the caller's SRTP, decrypted, was speech
+        done = await watcher.wait_for("response.done", timeout=120)
+        transcript = done["response"]["output"][0]["content"][0]["transcript"]
+        await watcher.wait_for("output_audio_buffer.stopped", timeout=60)
+        await asyncio.sleep(0.5)
+        await sdk.realtime.calls.hangup(call_id)
+        await phone.wait_for("terminated", 30)  # our BYE ended its call
+        await phone.stop()
+        answer = phone.heard()
+        assert loud(answer), "the softphone heard nothing: our SRTP did not decrypt on its side"
+        heard = await transcribe(asr, AudioChunk(resample(answer, RATE, 16000), 16000))
+        assert heard_within(heard, transcript) >= HEARD_AS_SAID, (heard, transcript)
+        await watcher.close()
+    finally:
+        await phone.stop()
 
 
 async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[GatewayProcess, int],

@@ -6,7 +6,7 @@ import asyncio
 import socket
 import struct
 
-from gateway.api.transports.sip_trunk import NegotiatedRtp
+from gateway.api.transports.sip_media import NegotiatedRtp
 from tests.integration.sip_peers import free_port
 
 

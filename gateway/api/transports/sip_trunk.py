@@ -10,7 +10,7 @@ digits (RFC 4733) as `input_audio_buffer.dtmf_event_received`.
 SIP transactions, dialogs and SDP are aiosipua's, RTP, RTCP and RFC 4733 aiortp's; this module decides (who may
 call, which codec, when to give up) and drives them. Who may call: a source in --sip-allow, under its INVITEs per
 minute, and with --sip-auth one that answers a digest challenge (gateway/protocol/sip_digest.py).
-Plain RTP only: an offer that requires SRTP is refused (488).
+Media: RTP, or SRTP keyed by SDES (an RTP/SAVP offer with a crypto line; sip_media.py); DTLS-SRTP is refused (488).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ipaddress import ip_address, ip_network
 from typing import Any
 
 import numpy as np
-from aiortp import PortAllocator, RTPSession
+from aiortp import PortAllocator
 from aiosipua import IncomingCall, SdpMessage, SipRequest, SipUAC, SipUAS, negotiate_sdp
 from aiosipua.transport import TcpSipTransport
 
@@ -41,12 +41,15 @@ from gateway.api.transports.sip_call_state import (
     SendRefer,
     SipCallState,
 )
+from gateway.api.transports.sip_media import NegotiatedRtp, SecureRtp
 from gateway.api.transports.webrtc import CallRegistry
 from gateway.platform import metrics
 from gateway.platform.config import Settings
 from gateway.platform.event_log import log_event
 from gateway.platform.webhooks import WebhookSender
+from gateway.protocol import sdes
 from gateway.protocol.errors import ApiError
+from gateway.protocol.sdes import SdesKeys
 from gateway.protocol.sip_digest import DigestAuthenticator, Verdict
 from gateway.protocol.sip_udp import AnyLoopUdpTransport
 from gateway.realtime.conversation import new_id
@@ -70,20 +73,6 @@ _MAX_LAG_S = 0.2  # the pacer that fell this far behind (a stalled loop) restart
 PRIVATE_HEADERS = {"authorization", "proxy-authorization"}
 
 
-class NegotiatedRtp(RTPSession):
-    """aiortp's session, taking RTP only from the host the SDP offer named: a third party's packets are dropped and
-    counted, never heard."""
-
-    expected_host = ""
-    dropped = 0
-
-    def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
-        if addr[0] != self.expected_host:
-            self.dropped += 1
-            return
-        super()._handle_rtp(data, addr)
-
-
 @dataclass(eq=False)
 class RingingCall:
     """One INVITE's call from the moment it rings to its end, answered or not: what the routes find by call id."""
@@ -93,6 +82,7 @@ class RingingCall:
     offer: SdpMessage
     payload_type: int
     dtmf_payload_type: int
+    srtp: SdesKeys | None  # the SDES keys of an RTP/SAVP call; None: plain RTP
     machine: SipCallState = field(default_factory=SipCallState)
     answered: SipCall | None = None
     timer: asyncio.TimerHandle | None = None
@@ -192,7 +182,8 @@ class SipCall:
             await sessions.end_session(self.session)
             self.trunk.perform(self.ringing, self.ringing.machine.hang_up())  # a pacer that failed ends the call too
             log_event("sip.call.ended", call_id=self.id, session_id=self.session.id,
-                      reason=self.ringing.machine.end_reason, rtp_dropped=self.rtp.dropped)
+                      reason=self.ringing.machine.end_reason, rtp_dropped=self.rtp.dropped,
+                      srtp_unauthenticated=self.rtp.unauthenticated if isinstance(self.rtp, SecureRtp) else None)
 
 
 class SipTrunk:
@@ -247,7 +238,7 @@ class SipTrunk:
 
     def status(self) -> dict[str, Any]:
         states = [ringing.machine.state for ringing in self._ringing.values()]
-        return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": ["udp", "tcp"], "media": "rtp",
+        return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": ["udp", "tcp"], "media": ["rtp", "srtp"],
                 "codecs": list(CODECS.values()),
                 "auth": "digest" if self._digest is not None else "source address", "ringing": states.count(CallState.RINGING),
                 "answered": states.count(CallState.ANSWERED)}
@@ -285,7 +276,7 @@ class SipTrunk:
             return
         assert invite.sdp_offer is not None
         ringing = RingingCall(id=new_id(f"rtc_{self._settings.replica_id}"), invite=invite, offer=invite.sdp_offer,
-                              payload_type=chosen[0], dtmf_payload_type=chosen[1])
+                              payload_type=chosen[0], dtmf_payload_type=chosen[1], srtp=chosen[2])
         self._ringing[ringing.id] = ringing
         self._by_sip_id[ringing.sip_call_id] = ringing
         invite.ringing()
@@ -297,7 +288,8 @@ class SipTrunk:
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         metrics.SIP_INVITES.labels("ringing").inc()
-        log_event("sip.call.ringing", call_id=ringing.id, source=source, codec=CODECS[ringing.payload_type])
+        log_event("sip.call.ringing", call_id=ringing.id, source=source, codec=CODECS[ringing.payload_type],
+                  media=ringing.srtp.suite if ringing.srtp is not None else "rtp")
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
         """A refresh or a hold from the caller: answered with the same SDP (the media stays as negotiated)."""
@@ -340,17 +332,25 @@ class SipTrunk:
         return None
 
     @staticmethod
-    def _negotiate(offer: SdpMessage | None) -> tuple[int, int] | None:
-        """(audio payload type, telephone-event payload type or 0), or None when nothing offered can be answered:
-        no SDP (a late offer), no audio, no G.711, or an SRTP profile."""
-        if offer is None or offer.audio is None or offer.rtp_address is None or "SAVP" in offer.audio.proto:
+    def _negotiate(offer: SdpMessage | None) -> tuple[int, int, SdesKeys | None] | None:
+        """(audio payload type, telephone-event payload type or 0, the SDES keys of an RTP/SAVP offer), or None
+        when nothing offered can be answered: no SDP (a late offer), no audio, no G.711, a secure profile other than
+        RTP/SAVP (DTLS-SRTP, AVPF), or RTP/SAVP with no crypto line taken (gateway/protocol/sdes.py)."""
+        if offer is None or offer.audio is None or offer.rtp_address is None:
             return None
-        audio = next((codec for codec in offer.audio.codecs if codec.payload_type in CODECS), None)
+        media = offer.audio
+        keys = None
+        if media.proto == "RTP/SAVP":
+            if (keys := sdes.choose(media.attributes.get("crypto", []))) is None:
+                return None
+        elif media.proto != "RTP/AVP":
+            return None
+        audio = next((codec for codec in media.codecs if codec.payload_type in CODECS), None)
         if audio is None:
             return None
-        dtmf = next((codec.payload_type for codec in offer.audio.codecs
+        dtmf = next((codec.payload_type for codec in media.codecs
                      if codec.encoding_name.lower() == "telephone-event"), 0)
-        return audio.payload_type, dtmf
+        return audio.payload_type, dtmf, keys
 
     def _refuse(self, invite: IncomingCall, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
         """A final answer before any webhook; the call is forgotten at once (no dialog follows a refusal)."""
@@ -367,7 +367,8 @@ class SipTrunk:
         headers = [{"name": name, "value": value} for name, values in ringing.invite.invite.headers.items()
                    if name.lower() not in PRIVATE_HEADERS for value in values]
         event = WebhookSender.event("realtime.call.incoming", {
-            "call_id": ringing.id, "sip_headers": headers, "sip_media_security": "rtp"})
+            "call_id": ringing.id, "sip_headers": headers,
+            "sip_media_security": "srtp" if ringing.srtp is not None else "rtp"})
         if not await self._webhooks.deliver(event, deadline) and ringing.machine.state is CallState.RINGING:
             self.perform(ringing, ringing.machine.failed("webhook_undelivered"))
 
@@ -397,12 +398,16 @@ class SipTrunk:
             self.perform(ringing, ringing.machine.failed("no_rtp_port"))
             raise ApiError("call_media_unavailable", "No RTP port was free for the call.", status=503) from error
         rtp: NegotiatedRtp | None = None
+        kind = NegotiatedRtp if ringing.srtp is None else SecureRtp
         try:
-            created = await NegotiatedRtp.create(
+            created = await kind.create(
                 local_addr=(self.listen[0], port), remote_addr=remote, payload_type=ringing.payload_type,
                 dtmf_payload_type=ringing.dtmf_payload_type or 101, jitter_prefetch=JITTER_PREFETCH)
             assert isinstance(created, NegotiatedRtp)  # create() builds its class, typed as the base
             rtp = created
+            if isinstance(rtp, SecureRtp):
+                assert ringing.srtp is not None
+                rtp.secure(ringing.srtp)  # before any packet goes out
             actions = ringing.machine.accept()  # 409 when another accept, a CANCEL or the timer came meanwhile
         except BaseException as error:
             if rtp is not None:
@@ -420,6 +425,8 @@ class SipTrunk:
         session.attach_playout(call.playout)
         answer, _ = negotiate_sdp(ringing.offer, self.advertise_ip, port, supported_codecs=[ringing.payload_type],
                                   dtmf_payload_type=ringing.dtmf_payload_type)
+        if ringing.srtp is not None and answer.audio is not None:
+            answer.audio.attributes["crypto"] = [ringing.srtp.answer_line()]  # the profile is the offer's, RTP/SAVP
         self.perform(ringing, actions, sdp=answer)
         self._registry.add(call, alias=ringing.sip_call_id)
         return call
