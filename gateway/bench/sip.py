@@ -32,7 +32,7 @@ from aiosipua.sdp_negotiate import build_sdp
 
 from gateway.bench.clients import BenchError, Target, error_code
 from gateway.bench.phone import FRAME, RATE, PhoneCallClient, session_config, watch
-from gateway.protocol.sip_udp import AnyLoopUdpTransport
+from gateway.protocol.sip_transports import AnyLoopUdpTransport
 
 PCMU = 0
 TELEPHONE_EVENT = 101

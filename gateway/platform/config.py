@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import ssl
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Annotated, Literal
@@ -363,6 +364,10 @@ class Settings(BaseSettings):
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
         description="The networks (CIDRs, comma-separated) whose INVITEs are taken: the carrier's signalling addresses. "
         "Any other source gets 403 and no webhook. Default: loopback only.")
+    sip_tls_cert: Path | None = Field(
+        None, description="A PEM certificate (chain) for SIP over TLS, which then listens on the port after "
+        "--sip-listen's (5061 beside 5060). With --sip-tls-key. SDES keys (SRTP) are secret only over TLS.")
+    sip_tls_key: Path | None = Field(None, description="The PEM private key of --sip-tls-cert.")
     sip_auth: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="USER:PASSWORD pairs (comma-separated) an INVITE must answer a digest "
         "challenge (401) for, on top of --sip-allow; a wrong answer gets 403 and no webhook. Off by default: the "
@@ -452,7 +457,23 @@ class Settings(BaseSettings):
         low, high = (int(part) for part in self.sip_rtp_ports.split("-"))
         if not 1024 <= low < high <= 65535:
             raise ValueError("--sip-rtp-ports must be a range of ports above 1023, such as 20000-29999")
+        if (self.sip_tls_cert is None) != (self.sip_tls_key is None):
+            raise ValueError("--sip-tls-cert and --sip-tls-key go together")
+        if int(port) == 65535 and self.sip_tls_cert is not None:
+            raise ValueError("SIP over TLS listens on the port after --sip-listen's, which has none")
+        if self.sip_tls_cert is not None:
+            self.sip_tls_context()  # a missing file, a key of another certificate: said at start
         return self
+
+    def sip_tls_context(self) -> ssl.SSLContext:
+        """The TLS server context of --sip-tls-cert and --sip-tls-key."""
+        assert self.sip_tls_cert is not None and self.sip_tls_key is not None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.sip_tls_cert, self.sip_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--sip-tls-cert/--sip-tls-key cannot be loaded: {exc}") from None
+        return context
 
     @field_validator("sip_auth")
     @classmethod

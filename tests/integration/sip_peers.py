@@ -5,6 +5,8 @@ UDP port the caller's SDP names, where the gateway's RTP is recorded; and baresi
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
 import queue
 import shutil
@@ -20,6 +22,10 @@ from typing import Any
 
 import numpy as np
 import openai
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from media.codecs import alaw_decode, ulaw_decode, ulaw_encode
 
@@ -202,9 +208,9 @@ class Baresip:
 
     @classmethod
     async def dial(cls, folder: Path, gateway_sip_port: int, speech_8k: np.ndarray, *, media: str = "srtp-mand",
-                   password: str = SIP_PASSWORD) -> Baresip:
-        """`media`: the account's mediaenc (srtp-mand: RTP/SAVP with SDES keys). The WAV is all the call has to
-        say: baresip hangs up where it ends."""
+                   transport: str = "udp", password: str = SIP_PASSWORD) -> Baresip:
+        """`media`: the account's mediaenc (srtp-mand: RTP/SAVP with SDES keys); `transport`: udp, tcp or tls (to
+        the port given). The WAV is all the call has to say: baresip hangs up where it ends."""
         folder.mkdir(parents=True, exist_ok=True)
         with wave.open(str(folder / "speech.wav"), "wb") as wav:
             wav.setnchannels(1)
@@ -218,10 +224,11 @@ class Baresip:
             *(f"module {name}.so" for name in ("g711", "aufile", "aubridge", "srtp", "sndfile")),
             "module_tmp uuid.so", "module_tmp account.so", "module_app menu.so", ""]))
         (folder / "accounts").write_text(
-            f"<sip:{SIP_USER}@127.0.0.1>;regint=0;auth_pass={password};mediaenc={media};audio_codecs=PCMU\n")
+            f"<sip:{SIP_USER}@127.0.0.1;transport={transport}>;regint=0;auth_pass={password};mediaenc={media};"
+            "audio_codecs=PCMU\n")
         process = await asyncio.create_subprocess_exec(
             "baresip", "-4", "-n", "127.0.0.1", "-f", str(folder), "-t", "120",
-            "-e", f"/dial sip:assistant@127.0.0.1:{gateway_sip_port}",
+            "-e", f"/dial sip:assistant@127.0.0.1:{gateway_sip_port};transport={transport}",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         return cls(process, folder)
 
@@ -257,3 +264,34 @@ class Baresip:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key, as PEM files (certificate, key) in `folder`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                  critical=False)
+                   .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "sip-cert.pem", folder / "sip-key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def free_sip_port() -> int:
+    """A free loopback port for --sip-listen (UDP and TCP) whose next port is free for TLS."""
+    while True:
+        port = free_port()
+        try:
+            for kind, candidate in ((socket.SOCK_STREAM, port), (socket.SOCK_STREAM, port + 1)):
+                with socket.socket(socket.AF_INET, kind) as probe:
+                    probe.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port

@@ -36,7 +36,9 @@ from tests.integration.sip_peers import (
     baresip_available,
     event_json,
     free_port,
+    free_sip_port,
     scenario,
+    self_signed_certificate,
     sipp_available,
     start_sipp,
     write_mulaw,
@@ -59,10 +61,12 @@ def application() -> Iterator[WebhookApplication]:
 
 @pytest.fixture(scope="module")
 def sip_gateway(tmp_path_factory: pytest.TempPathFactory, application: WebhookApplication) -> Iterator[tuple[GatewayProcess, int]]:
-    sip_port = free_port()
+    sip_port = free_sip_port()
     rtp_low = free_port(even=True)
+    certificate, key = self_signed_certificate(tmp_path_factory.mktemp("sip-tls"))
     process = start_gateway(
         "--sip-listen", f"127.0.0.1:{sip_port}", "--webhook-url", application.url, "--webhook-secret", WEBHOOK_SECRET,
+        "--sip-tls-cert", str(certificate), "--sip-tls-key", str(key),
         "--sip-answer-timeout-s", str(ANSWER_TIMEOUT_S), "--sip-rtp-ports", f"{rtp_low}-{rtp_low + 200}",
         "--sip-invites-per-minute", "30", "--sip-auth", f"{SIP_USER}:{SIP_PASSWORD}",
         log_path=tmp_path_factory.mktemp("sip-gateway") / "gateway.log")
@@ -215,14 +219,16 @@ async def test_speech_over_the_answer_cuts_it_on_the_rtp_stream_and_keeps_what_w
 
 
 @pytest.mark.skipif(not baresip_available(), reason="baresip is not installed (.ci/run installs it)")
-async def test_a_softphone_on_srtp_is_heard_and_hears_the_answer(
+async def test_a_softphone_on_tls_and_srtp_is_heard_and_hears_the_answer(
         sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
         asr: AsrEngine, tmp_path: Path) -> None:
-    """baresip dials with SDES keys (RTP/SAVP, its mediaenc srtp-mand) and answers the digest challenge; its SRTP
-    is libre's own, so both directions decrypting proves the keys and the profile, not our library against itself."""
+    """baresip dials over TLS with SDES keys (RTP/SAVP, its mediaenc srtp-mand), as GPT-Live's SIP calls come, and
+    answers the digest challenge; its TLS and SRTP are libre's own, so both directions decrypting proves the keys and
+    the profile, not our library against itself."""
     gateway, sip_port = sip_gateway
     question = EspeakSpeaker("en-us+f3", 150).say(QUESTION, RATE).pcm
-    phone = await Baresip.dial(tmp_path / "baresip", sip_port, with_silence(question, RATE, 0.5, 30.0))
+    phone = await Baresip.dial(tmp_path / "baresip", sip_port + 1, with_silence(question, RATE, 0.5, 30.0),
+                               transport="tls")
     try:
         event = await incoming(application)
         data = event["data"]
@@ -284,7 +290,7 @@ async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[Ga
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
         health = (await http.get("/healthz")).json()
     assert health["sip"]["ringing"] == 0 and health["sip"]["answered"] == 0, health["sip"]  # nothing left behind
-    assert health["sip"]["auth"] == "digest", health["sip"]
+    assert health["sip"]["auth"] == "digest" and health["sip"]["transports"] == ["udp", "tcp", "tls"], health["sip"]
     assert health["vad"] == {"wideband": "silero_vad_v6.onnx", "narrowband": "silero_vad_16k_op15.onnx"}  # calls' own
     # A wrong digest password (SIPp answers the challenge itself), and an INVITE with none at all: 403 and 401,
     # and the application is never told.

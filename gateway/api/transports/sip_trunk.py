@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 from aiortp import PortAllocator
 from aiosipua import IncomingCall, SdpMessage, SipRequest, SipUAC, SipUAS, negotiate_sdp
-from aiosipua.transport import TcpSipTransport
 
 from gateway.api.session_registry import SessionRegistry
 from gateway.api.transports.sip_call_state import (
@@ -51,7 +50,7 @@ from gateway.protocol import sdes
 from gateway.protocol.errors import ApiError
 from gateway.protocol.sdes import SdesKeys
 from gateway.protocol.sip_digest import DigestAuthenticator, Verdict
-from gateway.protocol.sip_udp import AnyLoopUdpTransport
+from gateway.protocol.sip_transports import AnyLoopUdpTransport, StreamSipTransport, TlsSipTransport
 from gateway.realtime.conversation import new_id
 from gateway.realtime.session import RealtimeSession
 from media.frames import AudioChunk
@@ -187,7 +186,7 @@ class SipCall:
 
 
 class SipTrunk:
-    """The SIP listener (UDP and TCP on --sip-listen) and its calls: the owner of every ringing call's timer and
+    """The SIP listener (UDP and TCP on --sip-listen, TLS on the next port with --sip-tls-cert) and its calls: the owner of every ringing call's timer and
     webhook delivery, and of each answered call's task."""
 
     def __init__(self, settings: Settings, sessions: SessionRegistry, registry: CallRegistry) -> None:
@@ -195,6 +194,8 @@ class SipTrunk:
         host, _, port = settings.sip_listen.rpartition(":")
         self.listen = (host.strip("[]"), int(port))
         self.advertise_ip = settings.sip_advertise_ip or self.listen[0]
+        self.tls_port = self.listen[1] + 1  # 5061 beside 5060
+        self.transports = ["udp", "tcp", "tls"] if settings.sip_tls_cert is not None else ["udp", "tcp"]
         self._settings = settings
         self._sessions = sessions
         self._registry = registry  # CallRegistry: answered calls, for the sideband and hangup
@@ -213,9 +214,14 @@ class SipTrunk:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for transport in (AnyLoopUdpTransport(local_addr=self.listen), TcpSipTransport(local_addr=self.listen)):
+        transports: list[AnyLoopUdpTransport | StreamSipTransport] = [
+            AnyLoopUdpTransport(local_addr=self.listen), StreamSipTransport(local_addr=self.listen)]
+        if self._settings.sip_tls_cert is not None:
+            transports.append(TlsSipTransport(local_addr=(self.listen[0], self.tls_port),
+                                              context=self._settings.sip_tls_context()))
+        for transport in transports:
             uas = SipUAS(transport, user_agent="gateway", uac=SipUAC(transport),
-                         advertised_addr=(self.advertise_ip, self.listen[1]))
+                         advertised_addr=(self.advertise_ip, transport.local_addr[1]))
             uas.on_invite = self._on_invite
             uas.on_reinvite = self._on_reinvite
             uas.on_cancel = self._on_cancel
@@ -223,8 +229,8 @@ class SipTrunk:
             uas.on_ack_timeout = self._on_ack_timeout
             await uas.start()
             self._uas.append(uas)
-        log_event("sip.listening", host=self.listen[0], port=self.listen[1], transports="udp,tcp",
-                  advertise=self.advertise_ip)
+        log_event("sip.listening", host=self.listen[0], port=self.listen[1], transports=",".join(self.transports),
+                  tls_port=self.tls_port if "tls" in self.transports else None, advertise=self.advertise_ip)
 
     async def stop(self) -> None:
         for ringing in list(self._ringing.values()):
@@ -238,7 +244,9 @@ class SipTrunk:
 
     def status(self) -> dict[str, Any]:
         states = [ringing.machine.state for ringing in self._ringing.values()]
-        return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": ["udp", "tcp"], "media": ["rtp", "srtp"],
+        return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": self.transports,
+                "tls_listen": f"{self.listen[0]}:{self.tls_port}" if "tls" in self.transports else None,
+                "media": ["rtp", "srtp"],
                 "codecs": list(CODECS.values()),
                 "auth": "digest" if self._digest is not None else "source address", "ringing": states.count(CallState.RINGING),
                 "answered": states.count(CallState.ANSWERED)}
@@ -288,7 +296,8 @@ class SipTrunk:
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         metrics.SIP_INVITES.labels("ringing").inc()
-        log_event("sip.call.ringing", call_id=ringing.id, source=source, codec=CODECS[ringing.payload_type],
+        log_event("sip.call.ringing", call_id=ringing.id, source=source,
+                  transport=self.transports[self._uas.index(self._uas_of(invite))], codec=CODECS[ringing.payload_type],
                   media=ringing.srtp.suite if ringing.srtp is not None else "rtp")
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
