@@ -218,6 +218,36 @@ async def test_speech_over_the_answer_cuts_it_on_the_rtp_stream_and_keeps_what_w
         ear.close()
 
 
+async def test_a_reinvite_moves_the_media_holds_it_and_a_codec_change_is_refused(
+        sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
+        tmp_path: Path) -> None:
+    gateway, sip_port = sip_gateway
+    first_port, moved_port = free_port(even=True), free_port(even=True)
+    first, moved = await RtpRecorder.listen(first_port), await RtpRecorder.listen(moved_port)
+    sipp = await start_sipp(scenario("reinvite.xml", tmp_path, LISTEN=str(first_port), MOVED=str(moved_port)), sip_port)
+    try:
+        call_id = str((await incoming(application))["data"]["call_id"])  # type: ignore[index]
+        await sdk.realtime.calls.accept(call_id, type="realtime")
+        code, output = await finished(sipp, 60)  # 200, 200, 488, then its BYE answered
+        ended = time.monotonic()
+        assert code == 0, output
+        first_times = [at for at, _ in first.heard]
+        moved_times = [at for at, _ in moved.heard]
+        assert first_times and moved_times, (len(first_times), len(moved_times))
+        assert first_times[-1] < moved_times[0] + 0.1, "RTP still went to the old address after the move"
+        assert len(moved_times) >= 20, len(moved_times)  # 1.5 s between the move and the hold: ~75 packets
+        # On hold from the second re-INVITE on: nothing was sent in the call's last 2 s, the refused re-INVITE
+        # (PCMA) changing nothing.
+        assert ended - moved_times[-1] > 1.2, ended - moved_times[-1]
+        # One stream throughout: its sequence numbers go on from the first address to the second.
+        steps = np.diff(np.array(first.sequence[-1:] + moved.sequence, dtype=np.int64)) % 2**16
+        assert np.all((steps >= 1) & (steps < 100)), steps
+    finally:
+        await hang_up_on(sipp)
+        first.close()
+        moved.close()
+
+
 @pytest.mark.skipif(not baresip_available(), reason="baresip is not installed (.ci/run installs it)")
 async def test_a_softphone_on_tls_and_srtp_is_heard_and_hears_the_answer(
         sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,

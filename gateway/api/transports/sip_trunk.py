@@ -103,6 +103,7 @@ class SipCall:
     ringing: RingingCall
     trunk: SipTrunk
     secret_digest: str | None = None  # only an API key hangs a SIP call up
+    held: bool = False  # the caller put the call on hold (a re-INVITE): no RTP is sent until it resumes
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     playout: PlayoutBuffer = field(default_factory=lambda: PlayoutBuffer(RATE, FRAME_SAMPLES))
     _inbound: Resampler = field(default_factory=lambda: Resampler(RATE, LISTEN_RATE, quality="LQ"))
@@ -147,7 +148,8 @@ class SipCall:
                 self.session.on_playout_event("started", frame.item_id)
             if frame.stopped:
                 self.session.on_playout_event("stopped", frame.item_id)
-            self.rtp.send_audio_pcm(frame.pcm.tobytes(), timestamp)
+            if not self.held:
+                self.rtp.send_audio_pcm(frame.pcm.tobytes(), timestamp)
             self._fill_gap()
             timestamp = (timestamp + FRAME_SAMPLES) & 0xFFFFFFFF
             frames += 1
@@ -301,8 +303,42 @@ class SipTrunk:
                   media=ringing.srtp.suite if ringing.srtp is not None else "rtp")
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
-        """A refresh or a hold from the caller: answered with the same SDP (the media stays as negotiated)."""
-        invite.accept(invite.sdp_answer)
+        """A re-INVITE from the caller: a refresh (no offer, or the same one), its media moved to another address
+        or port, or a hold (`sendonly`, `inactive`) or its end. What cannot be honoured on the call's RTP session
+        (another codec, new SRTP keys, another profile) gets 488, and the call goes on as it was (RFC 3261 §14.2)."""
+        ringing = self._by_sip_id.get(invite.call_id)
+        call = ringing.answered if ringing is not None else None
+        if call is None or ringing is None or not invite.invite.body:
+            invite.accept(invite.sdp_answer)  # a session refresh: nothing is offered, the media stays
+            return
+        offer = invite.sdp_offer
+        chosen = self._negotiate(offer)
+        same_keys = chosen is not None and (chosen[2] is None) == (ringing.srtp is None) and (
+            chosen[2] is None or ringing.srtp is None
+            or (chosen[2].suite, chosen[2].remote_key) == (ringing.srtp.suite, ringing.srtp.remote_key))
+        if offer is None or chosen is None or chosen[0] != ringing.payload_type or not same_keys:
+            # IncomingCall.reject() would end the dialog too: a refused re-INVITE leaves the call as it was.
+            invite._send_response(488, "Not Acceptable Here")
+            log_event("sip.call.reinvite_refused", call_id=ringing.id)
+            return
+        remote = offer.rtp_address
+        assert remote is not None and offer.audio is not None  # _negotiate took it
+        moved = remote != (ringing.offer.rtp_address or remote)
+        if moved:
+            call.rtp.update_remote(remote)
+            call.rtp.expected_host = remote[0]
+        call.held = offer.audio.direction in ("sendonly", "inactive")  # the caller hears nothing: none is sent
+        answer, _ = negotiate_sdp(offer, self.advertise_ip, call.rtp_port, supported_codecs=[ringing.payload_type],
+                                  dtmf_payload_type=ringing.dtmf_payload_type)
+        if ringing.srtp is not None and answer.audio is not None:
+            answer.audio.attributes["crypto"] = [ringing.srtp.answer_line()]
+        previous = invite.sdp_answer
+        if previous is not None:  # RFC 3264 §8: the same session, a later version of it
+            answer.origin.session_id = previous.origin.session_id
+            answer.origin.session_version = str(int(previous.origin.session_version or "0") + 1)
+        ringing.offer = offer
+        invite.accept(answer)
+        log_event("sip.call.media_changed", call_id=ringing.id, moved=moved, held=call.held)
 
     def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:
         ringing = self._by_sip_id.get(request.call_id or "")
