@@ -188,8 +188,8 @@ class SipCall:
 
 
 class SipTrunk:
-    """The SIP listener (UDP and TCP on --sip-listen, TLS on the next port with --sip-tls-cert) and its calls: the owner of every ringing call's timer and
-    webhook delivery, and of each answered call's task."""
+    """The SIP listener (UDP and TCP on --sip-listen, TLS on the next port with --sip-tls-cert) and its calls: the
+    owner of every ringing call's timer and webhook delivery, and of each answered call's task."""
 
     def __init__(self, settings: Settings, sessions: SessionRegistry, registry: CallRegistry) -> None:
         assert settings.sip_listen is not None and settings.webhook_url and settings.webhook_secret
@@ -248,10 +248,9 @@ class SipTrunk:
         states = [ringing.machine.state for ringing in self._ringing.values()]
         return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": self.transports,
                 "tls_listen": f"{self.listen[0]}:{self.tls_port}" if "tls" in self.transports else None,
-                "media": ["rtp", "srtp"],
-                "codecs": list(CODECS.values()),
-                "auth": "digest" if self._digest is not None else "source address", "ringing": states.count(CallState.RINGING),
-                "answered": states.count(CallState.ANSWERED)}
+                "media": ["rtp", "srtp"], "codecs": list(CODECS.values()),
+                "auth": "digest" if self._digest is not None else "source address",
+                "ringing": states.count(CallState.RINGING), "answered": states.count(CallState.ANSWERED)}
 
     # -- from the SIP side ------------------------------------------------------------------------
 
@@ -313,21 +312,21 @@ class SipTrunk:
             return
         offer = invite.sdp_offer
         chosen = self._negotiate(offer)
-        same_keys = chosen is not None and (chosen[2] is None) == (ringing.srtp is None) and (
-            chosen[2] is None or ringing.srtp is None
-            or (chosen[2].suite, chosen[2].remote_key) == (ringing.srtp.suite, ringing.srtp.remote_key))
-        if offer is None or chosen is None or chosen[0] != ringing.payload_type or not same_keys:
+        if offer is None or chosen is None or chosen[0] != ringing.payload_type \
+                or not _same_keys(ringing.srtp, chosen[2]):
             # IncomingCall.reject() would end the dialog too: a refused re-INVITE leaves the call as it was.
             invite._send_response(488, "Not Acceptable Here")
             log_event("sip.call.reinvite_refused", call_id=ringing.id)
             return
         remote = offer.rtp_address
         assert remote is not None and offer.audio is not None  # _negotiate took it
-        moved = remote != (ringing.offer.rtp_address or remote)
+        on_hold_address = remote[0] in ("0.0.0.0", "::")  # RFC 2543's hold: the media stays where it was
+        moved = not on_hold_address and remote != ringing.offer.rtp_address
         if moved:
             call.rtp.update_remote(remote)
             call.rtp.expected_host = remote[0]
-        call.held = offer.audio.direction in ("sendonly", "inactive")  # the caller hears nothing: none is sent
+        # The caller hears nothing on hold: nothing is sent.
+        call.held = on_hold_address or offer.audio.direction in ("sendonly", "inactive")
         answer, _ = negotiate_sdp(offer, self.advertise_ip, call.rtp_port, supported_codecs=[ringing.payload_type],
                                   dtmf_payload_type=ringing.dtmf_payload_type)
         if ringing.srtp is not None and answer.audio is not None:
@@ -336,7 +335,8 @@ class SipTrunk:
         if previous is not None:  # RFC 3264 §8: the same session, a later version of it
             answer.origin.session_id = previous.origin.session_id
             answer.origin.session_version = str(int(previous.origin.session_version or "0") + 1)
-        ringing.offer = offer
+        if not on_hold_address:
+            ringing.offer = offer
         invite.accept(answer)
         log_event("sip.call.media_changed", call_id=ringing.id, moved=moved, held=call.held)
 
@@ -533,3 +533,9 @@ class SipTrunk:
                 return uas
         raise ValueError("the call came on no transport of this trunk")
 
+
+def _same_keys(agreed: SdesKeys | None, offered: SdesKeys | None) -> bool:
+    """A re-INVITE's keys are the call's: both plain RTP, or the same suite and the caller's same key."""
+    if agreed is None or offered is None:
+        return agreed is offered
+    return (agreed.suite, agreed.remote_key) == (offered.suite, offered.remote_key)
