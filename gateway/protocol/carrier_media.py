@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 SAMPLE_RATE = 8000  # every carrier's stream here: G.711
 Encoding = Literal["mulaw", "alaw"]
@@ -87,6 +87,77 @@ class CarrierWire(Protocol):
     def mark(self, stream_id: str, name: str) -> str: ...
 
     def clear(self, stream_id: str) -> str: ...
+
+
+class CarrierModel(BaseModel):
+    """A carrier's message as this server reads it: fields carriers may add later are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class MediaInfo(CarrierModel):
+    track: str = "inbound"  # with both tracks streamed, "outbound" is what the far end hears, not the caller
+    payload: str
+
+
+class Media(CarrierModel):
+    """`media` as the three carriers send it."""
+
+    media: MediaInfo
+
+
+class DtmfInfo(CarrierModel):
+    digit: str
+
+
+class Dtmf(CarrierModel):
+    dtmf: DtmfInfo
+
+
+class MarkInfo(CarrierModel):
+    name: str
+
+
+class Mark(CarrierModel):
+    """Twilio's and Telnyx's echo of a mark."""
+
+    mark: MarkInfo
+
+
+class MarkingWire:
+    """What Twilio and Telnyx take alike, `media`, `mark` and `clear`, with the stream's id under `id_key`; and
+    what they send alike (`media`, `dtmf`, `mark`, `stop`)."""
+
+    id_key = "streamSid"
+
+    def parse_common(self, data: dict[str, Any]) -> Inbound | None:
+        match data["event"]:
+            case "media":
+                return caller_audio(data)
+            case "dtmf":
+                return StreamDigit(validated(Dtmf, data).dtmf.digit)
+            case "mark":
+                return StreamPlayed(validated(Mark, data).mark.name)
+            case "stop":
+                return StreamStop()
+        return None
+
+    def media(self, stream_id: str, g711: bytes) -> str:
+        return json.dumps({"event": "media", self.id_key: stream_id, "media": {"payload": encode_payload(g711)}})
+
+    def mark(self, stream_id: str, name: str) -> str:
+        return json.dumps({"event": "mark", self.id_key: stream_id, "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> str:
+        return json.dumps({"event": "clear", self.id_key: stream_id})
+
+
+def caller_audio(data: dict[str, Any]) -> StreamAudio | StreamNotice:
+    """A `media` message: the caller's audio, or a notice for the other track's."""
+    media = validated(Media, data).media
+    if media.track != "inbound":
+        return StreamNotice("media")
+    return StreamAudio(decode_payload(media.payload, "media.payload"))
 
 
 def load_object(raw: str | bytes) -> dict[str, Any]:

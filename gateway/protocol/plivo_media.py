@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict
-
 from gateway.protocol.carrier_media import (
     SAMPLE_RATE,
+    CarrierModel,
+    Dtmf,
     Inbound,
-    StreamAudio,
     StreamDigit,
     StreamNotice,
     StreamPlayed,
     StreamStart,
-    decode_payload,
+    caller_audio,
     encode_payload,
     load_object,
     validated,
@@ -32,43 +31,22 @@ from gateway.protocol.carrier_media import (
 MULAW = "audio/x-mulaw"
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class MediaFormat(_Message):
+class MediaFormat(CarrierModel):
     encoding: str
     sampleRate: int
 
 
-class StartInfo(_Message):
+class StartInfo(CarrierModel):
     callId: str = ""
     streamId: str
     mediaFormat: MediaFormat
 
 
-class Start(_Message):
+class Start(CarrierModel):
     start: StartInfo
 
 
-class MediaInfo(_Message):
-    track: str = "inbound"
-    payload: str
-
-
-class Media(_Message):
-    media: MediaInfo
-
-
-class DtmfInfo(_Message):
-    digit: str
-
-
-class Dtmf(_Message):
-    dtmf: DtmfInfo
-
-
-class Played(_Message):
+class Played(CarrierModel):
     name: str
 
 
@@ -87,10 +65,7 @@ class PlivoWire:
                     sample_rate=media_format.sampleRate, channels=1,
                     codec="mulaw" if media_format.encoding == MULAW else None, parameters=dict(query))
             case "media":
-                media = validated(Media, data).media
-                if media.track != "inbound":
-                    return StreamNotice("media")
-                return StreamAudio(decode_payload(media.payload, "media.payload"))
+                return caller_audio(data)
             case "dtmf":
                 return StreamDigit(validated(Dtmf, data).dtmf.digit)
             case "playedStream":

@@ -10,22 +10,15 @@ application's own and is left alone. Fields Telnyx may add later are ignored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict
-
 from gateway.protocol.carrier_media import (
+    CarrierModel,
     Encoding,
     Inbound,
-    StreamAudio,
-    StreamDigit,
+    MarkingWire,
     StreamNotice,
-    StreamPlayed,
     StreamStart,
-    StreamStop,
-    decode_payload,
-    encode_payload,
     load_object,
     validated,
 )
@@ -33,61 +26,33 @@ from gateway.protocol.carrier_media import (
 CODECS: dict[str, Encoding] = {"PCMU": "mulaw", "PCMA": "alaw"}
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class MediaFormat(_Message):
+class MediaFormat(CarrierModel):
     encoding: str
     sample_rate: int
     channels: int = 1
 
 
-class StartInfo(_Message):
+class StartInfo(CarrierModel):
     call_control_id: str = ""
     media_format: MediaFormat
 
 
-class Start(_Message):
+class Start(CarrierModel):
     stream_id: str
     start: StartInfo
 
 
-class MediaInfo(_Message):
-    track: str = "inbound"
-    payload: str
-
-
-class Media(_Message):
-    media: MediaInfo
-
-
-class DtmfInfo(_Message):
-    digit: str
-
-
-class Dtmf(_Message):
-    dtmf: DtmfInfo
-
-
-class MarkInfo(_Message):
-    name: str
-
-
-class Mark(_Message):
-    mark: MarkInfo
-
-
-class ErrorInfo(_Message):
+class ErrorInfo(CarrierModel):
     code: int | str = ""
 
 
-class Error(_Message):
+class Error(CarrierModel):
     payload: ErrorInfo = ErrorInfo()
 
 
-class TelnyxWire:
+class TelnyxWire(MarkingWire):
     name = "telnyx"
+    id_key = "stream_id"
     encodings = "PCMU or PCMA at 8000 Hz, mono (stream_bidirectional_mode rtp, the call's own codec)"
 
     def parse(self, raw: str | bytes, query: Mapping[str, str]) -> Inbound | None:
@@ -102,26 +67,6 @@ class TelnyxWire:
                     stream_id=start.stream_id, call_id=start.start.call_control_id, encoding=media_format.encoding,
                     sample_rate=media_format.sample_rate, channels=media_format.channels,
                     codec=CODECS.get(media_format.encoding.upper()), parameters=dict(query))
-            case "media":
-                media = validated(Media, data).media
-                if media.track != "inbound":  # both_tracks: what the far end hears is not the caller
-                    return StreamNotice("media")
-                return StreamAudio(decode_payload(media.payload, "media.payload"))
-            case "dtmf":
-                return StreamDigit(validated(Dtmf, data).dtmf.digit)
-            case "mark":
-                return StreamPlayed(validated(Mark, data).mark.name)
             case "error":
                 return StreamNotice("error", error=str(validated(Error, data).payload.code) or "unknown")
-            case "stop":
-                return StreamStop()
-        return None
-
-    def media(self, stream_id: str, g711: bytes) -> str:
-        return json.dumps({"event": "media", "stream_id": stream_id, "media": {"payload": encode_payload(g711)}})
-
-    def mark(self, stream_id: str, name: str) -> str:
-        return json.dumps({"event": "mark", "stream_id": stream_id, "mark": {"name": name}})
-
-    def clear(self, stream_id: str) -> str:
-        return json.dumps({"event": "clear", "stream_id": stream_id})
+        return self.parse_common(data)

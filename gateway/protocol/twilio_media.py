@@ -9,21 +9,16 @@ ignored; a message whose known fields are missing or of the wrong type is refuse
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gateway.protocol.carrier_media import (
+    CarrierModel,
     Inbound,
-    StreamAudio,
-    StreamDigit,
+    MarkingWire,
     StreamNotice,
-    StreamPlayed,
     StreamStart,
-    StreamStop,
-    decode_payload,
-    encode_payload,
     load_object,
     validated,
 )
@@ -31,53 +26,25 @@ from gateway.protocol.carrier_media import (
 MULAW = "audio/x-mulaw"  # the one format of a bidirectional stream: G.711 mu-law at 8 kHz, mono
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class MediaFormat(_Message):
+class MediaFormat(CarrierModel):
     encoding: str
     sampleRate: int
     channels: int = 1
 
 
-class StartInfo(_Message):
+class StartInfo(CarrierModel):
     streamSid: str
     callSid: str = ""
     customParameters: dict[str, str] = Field(default_factory=dict)
     mediaFormat: MediaFormat
 
 
-class Start(_Message):
+class Start(CarrierModel):
     streamSid: str = ""
     start: StartInfo
 
 
-class MediaInfo(_Message):
-    payload: str
-
-
-class Media(_Message):
-    media: MediaInfo
-
-
-class DtmfInfo(_Message):
-    digit: str
-
-
-class Dtmf(_Message):
-    dtmf: DtmfInfo
-
-
-class MarkInfo(_Message):
-    name: str
-
-
-class Mark(_Message):
-    mark: MarkInfo
-
-
-class TwilioWire:
+class TwilioWire(MarkingWire):
     name = "twilio"
     encodings = f"{MULAW} at 8000 Hz, mono (a bidirectional stream)"
 
@@ -94,21 +61,4 @@ class TwilioWire:
                     encoding=media_format.encoding, sample_rate=media_format.sampleRate,
                     channels=media_format.channels, codec="mulaw" if media_format.encoding == MULAW else None,
                     parameters=dict(start.customParameters))
-            case "media":
-                return StreamAudio(decode_payload(validated(Media, data).media.payload, "media.payload"))
-            case "dtmf":
-                return StreamDigit(validated(Dtmf, data).dtmf.digit)
-            case "mark":
-                return StreamPlayed(validated(Mark, data).mark.name)
-            case "stop":
-                return StreamStop()
-        return None
-
-    def media(self, stream_id: str, g711: bytes) -> str:
-        return json.dumps({"event": "media", "streamSid": stream_id, "media": {"payload": encode_payload(g711)}})
-
-    def mark(self, stream_id: str, name: str) -> str:
-        return json.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}})
-
-    def clear(self, stream_id: str) -> str:
-        return json.dumps({"event": "clear", "streamSid": stream_id})
+        return self.parse_common(data)
