@@ -1,4 +1,5 @@
-"""The bodies of a SIP call's `reject` and `refer` (OpenAI's `client.realtime.calls.reject/refer`)."""
+"""The bodies of a SIP call's `reject` and `refer`: Realtime's (`client.realtime.calls.reject/refer`) and GPT-Live's
+(`client.live.sessions.reject/refer`, whose reject names its code)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ class RejectCall(BaseModel):
 
     status_code: int = Field(603, ge=300, le=699, description="The SIP final response sent to the caller "
                              "(default 603 Decline).")
+
+
+class LiveRejectCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status_code: int = Field(ge=300, le=699, description="The SIP final response sent to the caller (required).")
 
 
 class ReferCall(BaseModel):

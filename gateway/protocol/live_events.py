@@ -2,8 +2,8 @@
 
 No I/O: a message in, a validated event or an ApiError out. The session's configuration is strict (a misspelt
 field is refused, never ignored), as Realtime's is. What this server does not serve is refused by name: the
-Decisions API (`decision.*`, `triggers`, a `decisions` delegation), forks and stored sessions (`store: true`), SIP
-(`transport.*`), and custom voices.
+Decisions API (`decision.*`, `triggers`, a `decisions` delegation), forks and stored sessions (`store: true`), and
+custom voices. `transport.dtmf.send` is a SIP call's sideband's alone (decode_dtmf_send).
 """
 
 from __future__ import annotations
@@ -196,9 +196,26 @@ REFUSED_TYPES = {
     "decision.create": "The Decisions API is not served by this server.",
     "decision.item.create": "The Decisions API is not served by this server.",
     "decision.item.delete": "The Decisions API is not served by this server.",
-    "transport.dtmf.send": "SIP transports are not served by this server.",
+    "transport.dtmf.send": "transport.dtmf.send is for a SIP call's sideband (GET /v1/live/sessions/{id}/attach).",
     "session.fork.start": "Forks are not served by this server.",
 }
+
+
+class TransportDtmfSend(_Event):
+    """One keypress to send the caller of a SIP call (RFC 4733), from a sideband."""
+
+    type: Literal["transport.dtmf.send"]
+    event: str = Field(pattern=r"^[0-9A-D*#]$")
+
+
+def decode_dtmf_send(raw: str | bytes, *, max_bytes: int) -> TransportDtmfSend:
+    data, _, event_id = event_envelope(raw, max_bytes=max_bytes)
+    try:
+        return TransportDtmfSend.model_validate(data)
+    except ValidationError as exc:
+        error = api_error_from_validation(exc)
+        error.event_id = event_id
+        raise error from None
 
 
 def decode_live_event(raw: str | bytes, *, max_bytes: int) -> LiveClientEvent:

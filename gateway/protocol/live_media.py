@@ -189,3 +189,32 @@ def decode_live_create(raw: bytes, *, max_bytes: int) -> LiveCreate:
     if media.client is not None:
         config = config.model_copy(update={"client": media.client.model_dump(exclude_none=True)})
     return LiveCreate(config, DataChannelPermissions.of(media.client), body.transport.sdp)
+
+
+def decode_live_accept(raw: bytes, *, max_bytes: int) -> LiveSessionConfig:
+    """The body of POST /v1/live/sessions/{id}/accept (`{"session": {"type": "live", ...}}`,
+    client.live.sessions.accept): the Live session that answers a SIP call, configured as session.start's, less
+    `audio.format` (the SDP negotiated G.711) and `client` (a SIP call has no front end)."""
+    data = decode_json(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("session"), dict):
+        raise ApiError("invalid_type", "The body must be a JSON object with a 'session' object.", "session")
+    if set(data) != {"session"}:
+        extra = sorted(set(data) - {"session"})[0]
+        raise ApiError("unknown_parameter", f"Unknown parameter: '{extra[:100]}'.", extra[:100])
+    session = dict(data["session"])
+    kind = session.pop("type", None)
+    if kind is None:
+        raise ApiError("missing_required_parameter", "Missing required parameter: 'session.type' (live).",
+                       "session.type")
+    if kind != "live":
+        raise ApiError("invalid_value", "session.type must be 'live' on /v1/live/sessions/{id}/accept.", "session.type")
+    audio = session.get("audio")
+    if isinstance(audio, dict) and "format" in audio:
+        raise ApiError("unsupported_value", "A SIP call's audio format is negotiated in its SDP; omit "
+                       "'audio.format'.", "session.audio.format")
+    if "client" in session:
+        raise ApiError("unsupported_value", "'client' capabilities are for a WebRTC front end; a SIP call has "
+                       "none.", "session.client")
+    start = decode_live_event(json.dumps({"type": "session.start", "session": session}), max_bytes=max_bytes)
+    assert isinstance(start, SessionStart)
+    return start.session

@@ -54,7 +54,7 @@ from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareR
 from gateway.realtime.live_reflection import SidebandReflection
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.response_events import Event
-from gateway.realtime.session import RealtimeSession
+from gateway.realtime.session import DTMF_DIGITS, RealtimeSession
 from media.codecs import pcm16_to_array
 from media.frames import AudioChunk
 from media.playout import PlayoutBuffer, PlayoutFrame
@@ -199,6 +199,13 @@ class LiveFront:
         if self.muted or self._fixture is not None:  # the model hears silence: the turns' timeline goes on
             chunk = AudioChunk(np.zeros_like(chunk.pcm), chunk.sample_rate)
         voice.append(chunk)
+
+    def dtmf_received(self, digit: str) -> None:
+        """A keypad digit a SIP caller pressed: transport.dtmf.received, which a sideband gets (a call has no
+        front end)."""
+        if len(digit) != 1 or digit not in DTMF_DIGITS:
+            raise ApiError("invalid_value", f"'{digit[:8]}' is not a keypad digit ({DTMF_DIGITS}).", "event")
+        self._say({"type": "transport.dtmf.received", "event": digit})
 
     def _check_delegation(self, event: InstructionsAppend | ThinkingAppend | CommentaryAppend) -> None:
         """Context tied to a delegation names one the application was given (client delegation); any appended

@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 import wave
+from collections import defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,10 +51,11 @@ def free_port(kind: int = socket.SOCK_DGRAM, *, even: bool = False) -> int:
 
 class WebhookApplication:
     """An HTTP server on loopback that takes the gateway's webhooks: each is unwrapped with the openai SDK's
-    `client.webhooks.unwrap` (so a bad signature fails the test) and queued. `answer_status` is what it answers."""
+    `client.webhooks.unwrap` (so a bad signature fails the test) and queued by type (an SRTP call is announced on
+    both surfaces, in either order). `answer_status` is what it answers."""
 
     def __init__(self) -> None:
-        self.events: queue.Queue[Any] = queue.Queue()
+        self.events: defaultdict[str, queue.Queue[Any]] = defaultdict(queue.Queue)
         self.answer_status = 200
         self.tries = 0
         self.bad_signatures = 0
@@ -66,7 +68,8 @@ class WebhookApplication:
                 application.tries += 1
                 if application.answer_status == 200:
                     try:
-                        application.events.put(client.webhooks.unwrap(body, dict(self.headers.items())))
+                        event = client.webhooks.unwrap(body, dict(self.headers.items()))
+                        application.events[event.type].put(event)
                     except openai.InvalidWebhookSignatureError:
                         application.bad_signatures += 1
                         self.send_response(400)
@@ -84,8 +87,12 @@ class WebhookApplication:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    async def next_event(self, timeout: float = 30.0) -> Any:
-        return await asyncio.to_thread(self.events.get, True, timeout)
+    async def next_event(self, kind: str = "realtime.call.incoming", timeout: float = 30.0) -> Any:
+        return await asyncio.to_thread(self.events[kind].get, True, timeout)
+
+    def forget(self) -> None:
+        """The events no test took (the other surface's announcements of earlier calls)."""
+        self.events.clear()
 
     def close(self) -> None:
         self._server.shutdown()
@@ -205,12 +212,14 @@ class Baresip:
 
     process: asyncio.subprocess.Process
     folder: Path
+    console_port: int  # its cons module's port: commands typed there are its console's (press)
 
     @classmethod
     async def dial(cls, folder: Path, gateway_sip_port: int, speech_8k: np.ndarray, *, media: str = "srtp-mand",
                    transport: str = "udp", password: str = SIP_PASSWORD) -> Baresip:
         """`media`: the account's mediaenc (srtp-mand: RTP/SAVP with SDES keys); `transport`: udp, tcp or tls (to
         the port given). The WAV is all the call has to say: baresip hangs up where it ends."""
+        console_port = free_port(socket.SOCK_STREAM)  # cons listens on UDP and TCP both
         folder.mkdir(parents=True, exist_ok=True)
         with wave.open(str(folder / "speech.wav"), "wb") as wav:
             wav.setnchannels(1)
@@ -220,8 +229,9 @@ class Baresip:
         (folder / "config").write_text("\n".join([
             f"sip_listen 127.0.0.1:{free_port(socket.SOCK_STREAM)}",  # UDP and TCP both: one free for TCP
             f"audio_source aufile,{folder / 'speech.wav'}", "audio_player aubridge,nowhere",
+            f"cons_listen 127.0.0.1:{console_port}",
             "audio_alert aubridge,nowhere", f"snd_path {folder}", "module_path /usr/lib/baresip/modules",
-            *(f"module {name}.so" for name in ("g711", "aufile", "aubridge", "srtp", "sndfile")),
+            *(f"module {name}.so" for name in ("g711", "aufile", "aubridge", "srtp", "sndfile", "cons")),
             "module_tmp uuid.so", "module_tmp account.so", "module_app menu.so", ""]))
         (folder / "accounts").write_text(
             f"<sip:{SIP_USER}@127.0.0.1;transport={transport}>;regint=0;auth_pass={password};mediaenc={media};"
@@ -230,7 +240,15 @@ class Baresip:
             "baresip", "-4", "-n", "127.0.0.1", "-f", str(folder), "-t", "120",
             "-e", f"/dial sip:assistant@127.0.0.1:{gateway_sip_port};transport={transport}",
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        return cls(process, folder)
+        return cls(process, folder, console_port)
+
+    def press(self, keys: str) -> None:
+        """Keys on its keypad, by its console's `/sndcode`: in a call, each goes out as RFC 4733 events."""
+        with socket.create_connection(("127.0.0.1", self.console_port), timeout=5) as console:
+            console.sendall(f"/sndcode {keys}\n".encode())
+            echo = b""
+            while b"\n" not in echo and (more := console.recv(4096)):  # the command line echoed: it has run
+                echo += more
 
     def heard(self) -> np.ndarray:
         """What baresip decoded from the gateway's stream (8 kHz)."""

@@ -205,6 +205,9 @@ async def test_a_sideband_hears_a_live_websocket_session_both_ways_and_steers_it
             await sideband.send({"type": "session.input_audio.append", "audio": "", "event_id": "evt_audio"})
             refused = await sideband.wait_for("error")
             assert refused["error"]["code"] == "unsupported_event" and refused["client_event_id"] == "evt_audio"
+            await sideband.send({"type": "transport.dtmf.send", "event": "1", "event_id": "evt_digit"})
+            no_line = await sideband.wait_for("error", where=lambda event: event.get("client_event_id") == "evt_digit")
+            assert no_line["error"]["code"] == "unsupported_event", no_line  # a WebSocket session has no phone line
 
             await client(gateway).live.sessions.hangup(session_id)
             closed = await caller.wait_for("session.closed", timeout=10)
@@ -226,9 +229,11 @@ async def test_what_names_no_running_session_or_is_not_served_is_refused_by_name
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "session_not_found"
         for operation, body in (("accept", {"session": {"model": "gpt-live-1", "type": "live"}}),
                                 ("reject", {"status_code": 486}), ("refer", {"target_uri": "tel:+14155550123"})):
-            refused = await http.post(f"/v1/live/sessions/sess_1/{operation}", json=body)
-            assert refused.status_code == 400, (operation, refused.text)
-            assert refused.json()["error"]["code"] == "unsupported_operation" and "SIP" in refused.json()["error"]["message"]
+            refused = await http.post(f"/v1/live/sessions/sess_1/{operation}", json=body)  # no --sip-listen here
+            assert refused.status_code == 404, (operation, refused.text)
+            assert refused.json()["error"]["code"] == "sip_not_enabled", refused.text
+        forked = await http.post("/v1/live/sessions/sess_1/fork", json={})
+        assert forked.status_code == 400 and forked.json()["error"]["code"] == "unsupported_operation", forked.text
         for session, code, param in (
                 ({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm"}}}, "unsupported_value",
                  "session.audio.format"),

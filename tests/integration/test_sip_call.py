@@ -24,6 +24,7 @@ from media.frames import AudioChunk
 from media.resample import resample
 from tests.conftest import QUESTION
 from tests.gateway_process import GatewayProcess, start_gateway
+from tests.integration.live_client import LiveCaller
 from tests.integration.realtime_client import RealtimeClient
 from tests.integration.sip_peers import (
     RATE,
@@ -90,7 +91,7 @@ async def watch(gateway: GatewayProcess, call_id: str) -> RealtimeClient:
 
 
 async def incoming(application: WebhookApplication) -> dict[str, object]:
-    event = event_json(await application.next_event(30))
+    event = event_json(await application.next_event(timeout=30))
     assert event["type"] == "realtime.call.incoming", event
     return event
 
@@ -286,10 +287,79 @@ async def test_a_softphone_on_tls_and_srtp_is_heard_and_hears_the_answer(
         await phone.stop()
 
 
+@pytest.mark.skipif(not baresip_available(), reason="baresip is not installed (.ci/run installs it)")
+async def test_a_gpt_live_session_answers_a_softphone_takes_and_sends_digits_and_hangs_up(
+        sip_gateway: tuple[GatewayProcess, int], application: WebhookApplication, sdk: openai.AsyncOpenAI,
+        asr: AsrEngine, tmp_path: Path) -> None:
+    """An SRTP call is announced on both surfaces; the application answers it as GPT-Live
+    (`client.live.sessions.accept`), which makes the Realtime id unknown. The sideband (the SDK's) hears the caller
+    and the reply, gets the caller's keypad digits as transport.dtmf.received and sends one with transport.dtmf.send,
+    which baresip's own RFC 4733 decoder reports; refer and hangup are the Live session's."""
+    gateway, sip_port = sip_gateway
+    application.forget()
+    question = EspeakSpeaker("en-gb", 150).say(QUESTION, RATE).pcm
+    phone = await Baresip.dial(tmp_path / "baresip", sip_port + 1, with_silence(question, RATE, 0.5, 40.0),
+                               transport="tls")
+    try:
+        live = event_json(await application.next_event("live.transport.incoming", 30))
+        data = live["data"]
+        assert isinstance(data, dict) and data["type"] == "sip" and data["sip_media_security"] == "srtp", data
+        assert "authorization" not in {header["name"].lower() for header in data["sip_headers"]}
+        session_id = str(data["session_id"])
+        realtime = event_json(await application.next_event("realtime.call.incoming", 30))
+        call_id = str(realtime["data"]["call_id"])  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError):  # SIP negotiated the format: the session may not name one
+            await sdk.live.sessions.accept(session_id, session={
+                "type": "live", "model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu"}}})  # type: ignore[typeddict-unknown-key]
+        with pytest.raises(openai.BadRequestError):  # Live's reject names its code
+            await sdk.post(f"/live/sessions/{session_id}/reject", body={}, cast_to=httpx.Response)
+        await sdk.live.sessions.accept(session_id, session={
+            "type": "live", "model": "gpt-live-1", "instructions": "Answer in one short sentence."})
+        with pytest.raises(openai.NotFoundError):  # the first accept chose the surface
+            await sdk.realtime.calls.accept(call_id, type="realtime")
+        with pytest.raises(openai.ConflictError):
+            await sdk.live.sessions.accept(session_id, session={"type": "live", "model": "gpt-live-1"})
+        await phone.wait_for("SRTP is Enabled", 30)
+        async with LiveCaller.attach(gateway.url, session_id, api_key="sk-local") as sideband:
+            heard = await sideband.wait_for("session.input_transcript.delta", timeout=90)
+            assert heard["delta"].strip(), heard  # the caller's SRTP, decrypted, was speech
+            await sideband.wait_for("session.output_transcript.delta", timeout=120)
+            phone.press("12#")
+            digits = [(await sideband.wait_for("transport.dtmf.received", count=n, timeout=30))["event"]
+                      for n in (1, 2, 3)]
+            assert digits == ["1", "2", "#"]
+            await sideband.send({"type": "transport.dtmf.send", "event": "7", "event_id": "evt_key"})
+            sent = await sideband.wait_for("transport.dtmf.sent", timeout=10)
+            assert sent["event"] == "7" and sent["client_event_id"] == "evt_key", sent
+            await phone.wait_for("received event: '7'", 30)  # baresip decoded our telephone-event
+            await sideband.send({"type": "transport.dtmf.send", "event": "x", "event_id": "evt_bad"})
+            refused = await sideband.wait_for("error", where=lambda event: event.get("client_event_id") == "evt_bad")
+            assert refused["error"]["param"] == "event", refused
+            await sdk.live.sessions.refer(session_id, target_uri="tel:+14155550123")
+            await phone.wait_for("transferring call", 30)  # the REFER reached the phone, which acts on it
+            await sideband.wait_for("session.usage.updated", timeout=120)  # the reply is made: now let it play out
+            while time.monotonic() - sideband.of_type("session.output_transcript.delta")[-1]["_at"] < 1.5:
+                await asyncio.sleep(0.2)
+            await sdk.live.sessions.hangup(session_id)
+            await sideband.wait_for("session.closed", timeout=30)
+            await phone.wait_for("terminated", 30)  # our BYE ended its call
+        await phone.stop()
+        answer = phone.heard()
+        assert loud(answer), "the softphone heard nothing"
+        said = sideband.said()
+        heard_answer = await transcribe(asr, AudioChunk(resample(answer, RATE, 16000), 16000))
+        assert heard_within(heard_answer, said) >= HEARD_AS_SAID, (heard_answer, said)
+        with pytest.raises(openai.NotFoundError):
+            await sdk.live.sessions.refer(session_id, target_uri="tel:+14155550123")
+    finally:
+        await phone.stop()
+
+
 async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[GatewayProcess, int],
                                                           application: WebhookApplication, sdk: openai.AsyncOpenAI,
                                                           tmp_path: Path) -> None:
     gateway, sip_port = sip_gateway
+    application.forget()  # the other surface's announcements of earlier SRTP calls
     # No codec in common (G.722 only): 488, and the application is never told.
     sipp = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port)
     code, output = await finished(sipp, 60)
@@ -332,7 +402,7 @@ async def test_bad_calls_are_refused_and_the_trunk_goes_on(sip_gateway: tuple[Ga
                                      STATUS="401"), sip_port)
     code, output = await finished(sipp, 60)
     assert code == 0, output
-    assert application.events.empty()
+    assert all(events.empty() for events in application.events.values())
     # A flood from one source: past --sip-invites-per-minute the INVITEs get 503, and the trunk still answers.
     flood = await start_sipp(scenario("refused.xml", tmp_path, CODEC_PT="9", CODEC="9 G722/8000", STATUS="488"), sip_port,
                              extra=("-m", "40", "-r", "40", "-l", "40", "-trace_stat"))

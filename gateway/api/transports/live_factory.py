@@ -42,9 +42,10 @@ def require_live_config(svc: Services, config: LiveSessionConfig, event_id: str 
 
 
 def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, audio: LiveAudio, owner: str, *,
-              wire_audio: bool = True) -> tuple[RealtimeSession, LiveFront]:
-    """A Live session on the realtime core, its playout at `audio`'s rate (WebRTC: the track's, and no audio
-    format on the wire), and its Live front."""
+              wire_audio: bool = True, session_id: str | None = None) -> tuple[RealtimeSession, LiveFront]:
+    """A Live session on the realtime core, its playout at `audio`'s rate (WebRTC: the track's, SIP: the call's;
+    neither has an audio format on the wire), and its Live front. `session_id`: one announced already (a SIP
+    call's webhook)."""
     playout = PlayoutBuffer(audio.rate, audio.rate * FRAME_MS // 1000)
     started_at = time.monotonic()
 
@@ -57,7 +58,7 @@ def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, 
         initial_config=_realtime_config(config, svc.settings.live_delegate), request_id=request_id,
         outbox=Outbox(numbered=False), translate=translator,
         # The id names this replica, so that another replica can pass its sideband and hangup on to it.
-        session_id=new_id(f"sess_{svc.settings.replica_id}"))
+        session_id=session_id or new_id(f"sess_{svc.settings.replica_id}"))
     session.attach_playout(playout)
 
     async def prepare(request: ResponseCreateRequest) -> ResponseRun:

@@ -1,12 +1,14 @@
 """A running GPT-Live session by its id, WebSocket or WebRTC: the trusted sideband that watches and steers it
 (`GET /v1/live/sessions/{id}/attach`, what `client.live.sideband.connect(session_id=...)` opens) and its hangup
-(`POST /v1/live/sessions/{id}/hangup`). SIP (accept, reject, refer), forks and recordings are refused by name. A
-session held by another replica is reached there: its id names it (`sess_<replica>_...`, gateway/api/forwarding.py).
+(`POST /v1/live/sessions/{id}/hangup`), whatever its transport: WebSocket, WebRTC or a SIP call (whose accept,
+reject and refer are sip_calls.py's). Forks and recordings are refused by name. A session held by another replica
+is reached there: its id names it (`sess_<replica>_...`, gateway/api/forwarding.py).
 
 The sideband uses an API key (the session's key: another key's session is as unknown as a wrong id). It gets the
 session's Live events from when it attaches, and what only a sideband hears (live_reflection.py): the primary
 transport's input audio, and the output audio with its place on the timeline. It may send the session's client
-events, but neither audio nor session.start (the primary transport has them); its end is only its own.
+events, but neither audio nor session.start (the primary transport has them); its end is only its own. On a SIP
+call it also sends the caller keypad digits (`transport.dtmf.send`, answered by `transport.dtmf.sent`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.platform.auth import bearer_token, token_from_subprotocols
 from gateway.platform.event_log import log_event
 from gateway.protocol.codec import encode_server_event
 from gateway.protocol.errors import ApiError
+from gateway.protocol.live_events import decode_dtmf_send
 from gateway.protocol.live_media import peek_event
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.live_wire import live_error
@@ -45,9 +48,6 @@ PRIMARY_ONLY = {
     "session.start": "The session has started; a sideband attaches to it and never starts it.",
 }
 UNSERVED = {
-    ("POST", "accept"): "Accepting a SIP call: SIP is not served by this server.",
-    ("POST", "reject"): "Rejecting a SIP call: SIP is not served by this server.",
-    ("POST", "refer"): "Transferring a SIP call: SIP is not served by this server.",
     ("POST", "fork"): "Forks are not served by this server.",
     ("GET", "content"): "Stored sessions (recordings) are not served by this server.",
 }
@@ -60,6 +60,8 @@ class LiveEntry:
     key_id: str  # the key that opened it: its sideband and hangup need the same one
     call: Call | None = None  # a WebRTC session's call
     secret_digest: str | None = None  # the client secret that opened a WebRTC session may hang it up
+    send_digit: Callable[[str], None] | None = None  # a SIP call's: a keypress to the caller
+
 
     def hang_up(self) -> None:
         """session.closed to the primary transport, which ends the session once it is out."""
@@ -72,7 +74,25 @@ class LiveEntry:
         if kind in PRIMARY_ONLY:
             self.session.send_error(ApiError("unsupported_event", PRIMARY_ONLY[kind], "type", event_id=event_id))
             return
+        if kind == "transport.dtmf.send":
+            try:
+                self._send_digit(raw)
+            except ApiError as error:
+                error.event_id = error.event_id or event_id
+                self.session.send_error(error)
+            return
         await self.front.receive(raw)
+
+    def _send_digit(self, raw: str | bytes) -> None:
+        command = decode_dtmf_send(raw, max_bytes=self.session.settings.max_event_bytes)
+        if self.send_digit is None:
+            raise ApiError("unsupported_event", "transport.dtmf.send is for SIP calls; this session has no phone "
+                           "line.", "type")
+        self.send_digit(command.event)
+        sent: dict[str, str] = {"type": "transport.dtmf.sent", "event": command.event}
+        if command.event_id is not None:
+            sent["client_event_id"] = command.event_id
+        self.session.outbox.send(sent)
 
 
 class LiveRegistry:

@@ -1,11 +1,12 @@
-"""Phone calls from a SIP trunk, answered the way OpenAI's Realtime answers them (--sip-listen).
+"""Phone calls from a SIP trunk, answered the way OpenAI's Realtime and GPT-Live answer them (--sip-listen).
 
 For each INVITE from an allowed source the gateway rings (100 Trying, 180 Ringing) and POSTs `realtime.call.incoming`
-to --webhook-url, signed with --webhook-secret. The application answers with `/v1/realtime/calls/{call_id}/accept`
-(the session object), `/reject` or, once answered, `/refer` and `/hangup`, and watches the call over
-`/v1/realtime?call_id=...`. An accepted call is a Realtime session like a WebRTC call: G.711 at 8 kHz in to the VAD
-and Whisper at 16 kHz, the replies out as RTP every 20 ms from a PlayoutBuffer (an interruption clears it), keypad
-digits (RFC 4733) as `input_audio_buffer.dtmf_event_received`.
+to --webhook-url, signed with --webhook-secret; for an SRTP call, which may become a GPT-Live session too, also
+`live.transport.incoming`, with that session's id. The application answers on one surface, and the first accept
+chooses it: `/v1/realtime/calls/{call_id}/accept` (the session object) or `/v1/live/sessions/{session_id}/accept`
+(`{"session": ...}`); `/reject` or, once answered, `/refer` and `/hangup` on the same surface. It watches the call
+over `/v1/realtime?call_id=...` or the Live sideband (`/v1/live/sessions/{id}/attach`). The call's media and
+session are sip_call.py's.
 
 SIP transactions, dialogs and SDP are aiosipua's, RTP, RTCP and RFC 4733 aiortp's; this module decides (who may
 call, which codec, when to give up) and drives them. Who may call: a source in --sip-allow, under its INVITEs per
@@ -17,19 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 from ipaddress import ip_address, ip_network
 from typing import Any
 
-import numpy as np
 from aiortp import PortAllocator
 from aiosipua import IncomingCall, SdpMessage, SipRequest, SipUAC, SipUAS, negotiate_sdp
 
 from gateway.api.session_registry import SessionRegistry
+from gateway.api.transports.sip_call import RingingCall, SipCall, Surface
 from gateway.api.transports.sip_call_state import (
     Action,
     Answer,
@@ -38,7 +37,6 @@ from gateway.api.transports.sip_call_state import (
     Finish,
     SendBye,
     SendRefer,
-    SipCallState,
 )
 from gateway.api.transports.sip_media import NegotiatedRtp, SecureRtp
 from gateway.api.transports.webrtc import CallRegistry
@@ -52,139 +50,13 @@ from gateway.protocol.sdes import SdesKeys
 from gateway.protocol.sip_digest import DigestAuthenticator, Verdict
 from gateway.protocol.sip_transports import AnyLoopUdpTransport, StreamSipTransport, TlsSipTransport
 from gateway.realtime.conversation import new_id
+from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session import RealtimeSession
-from media.frames import AudioChunk
-from media.playout import PlayoutBuffer
-from media.resample import Resampler
 
-log = logging.getLogger(__name__)
-
-RATE = 8000  # G.711
-FRAME_SAMPLES = RATE // 50  # 20 ms a packet
-LISTEN_RATE = 16000  # what the session's VAD and Whisper take
 CODECS = {0: "PCMU", 8: "PCMA"}  # the payload types answered, in the caller's order of preference
 JITTER_PREFETCH = 2  # packets aiortp holds before the first is played on: 40 ms against reordering
-# No RTP from the caller this long (a phone's silence suppression, a stream that stopped): the session hears
-# silence until packets come again, so the VAD still sees the turn end.
-GAP_FILL_S = 0.1
-_MAX_LAG_S = 0.2  # the pacer that fell this far behind (a stalled loop) restarts its clock
 # Headers the webhook never carries (OpenAI: "excluding SIP authorization headers").
 PRIVATE_HEADERS = {"authorization", "proxy-authorization"}
-
-
-@dataclass(eq=False)
-class RingingCall:
-    """One INVITE's call from the moment it rings to its end, answered or not: what the routes find by call id."""
-
-    id: str
-    invite: IncomingCall
-    offer: SdpMessage
-    payload_type: int
-    dtmf_payload_type: int
-    srtp: SdesKeys | None  # the SDES keys of an RTP/SAVP call; None: plain RTP
-    machine: SipCallState = field(default_factory=SipCallState)
-    answered: SipCall | None = None
-    timer: asyncio.TimerHandle | None = None
-    delivery: asyncio.Task[None] | None = None  # the webhook, tried again until it arrives or the call ends
-
-    @property
-    def sip_call_id(self) -> str:
-        return self.invite.call_id
-
-
-@dataclass(eq=False)
-class SipCall:
-    """An answered call: its session, its RTP and the pacer (a CallRegistry entry for the sideband and hangup)."""
-
-    id: str
-    session: RealtimeSession
-    rtp: NegotiatedRtp
-    rtp_port: int
-    ringing: RingingCall
-    trunk: SipTrunk
-    secret_digest: str | None = None  # only an API key hangs a SIP call up
-    held: bool = False  # the caller put the call on hold (a re-INVITE): no RTP is sent until it resumes
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    playout: PlayoutBuffer = field(default_factory=lambda: PlayoutBuffer(RATE, FRAME_SAMPLES))
-    _inbound: Resampler = field(default_factory=lambda: Resampler(RATE, LISTEN_RATE, quality="LQ"))
-    _heard_at: float | None = None  # when the caller's last audio came (monotonic)
-
-    def end(self) -> None:
-        """The session ended or `hangup` was called: BYE, unless the caller's came first."""
-        self.trunk.perform(self.ringing, self.ringing.machine.hang_up())
-
-    def hear(self, pcm: bytes, _timestamp: int) -> None:
-        if pcm:
-            self._heard_at = time.monotonic()
-            self._listen(self._inbound.process(np.frombuffer(pcm, dtype=np.int16)))
-
-    def _fill_gap(self) -> None:
-        if self._heard_at is not None and time.monotonic() - self._heard_at > GAP_FILL_S:
-            self._listen(np.zeros(FRAME_SAMPLES * LISTEN_RATE // RATE, dtype=np.int16))
-
-    def _listen(self, audio: np.ndarray) -> None:
-        voice = self.session.voice
-        if voice is None or not audio.size:
-            return
-        try:
-            voice.append(AudioChunk(audio, LISTEN_RATE))
-        except ApiError as error:
-            self.session.send_error(error)
-
-    def digit(self, digit: str, _duration: int) -> None:
-        try:
-            self.session.dtmf_received(digit, received_at=int(time.time()))
-        except ApiError as error:
-            self.session.send_error(error)
-
-    async def pace(self) -> None:
-        """A packet every 20 ms for the whole call (silence between replies), so timestamps run on the RTP clock; and
-        silence to the session for each 20 ms the caller sent nothing."""
-        loop = asyncio.get_running_loop()
-        start, frames, timestamp = loop.time(), 0, 0
-        while True:
-            frame = self.playout.read_frame()
-            if frame.started:
-                self.session.on_playout_event("started", frame.item_id)
-            if frame.stopped:
-                self.session.on_playout_event("stopped", frame.item_id)
-            if not self.held:
-                self.rtp.send_audio_pcm(frame.pcm.tobytes(), timestamp)
-            self._fill_gap()
-            timestamp = (timestamp + FRAME_SAMPLES) & 0xFFFFFFFF
-            frames += 1
-            wait = start + frames * FRAME_SAMPLES / RATE - loop.time()
-            if wait < -_MAX_LAG_S:
-                start, frames = loop.time(), 0
-            await asyncio.sleep(max(0.0, wait))
-
-    async def run(self, sessions: SessionRegistry) -> None:
-        """The call until it ends: the pacer and the session's events (dropped: a sideband taps a copy)."""
-        reader = self.session.outbox.attach()
-
-        async def drain() -> None:
-            while await reader.next() is not None:
-                pass
-
-        tasks = [asyncio.create_task(self.pace(), name=f"pace {self.id}"),
-                 asyncio.create_task(drain(), name=f"events {self.id}"),
-                 asyncio.create_task(self.ended.wait(), name=f"ended {self.id}")]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if not task.cancelled() and (failure := task.exception()) is not None:
-                    log.error("sip call %s failed", self.id, exc_info=failure)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.rtp.close()
-            await self.trunk.release_port(self.rtp_port)
-            await sessions.end_session(self.session)
-            self.trunk.perform(self.ringing, self.ringing.machine.hang_up())  # a pacer that failed ends the call too
-            log_event("sip.call.ended", call_id=self.id, session_id=self.session.id,
-                      reason=self.ringing.machine.end_reason, rtp_dropped=self.rtp.dropped,
-                      srtp_unauthenticated=self.rtp.unauthenticated if isinstance(self.rtp, SecureRtp) else None)
 
 
 class SipTrunk:
@@ -206,8 +78,9 @@ class SipTrunk:
         self._ports = PortAllocator((low, high))
         self._webhooks = WebhookSender(settings.webhook_url, settings.webhook_secret)
         self._uas: list[SipUAS] = []
-        self._ringing: dict[str, RingingCall] = {}  # by our call id, until the call ends
-        self._by_sip_id: dict[str, RingingCall] = {}
+        # The calls by their id on each surface, until they end; an accepted call only on the surface that took it.
+        self._surfaces: dict[Surface, dict[str, RingingCall]] = {"realtime": {}, "live": {}}
+        self._by_sip_id: dict[str, RingingCall] = {}  # every call, by its SIP Call-ID
         self._digest = DigestAuthenticator(settings.sip_passwords(), settings.sip_auth_realm) if settings.sip_auth \
             else None
         self._recent_invites: defaultdict[str, deque[float]] = defaultdict(deque)
@@ -235,7 +108,7 @@ class SipTrunk:
                   tls_port=self.tls_port if "tls" in self.transports else None, advertise=self.advertise_ip)
 
     async def stop(self) -> None:
-        for ringing in list(self._ringing.values()):
+        for ringing in list(self._by_sip_id.values()):
             self.perform(ringing, ringing.machine.hang_up())
         for task in list(self._deliveries):
             task.cancel()
@@ -245,7 +118,7 @@ class SipTrunk:
         await self._webhooks.aclose()
 
     def status(self) -> dict[str, Any]:
-        states = [ringing.machine.state for ringing in self._ringing.values()]
+        states = [ringing.machine.state for ringing in self._by_sip_id.values()]
         return {"listen": f"{self.listen[0]}:{self.listen[1]}", "transports": self.transports,
                 "tls_listen": f"{self.listen[0]}:{self.tls_port}" if "tls" in self.transports else None,
                 "media": ["rtp", "srtp"], "codecs": list(CODECS.values()),
@@ -284,9 +157,14 @@ class SipTrunk:
             self._refuse(invite, 488, "Not Acceptable Here")
             return
         assert invite.sdp_offer is not None
-        ringing = RingingCall(id=new_id(f"rtc_{self._settings.replica_id}"), invite=invite, offer=invite.sdp_offer,
-                              payload_type=chosen[0], dtmf_payload_type=chosen[1], srtp=chosen[2])
-        self._ringing[ringing.id] = ringing
+        replica = self._settings.replica_id
+        ringing = RingingCall(id=new_id(f"rtc_{replica}"), invite=invite, offer=invite.sdp_offer,
+                              payload_type=chosen[0], dtmf_payload_type=chosen[1], srtp=chosen[2],
+                              # GPT-Live takes SIP calls on SRTP only; its id names this replica, as every Live one
+                              live_id=new_id(f"sess_{replica}") if chosen[2] is not None else None)
+        self._surfaces["realtime"][ringing.id] = ringing
+        if ringing.live_id is not None:
+            self._surfaces["live"][ringing.live_id] = ringing
         self._by_sip_id[ringing.sip_call_id] = ringing
         invite.ringing()
         loop = asyncio.get_running_loop()
@@ -409,33 +287,41 @@ class SipTrunk:
     # -- to the application -----------------------------------------------------------------------
 
     async def _announce(self, ringing: RingingCall, deadline: float) -> None:
+        """The call to the application on each surface it may be answered on, at once; it is turned away only when
+        neither event arrived."""
         headers = [{"name": name, "value": value} for name, values in ringing.invite.invite.headers.items()
                    if name.lower() not in PRIVATE_HEADERS for value in values]
-        event = WebhookSender.event("realtime.call.incoming", {
-            "call_id": ringing.id, "sip_headers": headers,
-            "sip_media_security": "srtp" if ringing.srtp is not None else "rtp"})
-        if not await self._webhooks.deliver(event, deadline) and ringing.machine.state is CallState.RINGING:
+        security = "srtp" if ringing.srtp is not None else "rtp"
+        events = [WebhookSender.event("realtime.call.incoming", {
+            "call_id": ringing.id, "sip_headers": headers, "sip_media_security": security})]
+        if ringing.live_id is not None:
+            events.append(WebhookSender.event("live.transport.incoming", {
+                "type": "sip", "session_id": ringing.live_id, "sip_headers": headers, "sip_media_security": security}))
+        delivered = await asyncio.gather(*(self._webhooks.deliver(event, deadline) for event in events))
+        if not any(delivered) and ringing.machine.state is CallState.RINGING:
             self.perform(ringing, ringing.machine.failed("webhook_undelivered"))
 
-    def has_call(self, call_id: str) -> bool:
-        return call_id in self._ringing
+    def has_call(self, call_id: str, surface: Surface = "realtime") -> bool:
+        return call_id in self._surfaces[surface]
 
-    def require_ringing(self, call_id: str) -> None:
+    def require_ringing(self, call_id: str, surface: Surface = "realtime") -> None:
         """409 unless the call is still ringing (answered or ended calls are not accepted again)."""
-        if (state := self.ringing_call(call_id).machine.state) is not CallState.RINGING:
+        if (state := self.ringing_call(call_id, surface).machine.state) is not CallState.RINGING:
             raise ApiError("call_not_ringing", f"The call is {state.value}: it can no longer be accepted.", "call_id",
                            status=409)
 
-    def ringing_call(self, call_id: str) -> RingingCall:
-        ringing = self._ringing.get(call_id)
+    def ringing_call(self, call_id: str, surface: Surface = "realtime") -> RingingCall:
+        ringing = self._surfaces[surface].get(call_id)
         if ringing is None:
             raise ApiError("call_not_found", f"No SIP call '{call_id}'.", "call_id", status=404)
         return ringing
 
-    async def accept(self, call_id: str, session: RealtimeSession) -> SipCall:
-        """Answer the ringing call with `session` (not yet started): its RTP bound, 200 OK sent, the call run."""
-        ringing = self.ringing_call(call_id)
-        self.require_ringing(call_id)
+    async def accept(self, call_id: str, session: RealtimeSession, front: LiveFront | None = None) -> SipCall:
+        """Answer the ringing call with `session` (not yet started; with its Live `front` on GPT-Live's surface):
+        its RTP bound, 200 OK sent, the call run. The other surface no longer finds the call."""
+        surface: Surface = "live" if front is not None else "realtime"
+        ringing = self.ringing_call(call_id, surface)
+        self.require_ringing(call_id, surface)
         remote = ringing.offer.rtp_address or ("", 0)
         try:
             port, _ = await self._ports.allocate()  # an even port and the next, for RTCP
@@ -463,28 +349,34 @@ class SipTrunk:
             self.perform(ringing, ringing.machine.failed("rtp_unavailable"))
             raise ApiError("call_media_unavailable", "The call's RTP port could not be bound.", status=503) from error
         rtp.expected_host = remote[0]
-        call = SipCall(id=ringing.id, session=session, rtp=rtp, rtp_port=port, ringing=ringing, trunk=self)
+        call = SipCall(id=call_id, session=session, rtp=rtp, rtp_port=port, ringing=ringing, front=front,
+                       hang_up=lambda: self.perform(ringing, ringing.machine.hang_up()),
+                       release_port=lambda: self._ports.release(port))
+        if front is not None:
+            call.playout = front.playout  # the session's own, at the call's 8 kHz (open_live)
         ringing.answered = call
         rtp.on_audio = call.hear
         rtp.on_dtmf = call.digit
-        session.attach_playout(call.playout)
+        if front is None:
+            session.attach_playout(call.playout)
+        other: Surface = "realtime" if front is not None else "live"
+        if (other_id := ringing.id_on(other)) is not None:
+            self._surfaces[other].pop(other_id, None)
         answer, _ = negotiate_sdp(ringing.offer, self.advertise_ip, port, supported_codecs=[ringing.payload_type],
                                   dtmf_payload_type=ringing.dtmf_payload_type)
         if ringing.srtp is not None and answer.audio is not None:
             answer.audio.attributes["crypto"] = [ringing.srtp.answer_line()]  # the profile is the offer's, RTP/SAVP
         self.perform(ringing, actions, sdp=answer)
-        self._registry.add(call, alias=ringing.sip_call_id)
+        if front is None:  # a Live session is found in the Live registry (the route adds it)
+            self._registry.add(call, alias=ringing.sip_call_id)
         return call
 
-    async def release_port(self, port: int) -> None:
-        await self._ports.release(port)
-
-    def reject(self, call_id: str, status_code: int) -> None:
-        ringing = self.ringing_call(call_id)
+    def reject(self, call_id: str, status_code: int, surface: Surface = "realtime") -> None:
+        ringing = self.ringing_call(call_id, surface)
         self.perform(ringing, ringing.machine.reject(status_code))
 
-    def refer(self, call_id: str, target_uri: str) -> None:
-        ringing = self.ringing_call(call_id)
+    def refer(self, call_id: str, target_uri: str, surface: Surface = "realtime") -> None:
+        ringing = self.ringing_call(call_id, surface)
         self.perform(ringing, ringing.machine.refer(target_uri))
 
     # -- the driver -------------------------------------------------------------------------------
@@ -496,6 +388,8 @@ class SipTrunk:
                 case Answer():
                     if ringing.timer is not None:
                         ringing.timer.cancel()
+                    if ringing.delivery is not None and ringing.delivery is not asyncio.current_task():
+                        ringing.delivery.cancel()  # answered: the other surface's webhook need not arrive
                     invite.accept(sdp)
                     log_event("sip.call.answered", call_id=ringing.id)
                 case Decline(status_code=status):
@@ -515,7 +409,9 @@ class SipTrunk:
             ringing.timer.cancel()
         if ringing.delivery is not None and ringing.delivery is not asyncio.current_task():
             ringing.delivery.cancel()  # the caller went: the application need not hear of the call any more
-        self._ringing.pop(ringing.id, None)
+        self._surfaces["realtime"].pop(ringing.id, None)
+        if ringing.live_id is not None:
+            self._surfaces["live"].pop(ringing.live_id, None)
         self._by_sip_id.pop(ringing.sip_call_id, None)
         with contextlib.suppress(ValueError):
             # aiosipua keeps an ended call until the ACK of a final error, and a BYE we send forever: forgotten here.
