@@ -508,7 +508,9 @@ def test_live_sessions_with_barge_in(gateway: GatewayProcess, tmp_path: Path) ->
     """GPT-Live sessions (/v1/live/sessions) with spoken turns, each answer interrupted by the next question: the
     answers are marked from their audio, which the server paces in real time; Live has no latency marks."""
     prompts = tmp_path / "long.txt"
-    prompts.write_text("Tell me a long story.\nDescribe a big city.\n")
+    # Answers of a few sentences: long enough to be cut 300 ms into their audio, and short when one is not cut
+    # (a missed barge-in played a 256-token story out in real time: 3 minutes on a busy 2-core host).
+    prompts.write_text("Describe a big city in three sentences.\nTell me about the sea in three sentences.\n")
     run = bench("--url", gateway.url, "--mode", "live", "--sessions", "2", "--turns", "2", "--prompt-file",
                 str(prompts), "--barge-in", "--out", str(tmp_path / "out"))
     assert run.returncode == 0, run.stderr
