@@ -180,7 +180,11 @@ class LiveFront:
     def hang_up(self, cause: LiveClientEvent | None = None) -> None:
         """session.close, or a hangup: session.closed, and the session ends once its last events are out
         (channel.run_session)."""
-        self._say(self.translator.closed("close_requested"), cause)
+        self.closed_by("close_requested", cause)
+
+    def closed_by(self, reason: str, cause: LiveClientEvent | None = None) -> None:
+        """session.closed for `reason` (a SIP caller's BYE is `remote_hangup`), once: a closed outbox sends nothing."""
+        self._say(self.translator.closed(reason), cause)
         self.session.outbox.close()
 
     def _append(self, event: InputAudioAppend) -> None:

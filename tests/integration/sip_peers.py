@@ -244,8 +244,12 @@ class Baresip:
 
     def press(self, keys: str) -> None:
         """Keys on its keypad, by its console's `/sndcode`: in a call, each goes out as RFC 4733 events."""
+        self.command(f"/sndcode {keys}")
+
+    def command(self, line: str) -> None:
+        """A command typed on its console (`/hangup`, `/sndcode 12#`), run before this returns."""
         with socket.create_connection(("127.0.0.1", self.console_port), timeout=5) as console:
-            console.sendall(f"/sndcode {keys}\n".encode())
+            console.sendall(f"{line}\n".encode())
             echo = b""
             while b"\n" not in echo and (more := console.recv(4096)):  # the command line echoed: it has run
                 echo += more

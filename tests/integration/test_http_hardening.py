@@ -584,7 +584,7 @@ def explore(gateway: GatewayProcess, operation: Any, mode: Any) -> None:
     from schemathesis import GenerationMode
     from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
 
-    @settings(max_examples=100, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case: Any) -> None:
         if case.path == "/v1/chat/completions" and mode == GenerationMode.POSITIVE:

@@ -351,6 +351,17 @@ async def test_a_gpt_live_session_answers_a_softphone_takes_and_sends_digits_and
         assert heard_within(heard_answer, said) >= HEARD_AS_SAID, (heard_answer, said)
         with pytest.raises(openai.NotFoundError):
             await sdk.live.sessions.refer(session_id, target_uri="tel:+14155550123")
+        # A second call, which the caller ends: the sideband is told why.
+        phone = await Baresip.dial(tmp_path / "baresip-2", sip_port + 1, with_silence(question, RATE, 0.5, 40.0),
+                                   transport="tls")
+        session_id = str(event_json(await application.next_event("live.transport.incoming", 30))["data"]["session_id"])  # type: ignore[index]
+        await sdk.live.sessions.accept(session_id, session={"type": "live", "model": "gpt-live-1"})
+        await phone.wait_for("SRTP is Enabled", 30)
+        async with LiveCaller.attach(gateway.url, session_id, api_key="sk-local") as sideband:
+            await sideband.wait_for("session.input_audio.append", timeout=30)
+            phone.command("/hangup")
+            closed = await sideband.wait_for("session.closed", timeout=30)
+            assert closed["reason"] == "remote_hangup", closed
     finally:
         await phone.stop()
 

@@ -186,6 +186,9 @@ class SipCall:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.front is not None:
+                # The call ended from outside (a hangup from our side has said session.closed already).
+                reason = "remote_hangup" if self.ringing.machine.end_reason == "caller_hung_up" else "connection_lost"
+                self.front.closed_by(reason)
                 await self.front.close()
             await self.rtp.close()
             await self.release_port()

@@ -12,15 +12,17 @@ from gateway.api.caller import AuthorizedCaller
 from gateway.api.forwarding import forward_post, replica_of
 from gateway.api.http_bodies import read_body, read_json_object, read_model
 from gateway.api.openapi import error_responses, json_body
-from gateway.api.services import services
+from gateway.api.services import Services, services
 from gateway.api.transports.live_factory import feed_history, open_live, require_live_config
 from gateway.api.transports.live_sessions import LiveEntry, LiveRegistry
-from gateway.api.transports.sip_call import RATE, Surface
+from gateway.api.transports.sip_call import RATE, SipCall, Surface
 from gateway.api.transports.sip_trunk import SipTrunk
+from gateway.platform.session_seats import Seat
 from gateway.protocol.call_requests import LiveRejectCall, ReferCall, RejectCall
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_media import decode_live_accept
 from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.speech_out import PlayoutSpeech
 
@@ -47,6 +49,33 @@ def _require_voice(request: Request) -> None:
         raise ApiError("voice_unavailable", "Phone calls need the voice models, which are not loaded.", status=503)
 
 
+async def _answer(svc: Services, caller: AuthorizedCaller, seat: Seat, trunk: SipTrunk, call_id: str,
+                  session: RealtimeSession, front: LiveFront | None = None) -> SipCall:
+    """The session opened on `seat` and the call answered with it, then started; nothing is left of either when
+    one of them fails."""
+    try:
+        await svc.sessions.open_session(session, caller.principal, seat)
+    except ApiError:
+        await session.close()
+        raise
+    try:
+        call = await trunk.accept(call_id, session, front)
+    except ApiError:
+        await svc.sessions.end_session(session)
+        raise
+    session.start()
+    return call
+
+
+async def _refer(request: Request, call_id: str, caller: AuthorizedCaller, surface: Surface) -> Response:
+    trunk = await _trunk_of(request, call_id, surface)
+    if isinstance(trunk, Response):
+        return trunk
+    refer = await read_model(request, ReferCall)
+    trunk.refer(call_id, refer.target_uri, surface)
+    return Response(status_code=200, headers=caller.headers)
+
+
 @router.post("/v1/realtime/calls/{call_id}/accept", responses=error_responses(400, 401, 404, 409, 429, 503))
 async def accept_call(call_id: str, request: Request, caller: AuthorizedCaller) -> Response:
     """Answer the call with the session object in the body, as `client.realtime.calls.accept` sends it."""
@@ -62,17 +91,7 @@ async def accept_call(call_id: str, request: Request, caller: AuthorizedCaller) 
     async with svc.sessions.seat(caller.key_id) as seat:
         session = RealtimeSession(svc.runtime, svc.settings, transport="sip", speech_factory=PlayoutSpeech.create,
                                   initial_config=config or None, request_id=getattr(request.state, "request_id", None))
-        try:
-            await svc.sessions.open_session(session, caller.principal, seat)
-        except ApiError:
-            await session.close()
-            raise
-        try:
-            call = await trunk.accept(call_id, session)
-        except ApiError:
-            await svc.sessions.end_session(session)
-            raise
-        session.start()
+        call = await _answer(svc, caller, seat, trunk, call_id, session)
     svc.sessions.in_background(call.run(svc.sessions), f"sip call {call.id}")
     return Response(status_code=200, headers=caller.headers)
 
@@ -92,12 +111,7 @@ async def reject_call(call_id: str, request: Request, caller: AuthorizedCaller) 
 @router.post("/v1/realtime/calls/{call_id}/refer", openapi_extra=json_body(ReferCall),
              responses=error_responses(400, 401, 404, 409, 429))
 async def refer_call(call_id: str, request: Request, caller: AuthorizedCaller) -> Response:
-    trunk = await _trunk_of(request, call_id)
-    if isinstance(trunk, Response):
-        return trunk
-    refer = await read_model(request, ReferCall)
-    trunk.refer(call_id, refer.target_uri)
-    return Response(status_code=200, headers=caller.headers)
+    return await _refer(request, call_id, caller, "realtime")
 
 
 @router.post("/v1/live/sessions/{session_id}/accept", responses=error_responses(400, 401, 404, 409, 429, 503))
@@ -116,17 +130,7 @@ async def accept_live_call(session_id: str, request: Request, caller: Authorized
     async with svc.sessions.seat(caller.key_id) as seat:
         session, front = open_live(svc, config, getattr(request.state, "request_id", None), LiveAudio("audio/pcmu", RATE),
                                    caller.key_id, wire_audio=False, session_id=session_id)
-        try:
-            await svc.sessions.open_session(session, caller.principal, seat)
-        except ApiError:
-            await session.close()
-            raise
-        try:
-            call = await trunk.accept(session_id, session, front)
-        except ApiError:
-            await svc.sessions.end_session(session)
-            raise
-        session.start()
+        call = await _answer(svc, caller, seat, trunk, session_id, session, front)
         feed_history(session, config)
     registry: LiveRegistry = request.app.state.live_sessions
     registry.add(LiveEntry(session, front, caller.key_id, send_digit=call.send_digit))
@@ -148,9 +152,4 @@ async def reject_live_call(session_id: str, request: Request, caller: Authorized
 @router.post("/v1/live/sessions/{session_id}/refer", openapi_extra=json_body(ReferCall),
              responses=error_responses(400, 401, 404, 409, 429))
 async def refer_live_call(session_id: str, request: Request, caller: AuthorizedCaller) -> Response:
-    trunk = await _trunk_of(request, session_id, "live")
-    if isinstance(trunk, Response):
-        return trunk
-    refer = await read_model(request, ReferCall)
-    trunk.refer(session_id, refer.target_uri, "live")
-    return Response(status_code=200, headers=caller.headers)
+    return await _refer(request, session_id, caller, "live")
