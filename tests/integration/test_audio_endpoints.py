@@ -358,7 +358,10 @@ def test_repetitive_speech_keeps_its_first_window(client: OpenAI, repetitive_wav
     windows = [start for start in range(0, int(duration), 30) if duration - start >= 5.0]
     assert all(any(seg.start < start + 30 and seg.end > start for seg in verbose.segments) for start in windows), \
         [(seg.start, seg.end, seg.text) for seg in verbose.segments]
-    assert len(norm(verbose.text)) >= 0.8 * len(norm(" ".join(REPEATED))), verbose.text
+    # The first window holds more than issue 28's one word (a sentence is 22). Not a share of all the words:
+    # Whisper skips repeated sentences by its own rules, and a loaded clean-clone run kept 60 of 132.
+    first_window = " ".join(seg.text for seg in verbose.segments if seg.start < 30)
+    assert len(norm(first_window)) >= 10, [(seg.start, seg.text) for seg in verbose.segments]
 
 
 def test_a_streamed_transcription_stops_when_its_client_leaves(gateway: GatewayProcess, long_wav: bytes) -> None:

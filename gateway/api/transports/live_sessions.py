@@ -62,7 +62,6 @@ class LiveEntry:
     secret_digest: str | None = None  # the client secret that opened a WebRTC session may hang it up
     send_digit: Callable[[str], None] | None = None  # a SIP call's: a keypress to the caller
 
-
     def hang_up(self) -> None:
         """session.closed to the primary transport, which ends the session once it is out."""
         self.front.hang_up()
