@@ -60,6 +60,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +79,7 @@ from benchmarks.turn_taking_set import (
     missing_source,
     voice_names,
 )
-from gateway.protocol.session_config import turn_end_wait_ms
+from gateway.protocol.session_config import SEMANTIC_WAITS_MS, turn_end_wait_ms
 from gateway.realtime.barge_in import LONGEST_BACKCHANNEL_S, REHOLD_AFTER_MS, is_backchannel
 from inference import transcript_checks
 from inference.transcript_checks import heard_surely
@@ -648,6 +649,41 @@ def rehold_sweep(records: list[OverReply]) -> list[dict[str, Any]]:
     return rows
 
 
+TEXT_SHORTEST_WAITS_MS = (400, 350, 300, 250, 200)
+
+
+def _silence_of(row: dict[str, Any]) -> Silence:
+    return Silence(row["start_ms"], row["judged_ms"], row["last_ms"],
+                   Verdict(row["audio"], row["audio_s"], row["text"], row["text_s"], row["heard"], row["avg_logprob"]))
+
+
+def text_shortest_sweep(turn_records: list[dict[str, Any]], eagerness: str, output_voice: str,
+                        ) -> list[dict[str, Any]]:
+    """The recorded silences replayed with each shortest wait of the LLM's judge (SEMANTIC_WAITS_MS[eagerness][0]):
+    the pauses ended early and the end-of-turn delay, over the voices other than the output voice and per voice."""
+    out = []
+    for shortest in TEXT_SHORTEST_WAITS_MS:
+        waits = {**SEMANTIC_WAITS_MS, eagerness: (shortest, SEMANTIC_WAITS_MS[eagerness][1])}
+        policy = partial(turn_end_wait_ms, waits=waits)
+        rows = []
+        for record in turn_records:
+            end = turn_end([_silence_of(s) for s in record["silences"]], SEMANTIC_VAD, eagerness, policy)
+            rows.append({**record, "detector": SEMANTIC_VAD, "end_ms": end.end_ms, "silence_ms": end.silence_ms})
+
+        voices = sorted({r["voice"] for r in rows})
+        out.append({"text_shortest_ms": shortest,
+                    "current": shortest == SEMANTIC_WAITS_MS[eagerness][0],
+                    "voices_other_than_the_output_voice": _pause_figures(rows, {v for v in voices if v != output_voice}),
+                    "per_voice": {v: _pause_figures(rows, {v}) for v in voices}})
+    return out
+
+
+def _pause_figures(rows: list[dict[str, Any]], voices: set[str]) -> dict[str, Any]:
+    turn = turn_figures([r for r in rows if r["voice"] in voices])[SEMANTIC_VAD]
+    return {"mid_thought_pauses_ended_early_pct": turn["mid_thought_pauses_ended_early_pct"],
+            "end_of_turn_delay_p50_ms": turn["end_of_turn_delay_ms"].get("p50")}
+
+
 def _stop_delays(records: list[OverReply], decided: dict[int, Decision]) -> dict[str, Any]:
     """From SpeechStarted to the reply's stop, for the records that stopped it while spoken."""
     return _percentiles([d.at_ms - r.started_ms for r in records
@@ -799,13 +835,28 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sweep_table(sweep: list[dict[str, Any]]) -> str:
+    """text_shortest_sweep as Markdown: a row per shortest wait, a column per voice (pauses ended early / p50)."""
+    voices = list(sweep[0]["per_voice"])
+    lines = ["| LLM's shortest wait | voices other than the output voice | " + " | ".join(voices) + " |",
+             "|" + " --- |" * (len(voices) + 2)]
+    for row in sweep:
+        def cell(figures: dict[str, Any]) -> str:
+            early, p50 = figures["mid_thought_pauses_ended_early_pct"], figures["end_of_turn_delay_p50_ms"]
+            return f"{'n/a' if early is None else f'{early:g}%'} / {'n/a' if p50 is None else f'{p50:g} ms'}"
+        name = f"{row['text_shortest_ms']} ms{' (now)' if row['current'] else ''}"
+        lines.append(f"| {name} | {cell(row['voices_other_than_the_output_voice'])} | "
+                     + " | ".join(cell(row["per_voice"][v]) for v in voices) + " |")
+    return "\n".join(lines)
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from gateway.platform.config import default_cache_dir
     from inference.asr import AsrEngine
     from inference.llm.end_of_turn import EndOfTurnModel
     from inference.llm.engine import LLMEngine
     from inference.llm.loader import load_lm
-    from inference.models import embedded_asr, embedded_llm, embedded_turn_model, silero_vad_path
+    from inference.models import embedded_asr, embedded_llm, embedded_turn_model, narrowband_vad_path, silero_vad_path
     from inference.turn_end import TurnEndModel
 
     began = time.perf_counter()
@@ -813,7 +864,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     wanted = wanted_voices(args.voices)
     missing = [f"{name} ({why})" for name in wanted if (why := missing_source(name)) is not None]
     runnable = [name for name in wanted if missing_source(name) is None]
-    vad_path = silero_vad_path()
+    vad_path = narrowband_vad_path() if args.vad == "6.2.3" else silero_vad_path()
     asr = AsrEngine.load(args.asr_model or embedded_asr(), threads=1)
     audio = TurnEndModel.load(embedded_turn_model())
     lm = await asyncio.to_thread(load_lm, embedded_llm(), cache_dir=default_cache_dir())
@@ -843,6 +894,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cpu": _cpu(),
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "asr_model": str(args.asr_model or "tiny.en (embedded, int8, 1 thread)"),
+        "vad": str(vad_path),
         "eagerness": args.eagerness,
         "seed": args.seed,
         "missing": missing,
@@ -870,6 +922,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "turn_records": [r for r in turns if r["detector"] == "silences"],
         "seconds": round(time.perf_counter() - began, 1),
     }
+    report["text_shortest_sweep"] = text_shortest_sweep(report["turn_records"], args.eagerness, PIPER)
     report["targets"] = {name: against_targets(figures) for name, figures in
                          [("overall", report["overall"]),
                           ("voices_other_than_the_output_voice", report["voices_other_than_the_output_voice"]),
@@ -884,11 +937,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--voices", help=f"comma-separated, of {voice_names()}, or {HUMAN} for every recording "
                         "(default: all)")
     parser.add_argument("--asr-model", type=Path, help="a faster-whisper model folder (default: the embedded tiny.en)")
+    parser.add_argument("--vad", default="v6", choices=("v6", "6.2.3"),
+                        help="the Silero file: v6 (faster-whisper's, the browsers' and programs' sessions) or 6.2.3 "
+                        "(the silero-vad package's, the phone calls')")
     parser.add_argument("--enhancers", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the noise reduction settings (on Piper's noisy set)")
     parser.add_argument("--table", action="store_true", help="also print the targets as a Markdown table (stderr)")
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    parser.add_argument("--replay", type=Path, metavar="REPORT",
+                        help="no models: replay a saved report's recorded silences (text_shortest_sweep) and print it")
     args = parser.parse_args(argv)
+    if args.replay is not None:
+        saved = json.loads(args.replay.read_text())
+        sweep = text_shortest_sweep(saved["turn_records"], saved["eagerness"], saved["output_voice"])
+        print(json.dumps(sweep, indent=1))
+        print(_sweep_table(sweep), file=sys.stderr)
+        return
     report = asyncio.run(main_async(args))
     text = json.dumps(report, indent=1)
     print(text)
@@ -896,6 +960,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(text + "\n")
     if args.table:
         print(_table(report), file=sys.stderr)
+        print(_sweep_table(report["text_shortest_sweep"]), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -158,14 +159,22 @@ class SemanticVad(_Strict):
         return None
 
 
-# Silence before the turn ends under semantic_vad: (when the words sound finished, when they do not).
-SEMANTIC_WAITS_MS = {"high": (250, 1000), "medium": (400, 2000), "auto": (400, 2000), "low": (600, 4000)}
+# Silence before the turn ends under semantic_vad: (when the words sound finished, when they do not). At `auto` and
+# `medium` the LLM's shortest wait is the audio model's (AUDIO_SHORTEST_WAITS_MS): either judge sure of the end ends
+# the turn as soon. At 400 ms, the turn-taking set's slowest voices (espeak-ng at 140 words a minute), whose
+# finished sentences the audio model hears as unfinished, ended theirs 495-509 ms after the last word (p50) against
+# 288-306 ms for the others; at 250 ms, 352-367 ms, the pauses ended early over the voices other than the output
+# voice 8.3% -> 9.5% (docs/benchmarks.md, "Turn-taking": `text_shortest_sweep`).
+SEMANTIC_WAITS_MS: Mapping[str, tuple[int, int]] = {
+    "high": (250, 1000), "medium": (250, 2000), "auto": (250, 2000), "low": (600, 4000)}
 
 
-def semantic_wait_ms(eagerness: str, end_probability: float) -> int:
+def semantic_wait_ms(eagerness: str, end_probability: float,
+                     waits: Mapping[str, tuple[int, int]] = SEMANTIC_WAITS_MS) -> int:
     """The longest wait at probability 0.001 and below, the shortest at 0.5 and above, log-linear between:
-    the model's probabilities for finished short replies ("Yes", "Hello") are 0.03-0.2, for cut-off ones 0."""
-    shortest, longest = SEMANTIC_WAITS_MS[eagerness]
+    the model's probabilities for finished short replies ("Yes", "Hello") are 0.03-0.2, for cut-off ones 0.
+    `waits`: another table than SEMANTIC_WAITS_MS (benchmarks/turn_taking.py replays a recorded set on others)."""
+    shortest, longest = waits[eagerness]
     low, high = math.log10(0.001), math.log10(0.5)
     x = (math.log10(max(end_probability, 1e-9)) - low) / (high - low)
     return round(longest - (longest - shortest) * min(1.0, max(0.0, x)))
@@ -201,26 +210,27 @@ AUDIO_DOUBT_EXPONENT = 0.5
 
 
 def turn_end_wait_ms(eagerness: str, *, audio: float | None = None, text: float | None = None,
-                     words_sure: bool = True) -> int:
+                     words_sure: bool = True, waits: Mapping[str, tuple[int, int]] = SEMANTIC_WAITS_MS) -> int:
     """The silence that ends a semantic_vad turn, from its judges: the audio model's probability that the turn is
     complete and the LLM's from its words (semantic_wait_ms), None for a judge that is not there; `words_sure`:
     whether Whisper was sure of the words the LLM judged. Words that are cut off wait the longest (a mid-thought
     pause's worth when they sound finished); otherwise the shorter of the judges' waits, except that words Whisper
     was unsure of are no judge's: finished-sounding audio then waits UNSURE_WAITS_MS, unfinished the longest; where
-    the audio sounds unfinished the LLM's probability counts less (AUDIO_DOUBT_EXPONENT)."""
-    _, longest = SEMANTIC_WAITS_MS[eagerness]
+    the audio sounds unfinished the LLM's probability counts less (AUDIO_DOUBT_EXPONENT). `waits`: as for
+    semantic_wait_ms."""
+    _, longest = waits[eagerness]
     sounds_finished = audio is not None and audio >= AUDIO_TURN_THRESHOLDS[eagerness]
     if text is not None and text < TEXT_CUT_OFF:
         return VETOED_WAITS_MS[eagerness] if sounds_finished else longest
     if text is not None and not words_sure:
         return UNSURE_WAITS_MS[eagerness] if sounds_finished else longest
-    waits = [longest]
+    candidates = [longest]
     if sounds_finished:
-        waits.append(AUDIO_SHORTEST_WAITS_MS[eagerness])
+        candidates.append(AUDIO_SHORTEST_WAITS_MS[eagerness])
     if text is not None:
         doubt = 1.0 if audio is None or sounds_finished else (audio / AUDIO_TURN_THRESHOLDS[eagerness]) ** AUDIO_DOUBT_EXPONENT
-        waits.append(semantic_wait_ms(eagerness, text * doubt))
-    return min(waits)
+        candidates.append(semantic_wait_ms(eagerness, text * doubt, waits))
+    return min(candidates)
 
 
 def server_vad_wait_ms(silence_duration_ms: int, audio: float) -> int:

@@ -6,6 +6,7 @@ import pytest
 
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import (
+    SEMANTIC_WAITS_MS,
     UNSURE_WAITS_MS,
     SessionConfig,
     SpeechOptions,
@@ -72,7 +73,7 @@ def test_noise_reduction_is_served(kind: str) -> None:
 
 
 def test_the_judges_set_the_silence_together() -> None:
-    """semantic_vad's wait from the audio model and the LLM (auto: 250 ms to 2 s): words cut off wait the
+    """semantic_vad's wait from the audio model and the LLM (auto: 250 ms to 2 s, either judge's shortest 250 ms): words cut off wait the
     longest, or a long mid-thought pause's worth (1.5 s) when they sound finished; otherwise the shorter of the two
     waits; no judge, the longest."""
     assert turn_end_wait_ms("auto") == 2000
@@ -81,7 +82,8 @@ def test_the_judges_set_the_silence_together() -> None:
     assert turn_end_wait_ms("auto", audio=0.9, text=0.001) == 1500
     assert turn_end_wait_ms("auto", audio=0.2, text=0.001) == turn_end_wait_ms("auto", text=0.001) == 2000
     # Finished words in audio that sounds unfinished: the LLM's probability counts less the less finished it sounds.
-    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9 * (0.2 / 0.5) ** 0.5) == 400
+    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == semantic_wait_ms("auto", 0.9 * (0.2 / 0.5) ** 0.5) == 250
+    assert turn_end_wait_ms("auto", audio=0.1, text=0.9) == semantic_wait_ms("auto", 0.9 * (0.1 / 0.5) ** 0.5) > 250
     assert turn_end_wait_ms("auto", audio=0.02, text=0.3) == semantic_wait_ms("auto", 0.3 * 0.2) > 700
     assert turn_end_wait_ms("auto", audio=0.02, text=0.3) > turn_end_wait_ms("auto", audio=0.4, text=0.3)
     assert turn_end_wait_ms("auto", text=0.3) == semantic_wait_ms("auto", 0.3)  # no audio model: no doubt
@@ -160,7 +162,14 @@ def test_semantic_vad_replaces_server_vad_and_back() -> None:
 
 
 @pytest.mark.parametrize(("eagerness", "probability", "wait"), [
-    ("auto", 0.0, 2000), ("auto", 0.0005, 2000), ("auto", 0.8, 400), ("auto", 0.03, 1124), ("high", 0.5, 250),
-    ("low", 0.0, 4000)])
+    ("auto", 0.0, 2000), ("auto", 0.0005, 2000), ("auto", 0.8, 250), ("auto", 0.03, 1042), ("high", 0.5, 250),
+    ("medium", 0.8, 250), ("low", 0.5, 600), ("low", 0.0, 4000)])
 def test_semantic_waits_shorten_as_the_words_sound_finished(eagerness: str, probability: float, wait: int) -> None:
     assert semantic_wait_ms(eagerness, probability) == wait
+
+
+def test_another_waits_table_is_replayed_without_changing_the_gateways() -> None:
+    """benchmarks/turn_taking.py replays recorded silences on other tables (text_shortest_sweep)."""
+    slower = {**SEMANTIC_WAITS_MS, "auto": (400, 2000)}
+    assert semantic_wait_ms("auto", 0.9, slower) == turn_end_wait_ms("auto", audio=0.2, text=0.9, waits=slower) == 400
+    assert turn_end_wait_ms("auto", audio=0.2, text=0.9) == 250 and SEMANTIC_WAITS_MS["auto"] == (250, 2000)

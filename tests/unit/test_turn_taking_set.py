@@ -16,6 +16,7 @@ from benchmarks.turn_taking import (
     Verdict,
     calibrate,
     decide,
+    text_shortest_sweep,
     turn_end,
 )
 from benchmarks.turn_taking_set import (
@@ -162,3 +163,29 @@ def test_a_turn_ends_in_the_first_silence_that_lasts_what_its_judges_ask() -> No
     slow = [Silence(1000.0, 1064.0, 5000.0, Verdict(0.9, 0.5, 0.9, 0.8, "words", -0.2))]
     assert turn_end(slow, "semantic_vad_audio_text", "auto").end_ms == 1864.0  # when the slower judge answered
     assert turn_end([], "server_vad", "auto").end_ms is None
+
+
+def _silence_row(start: float, last: float, audio: float, text: float) -> dict[str, object]:
+    return {"start_ms": start, "judged_ms": start + 64.0, "last_ms": last, "audio": audio, "audio_s": 0.05,
+            "text": text, "text_s": 0.15, "heard": "words", "avg_logprob": -0.2}
+
+
+def test_the_llms_shortest_wait_is_replayed_on_recorded_silences() -> None:
+    """text_shortest_sweep: finished words in audio the audio model hears unfinished end the turn after the LLM's
+    shortest wait, so a shorter one ends a complete turn sooner and a 300 ms pause it reads as finished early."""
+    finished = _silence_row(1000.0, 4000.0, audio=0.2, text=0.9)
+    records = [
+        {"voice": "espeak", "kind": "complete", "text": "t", "speech_end_ms": 1000.0, "pause_ms": None,
+         "silences": [finished]},
+        {"voice": "espeak", "kind": "paused", "text": "t", "speech_end_ms": 2000.0, "pause_ms": (1000.0, 1300.0),
+         "silences": [_silence_row(1000.0, 1300.0, audio=0.2, text=0.9), {**finished, "start_ms": 2000.0,
+                                                                           "judged_ms": 2064.0}]},
+        {"voice": "piper", "kind": "complete", "text": "t", "speech_end_ms": 1000.0, "pause_ms": None,
+         "silences": [_silence_row(1000.0, 4000.0, audio=0.9, text=0.9)]},
+    ]
+    sweep = {row["text_shortest_ms"]: row for row in text_shortest_sweep(records, "auto", "piper")}
+    assert sweep[250]["current"] and not sweep[400]["current"]
+    slow, now = sweep[400]["voices_other_than_the_output_voice"], sweep[250]["voices_other_than_the_output_voice"]
+    assert (slow["end_of_turn_delay_p50_ms"], slow["mid_thought_pauses_ended_early_pct"]) == (400.0, 0.0)
+    assert (now["end_of_turn_delay_p50_ms"], now["mid_thought_pauses_ended_early_pct"]) == (250.0, 100.0)
+    assert sweep[400]["per_voice"]["piper"]["end_of_turn_delay_p50_ms"] == 250.0  # the audio model's own shortest
