@@ -430,7 +430,7 @@ async def test_semantic_vad_ends_a_finished_question_sooner_than_a_cut_off_one(
     client: RealtimeClient, tts: TtsEngine
 ) -> None:
     """semantic_vad (openai-agents' default): after "What is the capital of France?" 1 s of silence is
-    enough (the LLM finds the words finished: about 0.4 s), after "What is the capital of" it is not
+    enough (both judges find the words finished: 250 ms), after "What is the capital of" it is not
     (unfinished: up to 2 s)."""
     await client.send({"type": "session.update", "session": {"output_modalities": ["text"], "audio": {"input": {
         "turn_detection": {"type": "semantic_vad", "eagerness": "auto", "create_response": False}}}}})
