@@ -247,7 +247,10 @@ class Runtime:
             if freed:  # a GGUF file's own types never had float copies of its layers
                 log.info("released %.0f MiB of the model's float weights (the engine runs %s copies)", freed / 2**20,
                          lm.weight_format)
-        log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in engine.fwd.describe().items()))
+        described = engine.fwd.describe()
+        log.info("the LLM runs on: %s", ", ".join(f"{k} {v}" for k, v in described.items()))
+        if described.get("bfloat16", "native") != "native":
+            log.warning("the LLM computes in bfloat16 on this CPU, %s (/healthz llm.bfloat16)", described["bfloat16"])
         engine.step_observer = metrics.BATCH_SIZE.observe
         engine.start()
         metrics.ENGINE.stats = engine.stats

@@ -87,7 +87,8 @@ class Settings(BaseSettings):
         "int8 / int4: the linear weights re-quantized at load into 8- or 4-bit groups of 32 (a step and minimum "
         "per group; slightly different tokens), multiplied with 15-bit activations on the engine's AVX512-VNNI or "
         "AVX2 kernels where the CPU runs them; elsewhere int4 runs on torch's kernel with bfloat16 inputs and int8 "
-        "as per-channel copies in bfloat16 (/healthz: llm.int8).",
+        "as per-channel copies in bfloat16 (/healthz: llm.int8). bfloat16 on a CPU without bfloat16 instructions "
+        "(avx512_bf16, amx_bf16) is emulated, many times slower than float32: /healthz llm.bfloat16 and the log say so.",
     )
     llm_kernels: LlmKernels = Field(
         "auto",

@@ -100,6 +100,17 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# The instructions that compute in bfloat16 (/proc/cpuinfo's names). Without them torch converts every bfloat16
+# matmul's operands to float32 and back: on an AMD EPYC Zen 3 (AVX2 only) a decode step of the embedded model took
+# about 2 s in bfloat16 against tens of milliseconds in float32.
+BFLOAT16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def has_bfloat16_instructions(flags: frozenset[str] | None = None) -> bool:
+    """Whether a CPU with these ``flags`` (default: this one's) computes bfloat16 in hardware."""
+    return bool(BFLOAT16_CPU_FLAGS & (cpu_flags() if flags is None else flags))
+
+
 def supported_isas(flags: frozenset[str] | None = None, machine: str | None = None) -> tuple[str, ...]:
     """The builds a CPU with these ``flags`` (default: this one's) runs, fastest first: every
     AVX512-VNNI CPU also runs the AVX2 build."""

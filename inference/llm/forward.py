@@ -667,6 +667,10 @@ class LeanForward:
         if self.weight_format == "int8":
             described["int8"] = ("8-bit groups of 32" if self._int4_lib is not None
                                  else "per output channel, bfloat16")
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            described["bfloat16"] = ("native" if cpu_kernels.has_bfloat16_instructions() else
+                                     "emulated: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16), so "
+                                     "each step is many times slower than float32 or int4")
         # Under gguf, per part which of the file's types runs in which format ("Q5_0 as 5-bit groups").
         for part, formats in self.gguf_formats.items():
             described[f"gguf_{part}"] = ", ".join(sorted(formats))
