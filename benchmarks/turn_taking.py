@@ -34,14 +34,14 @@ three semantic detectors (each waits for the judges it uses). Figures (`definiti
 
 Replies: `at_once` is the barge-in of a Realtime WebSocket session: the reply stops when the VAD hears speech of
 --min-barge-in-speech-ms (160) over it. `paused` is the rule of WebRTC and GPT-Live sessions
-(gateway/realtime/barge_in.py), whatever the turn detector: SpeechStarted (160 ms of speech) pauses the reply;
+(gateway/realtime/barge_in.py), whatever the turn detector: VadSpeechStarted (160 ms of speech) pauses the reply;
 the speech's length is its voiced audio (VAD windows at or above the threshold) and at LONGEST_BACKCHANNEL_S
 (1.2 s) it interrupts; once the silence after it reaches 64 ms the audio so far is transcribed (final=True) and
 `is_backchannel(text, avg_logprob)` decides: the reply resumes, or it is interrupted (speech again before the
 words are in cancels that transcript, as the gateway does); speech again after a backchannel, voiced
 REHOLD_AFTER_MS (160 ms) more, pauses it again, and its words are judged at its next silence either way; the
 final transcript of the whole utterance confirms (words that are not a backchannel interrupt then). The pause
-over a backchannel is (silence start + 64 ms + the ASR's measured wall time) - (SpeechStarted's detected time),
+over a backchannel is (silence start + 64 ms + the ASR's measured wall time) - (VadSpeechStarted's detected time),
 summed over its pauses. Each utterance is simulated once with every decision recorded, so the outcome under any
 confidence threshold (`calibration`) and any re-hold length (`rehold`) is replayed exactly. The set's complete sentences are spoken over a reply too (they must stop it).
 Timings are this machine's (`cpu`, and `load_average`: the machine is shared).
@@ -85,7 +85,7 @@ from inference import transcript_checks
 from inference.transcript_checks import heard_surely
 from media.denoise import NoiseReducer, NoiseReduction
 from media.frames import AudioChunk
-from media.vad import SileroVad, SpeechStarted, StreamingVad, VadSettings
+from media.vad import SileroVad, StreamingVad, VadSettings, VadSpeechStarted
 
 CHUNK = RATE // 50  # 20 ms, as a WebRTC frame
 JUDGE_AFTER_MS = 64  # the silence before the judges start (gateway/realtime/listening.py SPECULATIVE_SILENCE_MS)
@@ -243,8 +243,8 @@ class OverReply:
     voice: str
     kind: str  # backchannel, cough, interruption, complete
     text: str
-    started_ms: float | None  # SpeechStarted's detected time (None: the VAD never paused the reply)
-    # ("hold", at, None): SpeechStarted; ("judged", at, Heard): words in; ("speech", at, voiced ms): speech again
+    started_ms: float | None  # VadSpeechStarted's detected time (None: the VAD never paused the reply)
+    # ("hold", at, None): VadSpeechStarted; ("judged", at, Heard): words in; ("speech", at, voiced ms): speech again
     # after words were judged, each 20 ms frame that adds to it; ("length", at, None): voiced for a backchannel's
     # longest.
     events: list[tuple[str, float, Heard | float | None]] = field(default_factory=list)
@@ -272,7 +272,7 @@ async def over_a_reply(utterance: Utterance, judges: Judges, vad_path: Path) -> 
             record.events.append(("judged", pending.at_ms, pending))
             judged_voiced, pending = pending.voiced_ms, None
         for event in events:
-            if isinstance(event, SpeechStarted) and not started:
+            if isinstance(event, VadSpeechStarted) and not started:
                 record.started_ms = float(event.detected_ms)
                 record.events.append(("hold", float(event.detected_ms), None))
                 started = True
@@ -368,7 +368,7 @@ def stops_a_reply(pcm: np.ndarray, vad_path: Path) -> bool:
     """Whether the VAD hears speech long enough to barge in (160 ms) anywhere in `pcm`."""
     vad = StreamingVad(SileroVad(vad_path), VadSettings(min_speech_ms=BARGE_IN_SPEECH_MS))
     for start in range(0, len(pcm) - CHUNK + 1, CHUNK):
-        if any(isinstance(e, SpeechStarted) for e in vad.process(AudioChunk(pcm[start:start + CHUNK], RATE))):
+        if any(isinstance(e, VadSpeechStarted) for e in vad.process(AudioChunk(pcm[start:start + CHUNK], RATE))):
             return True
     return False
 
@@ -685,7 +685,7 @@ def _pause_figures(rows: list[dict[str, Any]], voices: set[str]) -> dict[str, An
 
 
 def _stop_delays(records: list[OverReply], decided: dict[int, Decision]) -> dict[str, Any]:
-    """From SpeechStarted to the reply's stop, for the records that stopped it while spoken."""
+    """From VadSpeechStarted to the reply's stop, for the records that stopped it while spoken."""
     return _percentiles([d.at_ms - r.started_ms for r in records
                          if (d := decided[id(r)]).at_ms is not None and r.started_ms is not None])
 
@@ -906,7 +906,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         "from the VAD's start of it), at the detector's own policy",
                         "true_end_by_300_ms_pct": "complete utterances ended no later than 300 ms after their last "
                         "speech sample (-45 dBFS)",
-                        "backchannel_pause_ms": "(silence start + 64 ms + ASR wall time) - SpeechStarted detected, "
+                        "backchannel_pause_ms": "(silence start + 64 ms + ASR wall time) - VadSpeechStarted detected, "
                         "summed over its pauses, for backchannels and coughs that the reply played on over",
                         "backchannel_gap_after_speech_ms": "when the reply last resumed - the backchannel's last "
                         "speech sample (-45 dBFS), for the same: the part of the hold a listener hears as a gap",

@@ -28,7 +28,7 @@ from benchmarks.turn_taking_set import RATE, Utterance, missing_source
 from media.codecs import ulaw_decode, ulaw_encode
 from media.frames import AudioChunk
 from media.resample import Resampler
-from media.vad import WINDOW_MS, WINDOW_SAMPLES, SileroVad, SpeechStarted, StreamingVad, VadSettings
+from media.vad import WINDOW_MS, WINDOW_SAMPLES, SileroVad, StreamingVad, VadSettings, VadSpeechStarted
 
 PHONE_RATE = 8000
 
@@ -51,7 +51,7 @@ def listen(model: SileroVad, pcm: np.ndarray, speech_end: int) -> tuple[bool, fl
     end_ms = 1000.0 * speech_end / RATE
     for start in range(0, pcm.size, 320):  # 20 ms chunks, as a call's packets come
         events = vad.process(AudioChunk(pcm[start:start + 320], RATE))
-        heard = heard or any(isinstance(event, SpeechStarted) and event.audio_start_ms <= end_ms for event in events)
+        heard = heard or any(isinstance(event, VadSpeechStarted) and event.audio_start_ms <= end_ms for event in events)
     windows = int(vad.position_ms / WINDOW_MS)
     model.reset()  # the same model again, window by window, for the voiced time within the speech
     scored = pcm[: speech_end - speech_end % WINDOW_SAMPLES].astype(np.float32) / 32768

@@ -88,7 +88,7 @@ class Word:
 
 
 @dataclass(frozen=True)
-class Segment:
+class TranscriptSegment:
     """One segment of a long-form transcription, with Whisper's own measures of it."""
 
     id: int
@@ -108,7 +108,7 @@ class Segment:
 class LongTranscription:
     language: str
     duration: float  # seconds of audio
-    segments: AsyncGenerator[Segment, None]  # decoded one window per worker hop as they are consumed
+    segments: AsyncGenerator[TranscriptSegment, None]  # decoded one window per worker hop as they are consumed
 
 
 T = TypeVar("T")
@@ -388,7 +388,7 @@ class AsrEngine:
         segments, info = await self._in_background(start)
         return LongTranscription(info.language, float(info.duration), self._segments(segments))
 
-    async def _segments(self, segments: Iterator[Any]) -> AsyncGenerator[Segment, None]:
+    async def _segments(self, segments: Iterator[Any]) -> AsyncGenerator[TranscriptSegment, None]:
         def step() -> Any:
             with using_cores(self.threads, work="asr_file"):
                 return next(segments, None)
@@ -396,7 +396,7 @@ class AsrEngine:
         try:
             while (segment := await self._in_background(step)) is not None:
                 words = [Word(w.word, float(w.start), float(w.end)) for w in (segment.words or [])]
-                yield Segment(
+                yield TranscriptSegment(
                     id=int(segment.id) - 1, seek=int(segment.seek), start=float(segment.start), end=float(segment.end),
                     text=segment.text, tokens=list(segment.tokens), temperature=float(segment.temperature or 0.0),
                     avg_logprob=float(segment.avg_logprob), compression_ratio=float(segment.compression_ratio),

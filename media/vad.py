@@ -45,19 +45,19 @@ class VadSettings:
 
 
 @dataclass(frozen=True)
-class SpeechStarted:
+class VadSpeechStarted:
     audio_start_ms: int  # onset: start of the first speech window
     padded_start_ms: int  # onset minus prefix_padding_ms, clamped at 0: where the committed audio begins
     detected_ms: int  # stream time at which the decision was made (onset + >= min_speech_ms)
 
 
 @dataclass(frozen=True)
-class SpeechStopped:
+class VadSpeechStopped:
     audio_end_ms: int  # end of the last speech window
     detected_ms: int  # stream time at which silence_duration_ms had passed
 
 
-VadEvent = SpeechStarted | SpeechStopped
+VadEvent = VadSpeechStarted | VadSpeechStopped
 
 
 class TurnDetector:
@@ -122,7 +122,7 @@ class TurnDetector:
         if self._silence_start_ms is not None and window_end_ms - self._silence_start_ms >= s.silence_duration_ms:
             end_ms = self._last_speech_end_ms
             self.reset()
-            return [SpeechStopped(audio_end_ms=round(end_ms), detected_ms=round(window_end_ms))]
+            return [VadSpeechStopped(audio_end_ms=round(end_ms), detected_ms=round(window_end_ms))]
         return []
 
     def _maybe_start(self, window_end_ms: float) -> list[VadEvent]:
@@ -133,7 +133,7 @@ class TurnDetector:
         self._silence_start_ms = None
         onset = self._onset_ms
         padded = max(0.0, onset - self.settings.prefix_padding_ms)
-        return [SpeechStarted(audio_start_ms=round(onset), padded_start_ms=round(padded), detected_ms=round(window_end_ms))]
+        return [VadSpeechStarted(audio_start_ms=round(onset), padded_start_ms=round(padded), detected_ms=round(window_end_ms))]
 
 
 class SpeechModel(Protocol):

@@ -29,13 +29,13 @@ from gateway.api.http_errors import error_response
 from gateway.api.services import Services
 from gateway.api.transports import (
     audio_http,
+    backend_conversations_http,
     carrier_stream,
     chat_http,
     client_secrets,
     completions_http,
     conversation_items_http,
     conversation_stream,
-    conversations_http,
     live_sessions,
     live_webrtc,
     live_ws,
@@ -218,7 +218,7 @@ def build_app(settings: Settings, services: Services | None = None) -> FastAPI:
     app.include_router(live_webrtc.router)
     app.include_router(live_sessions.router)
     app.include_router(client_secrets.router)
-    app.include_router(conversations_http.router)
+    app.include_router(backend_conversations_http.router)
     app.include_router(conversation_items_http.router)
     app.include_router(memories_http.router)
     app.include_router(conversation_stream.router)

@@ -12,7 +12,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from gateway.protocol.errors import ApiError
 from gateway.protocol.validation import api_error_from_validation
-from inference.asr import Segment
+from inference.asr import TranscriptSegment
 
 TranscriptionFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 TRANSCRIPTION_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
@@ -115,7 +115,7 @@ def _float(raw: str | None, name: str, low: float, high: float, *, default: floa
 # -- answers ------------------------------------------------------------------------------------------
 
 
-def transcript_text(segments: list[Segment]) -> str:
+def transcript_text(segments: list[TranscriptSegment]) -> str:
     return "".join(segment.text for segment in segments).strip()
 
 
@@ -124,18 +124,18 @@ def _clock(seconds: float, separator: str) -> str:
     return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
 
 
-def srt(segments: list[Segment]) -> str:
+def srt(segments: list[TranscriptSegment]) -> str:
     blocks = [f"{n}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
               for n, s in enumerate(segments, start=1)]
     return "\n".join(blocks)
 
 
-def vtt(segments: list[Segment]) -> str:
+def vtt(segments: list[TranscriptSegment]) -> str:
     blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in segments]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def verbose_json(segments: list[Segment], language: str, duration: float, granularities: frozenset[str]) -> dict[str, Any]:
+def verbose_json(segments: list[TranscriptSegment], language: str, duration: float, granularities: frozenset[str]) -> dict[str, Any]:
     """TranscriptionVerbose: segments unless only words were asked for, words when asked for."""
     body: dict[str, Any] = {
         "language": LANGUAGE_NAMES.get(language, language),
@@ -155,7 +155,7 @@ def verbose_json(segments: list[Segment], language: str, duration: float, granul
     return body
 
 
-def translation_verbose_json(segments: list[Segment], language: str, duration: float) -> dict[str, Any]:
+def translation_verbose_json(segments: list[TranscriptSegment], language: str, duration: float) -> dict[str, Any]:
     """TranslationVerbose: a transcription's without words or usage; `language` is the one Whisper heard."""
     body = verbose_json(segments, language, duration, frozenset({"segment"}))
     del body["usage"]

@@ -36,7 +36,7 @@ ResponseInput = (TokensReserved | MessageOpened | FunctionCallsMade | TextDelta 
                  | ClauseSpoken | MetadataAdded | ResponseFiltered)
 
 
-class ResponseState(enum.Enum):
+class ResponsePhase(enum.Enum):
     IN_PROGRESS = "in_progress"
     CANCELLING = "cancelling"
 
@@ -54,7 +54,7 @@ def already_active(response_id: str) -> ApiError:
 class ActiveResponse:
     events: ResponseEvents
     writes_conversation: bool
-    state: ResponseState = ResponseState.IN_PROGRESS
+    state: ResponsePhase = ResponsePhase.IN_PROGRESS
     audio_started: bool = False  # its first audio delta was sent (WebSocket): the echo guard starts there
     clause_start_ms: float = 0.0  # where the clause being spoken starts in the item's audio
 
@@ -64,13 +64,13 @@ class ActiveResponse:
 
     @property
     def cancelling(self) -> bool:
-        return self.state is ResponseState.CANCELLING
+        return self.state is ResponsePhase.CANCELLING
 
     def cancel(self) -> bool:
         """IN_PROGRESS -> CANCELLING; False where it was cancelling already."""
-        if self.state is ResponseState.CANCELLING:
+        if self.state is ResponsePhase.CANCELLING:
             return False
-        self.state = ResponseState.CANCELLING
+        self.state = ResponsePhase.CANCELLING
         return True
 
     def handle(self, event: ResponseInput, conversation: Conversation) -> list[Output]:
@@ -138,4 +138,4 @@ _HANDLERS: dict[type, Callable[[ActiveResponse, Any, Conversation], list[Event]]
     ResponseFiltered: ActiveResponse._filtered,
 }
 # (state, input) -> handler: what was under way when the cancel went out still lands, so both states take all.
-_TABLE = {(state, kind): handler for state in ResponseState for kind, handler in _HANDLERS.items()}
+_TABLE = {(state, kind): handler for state in ResponsePhase for kind, handler in _HANDLERS.items()}

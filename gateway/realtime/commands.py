@@ -11,7 +11,7 @@ from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import AudioInput, SessionConfig
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.inputs import ResponseRequested
-from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, Usage
+from gateway.realtime.response_events import Event, ResponseEvents, ResponseStatus, TokenUsage
 from inference.llm.chat import ChatMessage
 
 
@@ -160,7 +160,7 @@ class ResponseFinished:
     events: ResponseEvents
     status: ResponseStatus
     reason: str | None
-    usage: Usage | None
+    usage: TokenUsage | None
     error: dict[str, Any] | None
 
 

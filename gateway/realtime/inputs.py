@@ -11,7 +11,7 @@ from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
 from gateway.realtime.conversation import Conversation, Item
-from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
+from gateway.realtime.response_events import ResponseEvents, ResponseStatus, TokenUsage
 from inference.llm.tool_calls import ToolCall
 
 
@@ -282,7 +282,7 @@ class ResponseEnded:
     status: ResponseStatus
     latency: dict[str, Any]  # the turn's marks (response.done's metadata)
     reason: str | None = None
-    usage: Usage | None = None
+    usage: TokenUsage | None = None
     error: ApiError | None = None
     heard_ms: float | None = None  # WebRTC: the item's audio played; None: what was sent counts as heard
 

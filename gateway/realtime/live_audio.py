@@ -17,7 +17,7 @@ from media.resample import Resampler
 ASR_RATE = 16000
 
 
-class LiveAudio:
+class LiveAudioStream:
     """The session's input at `rate` (the wire format's: audio/pcm at 16 or 24 kHz, G.711 at 8 kHz; over WebRTC,
     the track's), 16 kHz for the ASR, and the wire format both ways."""
 

@@ -49,7 +49,7 @@ from gateway.protocol.live_events import (
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
 from gateway.realtime.inputs import ConfigChanged, ItemCreated, OutputClearRequested, ResponseRequested
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
 from gateway.realtime.live_reflection import SidebandReflection
 from gateway.realtime.live_wire import LiveTranslator
@@ -72,7 +72,7 @@ MAX_FIXTURE_S = 30
 
 
 class LiveFront:
-    def __init__(self, session: RealtimeSession, translator: LiveTranslator, audio: LiveAudio,
+    def __init__(self, session: RealtimeSession, translator: LiveTranslator, audio: LiveAudioStream,
                  playout: PlayoutBuffer, started_at: float, *, delegation: ClientDelegation | ResponsesDelegation | None,
                  prepare: PrepareRun | None) -> None:
         self.session = session

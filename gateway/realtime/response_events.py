@@ -20,7 +20,7 @@ ResponseStatus = Literal["completed", "cancelled", "incomplete", "failed"]
 
 
 @dataclass
-class Usage:
+class TokenUsage:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
@@ -64,7 +64,7 @@ class ResponseEvents:
     def part_kind(self) -> str:
         return "audio" if self.audio else "text"
 
-    def response_object(self, usage: Usage | None = None, status_details: dict[str, Any] | None = None
+    def response_object(self, usage: TokenUsage | None = None, status_details: dict[str, Any] | None = None
                         ) -> se.RealtimeResponse:
         return se.RealtimeResponse(
             id=self.response_id,
@@ -141,7 +141,7 @@ class ResponseEvents:
         status: ResponseStatus,
         *,
         reason: str | None = None,
-        usage: Usage | None = None,
+        usage: TokenUsage | None = None,
         error: dict[str, Any] | None = None,
         final_text: str | None = None,
     ) -> list[Event]:

@@ -75,9 +75,9 @@ from gateway.realtime.inputs import (
 from gateway.realtime.outbox import Outbox, SlowConsumer
 from gateway.realtime.recorder import ConversationRecorder
 from gateway.realtime.reply_ahead import ReplyAhead
+from gateway.realtime.response_driver import ResponseDriver
 from gateway.realtime.response_events import Event
 from gateway.realtime.response_plan import Accounts
-from gateway.realtime.responses import ResponseDriver
 from gateway.realtime.speech_out import SpeechFactory
 from gateway.realtime.voice import VoicePipeline
 from inference.asr import TranscriptStabilizer

@@ -62,7 +62,7 @@ from inference.asr import Transcript
 from inference.cpu import charge
 from inference.models import silero_vad_path
 from media.frames import AudioChunk
-from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadEvent, VadSettings
+from media.vad import SileroVad, StreamingVad, VadEvent, VadSettings, VadSpeechStarted, VadSpeechStopped
 
 log = logging.getLogger(__name__)
 
@@ -269,12 +269,12 @@ class VoicePipeline:
             charge("vad", time.perf_counter() - started)
 
     async def _on_vad(self, event: VadEvent) -> None:
-        if isinstance(event, SpeechStarted):
+        if isinstance(event, VadSpeechStarted):
             self.vad.detector.settings = self._vad_settings()  # semantic_vad: a new turn starts unjudged
             self.turn = UserTurn(item_id=new_id("item"), start=self.buffer.ms_to_index(event.padded_start_ms))
             self.feed(SpeechBegan(self.turn.item_id, event.audio_start_ms))
             await self.settle()  # a barge-in: the reply has ended before more audio is judged
-        elif isinstance(event, SpeechStopped) and self.turn is not None:
+        elif isinstance(event, VadSpeechStopped) and self.turn is not None:
             turn = self.turn
             self.turn = None
             marks = TurnMarks()

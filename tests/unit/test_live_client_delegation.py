@@ -12,7 +12,7 @@ from typing import Any
 from gateway.generation.runtime import Runtime
 from gateway.platform.config import Settings
 from gateway.protocol.live_events import ClientDelegation, LiveSessionConfig
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.live_wire import LiveTranslator
 from gateway.realtime.outbox import Outbox
@@ -42,7 +42,7 @@ async def test_the_live_models_delegate_call_goes_to_the_application_which_answe
     translator = LiveTranslator(config, "gpt-live-1", lambda: int((time.monotonic() - started) * 1000))
     session = RealtimeSession(runtime, settings, transport="live", speech_factory=None, outbox=Outbox(numbered=False),
                               translate=translator)
-    front = LiveFront(session, translator, LiveAudio("audio/pcm", 24000), PlayoutBuffer(24000, 480), started,
+    front = LiveFront(session, translator, LiveAudioStream("audio/pcm", 24000), PlayoutBuffer(24000, 480), started,
                       delegation=delegation, prepare=None)
     try:
         session.start()

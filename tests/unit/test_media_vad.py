@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 
 from media.frames import AudioChunk
-from media.vad import WINDOW_MS, WINDOW_SAMPLES, SpeechStarted, SpeechStopped, StreamingVad, TurnDetector, VadSettings
+from media.vad import (
+    WINDOW_MS,
+    WINDOW_SAMPLES,
+    StreamingVad,
+    TurnDetector,
+    VadSettings,
+    VadSpeechStarted,
+    VadSpeechStopped,
+)
 
 W = WINDOW_MS  # 32 ms
 
@@ -19,8 +27,8 @@ def test_speech_then_silence_gives_one_turn_with_onset_and_end() -> None:
     probs = [0.0] * 20 + [0.9] * 30 + [0.0] * 20
     events = run(d, probs)
     assert events == [
-        SpeechStarted(audio_start_ms=round(20 * W), padded_start_ms=round(20 * W - 300), detected_ms=round(24 * W)),
-        SpeechStopped(audio_end_ms=round(50 * W), detected_ms=round(66 * W)),
+        VadSpeechStarted(audio_start_ms=round(20 * W), padded_start_ms=round(20 * W - 300), detected_ms=round(24 * W)),
+        VadSpeechStopped(audio_end_ms=round(50 * W), detected_ms=round(66 * W)),
     ]
     assert not d.in_speech
 
@@ -34,7 +42,7 @@ def test_speech_started_waits_for_min_speech() -> None:
     d = TurnDetector(VadSettings(min_speech_ms=160))
     events = run(d, [0.9] * 4)
     assert events == []
-    assert run(d, [0.9], start_window=4) == [SpeechStarted(0, 0, round(5 * W))]
+    assert run(d, [0.9], start_window=4) == [VadSpeechStarted(0, 0, round(5 * W))]
 
 
 def test_hysteresis_keeps_speech_between_the_two_thresholds() -> None:
@@ -43,23 +51,23 @@ def test_hysteresis_keeps_speech_between_the_two_thresholds() -> None:
     assert run(d, [0.4] * 10) == []
     # ...nor ends it.
     events = run(d, [0.8] * 5 + [0.4] * 20, start_window=10)
-    assert [type(e) for e in events] == [SpeechStarted]
+    assert [type(e) for e in events] == [VadSpeechStarted]
     events = run(d, [0.1] * 7, start_window=35)
-    assert events == [SpeechStopped(audio_end_ms=round(35 * W), detected_ms=round(42 * W))]
+    assert events == [VadSpeechStopped(audio_end_ms=round(35 * W), detected_ms=round(42 * W))]
 
 
 def test_pause_shorter_than_silence_duration_does_not_end_the_turn() -> None:
     d = TurnDetector(VadSettings(silence_duration_ms=500))
     probs = [0.9] * 10 + [0.0] * 12 + [0.9] * 10 + [0.0] * 16  # 384 ms pause, then 512 ms silence
     events = run(d, probs)
-    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
-    assert events[1] == SpeechStopped(audio_end_ms=round(32 * W), detected_ms=round(48 * W))
+    assert [type(e) for e in events] == [VadSpeechStarted, VadSpeechStopped]
+    assert events[1] == VadSpeechStopped(audio_end_ms=round(32 * W), detected_ms=round(48 * W))
 
 
 def test_mid_probability_does_not_reset_a_running_silence() -> None:
     d = TurnDetector(VadSettings(silence_duration_ms=320))
     events = run(d, [0.9] * 10 + [0.1] * 5 + [0.45] * 5 + [0.1])
-    assert events[-1] == SpeechStopped(audio_end_ms=round(10 * W), detected_ms=round(20 * W))
+    assert events[-1] == VadSpeechStopped(audio_end_ms=round(10 * W), detected_ms=round(20 * W))
 
 
 def test_silence_started_is_known_while_a_turn_waits_it_out() -> None:
@@ -125,7 +133,7 @@ def test_streaming_vad_buffers_odd_chunks_and_keeps_the_stream_clock() -> None:
     assert model.windows == audio.size // WINDOW_SAMPLES
     assert vad.position_ms == pytest.approx(model.windows * W)
     started, stopped = events
-    assert isinstance(started, SpeechStarted) and isinstance(stopped, SpeechStopped)
+    assert isinstance(started, VadSpeechStarted) and isinstance(stopped, VadSpeechStopped)
     assert abs(started.audio_start_ms - 1000) <= W
     assert abs(stopped.audio_end_ms - 2000) <= W
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.realtime.conversation import Item
-from gateway.realtime.response_events import ResponseEvents, Usage
+from gateway.realtime.response_events import ResponseEvents, TokenUsage
 
 
 def make(audio: bool = False, in_conversation: bool = True) -> ResponseEvents:
@@ -29,7 +29,7 @@ def test_text_response_sequence() -> None:
     response = make()
     events = response.created() + response.open_item(previous_item_id="item_user")
     events += response.text_delta("Par") + response.text_delta("is.")
-    events += response.finish("completed", usage=Usage(10, 4, 3))
+    events += response.finish("completed", usage=TokenUsage(10, 4, 3))
     assert types(events) == [
         "response.created",
         "response.output_item.added",

@@ -11,7 +11,7 @@ import pytest
 from gateway.api.audio_requests import srt, vtt
 from gateway.platform.voices import OPENAI_VOICES, VoiceCatalog, piper_voice_name
 from gateway.protocol.errors import ApiError
-from inference.asr import Segment
+from inference.asr import TranscriptSegment
 from inference.tts import Priority, PriorityWorker
 
 
@@ -125,7 +125,7 @@ def test_voice_table() -> None:
 
 
 def test_subtitles() -> None:
-    segments = [Segment(0, 0, 0.0, 2.5, " Hello there.", [], 0.0, -0.2, 1.0, 0.01, []),
-                Segment(1, 0, 3661.0, 3662.25, " Bye.", [], 0.0, -0.2, 1.0, 0.01, [])]
+    segments = [TranscriptSegment(0, 0, 0.0, 2.5, " Hello there.", [], 0.0, -0.2, 1.0, 0.01, []),
+                TranscriptSegment(1, 0, 3661.0, 3662.25, " Bye.", [], 0.0, -0.2, 1.0, 0.01, [])]
     assert srt(segments) == "1\n00:00:00,000 --> 00:00:02,500\nHello there.\n\n2\n01:01:01,000 --> 01:01:02,250\nBye.\n"
     assert vtt(segments) == "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello there.\n\n01:01:01.000 --> 01:01:02.250\nBye.\n"

@@ -16,7 +16,7 @@ from inference.models import embedded_tts
 from inference.tts import TtsEngine
 from media.frames import AudioChunk
 from media.resample import resample
-from media.vad import SileroVad, SpeechStarted, SpeechStopped, StreamingVad, VadSettings
+from media.vad import SileroVad, StreamingVad, VadSettings, VadSpeechStarted, VadSpeechStopped
 from tests.conftest import QUESTION
 from tests.integration.speech import HEARD_AS_SAID, heard_as, heard_within, words
 
@@ -56,7 +56,7 @@ async def test_vad_finds_one_turn_and_whisper_transcribes_it(silero: SileroVad, 
     audio = with_silence(question_16k)
     vad = StreamingVad(silero, VadSettings(silence_duration_ms=500))
     events = await asyncio.to_thread(run_vad, vad, audio)
-    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped], events
+    assert [type(e) for e in events] == [VadSpeechStarted, VadSpeechStopped], events
     started, stopped = events
     onset, offset = speech_bounds_ms(audio)
     assert abs(started.audio_start_ms - onset) <= 100

@@ -30,7 +30,7 @@ from gateway.api.services import Services, services
 from gateway.platform.event_log import log_event
 from gateway.platform.model_names import openai_speech_names, openai_transcription_names
 from gateway.protocol.errors import ApiError
-from inference.asr import AsrEngine, LongTranscription, Segment
+from inference.asr import AsrEngine, LongTranscription, TranscriptSegment
 from inference.text import ClauseSplitter
 from inference.tts import TtsEngine
 from media.audio_files import OUTPUT_RATE, AudioFileError, StreamEncoder, decode_file
@@ -175,7 +175,7 @@ async def create_translation(request: Request, caller: AuthorizedCaller) -> Resp
 
 
 def _transcription_answer(
-    body: proto.TranscriptionRequest, transcription: LongTranscription, segments: list[Segment], headers: dict[str, str]
+    body: proto.TranscriptionRequest, transcription: LongTranscription, segments: list[TranscriptSegment], headers: dict[str, str]
 ) -> Response:
     text = proto.transcript_text(segments)
     match body.response_format:
@@ -195,7 +195,7 @@ def _transcription_answer(
 async def _stream_transcript(transcription: LongTranscription, started: float) -> AsyncIterator[bytes]:
     """transcript.text.delta per segment as its window is decoded, then transcript.text.done. A client that
     leaves stops the transcription before its next window."""
-    segments: list[Segment] = []
+    segments: list[TranscriptSegment] = []
     status = "client_left"  # unless it gets to the end
     try:
         async with contextlib.aclosing(transcription.segments) as stream:
@@ -209,7 +209,7 @@ async def _stream_transcript(transcription: LongTranscription, started: float) -
         _log_transcription(transcription, segments, started, stream=True, status=status)
 
 
-def _log_transcription(transcription: LongTranscription, segments: list[Segment], started: float, *, stream: bool,
+def _log_transcription(transcription: LongTranscription, segments: list[TranscriptSegment], started: float, *, stream: bool,
                        status: str = "completed") -> None:
     log_event("audio.transcription", audio_s=round(transcription.duration, 3), segments=len(segments), stream=stream,
               status=status, duration_ms=round((time.perf_counter() - started) * 1000, 1),

@@ -15,7 +15,7 @@ from gateway.protocol.live_events import LiveSessionConfig, ResponsesDelegation
 from gateway.protocol.responses import ResponseCreateRequest
 from gateway.realtime.conversation import Item, new_id
 from gateway.realtime.inputs import ItemCreated
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_delegation import DELEGATE, DELEGATE_TOOL, check_backend
 from gateway.realtime.live_front import FRAME_MS, LiveFront
 from gateway.realtime.live_wire import LiveTranslator
@@ -41,7 +41,7 @@ def require_live_config(svc: Services, config: LiveSessionConfig, event_id: str 
             raise
 
 
-def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, audio: LiveAudio, owner: str, *,
+def open_live(svc: Services, config: LiveSessionConfig, request_id: str | None, audio: LiveAudioStream, owner: str, *,
               wire_audio: bool = True, session_id: str | None = None) -> tuple[RealtimeSession, LiveFront]:
     """A Live session on the realtime core, its playout at `audio`'s rate (WebRTC: the track's, SIP: the call's;
     neither has an audio format on the wire), and its Live front. `session_id`: one announced already (a SIP

@@ -46,7 +46,7 @@ from gateway.platform.auth import Principal, bearer_token
 from gateway.platform.session_seats import Seat
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_media import DataChannelPermissions, LiveCreate, decode_live_create, peek_event
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session_hub import Attachment
 from media.frames import AudioChunk
@@ -119,7 +119,7 @@ class LiveCall(Call):
             except ApiError as error:
                 self.session.send_error(error)
 
-        # At the playout's rate, the front's input rate (LiveAudio): a sideband hears the track's own audio.
+        # At the playout's rate, the front's input rate (LiveAudioStream): a sideband hears the track's own audio.
         self.reader = InboundAudioReader(track, on_chunk, out_rate=PLAYOUT_RATE, on_end=self.ended.set).start()
 
     async def supervise(self, sessions: SessionRegistry, calls: CallIndex) -> None:
@@ -166,7 +166,7 @@ async def _set_up(svc: Services, request: Request, principal: Principal, create:
                   seat: Seat) -> tuple[str, str]:
     """The session and its peer connection set up on `seat`, started; its SDP answer and id."""
     session, front = open_live(svc, create.session, getattr(request.state, "request_id", None),
-                               LiveAudio("audio/pcm", PLAYOUT_RATE), principal.key_id, wire_audio=False)
+                               LiveAudioStream("audio/pcm", PLAYOUT_RATE), principal.key_id, wire_audio=False)
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers(svc.settings)))
     call = LiveCall(id=session.id, pc=pc, session=session, playout=front.playout, front=front,
                     permissions=create.permissions)

@@ -30,7 +30,7 @@ from gateway.protocol.live_events import (
     SessionStart,
     decode_live_event,
 )
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.live_wire import live_error
 from gateway.realtime.session import RealtimeSession
@@ -115,7 +115,7 @@ def _open(svc: Services, config: LiveSessionConfig, request_id: str | None,
           owner: str) -> tuple[RealtimeSession, LiveFront]:
     """The realtime session a Live one runs on, its playout at the client's rate, and its Live front."""
     fmt = config.audio.format if config.audio is not None and config.audio.format is not None else None
-    audio = LiveAudio(fmt.type, fmt.rate) if fmt is not None else LiveAudio("audio/pcm", 24000)
+    audio = LiveAudioStream(fmt.type, fmt.rate) if fmt is not None else LiveAudioStream("audio/pcm", 24000)
     return open_live(svc, config, request_id, audio, owner)
 
 

@@ -21,7 +21,7 @@ from gateway.platform.session_seats import Seat
 from gateway.protocol.call_requests import LiveRejectCall, ReferCall, RejectCall
 from gateway.protocol.errors import ApiError
 from gateway.protocol.live_media import decode_live_accept
-from gateway.realtime.live_audio import LiveAudio
+from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_front import LiveFront
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.speech_out import PlayoutSpeech
@@ -128,7 +128,7 @@ async def accept_live_call(session_id: str, request: Request, caller: Authorized
     require_live_config(svc, config)
     trunk.require_ringing(session_id, "live")
     async with svc.sessions.seat(caller.key_id) as seat:
-        session, front = open_live(svc, config, getattr(request.state, "request_id", None), LiveAudio("audio/pcmu", RATE),
+        session, front = open_live(svc, config, getattr(request.state, "request_id", None), LiveAudioStream("audio/pcmu", RATE),
                                    caller.key_id, wire_audio=False, session_id=session_id)
         call = await _answer(svc, caller, seat, trunk, session_id, session, front)
         feed_history(session, config)

@@ -38,7 +38,7 @@ from gateway.realtime.inputs import (
     TokensReserved,
 )
 from gateway.realtime.preemption import AdoptedStream, Preemption
-from gateway.realtime.response_events import ResponseEvents, ResponseStatus, Usage
+from gateway.realtime.response_events import ResponseEvents, ResponseStatus, TokenUsage
 from gateway.realtime.response_plan import Accounts, ResponseJob, plan_response
 from gateway.realtime.speech_out import SpeechFactory, SpeechStream, SpeechTarget
 from gateway.safety.output import ContentFiltered
@@ -334,7 +334,7 @@ class ResponseDriver:
         run.marks.mark("done")
         usage = None
         if result is not None:
-            usage = Usage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
+            usage = TokenUsage(result.prompt_tokens, result.cached_prompt_tokens, result.completion_tokens)
             if result.admitted_at is not None:
                 metrics.QUEUE_WAIT_SECONDS.labels("realtime").observe(result.admitted_at - result.submitted_at)
         playout = self.playout

@@ -50,18 +50,18 @@ AllBranches = Annotated[bool, Depends(_all_branches)]
 AllBranchesCaller = Annotated[Caller, Depends(authorized_after(_all_branches))]
 
 
-class CreateConversation(BaseModel):
+class CreateBackendConversation(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     title: str | None = Field(None, max_length=256)
 
 
-class UpdateConversation(BaseModel):
+class UpdateBackendConversation(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     title: str | None = Field(None, min_length=1, max_length=256)
     current_leaf_id: str | None = Field(None, max_length=64, description="The message whose branch is current.")
 
     @model_validator(mode="after")
-    def _something_to_change(self) -> UpdateConversation:
+    def _something_to_change(self) -> UpdateBackendConversation:
         if self.title is None and self.current_leaf_id is None:
             raise ValueError("give title or current_leaf_id")
         return self
@@ -97,11 +97,11 @@ async def _body(request: Request, model: type[BaseModel], empty: dict[str, Any] 
         raise api_error_from_validation(exc) from None
 
 
-@router.post("/backend-api/conversations", openapi_extra=json_body(CreateConversation, required=False),
+@router.post("/backend-api/conversations", openapi_extra=json_body(CreateBackendConversation, required=False),
              responses=error_responses(400, 401, 413, 429))
 async def create_conversation(request: Request, caller: AuthorizedCaller) -> JSONResponse:
     svc = services(request)
-    body: CreateConversation = await _body(request, CreateConversation, empty={})
+    body: CreateBackendConversation = await _body(request, CreateBackendConversation, empty={})
     row = await svc.stores.store.create(caller.key_id, body.title)
     return JSONResponse(conversation_object(row), headers=caller.headers)
 
@@ -124,11 +124,11 @@ async def get_conversation(request: Request, conversation_id: str, all_branches:
                         headers=caller.headers)
 
 
-@router.patch("/backend-api/conversation/{conversation_id}", openapi_extra=json_body(UpdateConversation),
+@router.patch("/backend-api/conversation/{conversation_id}", openapi_extra=json_body(UpdateBackendConversation),
               responses=error_responses(400, 401, 404, 413, 429))
 async def update_conversation(request: Request, caller: AuthorizedCaller, conversation_id: str) -> JSONResponse:
     svc = services(request)
-    body: UpdateConversation = await _body(request, UpdateConversation)
+    body: UpdateBackendConversation = await _body(request, UpdateBackendConversation)
     row = await svc.stores.store.update(caller.key_id, conversation_id, title=body.title,
                                  current_leaf_id=body.current_leaf_id)
     return JSONResponse(conversation_object(row), headers=caller.headers)
