@@ -5,7 +5,9 @@ JSON object: every figure per voice, over all voices (`overall`, the utterances 
 than the gateway's own output voice (Piper joe), with the issue's targets beside them.
 
     python -m benchmarks.turn_taking [--voices piper:joe,espeak:en-gb@175,human] [--eagerness auto]
-                                     [--asr-model DIR] [--no-enhancers] [--table] [--out report.json]
+                                     [--asr-model DIR] [--vad v6|6.2.3] [--no-enhancers] [--table]
+                                     [--out report.json]
+    python -m benchmarks.turn_taking --replay report.json   # text_shortest_sweep again, no model loaded
 
 (40-65 s a synthetic voice, 20-30 s a recording, 7-8 min in all on 2 shared vCPU.) A voice whose source is not installed is skipped
 and named in `missing`.
@@ -43,7 +45,8 @@ REHOLD_AFTER_MS (160 ms) more, pauses it again, and its words are judged at its 
 final transcript of the whole utterance confirms (words that are not a backchannel interrupt then). The pause
 over a backchannel is (silence start + 64 ms + the ASR's measured wall time) - (VadSpeechStarted's detected time),
 summed over its pauses. Each utterance is simulated once with every decision recorded, so the outcome under any
-confidence threshold (`calibration`) and any re-hold length (`rehold`) is replayed exactly. The set's complete sentences are spoken over a reply too (they must stop it).
+confidence threshold (`calibration`) and any re-hold length (`rehold`) is replayed exactly; so is every
+turn's end under each shortest wait of the LLM's judge (`text_shortest_sweep`, from `turn_records`). The set's complete sentences are spoken over a reply too (they must stop it).
 Timings are this machine's (`cpu`, and `load_average`: the machine is shared).
 """
 
