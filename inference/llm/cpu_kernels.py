@@ -100,9 +100,9 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-# The instructions that compute in bfloat16 (/proc/cpuinfo's names). Without them torch converts every bfloat16
-# matmul's operands to float32 and back: on an AMD EPYC Zen 3 (AVX2 only) a decode step of the embedded model took
-# about 2 s in bfloat16 against tens of milliseconds in float32.
+# The instructions that compute in bfloat16 (/proc/cpuinfo's names). Without them torch's bfloat16 kernels take
+# emulated paths: on an AMD EPYC Zen 3 (AVX2 only) a decode step of the embedded model took about 2 s in bfloat16
+# against tens of milliseconds in float32.
 BFLOAT16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
