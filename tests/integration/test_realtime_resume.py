@@ -47,14 +47,16 @@ async def test_a_dropped_connection_resumes_in_the_middle_of_a_response(gateway:
     client, token = await _open(gateway)
     await client.send(QUESTION)
     await client.send({"type": "response.create"})
-    while len(client.of_type("response.output_text.delta")) < 3:
+    while len(deltas := client.of_type("response.output_text.delta")) < 13:
         await client.recv()
     before = list(client.events)
     last_sequence = before[-1]["sequence_number"]
     _drop(client)
-    # The reply goes on generating meanwhile: long enough for several tokens on a busy 2-core host (0.3 s left one
-    # in a CI run), short of the 200 tokens' end on a fast one.
-    await asyncio.sleep(1.0)
+    # The reply goes on generating meanwhile, for about 40 tokens at this host's own pace: several tokens on a busy
+    # 2-core host (a fixed 0.3 s left one in a CI run), and far short of the 200 tokens' end on a fast one (a fixed
+    # 1 s outlasted the whole reply on an AVX-512 Zen 4, so nothing came live after the replay).
+    per_token_s = (deltas[12]["_received_at"] - deltas[2]["_received_at"]) / 10
+    await asyncio.sleep(min(4.0, max(0.05, 40 * per_token_s)))
 
     resumed = await RealtimeClient.connect(
         f"{gateway.ws_url}/v1/realtime?resume={token}&last_sequence={last_sequence}")
