@@ -38,7 +38,7 @@ SOLO_TURNS = 20  # the turns of sessions that ran alone kept for the host's own 
 
 
 @dataclass(frozen=True)
-class Turn:
+class AnsweredTurn:
     ended: float  # clock seconds
     seconds: float  # end of speech to first audio
     session_id: str
@@ -51,7 +51,7 @@ class VoiceAdmission:
         self.window_s = window_s
         self._clock = clock
         self._open: set[str] = set()  # the Realtime sessions open on this replica
-        self._turns: deque[Turn] = deque()  # the open sessions' turns in the window, oldest first
+        self._turns: deque[AnsweredTurn] = deque()  # the open sessions' turns in the window, oldest first
         self._solo: deque[float] = deque(maxlen=SOLO_TURNS)  # turns of a session that was the only one open
         self.refused = 0
 
@@ -67,7 +67,7 @@ class VoiceAdmission:
         """A voice turn of an open session: its reply started playing `seconds` after the user's speech ended."""
         if session_id not in self._open:
             return  # it ended meanwhile
-        self._turns.append(Turn(self._clock(), seconds, session_id))
+        self._turns.append(AnsweredTurn(self._clock(), seconds, session_id))
         if self._open == {session_id}:
             self._solo.append(seconds)
         self._expire()

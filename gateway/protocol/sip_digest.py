@@ -22,7 +22,7 @@ NONCE_LIFETIME_S = 300
 ALGORITHMS = ("MD5", "SHA-256")  # what a caller may answer with (RFC 8760); the challenge offers MD5, which all take
 
 
-class Verdict(enum.Enum):
+class DigestVerdict(enum.Enum):
     """What an INVITE's Authorization header comes to."""
 
     MISSING = "missing"  # no credentials (or none for our realm): challenge it
@@ -46,38 +46,38 @@ class DigestAuthenticator:
         value = f'Digest realm="{self.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"'
         return value + (", stale=true" if stale else "")
 
-    def verify(self, authorization: str | None, method: str) -> Verdict:
+    def verify(self, authorization: str | None, method: str) -> DigestVerdict:
         """The digest-uri is taken as the caller wrote it: callers differ (SIPp answers for the host alone, not the
         Request-URI), and the response binds it all the same."""
         if not authorization:
-            return Verdict.MISSING
+            return DigestVerdict.MISSING
         try:
             credentials = parse_auth(authorization, credentials=True)
         except (ValueError, IndexError):
-            return Verdict.WRONG
+            return DigestVerdict.WRONG
         params = credentials.params
         if credentials.scheme.lower() != "digest" or params.get("realm") != self.realm:
-            return Verdict.MISSING
+            return DigestVerdict.MISSING
         password = self._users.get(params.get("username", ""))
         nonce = params.get("nonce", "")
         issued, _, signature = nonce.partition(".")
         algorithm = params.get("algorithm", "MD5").upper()
         if password is None or algorithm not in ALGORITHMS or not issued.isdigit() \
                 or not hmac.compare_digest(signature, self._sign(issued)):
-            return Verdict.WRONG
+            return DigestVerdict.WRONG
         qop = params.get("qop", "")
         nonce_count = params.get("nc", "1")
         if qop not in ("", "auth") or not all(c in "0123456789abcdefABCDEF" for c in nonce_count):
-            return Verdict.WRONG
+            return DigestVerdict.WRONG
         expected = build_credentials(
             SipDigestAuth(params["username"], password),
             AuthChallenge("Digest", {"realm": self.realm, "nonce": nonce, "algorithm": algorithm, "qop": qop}),
             method, params.get("uri", ""), nonce_count=int(nonce_count or "1", 16), cnonce=params.get("cnonce", ""))
         if expected is None or not hmac.compare_digest(expected.params["response"], params.get("response", "")):
-            return Verdict.WRONG
+            return DigestVerdict.WRONG
         if time.time() - int(issued) > NONCE_LIFETIME_S:
-            return Verdict.STALE
-        return Verdict.GOOD
+            return DigestVerdict.STALE
+        return DigestVerdict.GOOD
 
     def _sign(self, issued: str) -> str:
         digest = hmac.new(self._key, issued.encode(), hashlib.sha256).digest()[:18]

@@ -47,7 +47,7 @@ from gateway.platform.webhooks import WebhookSender
 from gateway.protocol import sdes
 from gateway.protocol.errors import ApiError
 from gateway.protocol.sdes import SdesKeys
-from gateway.protocol.sip_digest import DigestAuthenticator, Verdict
+from gateway.protocol.sip_digest import DigestAuthenticator, DigestVerdict
 from gateway.protocol.sip_transports import AnyLoopUdpTransport, StreamSipTransport, TlsSipTransport
 from gateway.realtime.conversation import new_id
 from gateway.realtime.live_front import LiveFront
@@ -145,12 +145,12 @@ class SipTrunk:
         if self._digest is not None:
             request = invite.invite
             verdict = self._digest.verify(request.headers.get_first("Authorization"), request.method)
-            if verdict is Verdict.WRONG:
+            if verdict is DigestVerdict.WRONG:
                 self._refuse(invite, 403, "Forbidden")
                 return
-            if verdict is not Verdict.GOOD:
+            if verdict is not DigestVerdict.GOOD:
                 self._refuse(invite, 401, "Unauthorized",
-                             {"WWW-Authenticate": self._digest.challenge(stale=verdict is Verdict.STALE)})
+                             {"WWW-Authenticate": self._digest.challenge(stale=verdict is DigestVerdict.STALE)})
                 return
         chosen = self._negotiate(invite.sdp_offer)
         if chosen is None:
