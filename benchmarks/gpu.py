@@ -83,10 +83,11 @@ from benchmarks.engine import (
 from benchmarks.synthetic_lm import SHAPES, random_loaded_lm
 from inference.llm.backend import SamplingParams
 from inference.llm.engine import GRAPH_LENGTH_AT_START, EngineConfig, LLMEngine
-from inference.llm.forward import LeanForward, Segment
+from inference.llm.forward import LeanForward
 from inference.llm.kv_manager import KVPool
 from inference.llm.loader import LoadedLM, load_lm
 from inference.llm.model_runner import length_buckets
+from inference.llm.step_plan import Segment
 from inference.llm.threads import run_in_own_thread
 from inference.models import embedded_llm
 

@@ -29,16 +29,16 @@ from pathlib import Path
 import torch
 
 from inference.llm import cpu_kernels, q4_matmul, q8_matmul
-from inference.llm.forward import (
-    INT4_GROUP,
-    _int4_grid,
-    _lin_int4,
-    _lin_w8a8,
-    _quantize_int4,
-    _quantize_int8,
-    _quantize_w8a8,
-)
 from inference.llm.loader import load_lm
+from inference.llm.weight_formats import (
+    INT4_GROUP,
+    int4_grid,
+    lin_int4,
+    lin_w8a8,
+    quantize_int4,
+    quantize_int8,
+    quantize_w8a8,
+)
 from inference.models import embedded_llm
 
 
@@ -107,12 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     matrices = layer_matrices(lm.model)
     blobs = []
     for w in matrices:
-        low, step, q = _int4_grid(w)
+        low, step, q = int4_grid(w)
         blobs.append((q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15)), w.shape[1]))
-    theirs = [_quantize_int4(w, None, torch.bfloat16) for w in matrices]
+    theirs = [quantize_int4(w, None, torch.bfloat16) for w in matrices]
     head_t = lm.model.lm_head.weight.data.t().contiguous()
-    head_q, head_scale, _ = _quantize_int8(head_t, None, torch.float32)
-    head_blob, head_onednn = q8_matmul.pack(head_q), _quantize_w8a8(head_t, None)
+    head_q, head_scale, _ = quantize_int8(head_t, None, torch.float32)
+    head_blob, head_onednn = q8_matmul.pack(head_q), quantize_w8a8(head_t, None)
     report: dict = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "matrices": len(matrices),
                     "ms_per_step": {}, "head_ms": {}}
     for rows in args.rows:
@@ -126,15 +126,15 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.randn(rows, head_t.shape[0])
         heads: dict[str, Callable[[], object]] = {isa: partial(q8_matmul.matmul, lib, x, head_blob, head_scale)
                                                   for isa, lib in libs.items()}
-        heads["onednn"] = partial(_lin_w8a8, x, head_onednn)
+        heads["onednn"] = partial(lin_w8a8, x, head_onednn)
         report["head_ms"][str(rows)] = alternated(heads, args.repeats)
     w = matrices[3]  # layer 0's down projection
-    low, step, q = _int4_grid(w)
+    low, step, q = int4_grid(w)
     exact_w = (torch.round(q) * step[..., None] + low[..., None]).reshape(w.shape[1], -1).t().double()
     x = torch.randn(8, w.shape[0])
     exact = x.double() @ exact_w
     outputs = {isa: q4_matmul.matmul(lib, x, blobs[3][0], w.shape[1]) for isa, lib in libs.items()}
-    outputs["torch"] = _lin_int4(x, theirs[3])
+    outputs["torch"] = lin_int4(x, theirs[3])
     report["relative_error_vs_float64"] = {name: float((y.double() - exact).norm() / exact.norm())
                                            for name, y in outputs.items()}
     print(json.dumps(report, indent=2))

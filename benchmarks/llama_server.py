@@ -124,9 +124,10 @@ def engine_perplexity(model: Path, text: str, context: int = 512) -> float:
     import torch
 
     from gateway.platform.config import default_cache_dir
-    from inference.llm.forward import LeanForward, Segment
+    from inference.llm.forward import LeanForward
     from inference.llm.kv_manager import KVPool
     from inference.llm.loader import load_lm
+    from inference.llm.step_plan import Segment
 
     lm = load_lm(model, cache_dir=default_cache_dir())
     fwd = LeanForward.for_model(lm.model, lm.context_window, lm.weight_format, kernel_dir=lm.cache_dir,

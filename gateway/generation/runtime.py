@@ -179,7 +179,7 @@ class Runtime:
             self.load_error = str(exc)
             return
         except Exception as exc:  # a failed load is reported by /healthz, not by a crash
-            from inference.llm.forward import UnsupportedModel  # (torch: imported by the load anyway)
+            from inference.llm.model_support import UnsupportedModel  # (torch: imported by the load anyway)
 
             if isinstance(exc, UnsupportedModel):  # one line says what the file is and what runs
                 log.error("model loading failed: %s", exc)

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
-LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.forward.KERNEL_CHOICES
+LlmKernels = Literal["auto", "vnni", "avx2", "torch"]  # inference.llm.kernel_paths.KERNEL_CHOICES
 LiveDelegate = Literal["auto", "every_turn"]  # when a GPT-Live session's model delegates: --live-delegate
 # Where a number written without a country code (`(415) 555-0132`) is read as dialled; a `+` number is found
 # whatever this says (--safety-phone-region).

@@ -4,9 +4,10 @@ early prefill, cancellation and backpressure.
 Its parts, along vLLM v1's seams: :class:`~.intake.Intake` checks a request and builds it; the
 :class:`~.scheduler.Scheduler` admits requests, returns a step plan and takes the sampled tokens
 (``update_from_output``); the :class:`~.kv_manager.KVManager` hands out KV slots and holds the prefix
-cache and the conversations' pins; the :class:`~.model_runner.ModelRunner` executes a plan (CUDA graphs
-on a GPU); :class:`~.delivery.Deliveries` carries the results to the event loops. This module owns the
-scheduler thread and its step: schedule, execute, sample, update, deliver.
+cache and the conversations' pins; the :class:`~.model_runner.ModelRunner` executes a plan and samples
+its rows (CUDA graphs on a GPU); :class:`~.delivery.Deliveries` carries the results to the event loops.
+This module owns the scheduler thread and its step, in one shape: schedule, execute (the runner samples),
+update from its output, deliver; with overlap, its own step function beside the plain one.
 
 Threads: the event loop calls :meth:`LLMEngine.submit` / :meth:`LLMEngine.prefill` (non-blocking: they
 only enqueue); one scheduler thread owns the model, the KV buffers and the prefix cache. Every step it
@@ -17,8 +18,8 @@ only enqueue); one scheduler thread owns the model, the KV buffers and the prefi
    is in the cache, so requests arriving together with one system prompt compute it once;
 2. builds one ragged batch: one token per decoding request plus prompt chunks of prefilling requests
    (at most ``prefill_chunk_tokens`` prompt tokens per step, so a long prompt never stalls the others);
-3. runs one forward pass (:mod:`.forward`), samples one token for every row that needs it
-   (:mod:`.sampling`), and hands text deltas to the event loop with ``call_soon_threadsafe``. On the
+3. has the model runner run one forward pass (:mod:`.forward`) and sample one token for every row that
+   needs it (:mod:`.sampling`), and hands text deltas to the event loop with ``call_soon_threadsafe``. On the
    static path (a GPU's), a step whose rows all sample on the device may be launched before the host
    has read the previous step's tokens, which it accepts while the device computes (:mod:`.overlap`).
 
@@ -36,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -55,11 +56,13 @@ from .loader import LoadedLM
 from .model_runner import ModelRunner
 from .overlap import InFlight, StepOverlap
 from .request import Request
-from .sampling import sample_rows
-from .scheduler import Scheduler, StepPlan
+from .scheduler import Scheduler
+from .step_plan import StepOutput, StepPlan
 from .threads import ThreadPolicy
 
 log = logging.getLogger(__name__)
+
+_Executed = TypeVar("_Executed")
 
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
@@ -119,8 +122,6 @@ class LLMEngine:
         self.kv = KVManager(self.fwd.kv_layout, config.max_batch_size, max_capacity=window,
                             prefix_cache_bytes=config.prefix_cache_bytes, fixed_pool=fixed)
         self.runner = ModelRunner(self.fwd, self.kv, static_decode=static)
-        # The static path samples greedy and temperature rows on the device, their state kept there (device_sampler.py).
-        self._sampler = self.runner.sampler
         overlap = config.overlap_steps if config.overlap_steps is not None else static and not on_cpu
         if overlap and not static:
             raise ValueError("overlapped steps run on the static decode path")
@@ -138,7 +139,7 @@ class LLMEngine:
         self._conversations = ConversationOps(self.kv, self.scheduler, self._lock)
         self._deliveries = Deliveries()
         self.counts = EngineCounts()  # written by the scheduler thread, read anywhere
-        self._ends = Finisher(self.kv, self._sampler, self._conversations, self._deliveries, self.counts)
+        self._ends = Finisher(self.kv, self.runner.sampler, self._conversations, self._deliveries, self.counts)
         self._thread: threading.Thread | None = None
         self._running = False
         self._closed = False
@@ -340,23 +341,39 @@ class LLMEngine:
                 self._ends.finish(req, "stop")
 
     def _step(self) -> None:
+        """One step in one shape: schedule, execute (the runner samples), update from its output, deliver
+        (``_run``'s ``Deliveries.step`` sends what it gathered). With overlap, its own step function."""
         t0 = time.perf_counter()
-        overlap = self._overlap
-        if overlap is not None and self._in_flight is not None and self._step_ahead(overlap, t0):
+        if self._overlap is not None:
+            self._overlapped_step(self._overlap)
+        else:
+            self._plain_step()
+        self.counts.step_seconds += time.perf_counter() - t0
+
+    def _plain_step(self) -> None:
+        """A step whose tokens the host reads and accepts before the next one is planned."""
+        plan = self.scheduler.schedule()
+        if plan is not None:
+            self._update_from_output(plan, self._on_threads(plan, lambda: self.runner.execute_model(plan)))
+
+    def _overlapped_step(self, overlap: StepOverlap) -> None:
+        """A step launched before the host has read the one in flight, where it may follow it (overlap.py);
+        else the step in flight is accepted and the next one planned: launched to be in flight where
+        every row samples on the device, run as a plain step otherwise."""
+        if self._in_flight is not None and self._step_ahead(overlap):
             return
         plan = self.scheduler.schedule()
         if plan is None:
             return
-        if overlap is not None and overlap.overlappable(plan):
+        if plan.device_sampled:
             try:
                 self._in_flight = self._launch(overlap, plan, None)
-                self.counts.step_seconds += time.perf_counter() - t0
                 return
             except Exception:
                 log.exception("a step launched to overlap failed; running it again as a plain step")
-        self._run_step(plan, t0)
+        self._update_from_output(plan, self._on_threads(plan, lambda: self.runner.execute_model(plan)))
 
-    def _step_ahead(self, overlap: StepOverlap, t0: float) -> bool:
+    def _step_ahead(self, overlap: StepOverlap) -> bool:
         """Launch the step after the one in flight before accepting that one's tokens, if it may follow
         it (StepOverlap.next_plan); else accept them first. True: a step was launched. (A launch that
         raises fails the running requests, as a failed step does: its KV may be written past the tokens
@@ -372,7 +389,6 @@ class LLMEngine:
             return False
         overlap.steps += 1
         overlap.accept_seconds += time.perf_counter() - t1
-        self.counts.step_seconds += time.perf_counter() - t0
         if all(r.finished for r in launched.plan.requests):  # each ended at the step before: nothing to accept
             self._accept_step(launched.plan.sampling, [])
         else:
@@ -382,21 +398,21 @@ class LLMEngine:
     def _launch(self, overlap: StepOverlap, plan: StepPlan, sampled: torch.Tensor | None) -> InFlight:
         """Run ``plan`` (its input ids ``sampled`` on the device, where given) and sample its rows on the
         device, leaving the ids there."""
-        ids = self._execute_sampled(plan, sampled)
+        ids = self._on_threads(plan, lambda: self.runner.execute_sampled(plan, sampled))
         self._count_step(plan)
         return overlap.in_flight(plan, ids)
 
-    def _execute_sampled(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
-        """The step's forward and its rows' sampling on the device (every row decodes and samples there:
-        StepOverlap.overlappable): their ids, on the device."""
+    def _on_threads(self, plan: StepPlan, execute: Callable[[], _Executed]) -> _Executed:
+        """``execute`` (the runner's work for ``plan``) on the threads the policy gives a step of its rows,
+        its time told to the policy and, on a CPU, charged to the LLM's account of CPU-seconds."""
         threads = self.threads.before_step(plan.rows, ahead=plan.ahead)
         t0 = time.perf_counter()
-        ids = self.runner.execute_sampled(plan, [r.sampler for r in plan.sampling], sampled)  # type: ignore[misc]
+        out = execute()
         seconds = time.perf_counter() - t0
         self.threads.after_step(plan.rows, seconds)
-        if ids.device.type == "cpu":
+        if self.fwd.device.type == "cpu":
             charge("llm", threads * seconds)
-        return ids
+        return out
 
     def _accept_in_flight(self) -> None:
         prev, self._in_flight = self._in_flight, None
@@ -411,34 +427,22 @@ class LLMEngine:
             self.step_observer(len(plan.requests))
         counts.prefill_tokens += plan.prefill_tokens
 
-    def _run_step(self, plan: StepPlan, t0: float) -> None:
-        """A step whose tokens the host reads and accepts before the next one is planned."""
-        if self._sampler is not None and StepOverlap.overlappable(plan):
-            try:
-                ids = self._execute_sampled(plan)
-            except Exception:
-                log.exception("a step sampled on the device failed; running it again with its rows sampled apart")
-            else:
-                self._count_step(plan)
-                self._accept_step(plan.sampling, ids.tolist())
-                self.counts.step_seconds += time.perf_counter() - t0
-                return
-        out = self._execute(plan)
-        if out is None:  # every request in the step failed
+    def _update_from_output(self, plan: StepPlan, out: StepOutput) -> None:
+        """The requests whose forward failed fail; the requests whose prompt the step completed put its KV
+        in the shared cache as soon as it exists (concurrent requests with the same prefix, a system
+        prompt, reuse it without waiting for this one to finish), and a prefill alone ends; every sampling
+        request takes its token."""
+        for culprit, reason in out.failed.values():  # only now: freeing a slot moves another request's slot
+            self._ends.fail(culprit, reason)
+        if len(out.failed) == len(plan.requests):
             self.scheduler.remove_finished()
             return
-        logits, failed = out
         self._count_step(plan)
-        for req in self.scheduler.prefilled(plan, failed):
-            # The prompt's KV goes to the shared cache as soon as it exists: concurrent requests with
-            # the same prefix (system prompt) reuse it without waiting for this one to finish.
+        for req in self.scheduler.prefilled(plan, set(out.failed)):
             self._ends.cache(req, len(req.prompt))
             if not req.generates:
                 self._ends.finish(req, "stop")
-        sampling = [r for r in plan.sampling if id(r) not in failed]
-        tokens = sample_rows(logits, [r.sampler for r in sampling], self._sampler) if sampling else []  # type: ignore[misc]
-        self._accept_step(sampling, tokens)
-        self.counts.step_seconds += time.perf_counter() - t0
+        self._accept_step(out.sampling, out.tokens)
 
     def _accept_step(self, sampling: Sequence[Request], tokens: Sequence[int | Exception]) -> None:
         """Each sampling request takes its token (a request that ended since takes none); those that end
@@ -456,29 +460,3 @@ class LLMEngine:
         for req, reason in finished:
             self._ends.finish(req, reason)
         self.scheduler.remove_finished()
-
-    def _execute(self, plan: StepPlan) -> tuple[torch.Tensor, set[int]] | None:
-        """Run the step: (logits of the sampling rows, ids of failed requests), or None. If the batched pass
-        fails, each request runs alone to find the culprit; the culprits fail, the others go on."""
-        rows_n = plan.rows
-        threads = self.threads.before_step(rows_n, ahead=plan.ahead)
-        t0 = time.perf_counter()
-        try:
-            # No synchronization with a GPU here: the step's one wait is the copy of the sampled ids back
-            # (sampling.py), which comes after the work queued behind the forward.
-            logits = self.runner.execute(plan)
-            seconds = time.perf_counter() - t0
-            self.threads.after_step(rows_n, seconds)
-            if logits.device.type == "cpu":
-                charge("llm", threads * seconds)
-            return logits, set()
-        except Exception as exc:
-            if len(plan.segments) == 1:
-                log.exception("forward failed for %s", plan.requests[0].id)
-                self._ends.fail(plan.requests[0], exc)
-                return None
-            log.exception("batched forward failed; retrying requests one by one")
-        logits, failures = self.runner.execute_each(plan)
-        for culprit, reason in failures.values():  # only now: freeing a slot moves another request's slot
-            self._ends.fail(culprit, reason)
-        return logits, set(failures)

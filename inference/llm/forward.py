@@ -17,9 +17,7 @@ memory is duplicated.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,82 +26,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..memory import return_freed_memory
-from . import cpu_kernels, decode_attention, q4_matmul, q8_matmul
-from .gguf_blocks import GroupGrid, requantize
-from .gguf_weights import GgufWeights, stacked
+from . import cpu_kernels, decode_attention, q4_matmul
+from .gguf_blocks import GroupGrid
+from .gguf_weights import GgufWeights
+from .kernel_paths import KernelPaths
 from .layer_stack import LayerStack, LayerWeights
+from .model_support import UnsupportedModel, check_supported
 from .sdpa_attention import SdpaAttention
+from .step_plan import Segment, leading_decodes
 from .threads import one_intra_op_thread
+from .weight_formats import (
+    WEIGHT_FORMATS,
+    fuse_bias,
+    fuse_linear,
+    lin_int4,
+    lin_int4_kernel,
+    lin_int8,
+    lin_native,
+    lin_q8_kernel,
+    lin_w8a8,
+)
 
 if TYPE_CHECKING:
     from .kv_manager import KVLayout, KVPool
-
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
-# RoPE variants whose cos/sin depend only on the position (not on the current sequence length).
-STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-
-
-class UnsupportedModel(ValueError):
-    """The model's architecture or configuration is not handled by the lean forward pass."""
-
-
-def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(params, dict):
-        return str(params.get("rope_type") or params.get("type") or "default")
-    return "default"
-
-
-def check_supported(model: nn.Module) -> None:
-    """Raise UnsupportedModel with a clear reason when the lean forward cannot run ``model`` exactly."""
-    config = model.config
-    mtype = getattr(config, "model_type", "?")
-    if mtype not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModel(
-            f"model_type {mtype!r} is not supported by the lean forward (supported: {sorted(SUPPORTED_MODEL_TYPES)})"
-        )
-    base = getattr(model, "model", None)
-    if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        raise UnsupportedModel(f"{type(model).__name__} does not have the Llama module layout")
-    if not hasattr(model, "lm_head"):
-        raise UnsupportedModel(f"{type(model).__name__} has no lm_head")
-    window = getattr(config, "sliding_window", None)
-    use_sw = getattr(config, "use_sliding_window", True)
-    if window is not None and use_sw and window < getattr(config, "max_position_embeddings", 0):
-        raise UnsupportedModel(f"sliding-window attention (window {window}) is not supported")
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
-        raise UnsupportedModel(f"layer types {sorted(set(layer_types))} are not supported (only full_attention)")
-    rope = _rope_type(config)
-    if rope not in STATIC_ROPE_TYPES:
-        raise UnsupportedModel(f"rope type {rope!r} is not supported (supported: {sorted(STATIC_ROPE_TYPES)})")
-    if getattr(config, "pretraining_tp", 1) not in (None, 1):
-        raise UnsupportedModel("pretraining_tp > 1 is not supported")
-    for i, layer in enumerate(base.layers):
-        attn = getattr(layer, "self_attn", None)
-        mlp = getattr(layer, "mlp", None)
-        if attn is None or mlp is None:
-            raise UnsupportedModel(f"layer {i} has no self_attn/mlp")
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if not isinstance(getattr(attn, name, None), nn.Linear):
-                raise UnsupportedModel(f"layer {i}: self_attn.{name} is not an nn.Linear")
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            if not isinstance(getattr(mlp, name, None), nn.Linear):
-                raise UnsupportedModel(f"layer {i}: mlp.{name} is not an nn.Linear")
-        for name in ("q_norm", "k_norm"):
-            if getattr(attn, name, None) is not None:
-                raise UnsupportedModel(f"layer {i}: per-head {name} (Qwen3/OLMo style) is not supported")
-        if getattr(attn, "sliding_window", None):
-            raise UnsupportedModel(f"layer {i}: sliding-window attention is not supported")
-
-
-@dataclass
-class Segment:
-    """One request's part of a step: ``n`` new tokens written to ``slot`` from position ``start``."""
-
-    slot: int
-    start: int
-    n: int
 
 
 class _Layer:
@@ -119,299 +64,6 @@ class _Layer:
     gu: tuple
     down: tuple
     act: nn.Module
-
-
-def _fuse_linear(modules: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Fuse the weights of ``modules`` (same input) into one *transposed* ``[in, sum(out)]`` matrix.
-
-    ``x @ W_t`` with a row-major ``[in, out]`` matrix (an "NN" GEMM) runs 10-25% faster on this CPU's
-    MKL than ``F.linear``'s "NT" GEMM for 4-16 rows (decoding batches), and the same for 1 row or for
-    prefill chunks. Each module's weight is re-pointed at a (transposed) view of the fused matrix, so
-    the model keeps working unchanged and no weight memory is duplicated. Idempotent.
-    """
-    marks: list[Any] = [getattr(m, "_lean_fused", None) for m in modules]
-    if all(mk is not None for mk in marks) and all(mk[0] is marks[0][0] for mk in marks):
-        fused_t = marks[0][0]
-        if fused_t.shape[1] == sum(m.out_features for m in modules):
-            return fused_t, marks[0][1]
-    weights = [m.weight.data for m in modules]
-    first = weights[0]
-    fused_t = torch.cat(weights, dim=0).t().contiguous()
-    bias = None
-    if any(m.bias is not None for m in modules):
-        bias = torch.cat(
-            [m.bias.data if m.bias is not None else torch.zeros(m.out_features, dtype=first.dtype, device=first.device)
-             for m in modules]
-        ).contiguous()
-    offset = 0
-    for m in modules:
-        n = m.out_features
-        m.weight = nn.Parameter(fused_t[:, offset : offset + n].t(), requires_grad=False)
-        if bias is not None and m.bias is not None:
-            m.bias = nn.Parameter(bias[offset : offset + n], requires_grad=False)
-        setattr(m, "_lean_fused", (fused_t, bias))  # noqa: B010 - a mark on a torch module, not an attribute it declares
-        offset += n
-    return fused_t, bias
-
-
-def _fuse_bias(modules: Sequence[nn.Linear]) -> tuple[None, torch.Tensor | None]:
-    """What :func:`_fuse_linear` gives of ``modules`` where their weights are not multiplied: (None, their biases
-    one after another, zeros for a module without one), or (None, None)."""
-    if all(m.bias is None for m in modules):
-        return None, None
-    return None, torch.cat([m.bias.data.float() if m.bias is not None else torch.zeros(m.out_features)
-                            for m in modules]).contiguous()
-
-
-# "gguf": each linear of a GGUF file in the grouped format that holds its own type (gguf_blocks.py), on the
-# engine's kernels: 4-bit groups for Q4_0/Q4_1/Q4_K, 5-bit for Q5_0/Q5_1/Q5_K, 8-bit for Q6_K/Q8_0, the output
-# head too.
-WEIGHT_FORMATS = ("native", "int8", "int4", "gguf")
-INT4_GROUP = 32  # GGUF's Q4_0/Q4_1 block: a Q4_1 checkpoint's weights re-pack without loss
-
-
-def _lin_native(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    w_t, b = w
-    return torch.mm(x, w_t) if b is None else torch.addmm(b, x, w_t)
-
-
-def _quantize_int8(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
-    """Symmetric per-output-channel int8 of a ``[in, out]`` matrix: (int8 ``[out, in]``, scales, bias)."""
-    w = w_t.t().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-    return q, scale.to(dtype).contiguous(), None if b is None else b.to(dtype)
-
-
-def _quantize_int8_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
-    """``--llm-dtype int8`` where the engine's kernels run: an asymmetric 8-bit grid per group of 32 inputs
-    (float16 step and minimum, computed here at load: gguf_blocks.requantize), packed as 8-bit groups."""
-    grid = requantize(w_t.t().float().numpy(), 8)
-    blob = q4_matmul.pack(torch.from_numpy(grid.step), torch.from_numpy(grid.low), torch.from_numpy(grid.q), 8)
-    return lib, blob, w_t.shape[1], b
-
-
-def _lin_int8(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    q, scale, b = w
-    y = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale).to(x.dtype)
-    return y if b is None else y + b
-
-
-def _quantize_w8a8(w_t: torch.Tensor, b: torch.Tensor | None) -> tuple:
-    """Per-output-channel int8 weights, prepacked for oneDNN's int8 GEMM (VNNI), for :func:`_lin_w8a8`."""
-    q, scale, _ = _quantize_int8(w_t, None, torch.float32)
-    packed = torch.ops.onednn.qlinear_prepack(q, None)
-    return packed, scale, torch.zeros(scale.shape, dtype=torch.long, device=scale.device), b
-
-
-def _lin_w8a8(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    """int8 weights times int8 activations, each row with its own scale, in two passes: the row rounded
-    to 8 bits, then its rounding error to 8 more (both as rows of one uint8 GEMM, around 128).
-
-    The products add up in int32, exactly, so a row's result never depends on the other rows of the
-    batch. For the 49152 x 576 output head, one call costs 0.8 ms for 1 row and 1.0 ms for 8, against
-    1.4 and 4.5 ms with bfloat16 activations (``_weight_int8pack_mm``). One pass alone was too coarse:
-    it changed the first answer token of "What is the capital of France?"; with two, the head's top
-    token equals float32's at 96.0% of 1000 positions of text, against 94.7% with bfloat16 activations."""
-    packed, w_scale, w_zero, b = w
-    xf = x.float()
-    rows = xf.shape[0]
-    step = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)
-    high = torch.round(xf / step)
-    fine = step / 254.0  # the rounding error is within +-step/2
-    low = torch.round((xf - high * step) / fine)
-    q = torch.cat([high, low]).add_(128.0).to(torch.uint8)
-    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32,
-                                           "none", [], "")
-    y = y[:rows].mul_(step).add_(y[rows:].mul_(fine))
-    return y if b is None else y + b
-
-
-def _quantize_q8_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
-    """The same per-channel int8 weights as :func:`_quantize_w8a8`, packed for q8_matmul.c."""
-    q, scale, _ = _quantize_int8(w_t, None, torch.float32)
-    return lib, q8_matmul.pack(q), scale, b
-
-
-def _lin_q8_kernel(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    """The output head on q8_matmul.c: 0.5 ms for 1 row and 1.0 ms for 8 over the 49152 x 576 head,
-    against 0.8 and 1.7 ms for :func:`_lin_w8a8` (weights in cache; same error against float64)."""
-    lib, blob, scale, b = w
-    y = q8_matmul.matmul(lib, x.float(), blob, scale)
-    return y if b is None else y + b
-
-
-def _int4_grid(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A ``[in, out]`` matrix on Q4_1's grid: per group of INT4_GROUP inputs of each output, its minimum m
-    and step d = (max - m) / 15 (``[out, in/G]`` each), and every weight as (w - m) / d (``[out, in/G, G]``;
-    whole numbers 0..15 for weights that came from a Q4_1 file)."""
-    w = w_t.t().float()
-    groups = w.reshape(w.shape[0], -1, INT4_GROUP)
-    low = groups.amin(dim=2)
-    step = (groups.amax(dim=2) - low) / 15.0
-    step = torch.where(step > 0, step, torch.ones_like(step))  # a constant group: every q is 0
-    return low, step, (groups - low[..., None]) / step[..., None]
-
-
-def on_int4_grid(w_t: torch.Tensor) -> bool:
-    """Whether a ``[in, out]`` matrix is already 4-bit in groups of INT4_GROUP (as a Q4_1 GGUF's weights are),
-    so that "int4" keeps its weights exactly."""
-    if w_t.shape[0] % INT4_GROUP or not w_t.is_floating_point():
-        return False
-    q = _int4_grid(w_t)[2]
-    return bool((q - q.round()).abs().max() < 1e-3)
-
-
-def _quantize_int4(w_t: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype) -> tuple:
-    """Asymmetric 4-bit of a ``[in, out]`` matrix on Q4_1's grid (_int4_grid), packed for torch's CPU kernel.
-
-    Weights that came from a Q4_1 file lie on that grid already, so they round-trip to their own 4-bit
-    values. Returns (packed ``[out, in/2]`` uint8, scales and zeros ``[in/G, out, 2]`` in `dtype`,
-    bias); the kernel computes ``(q - 8) * d + zero``, so zero = m + 8 d."""
-    low, step, q = _int4_grid(w_t)
-    q = torch.round(q).clamp_(0, 15).to(torch.int32).reshape(step.shape[0], -1).contiguous()
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    scales_and_zeros = torch.stack([step, low + 8.0 * step], dim=-1).transpose(0, 1).to(dtype).contiguous()
-    return packed, scales_and_zeros, b
-
-
-def _quantize_int4_kernel(w_t: torch.Tensor, b: torch.Tensor | None, lib) -> tuple:
-    """The same Q4_1 grid as :func:`_quantize_int4`, packed for the engine's int4 kernel (either build)."""
-    low, step, q = _int4_grid(w_t)
-    return lib, q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15)), w_t.shape[1], b
-
-
-def _lin_int4_kernel(x: torch.Tensor, w: tuple, *, norm: tuple[torch.Tensor, float] | None = None,
-                   gated: bool = False, add_to: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W (+ bias)`` on q4_matmul.c, optionally normalizing or gating ``x`` first and adding the
-    product to ``add_to`` in place (see :func:`q4_matmul.matmul`). int4 activations are float32."""
-    lib, blob, out_features, b = w
-    y = q4_matmul.matmul(lib, x, blob, out_features, norm=norm, gated=gated, add_to=add_to)
-    return y if b is None else y.add_(b)
-
-
-def _lin_int4(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    packed, scales_and_zeros, b = w
-    # The kernel's fast path takes bfloat16 in and out; the residual stream around it stays float32.
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(scales_and_zeros.dtype), packed, INT4_GROUP, scales_and_zeros)
-    y = y.to(x.dtype)
-    return y if b is None else y + b
-
-
-KERNEL_CHOICES = ("auto", *cpu_kernels.ISAS, "torch")
-
-
-def resolve_kernels(requested: str) -> str:
-    """The kernels a CPU forward runs for the ``--llm-kernels`` setting: "auto" is the fastest build of
-    the engine's C kernels this CPU runs ("vnni", then "avx2"), else "torch"; a named build this CPU
-    cannot run is an error, not a silent fall-back."""
-    if requested not in KERNEL_CHOICES:
-        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, not {requested!r}")
-    supported = cpu_kernels.supported_isas()
-    if requested == "auto":
-        return supported[0] if supported else "torch"
-    if requested != "torch" and requested not in supported:
-        raise UnsupportedModel(f"the engine's {requested} kernels need a CPU with {requested.upper()}; this one runs "
-                               f"{', '.join(supported) or 'neither'} (use --llm-kernels auto or torch)")
-    return requested
-
-
-@dataclass(frozen=True)
-class KernelPaths:
-    """Which part of a forward runs on which build of the engine's C kernels (``kernels``: "vnni", "avx2",
-    or "torch" where none runs): int4 matmuls, the 8-bit output head, attention; None where torch's."""
-
-    kernels: str
-    int4_kernel: str  # "" (no int4 weights), "torch", or the build
-    int4_lib: ctypes.CDLL | None
-    head_lib: ctypes.CDLL | None
-    attention_lib: ctypes.CDLL | None
-    weight_format: str
-    device: torch.device
-
-    @classmethod
-    def choose(cls, requested: str, kernel_dir: Path | None, *, device: torch.device, weight_format: str,
-               dtype: torch.dtype, head_dim: int, hidden: int, vocab_size: int, out_features: list[int]) -> KernelPaths:
-        """The fastest build the CPU runs unless ``requested`` names one; a named build that cannot run this
-        model is an error, not a silent fall-back."""
-        if device.type != "cpu" and requested not in ("auto", "torch"):
-            raise UnsupportedModel(f"the engine's {requested} kernels run on a CPU, not on {device.type}")
-        kernels = resolve_kernels(requested) if device.type == "cpu" else "torch"
-        lib = None
-        if kernels != "torch":
-            if kernel_dir is None and (requested != "auto" or weight_format in ("int4", "int8")):
-                raise ValueError("the engine's kernels need kernel_dir, where they are built")
-            lib = None if kernel_dir is None else cpu_kernels.load(kernel_dir, kernels)
-            if lib is None and requested != "auto":
-                raise UnsupportedModel(f"the engine's {kernels} kernels were asked for but could not be built "
-                                       "(see the log)")
-            if lib is None:
-                kernels = "torch"
-        # int4 runs on the VNNI kernel where the engine's kernels run and every output count is a multiple
-        # of its tile: 2.7x torch's int4 kernel for 8 rows, 3.2x for 64-256, 1.8x for one row
-        # (benchmarks/int4_kernels.py).
-        int4_kernel, int4_lib = "", None
-        if weight_format == "gguf":
-            if device.type != "cpu" or lib is None or dtype != torch.float32 or any(n % q4_matmul.TILE for n in out_features):
-                raise UnsupportedModel("a GGUF file's own types run on the engine's kernels, on a CPU that runs them "
-                                       f"(this one: {kernels}), with outputs in multiples of {q4_matmul.TILE}")
-            int4_kernel, int4_lib = kernels, lib
-        if weight_format in ("int4", "int8") and device.type == "cpu":
-            if lib is not None and dtype == torch.float32 and all(n % q4_matmul.TILE == 0 for n in out_features):
-                int4_kernel, int4_lib = kernels, lib
-            elif weight_format == "int4":
-                int4_kernel = "torch"
-            # (int8 elsewhere: torch's per-channel int8 kernel, in bfloat16)
-        # The 8-bit output head of the int4 and int8 formats multiplies on q8_matmul.c where it runs, else
-        # on oneDNN (_lin_w8a8).
-        head_lib = lib if (weight_format not in ("native", "gguf") and lib is not None
-                           and vocab_size % q8_matmul.TILE == 0 and hidden % 16 == 0) else None
-        # Every row of a step attends on the kernel of decode_attention.c where it runs (float32
-        # activations), else on sdpa.
-        attention_lib = lib if lib is not None and decode_attention.supported(head_dim, dtype, device) else None
-        if lib is not None and int4_lib is None and head_lib is None and attention_lib is None:
-            # Nothing of this model and format runs on them (they take float32 activations).
-            if requested != "auto":
-                raise UnsupportedModel(f"the engine's kernels do not run {weight_format} weights with {dtype} "
-                                       "activations (use --llm-kernels auto or torch)")
-            kernels = "torch"
-        return cls(kernels, int4_kernel, int4_lib, head_lib, attention_lib, weight_format, device)
-
-    def prepare(self, fused: tuple[torch.Tensor | None, torch.Tensor | None], *, head: bool = False,
-                grids: Sequence[GroupGrid | None] = ()) -> tuple:
-        """A ``[in, out]`` weight (and bias) laid out for what multiplies it: as it is (native), int8, int4
-        (packed for the engine's kernel where it runs), or the output head's 8 bits; under "gguf", the file's
-        own blocks (``grids``, one per fused matrix, from GgufWeights: no float weight needed), or as it is
-        where they are floats."""
-        w_t, b = fused
-        if self.weight_format == "gguf" and grids and all(g is not None for g in grids):
-            grid = stacked([g for g in grids if g is not None])
-            blob = q4_matmul.pack(torch.from_numpy(grid.step), torch.from_numpy(grid.low), torch.from_numpy(grid.q),
-                                  grid.bits)
-            return self.int4_lib, blob, grid.step.shape[0], b
-        if w_t is None:
-            raise UnsupportedModel("a weight has neither the file's blocks nor floats to multiply")
-        if self.weight_format == "gguf":
-            return (w_t, b)  # a float tensor of the file: multiplied as it is
-        if self.weight_format == "int8" and not head and self.int4_lib is not None:
-            return _quantize_int8_kernel(w_t, b, self.int4_lib)
-        if self.weight_format == "int4" and not head:
-            if self.device.type != "cpu" or w_t.shape[0] % INT4_GROUP:
-                raise UnsupportedModel(f"int4 weights need the CPU and inputs in groups of {INT4_GROUP}")
-            if self.int4_lib is not None:
-                return _quantize_int4_kernel(w_t, b, self.int4_lib)
-            try:
-                return _quantize_int4(w_t, b, torch.bfloat16)
-            except RuntimeError as exc:  # pragma: no cover - shapes the packing kernel does not take
-                raise UnsupportedModel(f"int4 weights are not supported for a {tuple(w_t.shape)} matrix: {exc}") from exc
-        if head and self.weight_format != "native" and self.device.type == "cpu":
-            # The output head stays 8-bit under int4: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits.
-            if self.head_lib is not None:
-                return _quantize_q8_kernel(w_t, b, self.head_lib)
-            return _quantize_w8a8(w_t, b)
-        if self.weight_format != "native":
-            return _quantize_int8(w_t, b, torch.bfloat16)
-        return (w_t, b)
 
 
 class LeanForward:
@@ -450,7 +102,7 @@ class LeanForward:
         of its builds, else on torch's int4 kernel with bfloat16 matmul inputs; the residual stream,
         norms and attention stay in the model's float32, the KV is float16 where the engine's
         attention kernel runs. Both run the output head as int8, on the CPU with int8 activations
-        too (the engine's q8 kernel, else :func:`_lin_w8a8`). "gguf" (CPU, the engine's kernels) runs each
+        too (the engine's q8 kernel, else :func:`lin_w8a8`). "gguf" (CPU, the engine's kernels) runs each
         linear weight of the GGUF file ``gguf`` in the grouped format that holds its own type, the output head
         too (floats where the file's head is floats), on the engine's kernels, with float32 activations
         elsewhere and float16 KV, as int4. ``kernels`` (``KERNEL_CHOICES``) picks the build of the engine's
@@ -564,7 +216,7 @@ class LeanForward:
                 L.eps2 = float(getattr(layer.post_attention_layernorm, "variance_epsilon", 1e-6))
                 qkv, gate_up = [at.q_proj, at.k_proj, at.v_proj], [mlp.gate_proj, mlp.up_proj]
                 # Under gguf the file's blocks are multiplied, not the model's float weights: only the biases fuse.
-                fuse = _fuse_bias if gguf is not None else _fuse_linear
+                fuse = fuse_bias if gguf is not None else fuse_linear
                 L.qkv = paths.prepare(fuse(qkv), grids=grids("qkv", qkv))
                 L.o = paths.prepare(fuse([at.o_proj]), grids=grids("o", [at.o_proj]))
                 L.gu = paths.prepare(fuse(gate_up), grids=grids("gate_up", gate_up))
@@ -597,14 +249,14 @@ class LeanForward:
                                    ln1=L.ln1, eps1=L.eps1, ln2=L.ln2, eps2=L.eps2) for L in self.layers],
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim, cos=self.cos,
                 sin_signed=self.sin_signed, scale=self.scaling)
-        self._lin = {"native": _lin_native, "int8": _lin_int4_kernel if self._int4_lib is not None else _lin_int8,
-                     "gguf": _lin_int4_kernel,
-                     "int4": _lin_int4_kernel if self._int4_lib is not None else _lin_int4}[weight_format]
+        self._lin = {"native": lin_native, "int8": lin_int4_kernel if self._int4_lib is not None else lin_int8,
+                     "gguf": lin_int4_kernel,
+                     "int4": lin_int4_kernel if self._int4_lib is not None else lin_int4}[weight_format]
         if weight_format == "gguf":
-            self._lin_head = _lin_int4_kernel if len(self.head) == 4 else _lin_native
+            self._lin_head = lin_int4_kernel if len(self.head) == 4 else lin_native
         else:
-            self._lin_head = _lin_native if weight_format == "native" else (
-                _lin_q8_kernel if self._head_lib is not None else _lin_w8a8 if self.device.type == "cpu" else _lin_int8)
+            self._lin_head = lin_native if weight_format == "native" else (
+                lin_q8_kernel if self._head_lib is not None else lin_w8a8 if self.device.type == "cpu" else lin_int8)
         self._cast_embed = self.embed.dtype != self.dtype
         if weight_format != "native":
             try:  # fail at load time, not in the first step, where the kernel is missing
@@ -650,10 +302,10 @@ class LeanForward:
         slower path is never taken silently: the instruction sets this CPU runs the engine's kernels
         with (``cpu_isas``), the build in use (``kernels``), and per part ``vnni`` / ``avx2`` (that
         build of the engine's kernels), ``torch`` or ``onednn`` (torch's own kernels) or ``sdpa``."""
-        if self._head_lib is not None or self._lin_head is _lin_int4_kernel:
+        if self._head_lib is not None or self._lin_head is lin_int4_kernel:
             head = self.kernels
         else:
-            head = "onednn" if self._lin_head is _lin_w8a8 else "torch"
+            head = "onednn" if self._lin_head is lin_w8a8 else "torch"
         described = {
             "device": self.device.type,
             "cpu_isas": ",".join(cpu_kernels.supported_isas()) or "none",
@@ -721,7 +373,7 @@ class LeanForward:
     def _norm_lin(self, x: torch.Tensor, w: torch.Tensor, eps: float, weights: tuple) -> torch.Tensor:
         """``lin(rms_norm(x))``; the VNNI kernel normalizes the rows as it quantizes them."""
         if self._int4_lib is not None:
-            return _lin_int4_kernel(x, weights, norm=(w, eps))
+            return lin_int4_kernel(x, weights, norm=(w, eps))
         return self._lin(self._norm(x, w, eps), weights)
 
     def _residual_lin(self, x: torch.Tensor, inp: torch.Tensor, weights: tuple, gate: nn.Module | None = None
@@ -730,7 +382,7 @@ class LeanForward:
         down projection). The VNNI kernel gates a SiLU MLP's rows as it quantizes them and adds its
         product to ``x`` in place (``x`` is the step's own residual stream)."""
         if self._int4_lib is not None and (gate is None or self._silu_mlp):
-            return _lin_int4_kernel(inp, weights, gated=gate is not None, add_to=x)
+            return lin_int4_kernel(inp, weights, gated=gate is not None, add_to=x)
         if gate is not None:
             inter = inp.shape[1] // 2
             inp = gate(inp[:, :inter]).mul_(inp[:, inter:])
@@ -759,9 +411,7 @@ class LeanForward:
         data = pool.data
         if data is None:
             raise ValueError("the pool has no KV tensor (no slot was ever acquired)")
-        n_dec = 0
-        while n_dec < len(segments) and segments[n_dec].n == 1:
-            n_dec += 1
+        n_dec = leading_decodes(segments)
         dec = segments[:n_dec]
         chunks = segments[n_dec:]
         dec_slots = [s.slot for s in dec]

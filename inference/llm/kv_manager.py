@@ -9,7 +9,7 @@ Two stores of KV, one layout each:
   slot moves the last slot's KV into it. The extra last slot is scratch: padding rows of a
   fixed-size decode step (``model_runner.py``) write their keys and values there.
 - :class:`~.token_store.TokenKVStore`: the prefix cache's KV, token by token in one tensor
-  ``[layers, 2, kv_heads, tokens, head_dim]``, handed out by index. The radix tree (``cache.py``)
+  ``[layers, 2, kv_heads, tokens, head_dim]``, handed out by index. The radix tree (``radix_cache.py``)
   keeps index runs into it, as SGLang's radix cache keeps indices into its token pool: a split is a
   slice of an index run, eviction returns indices, and no KV tensor is cloned per node.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import PrefixCache, PrefixMatch, RadixNode
+from .radix_cache import PrefixCache, PrefixMatch, RadixNode
 from .token_store import TokenKVStore
 
 

@@ -34,10 +34,12 @@ import torch
 
 from . import cpu_kernels
 from .constraints import GrammarCompiler
-from .forward import SUPPORTED_MODEL_TYPES, UnsupportedModel, on_int4_grid, resolve_kernels
 from .gguf_weights import GgufIndex, GgufWeights
+from .kernel_paths import resolve_kernels
+from .model_support import SUPPORTED_MODEL_TYPES, UnsupportedModel
 from .threads import one_intra_op_thread
 from .tool_calls import ToolFormat, template_tool_format
+from .weight_formats import on_int4_grid
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -74,10 +76,10 @@ class LoadedLM(TokenizerModel):
     converted: bool = field(kw_only=True)  # True when this load did the GGUF -> safetensors conversion
     cache_dir: Path = field(kw_only=True)  # converted weights; also where the engine's C kernels are built (cpu_kernels.py)
     # Addition: "native" (the engine runs ``dtype`` weights: exact), "int8" / "int4" (dtype="int8" /
-    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see forward.py), or
+    # "int4": float32 weights kept for the model itself, the engine runs quantized copies; see weight_formats.py), or
     # "gguf" (a GGUF file's own blocks, each linear in the format that holds its type: gguf_weights.py).
     weight_format: str = field(default="native", kw_only=True)
-    # Addition: which build of the engine's C kernels the forward runs on a CPU (forward.KERNEL_CHOICES:
+    # Addition: which build of the engine's C kernels the forward runs on a CPU (kernel_paths.KERNEL_CHOICES:
     # "auto" is the fastest this CPU runs), or "torch" for torch's own.
     kernels: str = field(default="auto", kw_only=True)
     gguf: GgufWeights | None = field(default=None, kw_only=True)  # the file's blocks, under "gguf"

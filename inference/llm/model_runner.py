@@ -1,4 +1,6 @@
-"""Executes a step plan on the model (vLLM v1's ``gpu_model_runner.py`` seam).
+"""Executes a step plan on the model and samples its rows (vLLM v1's ``gpu_model_runner.py`` seam):
+:meth:`ModelRunner.execute_model` takes a :class:`~.step_plan.StepPlan` and returns a
+:class:`~.step_plan.StepOutput`, a token (or an error) per sampling row and the requests whose forward failed.
 
 Two ways to run the rows of a plan:
 
@@ -33,8 +35,8 @@ from .device_sampler import ALL_FLAGS, DeviceSampler, SampleFlags
 from .forward import LeanForward
 from .kv_manager import KVManager
 from .request import Request
-from .sampling import RowSampler
-from .scheduler import StepPlan
+from .sampling import RowSampler, sample_rows
+from .step_plan import StepOutput, StepPlan, leading_decodes
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +259,33 @@ class ModelRunner:
         return torch.cuda.memory_reserved(dev), total - free
 
     # -- a step ----------------------------------------------------------------------------------------
+    def execute_model(self, plan: StepPlan) -> StepOutput:
+        """Run ``plan`` and sample one token for each of its sampling rows. A step whose rows all sample on
+        the device (``StepPlan.device_sampled``) samples there, and where that raises, runs again with its
+        rows sampled apart. If the batched pass raises, each request runs alone to find the culprit
+        (:meth:`execute_each`): the culprits are ``failed``, the others go on."""
+        if self.sampler is not None and plan.device_sampled:
+            try:
+                ids = self.execute_sampled(plan)
+            except Exception:
+                log.exception("a step sampled on the device failed; running it again with its rows sampled apart")
+            else:
+                return StepOutput(list(plan.sampling), ids.tolist())
+        failed: dict[int, tuple[Request, Exception]] = {}
+        try:
+            # No synchronization with a GPU here: the step's one wait is the copy of the sampled ids back
+            # (sampling.py), which comes after the work queued behind the forward.
+            logits = self.execute(plan)
+        except Exception as exc:
+            if len(plan.segments) == 1:
+                log.exception("forward failed for %s", plan.requests[0].id)
+                return StepOutput([], [], {id(plan.requests[0]): (plan.requests[0], exc)})
+            log.exception("batched forward failed; retrying requests one by one")
+            logits, failed = self.execute_each(plan)
+        sampling = [r for r in plan.sampling if id(r) not in failed]
+        tokens = sample_rows(logits, [r.sampler for r in sampling], self.sampler) if sampling else []  # type: ignore[misc]
+        return StepOutput(sampling, tokens, failed)
+
     def execute(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``): on the static path its
         decoding rows' lie in a buffer the next step writes again. A step that raises may be run again,
@@ -273,9 +302,7 @@ class ModelRunner:
             return self.fwd.forward(pool, torch.tensor(plan.token_ids, dtype=torch.long, device=dev),
                                     torch.tensor(plan.positions, dtype=torch.long, device=dev),
                                     plan.segments, plan.logit_rows)
-        n_dec = 0
-        while n_dec < len(plan.segments) and plan.segments[n_dec].n == 1:
-            n_dec += 1
+        n_dec = leading_decodes(plan.segments)
         pieces = []
         if n_dec:
             wanted_dec = [r for r in plan.logit_rows if r < n_dec]
@@ -295,13 +322,13 @@ class ModelRunner:
         return (self.static_decode and plan.rows == len(plan.segments) == len(plan.logit_rows)
                 and list(plan.logit_rows) == list(range(plan.rows)))
 
-    def execute_sampled(self, plan: StepPlan, samplers: list[RowSampler], sampled: torch.Tensor | None = None
-                        ) -> torch.Tensor:
-        """A step whose rows all decode and sample on the device (``RowSampler.device_sampled``): the
+    def execute_sampled(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
+        """A step whose rows all decode and sample on the device (``StepPlan.device_sampled``): the
         forward, then the sampler's step over its logits, each one graph's replay where captured. Returns
         the rows' ids on the device, in the plan's order, without waiting for them. ``sampled``: as for
         :meth:`execute`."""
         sampler = self.sampler
+        samplers: list[RowSampler] = [r.sampler for r in plan.sampling]  # type: ignore[misc]
         if sampler is None or not self._all_decode(plan) or len(samplers) != plan.rows:
             raise ValueError("sampling on the device takes decoding rows on the static path, one sampler each")
         try:
@@ -336,18 +363,14 @@ class ModelRunner:
         logits of the requests that ran, in the plan's order, and the others' errors by ``id(request)``."""
         failed: dict[int, tuple[Request, Exception]] = {}
         pieces = []
-        r0 = 0
-        for seg, req in zip(plan.segments, plan.requests):
-            alone = StepPlan(requests=[req], segments=[seg], token_ids=plan.token_ids[r0 : r0 + seg.n],
-                             positions=plan.positions[r0 : r0 + seg.n],
-                             logit_rows=[lr - r0 for lr in plan.logit_rows if r0 <= lr < r0 + seg.n])
+        for index, req in enumerate(plan.requests):
+            alone = plan.alone(index)
             try:
                 out = self.execute(alone)
                 if alone.logit_rows:
                     pieces.append(out.clone())  # the next request's step writes the static path's buffer again
             except Exception as error:
                 failed[id(req)] = (req, error)
-            r0 += seg.n
         dev = self.fwd.device
         logits = torch.cat(pieces) if pieces else torch.empty((0, self.fwd.vocab_size), device=dev)
         return logits, failed

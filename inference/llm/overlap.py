@@ -21,9 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .forward import Segment
-from .request import Request
-from .scheduler import StepPlan
+from .step_plan import Segment, StepPlan
 
 
 @dataclass(eq=False)
@@ -54,12 +52,6 @@ class StepOverlap:
         self._turn = 0
         self.steps = 0  # launched while the previous step was still in flight
         self.accept_seconds = 0.0  # the host's time accepting a step's tokens while the next one ran
-
-    @staticmethod
-    def overlappable(plan: StepPlan) -> bool:
-        """Every row decodes and samples on the device."""
-        return (0 < plan.rows == len(plan.segments) == len(plan.sampling) == len(plan.logit_rows)
-                and not plan.prefill_done and all(_on_device(r) for r in plan.sampling))
 
     def in_flight(self, plan: StepPlan, ids: torch.Tensor) -> InFlight:
         """``plan`` launched, its rows' ids sampled into ``ids``: start their copy to the host."""
@@ -94,8 +86,4 @@ class StepOverlap:
         nxt.positions = [p + 1 for p in plan.positions]
         nxt.token_ids = [0] * len(requests)
         return nxt
-
-
-def _on_device(req: Request) -> bool:
-    return req.sampler is not None and req.sampler.device_sampled
 

@@ -5,7 +5,7 @@ The head (vocabulary x hidden, 49152 x 576 for the embedded model) keeps 8 bits 
 int4 and int8 formats: a tied embedding (Q8_0 in a GGUF) loses too much at 4 bits. Its weights are
 symmetric per output channel; each activation row becomes two int8 passes (the value, then its
 rounding error), as for the int4 layers. Built and loaded with the engine's other C kernels
-(cpu_kernels.py); where they cannot run, the head multiplies on oneDNN (forward._lin_w8a8).
+(cpu_kernels.py); where they cannot run, the head multiplies on oneDNN (weight_formats.lin_w8a8).
 """
 
 from __future__ import annotations

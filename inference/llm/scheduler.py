@@ -3,7 +3,8 @@
 The scheduler owns the waiting queue and the running list. Each step it admits waiting requests
 into free KV slots (the KV manager loads their longest cached prefix) and returns a :class:`StepPlan`:
 the rows of the step, their positions and slots, the prompt chunks, and which rows sample. It runs
-nothing; the model runner executes the plan and the engine turns its logits into tokens.
+nothing: the model runner executes the plan and samples its rows, and the scheduler takes the tokens
+back (``update_from_output``).
 
 A queued request whose prompt shares at least ``SHARED_PREFIX_MIN_TOKENS`` tokens with a request still
 prefilling them waits, keeping its place, when that saves at least half of the other's remaining
@@ -16,47 +17,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .backend import FinishReason
-from .forward import Segment
 from .kv_manager import KVManager
 from .request import Request, RequestStatus
+from .step_plan import Segment, StepPlan
 
 # A queued request waits for another's prefill of a shared prompt prefix when it would reuse at least
 # this many tokens of it (the chat template's default system prompt alone is about 30).
 SHARED_PREFIX_MIN_TOKENS = 16
-
-
-@dataclass
-class StepPlan:
-    """One step: ``segments[i]`` is ``requests[i]``'s new tokens (single-token segments first, by slot,
-    then prompt chunks); ``token_ids`` and ``positions`` list the rows in that order. ``logit_rows``
-    are the rows whose logits are needed, ``sampling[j]`` the request that samples from row
-    ``logit_rows[j]``; ``prefill_done`` the requests whose prompt's KV this step completes."""
-
-    requests: list[Request] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    logit_rows: list[int] = field(default_factory=list)
-    sampling: list[Request] = field(default_factory=list)
-    prefill_done: list[Request] = field(default_factory=list)
-    # Every row a decode whose reader needs no token yet (a spoken reply ahead of its audio): nobody waits for it.
-    ahead: bool = False
-
-    @property
-    def rows(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(s.n for s, r in zip(self.segments, self.requests) if r.status is RequestStatus.PREFILLING)
-
-    @property
-    def end(self) -> int:
-        """The longest position any slot reaches in this step."""
-        return max(s.start + s.n for s in self.segments)
 
 
 @dataclass

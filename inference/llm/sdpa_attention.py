@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class Span(Protocol):
-    """A request's new tokens in a step (forward.Segment)."""
+    """A request's new tokens in a step (step_plan.Segment)."""
 
     slot: int
     start: int

@@ -1,5 +1,5 @@
 """The prefix cache's KV, token by token, handed out by index (SGLang's token pool): the radix tree
-(``cache.py``) keeps :class:`TokenRun` index runs into a :class:`TokenKVStore`, and the KV manager
+(``radix_cache.py``) keeps :class:`TokenRun` index runs into a :class:`TokenKVStore`, and the KV manager
 (``kv_manager.py``) copies a matched prefix out of it into a request's slot."""
 
 from __future__ import annotations

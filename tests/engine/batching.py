@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.llm.forward import LeanForward, Segment
+from inference.llm.forward import LeanForward
 from inference.llm.kv_manager import KVPool
+from inference.llm.step_plan import Segment
 
 PROMPT_LENGTHS = (37, 5, 90, 12)
 CHUNK = 16

@@ -21,7 +21,8 @@ import torch
 
 from benchmarks.synthetic_lm import SHAPES, random_model
 from inference.llm import cpu_kernels
-from inference.llm.forward import LeanForward, UnsupportedModel
+from inference.llm.forward import LeanForward
+from inference.llm.model_support import UnsupportedModel
 from tests.engine.batching import Workload, reference_logits, run_batched, run_solo, with_clear_steps
 
 LAYERS = 4

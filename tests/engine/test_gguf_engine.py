@@ -14,9 +14,11 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from inference.llm import cpu_kernels
 from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
-from inference.llm.forward import LeanForward, Segment, UnsupportedModel
+from inference.llm.forward import LeanForward
 from inference.llm.gguf_weights import GgufIndex, GgufTypeError, GgufWeights
 from inference.llm.loader import GGUF_INDEX, gguf_config_folder, load_lm
+from inference.llm.model_support import UnsupportedModel
+from inference.llm.step_plan import Segment
 from inference.models import embedded_llm
 from tests.engine.batching import full_pool
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from inference.llm import decode_attention, q4_matmul
-from inference.llm.forward import _int4_grid
 from inference.llm.layer_stack import LayerStack, LayerWeights
+from inference.llm.weight_formats import int4_grid
 from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, LAYERS = 64, 4, 2, 16, 96, 3
@@ -22,7 +22,7 @@ def int4_blob(gen: torch.Generator, k: int, n: int, bits: int = 4) -> torch.Tens
         q = torch.randint(0, 2 * half, (n, k // 32, 32), generator=gen)
         return q4_matmul.pack(step, -half * step, q, bits)
     w_t = torch.randn(k, n, generator=gen) * 0.2
-    low, step, q = _int4_grid(w_t)
+    low, step, q = int4_grid(w_t)
     return q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
 
 

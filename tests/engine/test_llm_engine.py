@@ -16,8 +16,9 @@ import torch
 from inference.llm import cpu_kernels
 from inference.llm.backend import EngineClosed, EngineOverloaded, SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
-from inference.llm.forward import LeanForward, UnsupportedModel
+from inference.llm.forward import LeanForward
 from inference.llm.loader import gguf_cache_folder, load_lm
+from inference.llm.model_support import UnsupportedModel
 from inference.llm.sampling import RowSampler
 from inference.models import embedded_llm
 from tests.engine.batching import Workload, agreeing_prefix, first_near_tie, full_pool, run_batched, run_solo
@@ -439,6 +440,38 @@ async def test_bad_requests_do_not_stop_the_engine(lm, make_engine, chat_ids, co
     assert eng.stats()["requests_failed"] == 1
 
 
+async def test_a_forward_that_raises_fails_its_request_and_no_other(lm, make_engine, chat_ids, collect, monkeypatch):
+    """A batched pass that raises runs again a request at a time (ModelRunner.execute_model): the request
+    whose rows raise fails with that error, the one beside it gets the tokens it gets alone, and a
+    failing request alone in a step fails without stopping the engine."""
+    eng = make_engine(start=False)
+    # No shared prefix (the chat template's system prompt would make one wait for the other's prefill).
+    good_ids, bad_ids = chat_ids(("user", QUESTIONS[0])), list(lm.tokenizer.encode(QUESTIONS[2]))
+    alone = await collect(make_engine(), good_ids)
+    poison = next(t for t in bad_ids if t not in good_ids and t not in alone.token_ids)
+    real = eng.fwd.forward
+    passes: list[bool] = []
+
+    def forward(pool, token_ids, *args):
+        poisoned = poison in token_ids.tolist()
+        passes.append(poisoned)
+        if poisoned:
+            raise RuntimeError("poisoned row")
+        return real(pool, token_ids, *args)
+
+    monkeypatch.setattr(eng.fwd, "forward", forward)
+    bad, good = eng.submit(bad_ids, GREEDY), eng.submit(good_ids, GREEDY)  # both in the first step
+    eng.start()
+    with pytest.raises(RuntimeError, match="poisoned row"):
+        await bad.result()
+    assert (await good.result()).token_ids == alone.token_ids
+    assert passes[:3] == [True, True, False]  # the batch, then each request alone
+    with pytest.raises(RuntimeError, match="poisoned row"):
+        await eng.submit(bad_ids, GREEDY).result()
+    assert (await collect(eng, good_ids)).token_ids == alone.token_ids
+    assert eng.stats()["requests_failed"] == 2
+
+
 async def test_close_cancels_and_rejects(make_engine, chat_ids):
     eng = make_engine()
     s = eng.submit(chat_ids(("user", "Write a long story about a dragon.")), SamplingParams(max_tokens=200))
@@ -542,7 +575,7 @@ def test_int8_on_the_kernels_is_a_per_group_grid_closer_than_per_channel_and_int
     32 computed at load follow float32's logits far closer than 4-bit groups (measured 14x), and closer than torch's
     per-channel int8 (1.7x: a group's range is narrower than a channel's)."""
     from benchmarks.synthetic_lm import random_model
-    from inference.llm.forward import Segment
+    from inference.llm.step_plan import Segment
 
     if isa not in cpu_kernels.supported_isas():
         pytest.skip(f"this CPU does not run the {isa} build")
@@ -565,7 +598,7 @@ def test_int4_prompt_logits_do_not_depend_on_chunking_or_batch(isa, lm):
     attention per row): a prompt prefilled in one chunk, in chunks of 7 and beside another prompt
     gives bit-identical logits."""
 
-    from inference.llm.forward import Segment
+    from inference.llm.step_plan import Segment
 
     if isa not in cpu_kernels.supported_isas():
         pytest.skip(f"this CPU does not run the {isa} build")
@@ -593,7 +626,7 @@ def test_int4_layers_run_in_one_call_as_in_the_loop(isa, lm, monkeypatch):
     logits and KV, bit for bit, as the forward's loop of Python calls, for prompt chunks and decoding
     rows in one step."""
 
-    from inference.llm.forward import Segment
+    from inference.llm.step_plan import Segment
 
     if isa not in cpu_kernels.supported_isas():
         pytest.skip(f"this CPU does not run the {isa} build")
@@ -649,16 +682,16 @@ def test_a_native_forward_keeps_its_weights(lm):
 def test_int4_keeps_q4_1_weights_exactly(lm):
     """The embedded model's weights come from Q4_1 blocks: packed as int4, each comes back as itself
     (read through the kernel with an identity input, up to its bfloat16 output and scales)."""
-    from inference.llm.forward import _lin_int4, _quantize_int4, on_int4_grid
+    from inference.llm.weight_formats import lin_int4, on_int4_grid, quantize_int4
 
     w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t()  # [in, out]
     assert on_int4_grid(w_t) and not on_int4_grid(torch.randn(64, 16))
-    packed = _quantize_int4(w_t, None, torch.bfloat16)
-    back = _lin_int4(torch.eye(w_t.shape[0]), packed)
+    packed = quantize_int4(w_t, None, torch.bfloat16)
+    back = lin_int4(torch.eye(w_t.shape[0]), packed)
     assert torch.allclose(back, w_t, rtol=2**-7, atol=2**-7 * w_t.abs().max().item()), (back - w_t).abs().max()
     # Not a tautology: a matrix off the grid does not come back.
     noisy = w_t + 0.3 * w_t.abs().max() * torch.rand_like(w_t) / 15
-    assert not torch.allclose(_lin_int4(torch.eye(w_t.shape[0]), _quantize_int4(noisy, None, torch.bfloat16)), noisy,
+    assert not torch.allclose(lin_int4(torch.eye(w_t.shape[0]), quantize_int4(noisy, None, torch.bfloat16)), noisy,
                               rtol=2**-7, atol=2**-7 * noisy.abs().max().item())
 
 

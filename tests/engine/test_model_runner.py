@@ -20,7 +20,7 @@ from benchmarks.gpu import decode_step_kernels
 from benchmarks.synthetic_lm import SHAPES, random_loaded_lm, random_model
 from inference.llm.backend import SamplingParams
 from inference.llm.engine import EngineConfig, LLMEngine
-from inference.llm.forward import LeanForward, Segment
+from inference.llm.forward import LeanForward
 from inference.llm.kv_manager import KVManager
 from inference.llm.model_runner import (
     ModelRunner,
@@ -30,7 +30,7 @@ from inference.llm.model_runner import (
     length_bucket,
     length_buckets,
 )
-from inference.llm.scheduler import StepPlan
+from inference.llm.step_plan import Segment, StepPlan
 from tests.engine.batching import Workload, run_batched, run_solo
 
 LAYERS = 3

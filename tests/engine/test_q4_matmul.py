@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.llm import q4_matmul
-from inference.llm.forward import _int4_grid, _lin_int4, _quantize_int4
+from inference.llm.weight_formats import int4_grid, lin_int4, quantize_int4
 from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 
@@ -40,7 +40,7 @@ def grid_matrix(k: int, n: int, seed: int, bits: int = 4) -> tuple[torch.Tensor,
 def test_weights_come_back_through_the_kernel(kernels, lm):
     """The embedded model's Q4_1 weights, read back with identity rows, to float32 rounding."""
     w_t = lm.model.model.layers[0].mlp.down_proj.weight.data.t().contiguous()  # [in, out]
-    low, step, q = _int4_grid(w_t)
+    low, step, q = int4_grid(w_t)
     blob = q4_matmul.pack(step, low, torch.round(q).clamp_(0, 15))
     back = q4_matmul.matmul(kernels, torch.eye(w_t.shape[0]), blob, w_t.shape[1])
     assert torch.allclose(back, w_t, rtol=1e-5, atol=1e-6 * w_t.abs().max().item()), (back - w_t).abs().max()
@@ -141,7 +141,7 @@ def test_closer_to_float_than_torchs_int4_kernel(kernels, rows):
     x[:, 7] *= 30.0  # an outlier channel, as real activations have
     exact = (x.double() @ w.double()).float()
     ours = q4_matmul.matmul(kernels, x, blob, 960)
-    theirs = _lin_int4(x, _quantize_int4(w, None, torch.bfloat16))
+    theirs = lin_int4(x, quantize_int4(w, None, torch.bfloat16))
     err_ours = ((ours - exact).norm() / exact.norm()).item()
     err_theirs = ((theirs - exact).norm() / exact.norm()).item()
     assert err_ours < 2e-3 and err_ours < err_theirs / 2, (err_ours, err_theirs)
@@ -166,7 +166,7 @@ def test_zero_rows_give_zero(kernels):
 
 
 def test_outputs_must_fill_whole_tiles():
-    low, step, q = _int4_grid(torch.randn(64, 24))
+    low, step, q = int4_grid(torch.randn(64, 24))
     with pytest.raises(ValueError, match="multiples of 16"):
         q4_matmul.pack(step, low, torch.round(q))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.llm import q8_matmul
-from inference.llm.forward import _lin_w8a8, _quantize_int8, _quantize_w8a8
+from inference.llm.weight_formats import lin_w8a8, quantize_int8, quantize_w8a8
 from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 
 
@@ -15,8 +15,8 @@ from tests.engine.kernel_builds import assert_same_bits, vnni_and_avx2
 def head():
     """A [576, 4096] matrix's per-channel int8 weights, their float value, the blob and oneDNN's pack."""
     w_t = torch.randn(576, 4096, generator=torch.Generator().manual_seed(0)) * 0.05
-    q, scale, _ = _quantize_int8(w_t, None, torch.float32)
-    return (q.double() * scale.double()[:, None]).t(), q8_matmul.pack(q), scale, _quantize_w8a8(w_t, None)
+    q, scale, _ = quantize_int8(w_t, None, torch.float32)
+    return (q.double() * scale.double()[:, None]).t(), q8_matmul.pack(q), scale, quantize_w8a8(w_t, None)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 13])
@@ -26,7 +26,7 @@ def test_as_close_to_float64_as_onednn(kernels, head, rows):
     x[:, 5] *= 25.0  # an outlier channel
     exact = x.double() @ weights
     ours = q8_matmul.matmul(kernels, x, blob, scale)
-    theirs = _lin_w8a8(x, onednn)
+    theirs = lin_w8a8(x, onednn)
     err_ours = ((ours.double() - exact).norm() / exact.norm()).item()
     err_theirs = ((theirs.double() - exact).norm() / exact.norm()).item()
     assert err_ours < 1e-3 and err_ours < 1.5 * err_theirs, (err_ours, err_theirs)

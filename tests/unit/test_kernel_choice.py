@@ -6,7 +6,8 @@ import pytest
 
 from gateway.platform.config import LlmKernels
 from inference.llm import cpu_kernels, forward
-from inference.llm.forward import KERNEL_CHOICES, UnsupportedModel, resolve_kernels
+from inference.llm.kernel_paths import KERNEL_CHOICES, resolve_kernels
+from inference.llm.model_support import UnsupportedModel
 
 
 @pytest.mark.parametrize(("runs", "requested", "expected"), [

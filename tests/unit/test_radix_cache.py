@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.llm.cache import PrefixCache
+from inference.llm.radix_cache import PrefixCache
 from inference.llm.token_store import TokenKVStore
 
 BYTES_PER_TOKEN = 4 * 2  # float32, shape [1, 2, n]
