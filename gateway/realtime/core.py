@@ -16,7 +16,8 @@ sees half of it. Some commands come back as inputs when done: `StopResponse` as 
 (cancelled), `ClearPlayout` as `PlayoutCleared` (what was heard).
 
 It owns: the conversation, the turn machine (turns.py, driven from here only), the turn reply waiting for
-the current one to end, and the idle timer; and three sub-machines it routes inputs to: the user's turns
+the current one to end, the notes to say when free (ReplyWhenFree: a rule checked after every input, so no
+driver polls the core), and the idle timer; and three sub-machines it routes inputs to: the user's turns
 (listening.py: the turn the VAD is hearing, the committed turns being transcribed, response.create waiting
 for them), the response in progress (active_response.py), and WebRTC's playout (playout_state.py: the reply
 queued or playing, a cut reply waiting for what was heard).
@@ -77,6 +78,7 @@ from gateway.realtime.inputs import (
     PlayoutCleared,
     PlayoutStarted,
     PlayoutStopped,
+    ReplyWhenFree,
     ResponseEnded,
     ResponseFiltered,
     ResponseRequested,
@@ -130,6 +132,7 @@ class RealtimeCore:
     _ended: deque[str] = field(default_factory=lambda: deque(maxlen=ENDED_RESPONSES_KEPT))
     _listening: Listening = field(init=False)  # the user's turns
     _queued_turn: str | None = None  # a turn's reply waiting for the response in progress to end
+    _when_free: deque[ReplyWhenFree] = field(default_factory=deque)  # notes to say once nobody speaks
     _playout: PlayoutView = field(default_factory=PlayoutView)  # WebRTC: the reply queued or playing
     _paused: PausedReply = field(default_factory=PausedReply)  # WebRTC: the reply paused by speech over it
     _idle_since: float = 0.0
@@ -151,8 +154,19 @@ class RealtimeCore:
             raise IllegalInput(f"{type(event).__name__} in session state {self.state.value}")
         self._out = []
         transition(self, event)
+        if self._when_free:
+            self._reply_when_free()
         out, self._out = self._out, []
         return out
+
+    @property
+    def free(self) -> bool:
+        """Nobody speaks, and nobody is about to: no response is in progress or commanded by this input (the
+        driver starts a commanded one, or refuses it, before the next input), no reply plays, and the user is
+        neither talking nor waiting for a transcript or a push-to-talk reply."""
+        return (self.response is None and not self._playout.busy
+                and self._listening.open_turn is None and not self._listening.transcribing
+                and not any(isinstance(o, CreateResponse) for o in self._out))
 
     @property
     def open_turn(self) -> str | None:
@@ -332,6 +346,20 @@ class RealtimeCore:
             self._interrupt_playout()
         self._out.extend(active.handle(event, self.conversation))
 
+    def _reply_when_free(self) -> None:
+        """The rule that speaks a waiting note, checked after every input: once the session is free, the oldest
+        note is added to the conversation and a reply is asked for (a refused note, a full conversation, is an
+        `error` event, and the next note waits its turn)."""
+        if not self.free:
+            return
+        note = self._when_free.popleft()
+        try:
+            self._item_op(ItemCreated(note.note))
+        except ApiError as error:
+            self._out.append(SendError(error))
+            return
+        self.create_response(note.params)
+
     def _cancel_requested(self, event: CancelRequested) -> None:
         active = self.response
         if active is None or (event.response_id is not None and event.response_id != active.events.response_id):
@@ -452,6 +480,7 @@ _OPEN: dict[type, Callable[[RealtimeCore, Any], None]] = {
     ItemDelete: RealtimeCore._item_op,
     ItemTruncate: RealtimeCore._item_op,
     ResponseRequested: RealtimeCore._response_requested,
+    ReplyWhenFree: lambda core, event: core._when_free.append(event),
     CancelRequested: RealtimeCore._cancel_requested,
     OutputClearRequested: lambda core, event: core.interrupt("client_cancelled"),
     AudioCommitted: RealtimeCore._listen,

@@ -86,6 +86,15 @@ class ResponseRequested:
 
 
 @dataclass(frozen=True)
+class ReplyWhenFree:
+    """A note the voice says of its own accord (GPT-Live's commentary, a delegation's result): the core adds it
+    and asks for a reply once nobody speaks, in the order the notes came."""
+
+    note: Item
+    params: ResponseParams
+
+
+@dataclass(frozen=True)
 class CancelRequested:
     """response.cancel."""
 
@@ -309,7 +318,7 @@ class PlayoutCleared:
 
 Input = (
     ConversationAttached | PlayoutAttached | ErrorOccurred | SessionStarted | ConfigChanged | ItemCreated | ItemRetrieve | ItemDelete | ItemTruncate | ResponseRequested
-    | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
+    | ReplyWhenFree | CancelRequested | OutputClearRequested | AudioCommitted | AudioCleared | SpeechBegan | SpeechEnded
     | AudioProcessed | SilenceHeard | TranscriptPartial | EndOfTurnJudged | TranscriptSpeculated | TranscriptFinal | TranscriptFailed | TranscriptionAbandoned | TurnReady
     | ResponseStarted | TokensReserved | MessageOpened | FunctionCallsMade | TextDelta | AudioDelta | SpeechWritten
     | ClauseSpoken | MetadataAdded | ResponseFiltered | ResponseEnded | PlayoutStarted | PlayoutStopped | PlayoutCleared

@@ -21,7 +21,6 @@ import binascii
 import json
 import logging
 import time
-from collections import deque
 
 import numpy as np
 
@@ -48,7 +47,7 @@ from gateway.protocol.live_events import (
 )
 from gateway.protocol.session_config import MAX_INSTRUCTIONS_CHARS
 from gateway.realtime.conversation import Item, heard_text, new_id
-from gateway.realtime.inputs import ConfigChanged, ItemCreated, OutputClearRequested, ResponseRequested
+from gateway.realtime.inputs import ConfigChanged, ItemCreated, OutputClearRequested, ReplyWhenFree, ResponseRequested
 from gateway.realtime.live_audio import LiveAudioStream
 from gateway.realtime.live_delegation import DELEGATE, LiveDelegations, PrepareRun
 from gateway.realtime.live_reflection import SidebandReflection
@@ -65,7 +64,6 @@ log = logging.getLogger(__name__)
 FRAME_MS = 20
 LEAD_MS = 60  # audio is sent this far ahead of real time: a client's jitter never starves its player
 MAX_LAG_MS = 100  # a pacer this late (a stalled loop) starts its clock again rather than bursting to catch up
-NOTE_POLL_S = 0.05  # how often a note waiting for the voice looks whether it is free
 ACK_TOKENS = 24  # an acknowledgement is a few words
 FIXTURE_RATE = 24000  # an audio fixture's PCM16, whatever the session's format
 MAX_FIXTURE_S = 30
@@ -90,8 +88,7 @@ class LiveFront:
         self._pacer: asyncio.Task[None] | None = None
         self._playing: Item | None = None  # the reply whose audio is going out
         self._words_sent = 0  # of its words
-        self._notes: deque[str] = deque()  # what the voice is to say once it is free
-        self._speaker: asyncio.Task[None] | None = None
+        self._after_fixture: list[str] = []  # notes that came while a fixture played: the core's once it has played
         self.reflection = SidebandReflection(session.outbox, playout.sample_rate, self.clock_ms)
 
     def clock_ms(self) -> int:
@@ -103,11 +100,10 @@ class LiveFront:
     async def close(self) -> None:
         if self.delegations is not None:
             await self.delegations.close()
-        for task in (self._pacer, self._speaker):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._pacer = self._speaker = None
+        if self._pacer is not None:
+            self._pacer.cancel()
+            await asyncio.gather(self._pacer, return_exceptions=True)
+            self._pacer = None
 
     # -- the client's events ------------------------------------------------------------------------------------
 
@@ -232,27 +228,16 @@ class LiveFront:
     # -- what the voice says of its own accord ----------------------------------------------------------------
 
     def _free(self) -> bool:
-        """Nobody is speaking: no reply is made or played, and the user is not talking."""
-        core = self.session.core
-        return (self.session.active is None and core.open_turn is None and not core.playout_busy
-                and self._fixture is None)
+        """Nobody is speaking, or about to (the core's rule), and no fixture plays."""
+        return self.session.core.free and self._fixture is None
 
     def _speak(self, note: str) -> None:
-        """The voice says `note`, in its own words, once it is free (commentary, a delegation's result)."""
-        self._notes.append(note)
-        if self._speaker is None or self._speaker.done():
-            self._speaker = asyncio.create_task(self._speak_notes(), name=f"live notes {self.session.id}")
-
-    async def _speak_notes(self) -> None:
-        while self._notes:
-            while not self._free():
-                await asyncio.sleep(NOTE_POLL_S)
-            note = self._notes.popleft()
-            try:
-                self.session.feed(ItemCreated(_note(note)))
-                self.session.feed(ResponseRequested(ResponseParams(tool_choice="none")))
-            except ApiError as error:  # the conversation is full, say
-                self.session.send_error(error)
+        """The voice says `note`, in its own words, once it is free (commentary, a delegation's result): the core
+        says it when nobody speaks; a note that comes while a fixture plays goes to it once that has played."""
+        if self._fixture is not None:
+            self._after_fixture.append(note)
+        else:
+            self.session.feed(ReplyWhenFree(_note(note), ResponseParams(tool_choice="none")))
 
     def _acknowledge(self, text: str) -> None:
         if self._free():
@@ -332,6 +317,9 @@ class LiveFront:
         elif kind == "stopped":
             self._fixture = None
             self._say({"type": "session.output_audio.fixture.played"})
+            notes, self._after_fixture = self._after_fixture, []
+            for note in notes:
+                self._speak(note)
 
     def _play_fixture(self, event: OutputAudioFixturePlay) -> None:
         """Checked whole first; then the reply speaking is cut (as an interruption is), the input is silenced, and

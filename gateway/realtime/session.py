@@ -163,8 +163,9 @@ class RealtimeSession:
         # batch, never from inside it (see feed).
         self._learned: deque[Input] = deque()
         self.response_driver: ResponseDriver | None = None  # from start(): its accounts are known then
-        self._fed = asyncio.Event()  # set after every input: a response.create waiting for transcripts checks
-        self._unanswered: ResponseRequested | None = None  # the client's response.create until its CreateResponse
+        # The client's response.create, until the core commands its response (CreateResponse answers it): the
+        # client's next event waits for that (push-to-talk: until what was just committed is transcribed).
+        self._unanswered: tuple[ResponseRequested, asyncio.Future[None]] | None = None
         self._started = False
         self._started_at = time.monotonic()
         self.opened_at = self._started_at  # for --max-session-duration-s (session_limits.py)
@@ -228,7 +229,7 @@ class RealtimeSession:
             return
         self._closed = True
         self._inbox.close()
-        self._fed.set()
+        self._answer_request()
         if self._started:  # what start() counted
             metrics.ACTIVE_SESSIONS.labels(self.transport).dec()
             self.runtime.heap.closed()
@@ -278,15 +279,12 @@ class RealtimeSession:
         if self._closed:
             return
         try:
-            try:
-                outputs = self.core.handle(event)
-            except IllegalInput as bug:  # a driver fed what the core's state cannot take: dropped, not fatal
-                log.error("session %s: the realtime core refused an input: %s", self.id, bug)
-                outputs = []
-            for output in outputs:
-                self._execute(output)
-        finally:
-            self._fed.set()
+            outputs = self.core.handle(event)
+        except IllegalInput as bug:  # a driver fed what the core's state cannot take: dropped, not fatal
+            log.error("session %s: the realtime core refused an input: %s", self.id, bug)
+            outputs = []
+        for output in outputs:
+            self._execute(output)
         while self._learned and not self._closed:
             self.feed(self._learned.popleft())
 
@@ -298,8 +296,8 @@ class RealtimeSession:
                 self.send_error(output.error)
             case CreateResponse():
                 assert self.response_driver is not None  # the core commands nothing before SessionStarted
-                if output.answers is not None and output.answers is self._unanswered:
-                    self._unanswered = None
+                if self._unanswered is not None and output.answers is self._unanswered[0]:
+                    self._answer_request()
                 marks, preemption = TurnMarks(), None
                 if output.turn is not None and self.voice is not None:
                     marks, preemption = self.voice.take_turn(output.turn)
@@ -352,6 +350,15 @@ class RealtimeSession:
                 assert self.response_driver is not None
                 self.last_activity = time.monotonic()
                 self.response_driver.finished(output)
+
+    def _answer_request(self) -> None:
+        """The client's response.create is answered (its response commanded), or the session closed: the client's
+        next event may be handled."""
+        if self._unanswered is not None:
+            answered = self._unanswered[1]
+            self._unanswered = None
+            if not answered.done():
+                answered.set_result(None)
 
     def _release_hold(self, outcome: str) -> None:
         """A held reply plays on (resumed) or is cut (interrupted): how long it was held, and how it ended."""
@@ -407,13 +414,17 @@ class RealtimeSession:
             case ev.ConversationItemTruncate():
                 self.feed(ItemTruncate(event.item_id, event.content_index, event.audio_end_ms))
             case ev.ResponseCreate():
-                request = self._unanswered = ResponseRequested(event.response, event.event_id)
-                self.feed(request)
+                request = ResponseRequested(event.response, event.event_id)
+                answered = asyncio.get_running_loop().create_future()
+                self._unanswered = (request, answered)
+                try:
+                    self.feed(request)
+                except Exception:
+                    self._answer_request()  # refused (an error event is its answer), or a defect
+                    raise
                 # Push-to-talk: the core answers it once what was just committed is transcribed; the client's next
                 # event is handled after the response starts, as without the wait.
-                while self._unanswered is request and not self._closed:
-                    self._fed.clear()
-                    await self._fed.wait()
+                await answered
             case ev.ResponseCancel():
                 self.feed(CancelRequested(event.response_id))
                 await self.settle()

@@ -45,6 +45,7 @@ from gateway.realtime.inputs import (
     MetadataAdded,
     PlayoutCleared,
     PlayoutStopped,
+    ReplyWhenFree,
     ResponseEnded,
     ResponseRequested,
     ResponseStarted,
@@ -426,6 +427,52 @@ def test_the_idle_timeout_adds_an_empty_turn_and_a_nudge() -> None:
     assert isinstance(create, CreateResponse) and create.params.instructions is not None
     assert create.params.instructions.startswith("Be brief.\n\n") and create.turn is None
     assert core.handle(AudioProcessed(audio_end_ms=6100)) == []  # it counts again from now
+
+
+def note(item_id: str) -> ReplyWhenFree:
+    return ReplyWhenFree(Item(id=item_id, type="message", role="system", content=[{"type": "input_text", "text": "x"}]),
+                         ResponseParams(tool_choice="none"))
+
+
+def test_a_note_waits_until_nobody_speaks_then_is_said_one_at_a_time() -> None:
+    """Speak when free is the core's rule, checked after every input (no loop looks at the core): a note waits
+    through the reply and its playout and through the user's turn, then is added and answered; the next note
+    waits for that reply in turn."""
+    core, _ = make_core(playout=True)
+    events = start_reply(core)
+    assert core.handle(note("item_n1")) == [] and core.handle(note("item_n2")) == []
+    spoken(core, events, ("Paris.", 600))
+    ended = core.handle(ResponseEnded("resp_1", "completed", {}))
+    assert "CreateResponse" not in types(ended) and core.playout_busy  # the reply still plays
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))  # the user speaks over it: still nobody free
+    assert "CreateResponse" not in types(core.handle(PlayoutCleared(events.item.id, played_ms=600)))
+    assert core.handle(SpeechEnded("item_u", audio_end_ms=900))[-1] == Transcribe("item_u")
+    assert not core.free  # the user's words are being transcribed
+    outputs = core.handle(TranscriptFinal("item_u", "", audio_seconds=0.9))  # no words: the turn gets no reply
+    assert types(outputs)[-3:] == ["conversation.item.added", "conversation.item.done", "CreateResponse"]
+    assert event(outputs[-3])["item"]["id"] == "item_n1"
+    create = outputs[-1]
+    assert isinstance(create, CreateResponse) and create.params.tool_choice == "none" and create.turn is None
+    # The driver starts the commanded reply at once (ResponseStarted): the second note waits for it.
+    second = start_reply(core, "resp_2")
+    assert core.handle(TurnReady("item_u")) == [DropTurn("item_u")]
+    assert [i.id for i in core.conversation.items][-1] == "item_resp_2"
+    assert "CreateResponse" in types(core.handle(ResponseEnded(second.response_id, "completed", {})))
+    assert [i.id for i in core.conversation.items][-1] == "item_n2"
+
+
+def test_a_note_waits_for_a_turns_reply_that_is_queued_and_a_refused_note_is_an_error() -> None:
+    core, _ = make_core(max_items=3)
+    start_reply(core)
+    assert DropTurn("item_u") not in committed_turn(core, "item_u")  # answered once the reply ends
+    core.handle(note("item_n1"))
+    ended = core.handle(ResponseEnded("resp_1", "cancelled", {}))
+    assert types(ended).count("CreateResponse") == 1  # the user's turn first, the note after its reply
+    assert isinstance(ended[-1], CreateResponse) and ended[-1].turn == "item_u"
+    start_reply(core, "resp_2")  # the conversation is full now: reply, user, reply
+    refused = core.handle(ResponseEnded("resp_2", "completed", {}))
+    assert isinstance(refused[-1], SendError) and refused[-1].error.code == "conversation_full"
+    assert core.free and core.handle(AudioProcessed(audio_end_ms=1000)) == []  # dropped: said once, as an error
 
 
 def test_a_reply_that_only_calls_functions_never_opens_its_message() -> None:
