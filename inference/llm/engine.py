@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import torch
 
@@ -61,8 +61,6 @@ from .step_plan import StepOutput, StepPlan
 from .threads import ThreadPolicy
 
 log = logging.getLogger(__name__)
-
-_Executed = TypeVar("_Executed")
 
 # The longest the scheduler gives way to exclusive work (inference/cpu.py) before stepping anyway.
 EXCLUSIVE_WAIT_MAX_S = 1.0
@@ -354,7 +352,7 @@ class LLMEngine:
         """A step whose tokens the host reads and accepts before the next one is planned."""
         plan = self.scheduler.schedule()
         if plan is not None:
-            self._update_from_output(plan, self._on_threads(plan, lambda: self.runner.execute_model(plan)))
+            self._update_from_output(plan, self._execute_model(plan))
 
     def _overlapped_step(self, overlap: StepOverlap) -> None:
         """A step launched before the host has read the one in flight, where it may follow it (overlap.py);
@@ -371,7 +369,7 @@ class LLMEngine:
                 return
             except Exception:
                 log.exception("a step launched to overlap failed; running it again as a plain step")
-        self._update_from_output(plan, self._on_threads(plan, lambda: self.runner.execute_model(plan)))
+        self._update_from_output(plan, self._execute_model(plan))
 
     def _step_ahead(self, overlap: StepOverlap) -> bool:
         """Launch the step after the one in flight before accepting that one's tokens, if it may follow
@@ -398,21 +396,27 @@ class LLMEngine:
     def _launch(self, overlap: StepOverlap, plan: StepPlan, sampled: torch.Tensor | None) -> InFlight:
         """Run ``plan`` (its input ids ``sampled`` on the device, where given) and sample its rows on the
         device, leaving the ids there."""
-        ids = self._on_threads(plan, lambda: self.runner.execute_sampled(plan, sampled))
+        threads = self.threads.before_step(plan.rows, ahead=plan.ahead)
+        t0 = time.perf_counter()
+        ids = self.runner.execute_sampled(plan, sampled)
+        self._ran(plan, threads, time.perf_counter() - t0)
         self._count_step(plan)
         return overlap.in_flight(plan, ids)
 
-    def _on_threads(self, plan: StepPlan, execute: Callable[[], _Executed]) -> _Executed:
-        """``execute`` (the runner's work for ``plan``) on the threads the policy gives a step of its rows,
-        its time told to the policy and, on a CPU, charged to the LLM's account of CPU-seconds."""
+    def _execute_model(self, plan: StepPlan) -> StepOutput:
+        """The runner's execution of ``plan`` (its forward and its sampling) on the threads the policy gives a
+        step of its rows."""
         threads = self.threads.before_step(plan.rows, ahead=plan.ahead)
-        t0 = time.perf_counter()
-        out = execute()
-        seconds = time.perf_counter() - t0
+        out = self.runner.execute_model(plan)
+        self._ran(plan, threads, out.forward_seconds)
+        return out
+
+    def _ran(self, plan: StepPlan, threads: int, seconds: float) -> None:
+        """A step's forward took ``seconds`` on ``threads``: the policy learns it and, on a CPU, the LLM's account
+        of CPU-seconds is charged."""
         self.threads.after_step(plan.rows, seconds)
         if self.fwd.device.type == "cpu":
             charge("llm", threads * seconds)
-        return out
 
     def _accept_in_flight(self) -> None:
         prev, self._in_flight = self._in_flight, None

@@ -264,13 +264,15 @@ class ModelRunner:
         the device (``StepPlan.device_sampled``) samples there, and where that raises, runs again with its
         rows sampled apart. If the batched pass raises, each request runs alone to find the culprit
         (:meth:`execute_each`): the culprits are ``failed``, the others go on."""
+        t0 = time.perf_counter()
         if self.sampler is not None and plan.device_sampled:
             try:
                 ids = self.execute_sampled(plan)
             except Exception:
                 log.exception("a step sampled on the device failed; running it again with its rows sampled apart")
+                t0 = time.perf_counter()
             else:
-                return StepOutput(list(plan.sampling), ids.tolist())
+                return StepOutput(list(plan.sampling), ids.tolist(), forward_seconds=time.perf_counter() - t0)
         failed: dict[int, tuple[Request, Exception]] = {}
         try:
             # No synchronization with a GPU here: the step's one wait is the copy of the sampled ids back
@@ -279,12 +281,13 @@ class ModelRunner:
         except Exception as exc:
             if len(plan.segments) == 1:
                 log.exception("forward failed for %s", plan.requests[0].id)
-                return StepOutput([], [], {id(plan.requests[0]): (plan.requests[0], exc)})
+                return StepOutput([], [], {id(plan.requests[0]): (plan.requests[0], exc)}, time.perf_counter() - t0)
             log.exception("batched forward failed; retrying requests one by one")
             logits, failed = self.execute_each(plan)
+        seconds = time.perf_counter() - t0
         sampling = [r for r in plan.sampling if id(r) not in failed]
         tokens = sample_rows(logits, [r.sampler for r in sampling], self.sampler) if sampling else []  # type: ignore[misc]
-        return StepOutput(sampling, tokens, failed)
+        return StepOutput(sampling, tokens, failed, seconds)
 
     def execute(self, plan: StepPlan, sampled: torch.Tensor | None = None) -> torch.Tensor:
         """The logits of ``plan.logit_rows``, in that order (``fwd.logits_dtype``): on the static path its

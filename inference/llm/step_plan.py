@@ -85,8 +85,11 @@ class StepPlan:
 class StepOutput:
     """What the model runner gives back for a plan: ``tokens[i]`` is ``sampling[i]``'s sampled token, or
     the error its row's sampling raised; ``failed`` the requests whose forward raised (by ``id``), with
-    the error, which neither sample nor complete a prefill."""
+    the error, which neither sample nor complete a prefill; ``forward_seconds`` the time of its passes, the
+    device's sampling with them but not the host's (the thread policy weighs threads by it, and the CPU account
+    charges threads times it: the host samples on one thread)."""
 
     sampling: list[Request]
     tokens: list[int | Exception]
     failed: dict[int, tuple[Request, Exception]] = field(default_factory=dict)
+    forward_seconds: float = 0.0
