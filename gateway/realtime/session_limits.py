@@ -3,7 +3,8 @@
 Past either, the session gets an `error` event (`session_expired`, or `session_idle_timeout`) and ends: its
 WebSocket is closed (1000), its WebRTC call hung up. Idle means no client event and no response running; a
 session whose connection dropped is parked for its resume window instead (session_hub.py). One watchdog task
-per session, owned here: forgotten (cancelled and awaited) when the session ends.
+per session, owned here: forgotten (cancelled and awaited) when the session ends. It sleeps until the earliest
+time the session could expire and looks again then (activity only moves that time later), never on a period.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from gateway.protocol.errors import ApiError
 
 if TYPE_CHECKING:
     from gateway.realtime.session import RealtimeSession
-
-CHECK_S = 5.0  # the longest sleep between two looks at a session (activity moves its idle deadline)
 
 
 class SessionLimits:
@@ -43,19 +42,22 @@ class SessionLimits:
         for session in list(self._watchdogs):
             await self.forget(session)
 
-    def _deadline(self, session: RealtimeSession) -> tuple[float, str]:
+    def _deadline(self, session: RealtimeSession, now: float) -> tuple[float, str]:
+        """The earliest the session can expire, and why it would. A response running counts as activity to its
+        end (which is later than now): the idle limit cannot pass before now plus the limit."""
         ends = session.opened_at + self.max_duration_s
-        idle = (session.last_activity + self.idle_timeout_s
-                if self.idle_timeout_s > 0 and session.active is None else math.inf)
+        idle = math.inf
+        if self.idle_timeout_s > 0:
+            idle = (session.last_activity if session.active is None else now) + self.idle_timeout_s
         return (ends, "session_expired") if ends <= idle else (idle, "session_idle_timeout")
 
     async def _watch(self, session: RealtimeSession) -> None:
         while True:
-            deadline, code = self._deadline(session)
-            wait = deadline - time.monotonic()
-            if wait <= 0:
+            now = time.monotonic()
+            deadline, code = self._deadline(session, now)
+            if deadline <= now:
                 break
-            await asyncio.sleep(min(wait, CHECK_S))
+            await asyncio.sleep(deadline - now)
         if code == "session_expired":
             message = f"Your session hit the maximum duration of {self.max_duration_s:g} seconds."
         else:
