@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Protocol
 
 from gateway.protocol import server_events as se
-from gateway.realtime.commands import HoldPlayout, Output
+from gateway.realtime.commands import HoldPlayout, Output, PauseEnded
 from gateway.realtime.conversation import Conversation
 from gateway.realtime.turns import TurnMachine
 from inference.transcript_checks import LEAST_READABLE_LOGPROB, heard_surely
@@ -108,6 +108,7 @@ class PausedReply:
     state: Overlap = Overlap.NONE
     turn: str | None = None  # the user turn whose speech holds the reply, or whose words let it play on
     since: float = 0.0  # when the state was entered (clock seconds)
+    held_at: float = 0.0  # HELD: when the reply's audio was held (a hold renewed inside HELD keeps it)
     voiced_ms: float = 0.0  # that turn's voiced audio so far
     decided_at_ms: float = 0.0  # PLAYING_ON: its voiced audio when its words were judged a backchannel
     spoken_over: set[str] = field(default_factory=set)  # turns spoken over the reply whose transcripts decide them
@@ -176,30 +177,38 @@ class PausedReply:
             self._play_on(host)
         return True
 
-    def reset(self) -> None:
-        """The reply was interrupted (by anything): the turns spoken over it are turns of their own."""
+    def reset(self, host: BargeInHost) -> None:
+        """The reply's audio was dropped (an interruption, a reply replacing it): a hold ends cut, and the turns
+        spoken over it are turns of their own."""
+        if self.state is Overlap.HELD:
+            host.emit(PauseEnded("interrupted", host.clock() - self.held_at))
         self.state, self.turn = Overlap.NONE, None
         self.spoken_over.clear()
 
     def _hold(self, host: BargeInHost, item_id: str) -> None:
         if self.state is not Overlap.HELD:
             host.emit(HoldPlayout(True))
+            self.held_at = host.clock()
         self.state, self.turn, self.since = Overlap.HELD, item_id, host.clock()
 
-    def _let_play(self, host: BargeInHost) -> None:
-        """The reply's audio plays while the turn spoken over it goes on being decided."""
-        self.state, self.since, self.decided_at_ms = Overlap.PLAYING_ON, host.clock(), self.voiced_ms
+    def _resume(self, host: BargeInHost) -> None:
+        """HELD -> the reply's audio plays on from where it was held."""
         host.emit(HoldPlayout(False))
+        host.emit(PauseEnded("resumed", host.clock() - self.held_at))
+
+    def _let_play(self, host: BargeInHost) -> None:
+        """HELD -> PLAYING_ON: the reply's audio plays while the turn spoken over it goes on being decided."""
+        self._resume(host)
+        self.state, self.since, self.decided_at_ms = Overlap.PLAYING_ON, host.clock(), self.voiced_ms
         host.turns.playing_on()
 
     def _interrupt(self, host: BargeInHost) -> None:
-        self.reset()
-        host.interrupt("turn_detected")  # clearing the playout ends its pause
+        host.interrupt("turn_detected")  # the core drops the reply's audio, which resets this (reset)
 
     def _play_on(self, host: BargeInHost) -> None:
         """The overlap is over and was no interruption: the reply's audio plays, and new speech can pause it."""
         if self.state is Overlap.HELD:
-            host.emit(HoldPlayout(False))
+            self._resume(host)
         self.state, self.turn = Overlap.NONE, None
         if host.playout_busy:
             host.turns.resumed()

@@ -4,7 +4,7 @@ the drivers to carry out."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gateway.protocol.client_events import ResponseParams
 from gateway.protocol.errors import ApiError
@@ -93,6 +93,15 @@ class HoldPlayout:
 
 
 @dataclass(frozen=True)
+class PauseEnded:
+    """WebRTC: the reply held by speech over it played on (`resumed`) or was cut (`interrupted`), after `held_s`
+    seconds held: what the metrics count, and the voice's partial transcripts go on."""
+
+    outcome: Literal["resumed", "interrupted"]
+    held_s: float
+
+
+@dataclass(frozen=True)
 class ConfigureListening:
     """The session's input settings, as it starts and after each session.update: the voice pipeline's turn
     detection, transcription prompt, noise reduction and the format of the audio appended."""
@@ -165,7 +174,8 @@ class ResponseFinished:
 
 
 Command = (
-    CreateResponse | StopResponse | ClearPlayout | SetProducing | HoldPlayout | ConfigureListening | Transcribe
+    CreateResponse | StopResponse | ClearPlayout | SetProducing | HoldPlayout | PauseEnded | ConfigureListening
+    | Transcribe
     | PrefillDraft | SetSilence | StartSpeculation | DiscardSpeculation | DropTurn | ResponseFinished
 )
 Output = Send | SendError | Command

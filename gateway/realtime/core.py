@@ -418,7 +418,9 @@ class RealtimeCore:
     # -- interruption and playout ------------------------------------------------------------------------
 
     def _interrupt_playout(self) -> None:
-        """Drop queued WebRTC audio; a reply that had finished generating is cut to what was heard."""
+        """Drop queued WebRTC audio; a reply that had finished generating is cut to what was heard. A hold of it by
+        speech over it ends there (barge_in.py)."""
+        self._paused.reset(self)
         if self.has_playout:
             self._out.extend(self._playout.clear(self.response.events.item if self.response is not None else None))
 
@@ -459,7 +461,6 @@ class RealtimeCore:
 
     def interrupt(self, reason: str) -> None:
         """Barge-in: silence the audio first (within one frame), then cancel and trim the reply."""
-        self._paused.reset()
         self._interrupt_playout()
         if self.response is not None:
             self._cancel(reason, barge_in=True)

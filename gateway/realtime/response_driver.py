@@ -319,9 +319,9 @@ class ResponseDriver:
             self._end(run, "incomplete", reason="content_filter", result=await self._final_result(run))
         except ApiError as exc:  # the generation service maps the backend's errors
             self._end(run, "failed", error=exc)
-        except Exception as exc:
+        except Exception:  # a defect of ours: the log has it, the client our words (never the exception's)
             log.exception("response %s failed", run.events.response_id)
-            error = ApiError("internal_error", f"The response failed: {exc}", type="server_error", status=500)
+            error = ApiError("internal_error", "The server failed to make the response.", type="server_error", status=500)
             self._end(run, "failed", error=error)
         else:
             status: ResponseStatus = "incomplete" if result.finish_reason == "length" else "completed"

@@ -41,6 +41,7 @@ from gateway.realtime.commands import (
     DropTurn,
     HoldPlayout,
     Output,
+    PauseEnded,
     PrefillDraft,
     ResponseFinished,
     Send,
@@ -157,7 +158,6 @@ class RealtimeSession:
         )
         # WebRTC and GPT-Live: the outbound audio queue, which knows what the user has actually heard.
         self._playout: PlayoutBuffer | None = None
-        self._held_since: float | None = None  # its reply is held by speech over it (barge_in.py), until played on or cleared
         self._inbox = Inbox(self.feed)
         # What the session learns carrying out a command (what was heard of a cleared reply): handled after the
         # batch, never from inside it (see feed).
@@ -307,20 +307,20 @@ class RealtimeSession:
                 self.response_driver.stop(output)
             case ClearPlayout():
                 if self.playout is not None:
-                    self._release_hold("interrupted")
                     self.playout.clear()
                     if output.measure_item_id is not None:
                         played = self.playout.played_ms(output.measure_item_id)
                         self._learned.append(PlayoutCleared(output.measure_item_id, played))
             case HoldPlayout():
                 if self._playout is not None:
-                    if not output.held:
-                        self._release_hold("resumed")
-                    elif self._held_since is None:
-                        self._held_since = time.monotonic()
-                        if self.voice is not None:
-                            self.voice.partials_held = True
+                    if output.held and self.voice is not None:
+                        self.voice.partials_held = True
                     self._playout.hold(output.held)
+            case PauseEnded():
+                if self.voice is not None:
+                    self.voice.partials_held = False
+                metrics.PAUSED_REPLIES.labels(output.outcome).inc()
+                metrics.REPLY_PAUSE_SECONDS.labels(output.outcome).observe(output.held_s)
             case SetProducing():
                 if self.playout is not None:
                     self.playout.set_producing(output.producing)
@@ -359,15 +359,6 @@ class RealtimeSession:
             self._unanswered = None
             if not answered.done():
                 answered.set_result(None)
-
-    def _release_hold(self, outcome: str) -> None:
-        """A held reply plays on (resumed) or is cut (interrupted): how long it was held, and how it ended."""
-        if self.voice is not None:
-            self.voice.partials_held = False
-        if self._held_since is not None:
-            metrics.PAUSED_REPLIES.labels(outcome).inc()
-            metrics.REPLY_PAUSE_SECONDS.labels(outcome).observe(time.monotonic() - self._held_since)
-            self._held_since = None
 
     async def settle(self) -> None:
         """Wait until the responses being stopped have ended (their response.done is sent)."""

@@ -13,6 +13,7 @@ from gateway.realtime.commands import (
     DropTurn,
     HoldPlayout,
     Output,
+    PauseEnded,
     StartSpeculation,
     StopResponse,
 )
@@ -20,6 +21,7 @@ from gateway.realtime.core import RealtimeCore
 from gateway.realtime.inputs import (
     AudioProcessed,
     ResponseEnded,
+    ResponseStarted,
     SilenceHeard,
     SpeechBegan,
     SpeechEnded,
@@ -30,7 +32,7 @@ from gateway.realtime.inputs import (
 from gateway.realtime.response_events import ResponseEvents
 from inference.transcript_checks import LEAST_READABLE_LOGPROB
 from media.playout import PlayoutBuffer
-from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, spoken, start_reply, types
+from tests.unit.test_realtime_core import Clock, committed_turn, event, make_core, reply, spoken, start_reply, types
 
 
 @pytest.mark.parametrize("text", ["", "Mm-hm.", "Yeah.", "Right, right.", "Uh-huh.", "Okay.", "I see.", "Yes.",
@@ -93,6 +95,9 @@ def test_words_over_the_paused_reply_interrupt_it() -> None:
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
     ready = committed_turn(core, "item_u", "Stop, tell me about Berlin instead.")
     assert StopResponse("resp_1", "turn_detected", True) in ready and ClearPlayout(None) in ready
+    # The hold ends cut, said before the audio is dropped (the metrics count it once).
+    assert [o for o in ready if isinstance(o, PauseEnded)] == [PauseEnded("interrupted", 0.0)]
+    assert ready.index(PauseEnded("interrupted", 0.0)) < ready.index(ClearPlayout(None))
     assert "item_u" in [item.id for item in core.conversation.items]  # the turn is answered once the reply ends
     assert core.handle(ResponseEnded("resp_1", "cancelled", {}))[-1].turn == "item_u"  # type: ignore[union-attr]
 
@@ -149,7 +154,8 @@ def test_a_turn_kept_open_long_after_a_short_word_is_still_a_backchannel() -> No
         clock.seconds += 0.1
         outputs = core.handle(AudioProcessed(100 * step, turn_voiced_ms=260))
         assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in outputs)
-    assert core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3)) == [HoldPlayout(False)]
+    assert core.handle(TranscriptSpeculated("item_u", "Yeah.", avg_logprob=-0.3)) == [
+        HoldPlayout(False), PauseEnded("resumed", pytest.approx(3.9))]  # held from the speech's start to its words
     ready = heard_turn(core, "item_u", "Yeah.", avg_logprob=-0.3, began=False)
     assert DropTurn("item_u") in ready and HoldPlayout(False) not in ready  # it already plays
     assert not any(isinstance(o, (StopResponse, ClearPlayout)) for o in ready)
@@ -161,7 +167,8 @@ def test_the_speculative_words_decide_before_the_turn_ends() -> None:
     core, _, _ = speaking_reply()
     core.handle(SpeechBegan("item_u", audio_start_ms=0))
     core.handle(AudioProcessed(400, turn_voiced_ms=300))
-    assert core.handle(TranscriptSpeculated("item_u", "Mm-hm.", avg_logprob=-0.4)) == [HoldPlayout(False)]
+    assert core.handle(TranscriptSpeculated("item_u", "Mm-hm.", avg_logprob=-0.4)) == [
+        HoldPlayout(False), PauseEnded("resumed", 0.0)]
     assert core.handle(TranscriptSpeculated("item_u", "Mm-hm.", avg_logprob=-0.4)) == []  # decided already
 
     interrupted, _, _ = speaking_reply()
@@ -220,9 +227,22 @@ def test_a_held_reply_with_no_words_plays_on_and_its_final_transcript_still_deci
     clock.seconds += 2.9
     assert core.handle(AudioProcessed(3000)) == []
     clock.seconds += 0.2
-    assert core.handle(AudioProcessed(3200)) == [HoldPlayout(False)]  # the transcript is late: it plays on
+    # The transcript is late: it plays on.
+    assert core.handle(AudioProcessed(3200)) == [HoldPlayout(False), PauseEnded("resumed", pytest.approx(3.1))]
     core.handle(TranscriptFinal("item_u", "Stop, that's the wrong address.", audio_seconds=0.7, avg_logprob=-0.2))
     assert StopResponse("resp_1", "turn_detected", True) in core.handle(TurnReady("item_u"))
+
+
+def test_a_new_reply_replacing_a_held_one_ends_the_hold_cut() -> None:
+    """A reply that has finished generating is held by speech over it; a client's response.create replaces it:
+    its hold ends `interrupted`, and the turn spoken over it is a turn of its own (no longer a backchannel's)."""
+    core, clock, events = speaking_reply()
+    core.handle(ResponseEnded("resp_1", "completed", {}))  # generated; its audio still plays
+    core.handle(SpeechBegan("item_u", audio_start_ms=0))
+    clock.seconds += 0.5
+    started = core.handle(ResponseStarted(reply(core, "resp_2"), writes_conversation=True, open_message=True))
+    assert [o for o in started if isinstance(o, PauseEnded)] == [PauseEnded("interrupted", pytest.approx(0.5))]
+    assert ClearPlayout(events.item.id) in started and not core.overlap_open
 
 
 def test_a_new_turn_over_a_reply_that_plays_on_holds_it_again() -> None:
@@ -234,7 +254,8 @@ def test_a_new_turn_over_a_reply_that_plays_on_holds_it_again() -> None:
     core.handle(TranscriptFinal("item_u", "Yeah.", audio_seconds=0.7, avg_logprob=-0.3))
     ready = core.handle(TurnReady("item_u"))
     assert DropTurn("item_u") in ready and HoldPlayout(False) not in ready  # item_v still holds it
-    assert core.handle(TranscriptSpeculated("item_v", "Right.", avg_logprob=-0.3)) == [HoldPlayout(False)]
+    assert core.handle(TranscriptSpeculated("item_v", "Right.", avg_logprob=-0.3)) == [
+        HoldPlayout(False), PauseEnded("resumed", 0.0)]
 
 
 def test_over_a_websocket_speech_interrupts_at_once() -> None:
