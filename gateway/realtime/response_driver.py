@@ -21,7 +21,6 @@ from gateway.platform.event_log import log_event
 from gateway.platform.latency import TurnMarks
 from gateway.protocol.errors import ApiError
 from gateway.protocol.session_config import SessionConfig
-from gateway.realtime.active_response import already_active
 from gateway.realtime.commands import CreateResponse, ResponseFinished, StopResponse
 from gateway.realtime.inputs import (
     ClauseSpoken,
@@ -287,8 +286,6 @@ class ResponseDriver:
         reply (reply_ahead.py); the response takes it over when its prompt is the same, and cancels it otherwise."""
         session = command.session
         assert session is not None, "the core gives every CreateResponse what it is planned from"
-        if self._run is not None:
-            raise already_active(self._run.events.response_id)
         engine = self.runtime.engine
         if engine is None:
             raise ApiError("model_not_ready", "The model is still loading.", type="server_error", status=503)
@@ -302,8 +299,10 @@ class ResponseDriver:
             speech = self.speech(target, events, marks)
         runner = ResponseRunner(generator=self.runtime.generator(), tts=self.runtime.tts, job=plan.job, events=events,
                                 feed=self.feed, speech=speech)
-        # With tools, the message opens with its first text: the reply may be calls.
+        # With tools, the message opens with its first text: the reply may be calls. The core refuses it (ApiError)
+        # while another response is in progress: the one place that knows.
         self.feed(ResponseStarted(events, plan.writes_conversation, open_message=not plan.job.client_tools))
+        assert self._run is None, "the core ends a response (ResponseFinished) before it starts another"
         run = RunningResponse(events=events, runner=runner, marks=marks, config=session.config)
         self._run = run
         run.task = asyncio.create_task(self._run_response(run), name=f"response {events.response_id}")
